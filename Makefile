@@ -1,0 +1,42 @@
+# The two commands that matter: `make demo` and `make test` (both do all set-up first).
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/.venv/bin:$(PATH)
+export SOLCX_BINARY_PATH := $(CURDIR)/tools/solc
+export PYTHONUNBUFFERED := 1
+
+PY := $(CURDIR)/.venv/bin/python
+
+.PHONY: help setup demo test lint typecheck pytest compile bench-gas clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+setup: ## install everything this project needs (idempotent)
+	@bash scripts/setup.sh
+
+compile: setup ## compile the contracts with the offline npm solc
+	ape compile
+
+demo: setup ## run the main job on a local devnet, end to end
+	$(PY) scripts/demo.py
+
+test: setup lint typecheck pytest ## all set-up, then every check and test
+
+lint: setup ## ruff
+	ruff check .
+	ruff format --check .
+
+typecheck: setup ## mypy
+	mypy
+
+pytest: setup ## the test suite against real local services
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench-gas: setup ## gas per step of a job's life (bench/gas.py)
+	$(PY) bench/gas.py
+
+clean: ## remove build outputs (keeps .venv and node_modules)
+	rm -rf .build .setup-stamps .pytest_cache .mypy_cache .ruff_cache

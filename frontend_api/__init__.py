@@ -1,0 +1,1 @@
+"""frontend_api package."""
