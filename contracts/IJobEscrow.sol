@@ -64,28 +64,29 @@ interface IJobEscrow {
         bytes32 indexed jobId,
         address indexed provider,
         uint16 attempt,
-        address relayer,
+        uint40 submittedAt,
         string outputCid
     );
     /// @notice The result was rejected; the job is Funded again and the provider was slashed.
     event ResultRejected(
         bytes32 indexed jobId, address indexed provider, uint16 attempt, uint96 slashed
     );
-    /// @notice The bounty was paid: `payout` to the provider and `fee` to the treasury.
+    /// @notice The bounty was paid: `payout` to the provider's balance and `fee` to the fees
+    ///         accrued for the treasury. Who released it (operator, submitter, provider's claim)
+    ///         is the transaction's sender.
     event JobReleased(
         bytes32 indexed jobId,
         address indexed provider,
         address indexed submitter,
         uint96 payout,
-        uint96 fee,
-        address releasedBy
+        uint96 fee
     );
-    /// @notice The bounty went back to the submitter (cancelled, or deadline passed).
-    event JobRefunded(
-        bytes32 indexed jobId, address indexed submitter, uint96 amount, address refundedBy
-    );
+    /// @notice The bounty went back to the submitter's balance (cancelled, or deadline passed).
+    event JobRefunded(bytes32 indexed jobId, address indexed submitter, uint96 amount);
 
     // ---------------------------------------------------------------- money events
+    /// @notice Accrued platform fees were credited to the treasury's balance.
+    event FeesCollected(address indexed treasury, uint256 amount);
     /// @notice `account` withdrew `amount` of its balance to `to`.
     event Withdrawn(address indexed account, address indexed to, uint256 amount);
 

@@ -52,9 +52,12 @@ contract JobEscrow is ProviderRegistry {
     address public owner;
     /// @notice Proposed owner, until it accepts.
     address public pendingOwner;
-    /// @notice The scheduler's key: assigns, unassigns, releases and rejects.
+    /// @notice The scheduler's key: assigns, unassigns, settles, releases and rejects.
     address public operator;
-    /// @notice Receives platform fees (into its withdrawable balance).
+    /// @notice Fees released but not yet credited to the treasury (`collectFees`).
+    /// @dev Packed with `operator`: a release reads that slot anyway to authorize the caller.
+    uint96 public feesAccrued;
+    /// @notice Receives platform fees (into its withdrawable balance, via `collectFees`).
     address public treasury;
     /// @notice Fee for jobs created from now on, in basis points of the bounty.
     uint16 public feeBps;
@@ -147,17 +150,8 @@ contract JobEscrow is ProviderRegistry {
         if (_jobs[jobId] != 0) revert JobEscrowJobExists(jobId);
 
         uint16 fee = feeBps;
-        Job memory job = Job({
-            submitter: msg.sender,
-            bounty: uint96(msg.value),
-            provider: address(0),
-            deadline: deadline,
-            submittedAt: 0,
-            feeBps: fee,
-            attempt: 0,
-            resultDigest: bytes32(0)
-        });
-        _store(jobId, job, Status.Funded);
+        Job memory job = Job(msg.sender, uint96(msg.value), address(0), deadline, 0, fee, 0, 0);
+        _jobs[jobId] = _pack(keccak256(abi.encode(job)), Status.Funded);
         emit JobCreated(jobId, msg.sender, uint96(msg.value), deadline, fee, salt, specCid);
     }
 
@@ -171,11 +165,7 @@ contract JobEscrow is ProviderRegistry {
     /// @notice After the deadline with no result pending, return the bounty to the submitter.
     /// @dev Anyone may call it (the operator is not needed); the money only goes to the submitter.
     function refund(bytes32 jobId, Job calldata job) external {
-        Status status = _statusOf(jobId);
-        if (status != Status.Funded && status != Status.Assigned) {
-            revert JobEscrowWrongStatus(jobId, status);
-        }
-        _checkCommitment(jobId, job, status);
+        _checkEither(jobId, job, Status.Funded, Status.Assigned);
         if (block.timestamp <= job.deadline) {
             revert JobEscrowDeadlineNotPassed(jobId, job.deadline, block.timestamp);
         }
@@ -188,30 +178,21 @@ contract JobEscrow is ProviderRegistry {
     /// @dev Only before the deadline, only to an eligible provider; each call is a new attempt,
     ///      so signatures made for an earlier assignment are void.
     function assign(bytes32 jobId, Job calldata job, address provider) external onlyOperator {
-        Status status = _statusOf(jobId);
-        if (status != Status.Funded && status != Status.Assigned) {
-            revert JobEscrowWrongStatus(jobId, status);
-        }
-        _checkCommitment(jobId, job, status);
+        _checkEither(jobId, job, Status.Funded, Status.Assigned);
         if (block.timestamp > job.deadline) {
             revert JobEscrowDeadlinePassed(jobId, job.deadline, block.timestamp);
         }
         if (provider == job.provider) revert JobEscrowSameProvider(jobId, provider);
         _requireEligible(provider);
-
-        Job memory next = job;
-        next.provider = provider;
-        next.attempt = job.attempt + 1;
-        _store(jobId, next, Status.Assigned);
-        emit JobAssigned(jobId, provider, job.provider, next.attempt);
+        uint16 attempt = job.attempt + 1;
+        _jobs[jobId] = _pack(_hashWith(job, provider, 0, attempt, 0), Status.Assigned);
+        emit JobAssigned(jobId, provider, job.provider, attempt);
     }
 
     /// @notice Take an assigned job back (the provider lost its lease); it is Funded again.
     function unassign(bytes32 jobId, Job calldata job) external onlyOperator {
         _check(jobId, job, Status.Assigned);
-        Job memory next = job;
-        next.provider = address(0);
-        _store(jobId, next, Status.Funded);
+        _jobs[jobId] = _pack(_hashWith(job, address(0), 0, job.attempt, 0), Status.Funded);
         emit JobUnassigned(jobId, job.provider, job.attempt);
     }
 
@@ -223,13 +204,26 @@ contract JobEscrow is ProviderRegistry {
         if (block.timestamp >= closesAt) {
             revert JobEscrowChallengeWindowClosed(jobId, closesAt, block.timestamp);
         }
-        Job memory next = job;
-        next.provider = address(0);
-        next.submittedAt = 0;
-        next.resultDigest = bytes32(0);
-        _store(jobId, next, Status.Funded);
+        _jobs[jobId] = _pack(_hashWith(job, address(0), 0, job.attempt, 0), Status.Funded);
         uint96 slashed = _slash(job.provider, jobId, job.submitter);
         emit ResultRejected(jobId, job.provider, job.attempt, slashed);
+    }
+
+    /// @notice Relay a result signed by the assigned provider and pay it in one transaction:
+    ///         the scheduler's path once it has verified the output off-chain. Emits
+    ///         ResultSubmitted and JobReleased, as the two-step path does.
+    function settle(
+        bytes32 jobId,
+        Job calldata job,
+        string calldata outputCid,
+        bytes calldata signature
+    ) external onlyOperator {
+        _check(jobId, job, Status.Assigned);
+        _requireSignedBy(jobId, job, outputCid, signature);
+        uint40 submittedAt = _validateResult(jobId, job, outputCid);
+        emit ResultSubmitted(jobId, job.provider, job.attempt, submittedAt, outputCid);
+        _jobs[jobId] = _pack(_hashCalldata(job), Status.Released);
+        _finishRelease(jobId, job);
     }
 
     // ================================================================ provider
@@ -252,8 +246,7 @@ contract JobEscrow is ProviderRegistry {
         bytes calldata signature
     ) external {
         _check(jobId, job, Status.Assigned);
-        address signer = _recover(resultDigest(jobId, job.attempt, outputCid), signature);
-        if (signer != job.provider) revert JobEscrowBadSignature(jobId, signer, job.provider);
+        _requireSignedBy(jobId, job, outputCid, signature);
         _acceptResult(jobId, job, outputCid);
     }
 
@@ -265,6 +258,7 @@ contract JobEscrow is ProviderRegistry {
         if (block.timestamp < claimableAt) {
             revert JobEscrowChallengeWindowOpen(jobId, claimableAt, block.timestamp);
         }
+        _jobs[jobId] = _pack(_hashCalldata(job), Status.Released);
         _finishRelease(jobId, job);
     }
 
@@ -277,7 +271,19 @@ contract JobEscrow is ProviderRegistry {
         if (msg.sender != operator && msg.sender != job.submitter) {
             revert JobEscrowNotAllowed(msg.sender);
         }
+        _jobs[jobId] = _pack(_hashCalldata(job), Status.Released);
         _finishRelease(jobId, job);
+    }
+
+    /// @notice Credit the fees accrued so far to the treasury's withdrawable balance. Anyone
+    ///         may call it; the money only goes to the treasury.
+    function collectFees() external {
+        uint256 amount = feesAccrued;
+        if (amount == 0) revert JobEscrowNothingToWithdraw(treasury);
+        feesAccrued = 0;
+        address to = treasury;
+        emit FeesCollected(to, amount);
+        _credit(to, amount);
     }
 
     // ================================================================ money out
@@ -342,7 +348,7 @@ contract JobEscrow is ProviderRegistry {
     /// @notice Whether `job` is the current state of `jobId`.
     function isCurrent(bytes32 jobId, Job calldata job) external view returns (bool) {
         uint256 slot = _jobs[jobId];
-        return slot != 0 && slot == _pack(job, Status(uint8(slot)));
+        return slot != 0 && slot == _pack(_hashCalldata(job), Status(uint8(slot)));
     }
 
     /// @notice Withdrawable balance of `account`.
@@ -368,21 +374,41 @@ contract JobEscrow is ProviderRegistry {
 
     // ================================================================ internals
 
+    /// @dev Records a result for the two-step path (release or claim follows).
     function _acceptResult(bytes32 jobId, Job calldata job, string calldata outputCid) private {
+        uint40 submittedAt = _validateResult(jobId, job, outputCid);
+        _jobs[jobId] = _pack(
+            _hashWith(job, job.provider, submittedAt, job.attempt, keccak256(bytes(outputCid))),
+            Status.Submitted
+        );
+        emit ResultSubmitted(jobId, job.provider, job.attempt, submittedAt, outputCid);
+    }
+
+    function _validateResult(bytes32 jobId, Job calldata job, string calldata outputCid)
+        private
+        view
+        returns (uint40)
+    {
         if (block.timestamp > job.deadline) {
             revert JobEscrowDeadlinePassed(jobId, job.deadline, block.timestamp);
         }
         uint256 len = bytes(outputCid).length;
         if (len == 0 || len > MAX_CID_LENGTH) revert JobEscrowBadOutputCid(len);
-        Job memory next = job;
-        next.submittedAt = uint40(block.timestamp);
-        next.resultDigest = keccak256(bytes(outputCid));
-        _store(jobId, next, Status.Submitted);
-        emit ResultSubmitted(jobId, job.provider, job.attempt, msg.sender, outputCid);
+        return uint40(block.timestamp);
     }
 
+    function _requireSignedBy(
+        bytes32 jobId,
+        Job calldata job,
+        string calldata outputCid,
+        bytes calldata signature
+    ) private view {
+        address signer = _recover(resultDigest(jobId, job.attempt, outputCid), signature);
+        if (signer != job.provider) revert JobEscrowBadSignature(jobId, signer, job.provider);
+    }
+
+    /// @dev Pays a job whose status the caller has just moved to Released (effects first).
     function _finishRelease(bytes32 jobId, Job calldata job) private {
-        _store(jobId, job, Status.Released);
         // bounty < 2**96 and feeBps <= 2000, so bounty * feeBps < 2**107: no overflow, and
         // fee <= bounty, so the subtraction cannot underflow.
         uint96 fee;
@@ -392,14 +418,21 @@ contract JobEscrow is ProviderRegistry {
             payout = job.bounty - fee;
         }
         _credit(job.provider, payout);
-        if (fee != 0) _credit(treasury, fee);
-        emit JobReleased(jobId, job.provider, job.submitter, payout, fee, msg.sender);
+        if (fee != 0) {
+            uint256 accrued = uint256(feesAccrued) + fee;
+            if (accrued > type(uint96).max) {
+                _credit(treasury, fee); // the accumulator is full: credit directly
+            } else {
+                feesAccrued = uint96(accrued);
+            }
+        }
+        emit JobReleased(jobId, job.provider, job.submitter, payout, fee);
     }
 
     function _finishRefund(bytes32 jobId, Job calldata job) private {
-        _store(jobId, job, Status.Refunded);
+        _jobs[jobId] = _pack(_hashCalldata(job), Status.Refunded);
         _credit(job.submitter, job.bounty);
-        emit JobRefunded(jobId, job.submitter, job.bounty, msg.sender);
+        emit JobRefunded(jobId, job.submitter, job.bounty);
     }
 
     function _withdraw(address payable to) private nonReentrant {
@@ -420,26 +453,63 @@ contract JobEscrow is ProviderRegistry {
 
     /// @dev Revert unless `jobId` is in `expected` status and `job` is its current state.
     function _check(bytes32 jobId, Job calldata job, Status expected) private view {
-        Status status = _statusOf(jobId);
+        uint256 slot = _jobs[jobId];
+        Status status = Status(uint8(slot));
         if (status != expected) revert JobEscrowWrongStatus(jobId, status);
-        _checkCommitment(jobId, job, status);
+        if (slot != _pack(_hashCalldata(job), status)) revert JobEscrowJobMismatch(jobId);
     }
 
-    function _checkCommitment(bytes32 jobId, Job calldata job, Status status) private view {
-        if (_jobs[jobId] != _pack(job, status)) revert JobEscrowJobMismatch(jobId);
+    /// @dev As `_check`, accepting either of two statuses; returns the one found.
+    function _checkEither(bytes32 jobId, Job calldata job, Status a, Status b)
+        private
+        view
+        returns (Status status)
+    {
+        uint256 slot = _jobs[jobId];
+        status = Status(uint8(slot));
+        if (status != a && status != b) revert JobEscrowWrongStatus(jobId, status);
+        if (slot != _pack(_hashCalldata(job), status)) revert JobEscrowJobMismatch(jobId);
     }
 
     function _statusOf(bytes32 jobId) private view returns (Status) {
         return Status(uint8(_jobs[jobId]));
     }
 
-    function _store(bytes32 jobId, Job memory job, Status status) private {
-        _jobs[jobId] = _pack(job, status);
+    /// @dev The storage word for a job: its hash with the low byte replaced by the status
+    ///      (a job's word is never zero, since every stored status is >= Funded).
+    function _pack(bytes32 hash, Status status) private pure returns (uint256) {
+        return (uint256(hash) & ~uint256(0xff)) | uint256(uint8(status));
     }
 
-    /// @dev The job's hash with its low byte replaced by the status: never zero for a job.
-    function _pack(Job memory job, Status status) private pure returns (uint256) {
-        return (uint256(keccak256(abi.encode(job))) & ~uint256(0xff)) | uint256(uint8(status));
+    /// @dev keccak256(abi.encode(job)) read straight from calldata. `Job` is a static struct of
+    ///      8 words, so its calldata bytes are its ABI encoding; a non-canonical encoding (dirty
+    ///      high bits) hashes differently from the stored commitment and is refused by `_check`.
+    function _hashCalldata(Job calldata job) private pure returns (bytes32 h) {
+        assembly ("memory-safe") {
+            let p := mload(0x40)
+            calldatacopy(p, job, 0x100)
+            h := keccak256(p, 0x100)
+        }
+    }
+
+    /// @dev keccak256(abi.encode(job)) with provider, submittedAt, attempt and resultDigest
+    ///      replaced; the other fields (submitter, bounty, deadline, feeBps) never change.
+    function _hashWith(
+        Job calldata job,
+        address provider,
+        uint40 submittedAt,
+        uint16 attempt,
+        bytes32 digest
+    ) private pure returns (bytes32 h) {
+        assembly ("memory-safe") {
+            let p := mload(0x40)
+            calldatacopy(p, job, 0x100)
+            mstore(add(p, 0x40), provider)
+            mstore(add(p, 0x80), submittedAt)
+            mstore(add(p, 0xc0), attempt)
+            mstore(add(p, 0xe0), digest)
+            h := keccak256(p, 0x100)
+        }
     }
 
     function _buildDomainSeparator() private view returns (bytes32) {

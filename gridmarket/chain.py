@@ -1,0 +1,281 @@
+"""The one place the product talks to the chain: deployments, transactions, events.
+
+Used by the scheduler (watcher + transaction sender), the agent (direct submission), the CLIs,
+the demo and the benchmarks. Transactions are signed locally (eth-account) and sent raw, with a
+per-account nonce cache, so no node-side unlocked accounts are needed.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from eth_abi.abi import decode as abi_decode
+from eth_account.signers.local import LocalAccount
+from eth_typing import ChecksumAddress
+from eth_utils.abi import event_abi_to_log_topic, function_abi_to_4byte_selector
+from eth_utils.address import to_checksum_address
+from hexbytes import HexBytes
+from web3 import Web3
+from web3._utils.events import get_event_data
+from web3.exceptions import ContractCustomError, ContractLogicError
+from web3.types import LogReceipt, TxParams
+
+from gridmarket.escrow import Job, JobState, apply_event
+
+JOB_EVENTS = frozenset(
+    {
+        "JobCreated",
+        "JobAssigned",
+        "JobUnassigned",
+        "ResultSubmitted",
+        "ResultRejected",
+        "JobReleased",
+        "JobRefunded",
+    }
+)
+
+
+class ChainError(RuntimeError):
+    """A chain call failed; ``reason`` is the decoded custom error when the contract reverted."""
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What the other components need to find and read the escrow (written by the deploy step)."""
+
+    chain_id: int
+    escrow: str
+    abi: list[dict[str, Any]]
+    block: int
+    params: dict[str, Any] = field(default_factory=dict)
+    rpc_url: str | None = None
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = {
+            "chainId": self.chain_id,
+            "rpcUrl": self.rpc_url,
+            "contracts": {
+                "JobEscrow": {"address": self.escrow, "block": self.block, "abi": self.abi}
+            },
+            "params": self.params,
+        }
+        path.write_text(json.dumps(body, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> Deployment:
+        try:
+            body = json.loads(path.read_text())
+            escrow = body["contracts"]["JobEscrow"]
+            return cls(
+                chain_id=int(body["chainId"]),
+                escrow=to_checksum_address(escrow["address"]),
+                abi=escrow["abi"],
+                block=int(escrow["block"]),
+                params=dict(body.get("params", {})),
+                rpc_url=body.get("rpcUrl"),
+            )
+        except FileNotFoundError:
+            raise ChainError(
+                f"deployment file {path} not found: deploy the contracts first"
+            ) from None
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ChainError(f"deployment file {path} is malformed: {exc!r}") from exc
+
+
+@dataclass(frozen=True)
+class Event:
+    """A decoded escrow event with where it happened."""
+
+    name: str
+    args: dict[str, Any]
+    block: int
+    tx_hash: str
+    log_index: int
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A mined transaction."""
+
+    tx_hash: str
+    gas_used: int
+    block: int
+    events: list[Event]
+
+
+class EscrowClient:
+    """Typed access to a deployed JobEscrow."""
+
+    def __init__(self, w3: Web3, deployment: Deployment) -> None:
+        self.w3 = w3
+        self.deployment = deployment
+        self.address = deployment.escrow
+        self.contract = w3.eth.contract(
+            address=cast(ChecksumAddress, deployment.escrow), abi=deployment.abi
+        )
+        self._events = {
+            event_abi_to_log_topic(e): e  # type: ignore[arg-type]
+            for e in deployment.abi
+            if e["type"] == "event"
+        }
+        self._errors = {
+            function_abi_to_4byte_selector(e): e  # type: ignore[arg-type]
+            for e in deployment.abi
+            if e["type"] == "error"
+        }
+        self._nonces: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def connect(cls, rpc_url: str, deployment: Deployment, timeout: float = 30) -> EscrowClient:
+        w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": timeout}))
+        chain_id = w3.eth.chain_id
+        if chain_id != deployment.chain_id:
+            raise ChainError(
+                f"{rpc_url} is chain {chain_id} but the deployment is for chain "
+                f"{deployment.chain_id}"
+            )
+        return cls(w3, deployment)
+
+    # ------------------------------------------------------------------ transactions
+    def send(self, account: LocalAccount, fn_name: str, *args: Any, value: int = 0) -> Sent:
+        """Sign and send ``fn_name(*args)`` from ``account``, wait for it, decode its events.
+
+        Reverts are reported as :class:`ChainError` with the decoded custom error, before any
+        transaction is sent (the gas estimate runs the call first).
+        """
+        fn = self.contract.functions[fn_name](*args)
+        params: TxParams = {"from": account.address, "value": cast(Any, value)}
+        try:
+            gas = fn.estimate_gas(params)
+        except (ContractCustomError, ContractLogicError) as exc:
+            reason = self.decode_error(exc)
+            raise ChainError(f"{fn_name} would revert: {reason}", reason) from None
+        with self._lock:
+            nonce = self._nonces.get(account.address)
+            if nonce is None:
+                nonce = self.w3.eth.get_transaction_count(account.address, "pending")
+            self._nonces[account.address] = nonce + 1
+        tx = fn.build_transaction(
+            {
+                **params,
+                "gas": gas + gas // 5 + 10_000,
+                "nonce": cast(Any, nonce),
+                "chainId": self.deployment.chain_id,
+            }
+        )
+        signed = account.sign_transaction(cast(Any, tx))
+        try:
+            tx_hash = self.w3.eth.send_raw_transaction(signed.raw_transaction)
+        except Exception:
+            with self._lock:  # the nonce was not used: forget the cache
+                self._nonces.pop(account.address, None)
+            raise
+        receipt = self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=120)
+        if receipt["status"] != 1:
+            raise ChainError(f"{fn_name} reverted in tx {tx_hash.hex()}")
+        return Sent(
+            tx_hash="0x" + bytes(tx_hash).hex(),
+            gas_used=int(receipt["gasUsed"]),
+            block=int(receipt["blockNumber"]),
+            events=self.decode_logs(receipt["logs"]),
+        )
+
+    def decode_error(self, exc: Exception) -> str:
+        """``Name(arg=value, ...)`` for a custom-error revert, else the node's message."""
+        data = getattr(exc, "data", None)
+        if isinstance(data, str) and data.startswith("0x") and len(data) >= 10:
+            raw = bytes.fromhex(data[2:])
+            abi = self._errors.get(raw[:4])
+            if abi is not None:
+                types = [i["type"] for i in abi["inputs"]]
+                values = abi_decode(types, raw[4:])
+                parts = [
+                    f"{i['name']}={_fmt(v)}" for i, v in zip(abi["inputs"], values, strict=True)
+                ]
+                return f"{abi['name']}({', '.join(parts)})"
+        return str(exc)
+
+    # ------------------------------------------------------------------ job calls
+    def create_job(
+        self, submitter: LocalAccount, salt: bytes, spec_cid: str, deadline: int, bounty: int
+    ) -> tuple[JobState, Sent]:
+        sent = self.send(submitter, "createJob", salt, spec_cid, deadline, value=bounty)
+        (created,) = [e for e in sent.events if e.name == "JobCreated"]
+        return apply_event(None, created.name, created.args), sent
+
+    def call_job(
+        self, account: LocalAccount, fn_name: str, state: JobState, *extra: Any
+    ) -> tuple[JobState, Sent]:
+        """Call a job transition (``assign``, ``settle``, ``release``...); fold its events."""
+        sent = self.send(account, fn_name, state.job_id, state.job.as_tuple(), *extra)
+        for event in sent.events:
+            if event.name in JOB_EVENTS and bytes(event.args["jobId"]) == state.job_id:
+                state = apply_event(state, event.name, event.args)
+        return state, sent
+
+    # ------------------------------------------------------------------ reads
+    def balance_of(self, account: str) -> int:
+        return int(self.contract.functions.balanceOf(account).call())
+
+    def job_struct(self, job: Job) -> tuple[Any, ...]:
+        return job.as_tuple()
+
+    def decode_logs(self, logs: Iterable[LogReceipt]) -> list[Event]:
+        out: list[Event] = []
+        for log in logs:
+            if to_checksum_address(log["address"]) != self.address or not log["topics"]:
+                continue
+            abi = self._events.get(bytes(log["topics"][0]))
+            if abi is None:
+                continue
+            data = get_event_data(self.w3.codec, abi, log)
+            out.append(
+                Event(
+                    name=str(data["event"]),
+                    args=dict(data["args"]),
+                    block=int(data["blockNumber"]),
+                    tx_hash="0x" + bytes(HexBytes(data["transactionHash"])).hex(),
+                    log_index=int(data["logIndex"]),
+                )
+            )
+        return out
+
+    def events(
+        self, from_block: int, to_block: int | str = "latest", topics: Sequence[Any] | None = None
+    ) -> list[Event]:
+        """Every escrow event in the block range, in chain order."""
+        flt: dict[str, Any] = {
+            "address": self.address,
+            "fromBlock": from_block,
+            "toBlock": to_block,
+        }
+        if topics is not None:
+            flt["topics"] = list(topics)
+        return self.decode_logs(self.w3.eth.get_logs(cast(Any, flt)))
+
+    def job_state(self, job_id: bytes) -> JobState:
+        """Rebuild one job's state from its events (jobId is the first indexed topic)."""
+        state: JobState | None = None
+        for event in self.events(self.deployment.block, "latest", [None, "0x" + job_id.hex()]):
+            if event.name in JOB_EVENTS:
+                state = apply_event(state, event.name, event.args)
+        if state is None:
+            raise ChainError(f"no job 0x{job_id.hex()} on this escrow")
+        return state
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bytes):
+        return "0x" + value.hex()
+    return str(value)

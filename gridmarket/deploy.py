@@ -1,0 +1,126 @@
+"""Deploy JobEscrow to any JSON-RPC chain and write the deployment file.
+
+    gridmarket-deploy --rpc-url http://127.0.0.1:8545 --out deployments/local.json \
+        --operator 0x... --treasury 0x...            # key from $GRIDMARKET_DEPLOYER_KEY
+
+The deployment file holds the chain id, the address, the deploy block and the ABI; the scheduler,
+agent, frontend and CLIs read nothing else to find the contract.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+from web3 import Web3
+
+from gridmarket.build import compile_contracts
+from gridmarket.chain import ChainError, Deployment
+
+
+@dataclass(frozen=True)
+class EscrowParams:
+    """Constructor parameters of JobEscrow (see its NatSpec)."""
+
+    operator: str
+    treasury: str
+    fee_bps: int = 250
+    min_bounty: int = 10**15  # 0.001 ETH
+    min_duration: int = 60
+    max_duration: int = 30 * 24 * 3600
+    challenge_window: int = 3600
+    min_stake: int = 10**16  # 0.01 ETH
+    unstake_delay: int = 7 * 24 * 3600
+    slash_bps: int = 1000
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        return (
+            Web3.to_checksum_address(self.operator),
+            Web3.to_checksum_address(self.treasury),
+            self.fee_bps,
+            self.min_bounty,
+            self.min_duration,
+            self.max_duration,
+            self.challenge_window,
+            self.min_stake,
+            self.unstake_delay,
+            self.slash_bps,
+        )
+
+
+def deploy_escrow(w3: Web3, deployer: LocalAccount, params: EscrowParams) -> Deployment:
+    """Deploy JobEscrow from ``deployer`` and return its deployment record."""
+    artifact = compile_contracts()["JobEscrow"]
+    factory = w3.eth.contract(abi=artifact.abi, bytecode=artifact.bytecode)
+    tx = factory.constructor(params.as_tuple()).build_transaction(
+        {
+            "from": deployer.address,
+            "nonce": w3.eth.get_transaction_count(deployer.address, "pending"),
+            "chainId": w3.eth.chain_id,
+        }
+    )
+    signed = deployer.sign_transaction(cast(Any, tx))
+    receipt = w3.eth.wait_for_transaction_receipt(
+        w3.eth.send_raw_transaction(signed.raw_transaction)
+    )
+    if receipt["status"] != 1 or not receipt["contractAddress"]:
+        raise ChainError(f"deployment reverted (tx {receipt['transactionHash'].hex()})")
+    return Deployment(
+        chain_id=w3.eth.chain_id,
+        escrow=str(receipt["contractAddress"]),
+        abi=artifact.abi,
+        block=int(receipt["blockNumber"]),
+        params=asdict(params),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="gridmarket-deploy", description=__doc__.split("\n")[0])
+    p.add_argument("--rpc-url", required=True, help="JSON-RPC endpoint of the target chain")
+    p.add_argument("--out", type=Path, required=True, help="deployment file to write")
+    p.add_argument("--operator", required=True, help="the scheduler's address")
+    p.add_argument("--treasury", required=True, help="where platform fees are credited")
+    p.add_argument("--fee-bps", type=int, default=EscrowParams.fee_bps)
+    p.add_argument("--min-bounty-wei", type=int, default=EscrowParams.min_bounty)
+    p.add_argument("--min-duration", type=int, default=EscrowParams.min_duration)
+    p.add_argument("--max-duration", type=int, default=EscrowParams.max_duration)
+    p.add_argument("--challenge-window", type=int, default=EscrowParams.challenge_window)
+    p.add_argument("--min-stake-wei", type=int, default=EscrowParams.min_stake)
+    p.add_argument("--unstake-delay", type=int, default=EscrowParams.unstake_delay)
+    p.add_argument("--slash-bps", type=int, default=EscrowParams.slash_bps)
+    args = p.parse_args(argv)
+    key = os.environ.get("GRIDMARKET_DEPLOYER_KEY")
+    if not key:
+        print("error: set GRIDMARKET_DEPLOYER_KEY to the deployer's private key", file=sys.stderr)
+        return 2
+    w3 = Web3(Web3.HTTPProvider(args.rpc_url))
+    params = EscrowParams(
+        operator=args.operator,
+        treasury=args.treasury,
+        fee_bps=args.fee_bps,
+        min_bounty=args.min_bounty_wei,
+        min_duration=args.min_duration,
+        max_duration=args.max_duration,
+        challenge_window=args.challenge_window,
+        min_stake=args.min_stake_wei,
+        unstake_delay=args.unstake_delay,
+        slash_bps=args.slash_bps,
+    )
+    deployment = deploy_escrow(w3, Account.from_key(key), params)
+    deployment = Deployment(**{**asdict(deployment), "rpc_url": args.rpc_url})
+    deployment.save(args.out)
+    print(
+        f"JobEscrow at {deployment.escrow} (chain {deployment.chain_id}, block "
+        f"{deployment.block}) -> {args.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

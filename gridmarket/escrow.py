@@ -1,0 +1,170 @@
+"""The escrow's job model, in pure Python: no I/O.
+
+The contract stores one commitment per job (``keccak256(abi.encode(Job))`` with the status in the
+low byte); everything else is rebuilt from its events. :func:`apply_event` is that fold, shared by
+the scheduler's chain watcher, the payouts explorer and the tests, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from enum import IntEnum
+from typing import Any
+
+from eth_abi.abi import encode
+from eth_utils.address import to_checksum_address
+from eth_utils.crypto import keccak
+
+ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
+ZERO_HASH = b"\x00" * 32
+JOB_ABI_TYPES = ("address", "uint96", "address", "uint40", "uint40", "uint16", "uint16", "bytes32")
+MAX_FEE_BPS = 2000
+
+
+class Status(IntEnum):
+    """Mirror of ``IJobEscrow.Status``."""
+
+    NONE = 0
+    FUNDED = 1
+    ASSIGNED = 2
+    SUBMITTED = 3
+    RELEASED = 4
+    REFUNDED = 5
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Status.RELEASED, Status.REFUNDED)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """Mirror of ``IJobEscrow.Job``: the full state a caller passes back to the contract."""
+
+    submitter: str
+    bounty: int
+    provider: str = ZERO_ADDRESS
+    deadline: int = 0
+    submitted_at: int = 0
+    fee_bps: int = 0
+    attempt: int = 0
+    result_digest: bytes = ZERO_HASH
+
+    def as_tuple(self) -> tuple[str, int, str, int, int, int, int, bytes]:
+        """The ABI tuple for contract calls."""
+        return (
+            self.submitter,
+            self.bounty,
+            self.provider,
+            self.deadline,
+            self.submitted_at,
+            self.fee_bps,
+            self.attempt,
+            self.result_digest,
+        )
+
+    @property
+    def fee(self) -> int:
+        """Platform fee taken at release, in wei."""
+        return self.bounty * self.fee_bps // 10_000
+
+    @property
+    def payout(self) -> int:
+        """What the provider is credited at release, in wei."""
+        return self.bounty - self.fee
+
+
+def cid_digest(cid: str) -> bytes:
+    """The on-chain digest of a CID string: keccak256 of its UTF-8 bytes."""
+    return keccak(cid.encode())
+
+
+def job_id(submitter: str, spec_cid: str, salt: bytes) -> bytes:
+    """The id the contract gives a job: ``keccak256(abi.encode(submitter, specDigest, salt))``."""
+    if len(salt) != 32:
+        raise ValueError(f"salt must be 32 bytes, got {len(salt)}")
+    return keccak(
+        encode(
+            ["address", "bytes32", "bytes32"],
+            [to_checksum_address(submitter), cid_digest(spec_cid), salt],
+        )
+    )
+
+
+def commitment(job: Job, status: Status) -> int:
+    """The storage word the contract keeps for ``job`` in ``status``."""
+    digest = int.from_bytes(keccak(encode(list(JOB_ABI_TYPES), list(job.as_tuple()))), "big")
+    return (digest & ~0xFF) | int(status)
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """A job as an indexer sees it: the contract's struct plus what only the events carry."""
+
+    job_id: bytes
+    job: Job
+    status: Status
+    spec_cid: str
+    salt: bytes
+    output_cid: str | None = None
+
+
+class EventOrderError(ValueError):
+    """An event arrived that cannot follow the job's current state (a gap in the log)."""
+
+
+def apply_event(state: JobState | None, name: str, args: Mapping[str, Any]) -> JobState:
+    """Fold one decoded escrow event into a job's state.
+
+    ``state`` is None only for ``JobCreated``. Raises :class:`EventOrderError` for an event that
+    cannot follow ``state``, which means the caller skipped part of the log.
+    """
+    if name == "JobCreated":
+        if state is not None:
+            raise EventOrderError(f"JobCreated for a job already known: 0x{state.job_id.hex()}")
+        job = Job(
+            submitter=to_checksum_address(args["submitter"]),
+            bounty=int(args["bounty"]),
+            deadline=int(args["deadline"]),
+            fee_bps=int(args["feeBps"]),
+        )
+        return JobState(
+            job_id=bytes(args["jobId"]),
+            job=job,
+            status=Status.FUNDED,
+            spec_cid=str(args["specCid"]),
+            salt=bytes(args["salt"]),
+        )
+    if state is None:
+        raise EventOrderError(f"{name} before JobCreated")
+    job = state.job
+    if name == "JobAssigned":
+        _expect(state, name, Status.FUNDED, Status.ASSIGNED)
+        job = replace(job, provider=to_checksum_address(args["provider"]), attempt=args["attempt"])
+        return replace(state, job=job, status=Status.ASSIGNED)
+    if name == "JobUnassigned":
+        _expect(state, name, Status.ASSIGNED)
+        return replace(state, job=replace(job, provider=ZERO_ADDRESS), status=Status.FUNDED)
+    if name == "ResultSubmitted":
+        _expect(state, name, Status.ASSIGNED)
+        cid = str(args["outputCid"])
+        job = replace(job, submitted_at=int(args["submittedAt"]), result_digest=cid_digest(cid))
+        return replace(state, job=job, status=Status.SUBMITTED, output_cid=cid)
+    if name == "ResultRejected":
+        _expect(state, name, Status.SUBMITTED)
+        job = replace(job, provider=ZERO_ADDRESS, submitted_at=0, result_digest=ZERO_HASH)
+        return replace(state, job=job, status=Status.FUNDED, output_cid=None)
+    if name == "JobReleased":
+        _expect(state, name, Status.SUBMITTED)
+        return replace(state, status=Status.RELEASED)
+    if name == "JobRefunded":
+        _expect(state, name, Status.FUNDED, Status.ASSIGNED)
+        return replace(state, status=Status.REFUNDED)
+    raise ValueError(f"not a job event: {name}")
+
+
+def _expect(state: JobState, name: str, *allowed: Status) -> None:
+    if state.status not in allowed:
+        raise EventOrderError(
+            f"{name} for job 0x{state.job_id.hex()} in status {state.status.name}"
+        )
