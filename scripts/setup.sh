@@ -58,4 +58,9 @@ fi
 "$ROOT/tools/solc/solc-v0.8.37" --version | grep -q 'Version: 0.8.37+commit' \
   || die "tools/solc/solc-v0.8.37 does not answer --version; is node_modules/solc installed?"
 
-say "ready (.venv, node_modules, offline solc 0.8.37)"
+# ---------------------------------------------------------------- local services
+# dockerd (Debian docker.io) and the busybox rootfs for the local test image; js-ipfs came with
+# `npm ci` above. The process managers in gridmarket/devstack start them on demand.
+bash scripts/setup_services.sh
+
+say "ready (.venv, node_modules, offline solc 0.8.37, anvil, js-ipfs, dockerd)"

@@ -1,0 +1,320 @@
+"""Run a job in a locked-down Docker container (the Docker SDK against ``DOCKER_HOST``).
+
+The sandbox, from the outside in: no network (``network_mode=none``), a read-only root file
+system, a non-root user (65534 ``nobody``), every capability dropped, ``no-new-privileges``,
+memory with no swap, CPU share, process count, open files and no core dumps capped, a small
+``noexec`` tmpfs at ``/tmp``, the input bind-mounted read-only at ``/input``, a size-capped
+``/output`` (:mod:`agent.executors._output`), stdout and stderr kept as capped in-memory tails
+(no log files), GPUs only when asked for, a hard wall-clock timeout, and the container always
+removed afterwards.
+
+Images are never pulled: a job's image must already be in the engine (there is no registry to
+pull from here, and an agent must not hang on one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+from docker.models.containers import Container
+from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
+
+from agent.errors import (
+    ExecutorError,
+    GpuUnavailableError,
+    ImageNotFoundError,
+    InvalidSpecError,
+)
+from agent.executors._output import OutputArea, OutputCheck, OutputMode
+from agent.executors.base import ExecutionResult, ExecutionSpec, Reason, TailBuffer
+
+log = logging.getLogger(__name__)
+
+LABEL = "org.gridmarket.executor"
+_WAIT_SLICE_S = 1.0  # wait() in slices so cancellation and the watchdog are noticed quickly
+
+
+class DockerExecutor:
+    """Runs :class:`ExecutionSpec` with an ``image`` as a sandboxed container."""
+
+    name = "docker"
+
+    def __init__(
+        self,
+        client: docker.DockerClient | None = None,
+        *,
+        docker_host: str | None = None,
+        user: str = "65534:65534",
+        output_mode: OutputMode = OutputMode.AUTO,
+    ) -> None:
+        """``client`` or ``docker_host`` (``unix:///path``) picks the engine, else DOCKER_HOST."""
+        if client is None:
+            client = docker.DockerClient(base_url=docker_host) if docker_host else docker.from_env()
+        self.client = client
+        uid, _, gid = user.partition(":")
+        if not (uid.isdigit() and gid.isdigit()):
+            raise InvalidSpecError(f"user must be numeric 'uid:gid', not {user!r}")
+        if uid == "0":
+            raise InvalidSpecError("jobs never run as root (uid 0)")
+        self.user = user
+        self._owner = (int(uid), int(gid))
+        self.output_mode = output_mode
+
+    # ------------------------------------------------------------------ public
+
+    def remove_leftovers(self) -> int:
+        """Remove containers a previous agent run left behind (crash); returns how many."""
+        removed = 0
+        for container in self.client.containers.list(all=True, filters={"label": LABEL}):
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True, v=True)
+                removed += 1
+        return removed
+
+    def run(
+        self,
+        spec: ExecutionSpec,
+        input_dir: Path | None,
+        output_dir: Path,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> ExecutionResult:
+        if spec.image is None:
+            raise InvalidSpecError("the Docker executor runs images; this spec has a WASM module")
+        if input_dir is not None and not input_dir.is_dir():
+            raise InvalidSpecError(f"input dir {input_dir} does not exist")
+        self._check_image(spec.image)
+        limits = spec.limits
+        with OutputArea(
+            output_dir,
+            limits.output_bytes,
+            limits.output_files,
+            mode=self.output_mode,
+            owner=self._owner,
+        ) as area:
+            container = self._create(spec, input_dir, area)
+            try:
+                outcome = self._execute(container, spec, area, cancel)
+            finally:
+                self._remove(container)  # before the output is checked and unmounted
+            check = area.finish()
+        reason, message = _verdict(spec, outcome, check)
+        log.info("container %s: %s (%s) in %.2f s", outcome.id, reason, message, outcome.duration)
+        return ExecutionResult(
+            reason=reason,
+            message=message,
+            exit_code=None if (outcome.timed_out or outcome.cancelled) else outcome.exit_code,
+            duration_s=outcome.duration,
+            output_dir=area.output_dir,
+            output_bytes=check.bytes if check.problem is None else 0,
+            output_files=check.files if check.problem is None else 0,
+            stdout=outcome.logs.stdout.value(),
+            stderr=outcome.logs.stderr.value(),
+            logs_truncated=outcome.logs.stdout.truncated or outcome.logs.stderr.truncated,
+            timed_out=outcome.timed_out,
+            oom_killed=outcome.oom_killed,
+        )
+
+    # ------------------------------------------------------------------ steps
+
+    def _check_image(self, image: str) -> None:
+        try:
+            self.client.images.get(image)
+        except docker.errors.ImageNotFound:
+            raise ImageNotFoundError(
+                f"image {image!r} is not on this node and images are never pulled: "
+                "load it first (docker load / docker import)"
+            ) from None
+        except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
+            raise ExecutorError(f"the Docker engine did not answer: {exc}") from exc
+
+    def _create(self, spec: ExecutionSpec, input_dir: Path | None, area: OutputArea) -> Container:
+        limits = spec.limits
+        mounts = [Mount("/output", str(area.mount_source), type="bind", read_only=False)]
+        if input_dir is not None:
+            mounts.append(Mount("/input", str(input_dir.resolve()), type="bind", read_only=True))
+        ulimits = [
+            Ulimit(name="core", soft=0, hard=0),
+            Ulimit(name="nofile", soft=4096, hard=4096),
+        ]
+        if area.mode is OutputMode.WATCH:
+            # No single file may outgrow the cap between two watchdog scans.
+            fsize = limits.output_bytes + 1  # one byte over: the final check then names the cap
+            ulimits.append(Ulimit(name="fsize", soft=fsize, hard=fsize))
+        kwargs: dict[str, Any] = {
+            "image": spec.image,
+            "command": list(spec.command) or None,
+            "environment": dict(spec.env),
+            "user": self.user,
+            "hostname": "job",
+            "labels": {LABEL: self.name},
+            "network_disabled": True,
+            "network_mode": "none",
+            "read_only": True,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "ipc_mode": "private",
+            "mem_limit": limits.memory_bytes,
+            "memswap_limit": limits.memory_bytes,  # equal: no swap
+            "oom_score_adj": 1000,  # under host memory pressure, jobs die before the agent
+            "nano_cpus": int(limits.cpus * 1e9),
+            "pids_limit": limits.pids,
+            "ulimits": ulimits,
+            "tmpfs": {"/tmp": f"rw,nosuid,nodev,noexec,size={limits.tmp_bytes},mode=1777"},  # noqa: S108
+            "mounts": mounts,
+            # No log files in dockerd: stdout/stderr are streamed to capped in-memory tails
+            # (_LogPump), so gigabytes of output cost the disk nothing.
+            "log_config": LogConfig(type=LogConfig.types.NONE),
+        }
+        if limits.gpus:
+            kwargs["device_requests"] = [DeviceRequest(count=limits.gpus, capabilities=[["gpu"]])]
+        try:
+            return self.client.containers.create(**kwargs)
+        except docker.errors.ImageNotFound as exc:
+            raise ImageNotFoundError(f"image {spec.image!r} disappeared: {exc}") from exc
+        except docker.errors.APIError as exc:
+            raise ExecutorError(
+                f"the Docker engine refused the container: {exc.explanation}"
+            ) from exc
+
+    def _execute(
+        self,
+        container: Container,
+        spec: ExecutionSpec,
+        area: OutputArea,
+        cancel: threading.Event | None,
+    ) -> _Outcome:
+        limits = spec.limits
+        pump = _LogPump(container, limits.log_bytes)  # attached before start: nothing is missed
+        try:
+            container.start()
+        except docker.errors.APIError as exc:
+            text = str(exc.explanation or exc)
+            if limits.gpus and ("device driver" in text or "gpu" in text.lower()):
+                raise GpuUnavailableError(
+                    f"the job asks for {limits.gpus} GPU(s) and the engine cannot provide them "
+                    f"({text}); GPU jobs need an NVIDIA GPU and the NVIDIA container toolkit"
+                ) from exc
+            raise ExecutorError(f"the container did not start: {text}") from exc
+        started = time.monotonic()
+        area.watch(lambda: _kill(container))
+        timed_out, cancelled = _wait(container, limits.timeout_s, cancel)
+        duration = time.monotonic() - started
+        area.stop_watching()
+        container.reload()
+        state = container.attrs.get("State", {})
+        pump.join(timeout=10)
+        return _Outcome(
+            id=container.short_id,
+            exit_code=int(state.get("ExitCode", -1)),
+            oom_killed=bool(state.get("OOMKilled")),
+            timed_out=timed_out,
+            cancelled=cancelled,
+            duration=duration,
+            logs=pump,
+        )
+
+    def _remove(self, container: Container) -> None:
+        try:
+            container.remove(force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:  # never silent: a leak is a bug
+            log.error("could not remove container %s: %s", container.short_id, exc)
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    id: str
+    exit_code: int
+    oom_killed: bool
+    timed_out: bool
+    cancelled: bool
+    duration: float
+    logs: _LogPump
+
+
+class _LogPump(threading.Thread):
+    """Reads the container's attached stdout/stderr into two capped tails until it exits.
+
+    Attach with ``logs=False``: with the ``none`` log driver, ``logs=True`` makes dockerd answer
+    with an error text in the stream and the job's output is never read (the job then blocks).
+    """
+
+    def __init__(self, container: Container, cap: int) -> None:
+        super().__init__(name=f"logs-{container.short_id}", daemon=True)
+        self.stdout = TailBuffer(cap)
+        self.stderr = TailBuffer(cap)
+        self._stream = container.attach(
+            stdout=True, stderr=True, stream=True, logs=False, demux=True
+        )
+        self.start()
+
+    def run(self) -> None:
+        try:
+            for out, err in self._stream:
+                if out:
+                    self.stdout.write(out)
+                if err:
+                    self.stderr.write(err)
+        except Exception as exc:  # the stream dies with the container: keep what we have
+            log.debug("log stream ended: %s", exc)
+
+
+def _kill(container: Container) -> None:
+    with contextlib.suppress(docker.errors.APIError):  # 409: it already stopped
+        container.kill()
+
+
+def _wait(
+    container: Container, timeout_s: float, cancel: threading.Event | None
+) -> tuple[bool, bool]:
+    """Block until the container exits; kill it at the deadline or on cancel.
+
+    Returns (timed_out, cancelled).
+    """
+    deadline = time.monotonic() + timeout_s
+    timed_out = cancelled = False
+    while True:
+        if cancel is not None and cancel.is_set():
+            cancelled = True
+            break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            break
+        try:
+            container.wait(timeout=min(remaining, _WAIT_SLICE_S))
+            return False, False
+        except requests.exceptions.RequestException:
+            continue  # a slice ran out (the SDK reports read timeouts as request errors)
+    _kill(container)
+    with contextlib.suppress(requests.exceptions.RequestException):
+        container.wait(timeout=30)
+    return timed_out, cancelled
+
+
+def _verdict(spec: ExecutionSpec, outcome: _Outcome, check: OutputCheck) -> tuple[Reason, str]:
+    limits = spec.limits
+    if outcome.cancelled:
+        return Reason.CANCELLED, "cancelled by the agent"
+    if outcome.timed_out:
+        return Reason.TIMEOUT, f"killed at the time limit of {limits.timeout_s:g} s"
+    if check.problem is Reason.OUTPUT_TOO_LARGE:
+        return Reason.OUTPUT_TOO_LARGE, check.message
+    if outcome.oom_killed and outcome.exit_code != 0:
+        return Reason.OUT_OF_MEMORY, f"killed at the memory limit of {limits.memory_bytes} bytes"
+    if outcome.exit_code != 0:
+        return Reason.EXIT_CODE, f"exited with code {outcome.exit_code}"
+    if check.problem is not None:
+        return check.problem, check.message
+    return Reason.SUCCEEDED, f"exited with code 0; {check.bytes} bytes of output"

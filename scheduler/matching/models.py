@@ -1,0 +1,192 @@
+"""Types of the matching engine: what a node offers and what a job needs. No I/O.
+
+Units: memory and disk in MiB; prices in wei **per GPU-hour** (a CPU-only job counts as one
+unit, so for it the same numbers read "per job-hour"). A node's price floor and a job's offered
+price are both in that unit, so the price gate is a plain comparison.
+
+A node's GPUs are one model: a machine with mixed cards registers one node per model (the agent
+groups them, see ``agent.hardware.HardwareReport.gpu_groups``), each with its share of cores,
+RAM and disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gridmarket.tiers import CPU_ONLY, Tier
+
+__all__ = [
+    "ClaimError",
+    "DuplicateNodeError",
+    "Executor",
+    "Gate",
+    "GpuSpec",
+    "JobRequirements",
+    "MatchingError",
+    "NodeCapacity",
+    "UnknownJobError",
+    "UnknownNodeError",
+]
+
+
+class MatchingError(Exception):
+    """Root of the matching engine's errors."""
+
+
+class UnknownNodeError(MatchingError, KeyError):
+    """No node with that id is registered."""
+
+
+class UnknownJobError(MatchingError, KeyError):
+    """No claim with that job id is held."""
+
+
+class DuplicateNodeError(MatchingError, ValueError):
+    """A node with that id is already registered."""
+
+
+class ClaimError(MatchingError, ValueError):
+    """The node cannot take the job (a gate fails, or the job is already placed)."""
+
+
+class Executor(StrEnum):
+    """How a job's code runs on the node."""
+
+    DOCKER = "docker"
+    WASM = "wasm"
+
+
+class Gate(StrEnum):
+    """Hard gates, in the order a node is checked (the first that fails is its reason)."""
+
+    REPUTATION = "reputation"  # suspended, or score below the ban line
+    SLOTS = "slots"  # no free job slot
+    EXECUTOR = "executor"
+    REGION = "region"
+    GPU_COUNT = "gpu_count"  # fewer free GPUs than asked
+    GPU_MODEL = "gpu_model"  # model not in the job's allowed list
+    VRAM = "vram"  # per-GPU VRAM below the job's minimum
+    CPU_CORES = "cpu_cores"
+    RAM = "ram"
+    PRICE = "price"  # node's floor above the job's offered price
+    DISK = "disk"
+    EXCLUDED = "excluded"  # the job must not go back to this node
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """The GPUs of a node: ``count`` cards of one model (tier key) with ``vram_mib`` each.
+
+    ``speed`` is the tier's relative speed (:attr:`gridmarket.tiers.Tier.speed`); it is carried
+    here so that guessed tiers rank with the numbers they were given.
+    """
+
+    model: str
+    vram_mib: int
+    count: int
+    speed: float
+
+    def __post_init__(self) -> None:
+        _check(bool(self.model), "GPU model must not be empty")
+        _check(self.vram_mib > 0, "GPU vram_mib must be positive")
+        _check(self.count > 0, "GPU count must be positive")
+        _check(self.speed >= 0, "GPU speed must not be negative")
+
+    @classmethod
+    def from_tier(cls, tier: Tier, *, vram_mib: int, count: int) -> GpuSpec:
+        """GPUs of ``tier`` with the VRAM the node reported."""
+        return cls(model=tier.key, vram_mib=vram_mib, count=count, speed=tier.speed)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCapacity:
+    """What a registered node offers in total (the engine tracks what is free).
+
+    ``slots`` caps concurrent jobs; ``reputation`` is a score in [0, 1]
+    (:func:`scheduler.matching.reputation.score`); ``suspended`` takes the node out of matching
+    whatever its score (the reputation exclusion rule, or an operator).
+    """
+
+    node_id: str
+    region: str
+    price_floor_wei_per_hour: int
+    cpu_cores: int
+    ram_mib: int
+    disk_mib: int
+    gpu: GpuSpec | None = None
+    executors: frozenset[Executor] = frozenset({Executor.DOCKER})
+    slots: int = 1
+    reputation: float = 0.5
+    suspended: bool = False
+
+    def __post_init__(self) -> None:
+        _check(bool(self.node_id), "node_id must not be empty")
+        _check(bool(self.region), "region must not be empty")
+        _check(self.price_floor_wei_per_hour >= 0, "price floor must not be negative")
+        _check(self.cpu_cores > 0, "cpu_cores must be positive")
+        _check(self.ram_mib > 0, "ram_mib must be positive")
+        _check(self.disk_mib >= 0, "disk_mib must not be negative")
+        _check(bool(self.executors), "a node must offer at least one executor")
+        _check(self.slots > 0, "slots must be positive")
+        _check(0.0 <= self.reputation <= 1.0, "reputation must be within [0, 1]")
+
+    @property
+    def gpu_count(self) -> int:
+        return 0 if self.gpu is None else self.gpu.count
+
+    @property
+    def gpu_model(self) -> str:
+        """Tier key of the GPUs, ``"cpu"`` for a CPU-only node."""
+        return CPU_ONLY.key if self.gpu is None else self.gpu.model
+
+    @property
+    def vram_mib(self) -> int:
+        """VRAM per GPU (0 for a CPU-only node)."""
+        return 0 if self.gpu is None else self.gpu.vram_mib
+
+    @property
+    def speed(self) -> float:
+        return CPU_ONLY.speed if self.gpu is None else self.gpu.speed
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequirements:
+    """What a job needs from one node. Resources are per node; VRAM is per GPU.
+
+    ``gpu_models`` (tier keys) restricts the GPU model when set; ``region`` restricts the
+    region when set. ``max_price_wei_per_hour`` is what the job offers per GPU-hour (per
+    job-hour when ``gpu_count`` is 0). ``excluded_node_ids`` are nodes the job must not go to
+    (for example the node that lost its lease).
+    """
+
+    job_id: str
+    executor: Executor = Executor.DOCKER
+    gpu_count: int = 0
+    min_vram_mib: int = 0
+    gpu_models: frozenset[str] | None = None
+    cpu_cores: int = 1
+    ram_mib: int = 1024
+    disk_mib: int = 0
+    region: str | None = None
+    max_price_wei_per_hour: int = 0
+    excluded_node_ids: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        _check(bool(self.job_id), "job_id must not be empty")
+        _check(self.gpu_count >= 0, "gpu_count must not be negative")
+        _check(self.min_vram_mib >= 0, "min_vram_mib must not be negative")
+        _check(
+            self.gpu_count > 0 or (self.min_vram_mib == 0 and not self.gpu_models),
+            "min_vram_mib and gpu_models need gpu_count > 0",
+        )
+        _check(self.gpu_models is None or bool(self.gpu_models), "gpu_models must not be empty")
+        _check(self.cpu_cores > 0, "cpu_cores must be positive")
+        _check(self.ram_mib > 0, "ram_mib must be positive")
+        _check(self.disk_mib >= 0, "disk_mib must not be negative")
+        _check(self.max_price_wei_per_hour >= 0, "max price must not be negative")

@@ -1,0 +1,96 @@
+"""gridmarket.devstack: services that fail say why and where the log is; restarts recover."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import docker
+import pytest
+
+from gridmarket.devstack._process import ServiceError
+from gridmarket.devstack.dockerd import Dockerd
+from gridmarket.devstack.images import BUSYBOX_IMAGE, ensure_busybox_image
+from gridmarket.devstack.ipfs import IpfsDaemon
+
+
+def _fake(tmp_path: Path, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_ipfs_not_installed(tmp_path: Path) -> None:
+    with pytest.raises(ServiceError, match=r"js-ipfs is not installed.*npm ci"):
+        IpfsDaemon(tmp_path / "w", node_modules=tmp_path).start()
+
+
+def test_ipfs_init_failure_names_the_log(tmp_path: Path) -> None:
+    node = _fake(tmp_path, "node", "echo 'repo is on fire' >&2; exit 3")
+    daemon = IpfsDaemon(tmp_path / "w", node=node)
+    with pytest.raises(ServiceError, match="init` failed") as err:
+        daemon.start()
+    assert str(daemon.log_path) in str(err.value) and "repo is on fire" in str(err.value)
+
+
+def test_dockerd_exit_names_the_log(tmp_path: Path) -> None:
+    fake = _fake(tmp_path, "dockerd", "echo 'no cgroups here' >&2; exit 1")
+    engine = Dockerd(tmp_path / "w", dockerd=fake)
+    with pytest.raises(ServiceError, match="exited with code 1 before it was ready") as err:
+        engine.start()
+    assert str(engine.log_path) in str(err.value) and "no cgroups here" in str(err.value)
+
+
+def test_dockerd_that_never_answers_times_out(tmp_path: Path) -> None:
+    fake = _fake(tmp_path, "dockerd", "echo starting; exec sleep 60")
+    engine = Dockerd(tmp_path / "w", dockerd=fake, start_timeout=1)
+    started = time.monotonic()
+    with pytest.raises(ServiceError, match="not ready after 1 s"):
+        engine.start()
+    assert time.monotonic() - started < 10
+    assert not engine.running()
+
+
+def test_dockerd_refuses_a_live_pidfile(tmp_path: Path) -> None:
+    engine = Dockerd(tmp_path / "w")
+    engine.run_dir.mkdir(parents=True, exist_ok=True)
+    engine.pidfile.write_text(str(os.getpid()))
+    try:
+        with pytest.raises(ServiceError, match=f"pid {os.getpid()}"):
+            engine.start()
+        engine.stop()
+        assert engine.pidfile.exists()  # another engine's files are left alone
+    finally:
+        shutil.rmtree(engine.run_dir)
+
+
+def test_long_work_dirs_get_a_short_socket(tmp_path: Path) -> None:
+    engine = Dockerd(tmp_path / ("x" * 80))
+    assert len(str(engine.socket_path)) < 60
+    assert Dockerd(tmp_path / ("x" * 80)).socket_path == engine.socket_path  # stable name
+    assert not engine.run_dir.exists()  # made by start(), not by the constructor
+
+
+def test_ipfs_restarts_after_a_crash(tmp_path: Path) -> None:
+    """A killed daemon leaves repo.lock and repo/api behind; the next start clears them."""
+    daemon = IpfsDaemon(tmp_path / "ipfs").start()
+    try:
+        assert daemon._proc is not None and daemon._proc.pid is not None
+        os.killpg(daemon._proc.pid, signal.SIGKILL)
+        daemon._proc._proc.wait()  # type: ignore[union-attr]
+        assert (daemon.repo / "repo.lock").exists() and (daemon.repo / "api").exists()
+        daemon._proc = None
+        daemon.start()
+        assert daemon.running() and daemon.api_addr.startswith("/ip4/127.0.0.1/tcp/")
+    finally:
+        daemon.stop()
+
+
+def test_busybox_image_is_reused(docker_client: docker.DockerClient, test_image: str) -> None:
+    started = time.monotonic()
+    assert ensure_busybox_image(docker_client) == docker_client.images.get(BUSYBOX_IMAGE).id
+    assert time.monotonic() - started < 1
