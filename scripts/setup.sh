@@ -37,8 +37,11 @@ node -e 'process.exit(+process.versions.node.split(".")[0] >= 18 ? 0 : 1)' \
 
 # ---------------------------------------------------------------- npm: solc, anvil, cast
 if ! fresh npm package-lock.json || [ ! -x node_modules/.bin/anvil ]; then
-  say "npm ci (solc compiler, anvil devnet)"
-  npm ci --no-audit --no-fund --loglevel=error
+  say "npm install from package-lock.json (solc compiler, anvil devnet, js-ipfs; ~2 min)"
+  # Not `npm ci`: js-ipfs pulls electron-eval, whose optional dependency `headless` is a GitHub
+  # tarball that cannot be locked or fetched here, and `npm ci` refuses the lock for it.
+  # `npm install` installs exactly the locked tree and skips that optional package.
+  npm install --no-audit --no-fund --loglevel=error
   stamp npm package-lock.json
 fi
 
