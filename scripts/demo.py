@@ -23,11 +23,11 @@ from web3 import Web3
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gridmarket.chain import EscrowClient, Sent  # noqa: E402
-from gridmarket.deploy import EscrowParams, deploy_escrow  # noqa: E402
-from gridmarket.devstack.anvil import Anvil, dev_accounts  # noqa: E402
-from gridmarket.eip712 import sign_result  # noqa: E402
-from gridmarket.escrow import Status  # noqa: E402
+from gridmarket.chain import EscrowClient, Sent
+from gridmarket.deploy import EscrowParams, deploy_escrow
+from gridmarket.devstack.anvil import Anvil, dev_accounts
+from gridmarket.eip712 import sign_result
+from gridmarket.escrow import Status
 
 ETH = 10**18
 SPEC_CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
@@ -113,7 +113,8 @@ def main() -> int:
             table.add_column(col, justify="right")
         for n in names:
             table.add_row(n, eth(start[n]), eth(end[n]), eth(end[n] - start[n]))
-        table.add_row("escrow contract", "", eth(w3.eth.get_balance(escrow.address)), "")
+        held = w3.eth.get_balance(Web3.to_checksum_address(escrow.address))
+        table.add_row("escrow contract", "", eth(held), "")
         console.print(table)
         withdrawn = {e.args["account"]: e.args["amount"] for e in pay_wd.events + fee_wd.events}
         checks = {
@@ -123,8 +124,7 @@ def main() -> int:
                 accts["provider"].address
             ) == bounty - fee,
             f"treasury withdrew fee = {eth(fee)}": withdrawn.get(accts["treasury"].address) == fee,
-            "escrow holds only the provider's stake": w3.eth.get_balance(escrow.address)
-            == params.min_stake * 10,
+            "escrow holds only the provider's stake": held == params.min_stake * 10,
             "submitter paid exactly the bounty plus gas": start["submitter"] - end["submitter"]
             > bounty,
         }  # fmt: skip
