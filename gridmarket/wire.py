@@ -1,0 +1,503 @@
+"""The wire between scheduler, agent and submitter tools: one module, so they cannot drift.
+
+Three kinds of document live here:
+
+* :class:`JobSpec`: what a submitter asks for. It is stored on IPFS as JSON (``spec.json``); the
+  on-chain ``createJob`` commits to its CID, so neither the scheduler nor a provider can change
+  what was paid for.
+* Node messages: :class:`NodeRegistration` (signed with the provider's wallet, EIP-712
+  ``NodeRegistration``, see :func:`registration_typed_data`), heartbeats, assignments and results.
+* :data:`API` paths, shared by the FastAPI routers and the clients.
+
+Amounts are wei (ints; JSON carries them as strings only where a browser would lose precision:
+pydantic accepts both). Memory and disk are MiB. Times are Unix seconds (floats where sub-second).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from eth_account import Account
+from eth_account.messages import encode_typed_data
+from eth_account.signers.local import LocalAccount
+from eth_utils.address import is_hex_address, to_checksum_address
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from gridmarket.cid import CidError, normalize_cid
+
+__all__ = [
+    "API",
+    "SPEC_VERSION",
+    "Assignment",
+    "ExecutorKind",
+    "GpuGroup",
+    "HeartbeatRequest",
+    "HeartbeatResponse",
+    "IdleAdvice",
+    "JobLimits",
+    "JobResources",
+    "JobSpec",
+    "NodeCapacityIn",
+    "NodeRegistration",
+    "RegisterRequest",
+    "RegisterResponse",
+    "ResultAck",
+    "ResultReport",
+    "RunReason",
+    "SchedulerInfo",
+    "capacity_digest",
+    "offered_price_wei_per_hour",
+    "recover_registration_signer",
+    "registration_typed_data",
+    "sign_registration",
+]
+
+SPEC_VERSION = 1
+MAX_SPEC_BYTES = 64 * 1024
+"""A job spec document larger than this is refused (the watcher reads it from IPFS)."""
+
+MAX_LOG_CHARS = 64 * 1024
+"""Each of stdout/stderr tails a result may carry."""
+
+
+class API:
+    """URL paths of the scheduler's API (prefix included)."""
+
+    PREFIX = "/v1"
+    INFO = "/v1/info"
+    REGISTER = "/v1/nodes/register"
+    NODES = "/v1/nodes"
+    NODE = "/v1/nodes/{node_id}"
+    HEARTBEAT = "/v1/nodes/{node_id}/heartbeat"
+    NEXT_JOB = "/v1/nodes/{node_id}/next-job"
+    RESULT = "/v1/nodes/{node_id}/jobs/{job_id}/result"
+    HAND_BACK = "/v1/nodes/{node_id}/jobs/{job_id}/hand-back"
+    JOBS = "/v1/jobs"
+    JOB = "/v1/jobs/{job_id}"
+    QUOTE = "/v1/quote"
+    METRICS = "/metrics"
+    HEALTH = "/healthz"
+
+
+def _strict() -> ConfigDict:
+    return ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+# --------------------------------------------------------------------------- small types
+
+Address = Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{40}$")]
+HexBytes32 = Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{64}$")]
+HexSignature = Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{130}$")]
+Region = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,31}$")]
+NodeName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+Wei = Annotated[int, Field(ge=0, lt=2**96)]
+
+
+def _cid(value: str) -> str:
+    try:
+        normalize_cid(value)
+    except CidError as exc:
+        raise ValueError(f"not a valid CID: {exc}") from None
+    return value
+
+
+def checksum(address: str) -> str:
+    """EIP-55 form of a 0x address; ValueError naming the value if it is not one."""
+    if not is_hex_address(address):
+        raise ValueError(f"not a 0x address: {address!r}")
+    return str(to_checksum_address(address))
+
+
+class ExecutorKind(StrEnum):
+    DOCKER = "docker"
+    WASM = "wasm"
+
+
+# --------------------------------------------------------------------------- job spec
+
+_IMAGE_RE = re.compile(r"^[a-z0-9]+([._/:@-][A-Za-z0-9_.-]+)*$")
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+class JobResources(BaseModel):
+    """What one node must offer to run the job. VRAM is per GPU."""
+
+    model_config = _strict()
+
+    gpu_count: int = Field(0, ge=0, le=16)
+    min_vram_mib: int = Field(0, ge=0, le=1024 * 1024)
+    gpu_models: list[str] | None = Field(None, min_length=1, max_length=32)
+    cpu_cores: int = Field(1, ge=1, le=512)
+    ram_mib: int = Field(512, ge=16, le=8 * 1024 * 1024)
+    disk_mib: int = Field(1024, ge=0, le=64 * 1024 * 1024)
+    region: Region | None = None
+
+    @model_validator(mode="after")
+    def _gpu_fields_need_gpus(self) -> JobResources:
+        if self.gpu_count == 0 and (self.min_vram_mib or self.gpu_models):
+            raise ValueError("min_vram_mib and gpu_models need gpu_count > 0")
+        return self
+
+
+class JobLimits(BaseModel):
+    """Terms the run and its result must stay within (checked by agent and scheduler)."""
+
+    model_config = _strict()
+
+    timeout_s: int = Field(600, ge=1, le=7 * 24 * 3600)
+    output_max_bytes: int = Field(256 * 1024 * 1024, ge=1, le=64 * 1024**3)
+    dataset_max_bytes: int = Field(1024 * 1024 * 1024, ge=1, le=256 * 1024**3)
+    pids: int = Field(256, ge=8, le=65536)
+
+
+class JobSpec(BaseModel):
+    """A job as the submitter specifies it (the JSON document whose CID goes on-chain).
+
+    Exactly one of ``image`` (executor ``docker``) or ``module_cid`` (executor ``wasm``: the CID
+    of a ``.wasm`` WASI command on IPFS). ``dataset_cid`` is mounted read-only at ``/input``; the
+    job writes its result under ``/output``. The price the job offers per GPU-hour is what its
+    on-chain bounty pays for the whole timeout (:func:`offered_price_wei_per_hour`).
+    """
+
+    model_config = _strict()
+
+    version: Literal[1] = 1
+    name: str = Field("job", min_length=1, max_length=80)
+    executor: ExecutorKind
+    image: str | None = Field(None, max_length=255)
+    module_cid: str | None = None
+    command: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list, max_length=256
+    )
+    env: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=dict, max_length=64
+    )
+    dataset_cid: str | None = None
+    resources: JobResources = Field(default_factory=lambda: JobResources())
+    limits: JobLimits = Field(default_factory=lambda: JobLimits())
+    max_attempts: int = Field(3, ge=1, le=10)
+
+    @field_validator("module_cid", "dataset_cid")
+    @classmethod
+    def _valid_cid(cls, value: str | None) -> str | None:
+        return None if value is None else _cid(value)
+
+    @field_validator("image")
+    @classmethod
+    def _valid_image(cls, value: str | None) -> str | None:
+        if value is not None and not _IMAGE_RE.match(value):
+            raise ValueError(f"not a Docker image reference: {value!r}")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _valid_env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, item in value.items():
+            if not _ENV_KEY_RE.match(key):
+                raise ValueError(f"bad environment variable name {key!r}")
+            if "\0" in item:
+                raise ValueError(f"environment variable {key} holds a NUL byte")
+        return value
+
+    @model_validator(mode="after")
+    def _one_workload(self) -> JobSpec:
+        if self.executor is ExecutorKind.DOCKER:
+            if self.image is None or self.module_cid is not None:
+                raise ValueError("a docker job needs image (and no module_cid)")
+        elif self.module_cid is None or self.image is not None:
+            raise ValueError("a wasm job needs module_cid (and no image)")
+        if self.executor is ExecutorKind.WASM and self.resources.gpu_count:
+            raise ValueError("a wasm job cannot ask for GPUs")
+        return self
+
+    def to_bytes(self) -> bytes:
+        """Canonical JSON (sorted keys, no spaces): the bytes to add to IPFS."""
+        return json.dumps(
+            self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> JobSpec:
+        """Parse a spec document; ValueError (pydantic's, naming the field) if it is invalid."""
+        if len(data) > MAX_SPEC_BYTES:
+            raise ValueError(f"job spec is {len(data)} bytes, more than {MAX_SPEC_BYTES}")
+        return cls.model_validate_json(data)
+
+
+def offered_price_wei_per_hour(bounty_wei: int, spec: JobSpec) -> int:
+    """What a job offers per GPU-hour (per job-hour without GPUs): its bounty spread over its
+    timeout and GPU count. Provider floors compare against it (the matching engine's price gate);
+    it comes from the on-chain bounty, so nobody can inflate it off-chain."""
+    units = max(1, spec.resources.gpu_count)
+    return bounty_wei * 3600 // (spec.limits.timeout_s * units)
+
+
+# --------------------------------------------------------------------------- registration
+
+
+class GpuGroup(BaseModel):
+    """``count`` GPUs of one model (tier key, e.g. ``rtx4090``; ``name`` is what NVML said)."""
+
+    model_config = _strict()
+
+    model: str = Field(min_length=1, max_length=64)
+    name: str = Field("", max_length=128)
+    vram_mib: int = Field(ge=1, le=1024 * 1024)
+    count: int = Field(ge=1, le=64)
+
+
+class NodeCapacityIn(BaseModel):
+    """What a node offers, as its agent reports it. One GPU model per node (see the agent)."""
+
+    model_config = _strict()
+
+    gpu: GpuGroup | None = None
+    cpu_cores: int = Field(ge=1, le=4096)
+    ram_mib: int = Field(ge=64, le=64 * 1024 * 1024)
+    disk_mib: int = Field(ge=0, le=1024 * 1024 * 1024)
+    region: Region
+    price_floor_wei_per_hour: Wei = 0
+    executors: list[ExecutorKind] = Field(min_length=1, max_length=2)
+    slots: int = Field(1, ge=1, le=64)
+
+    @field_validator("executors")
+    @classmethod
+    def _unique(cls, value: list[ExecutorKind]) -> list[ExecutorKind]:
+        if len(set(value)) != len(value):
+            raise ValueError("executors must not repeat")
+        return sorted(value)
+
+
+def capacity_digest(capacity: NodeCapacityIn) -> bytes:
+    """SHA-256 of the capacity's canonical JSON: what the registration signature covers."""
+    data = json.dumps(capacity.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(data.encode()).digest()
+
+
+class NodeRegistration(BaseModel):
+    """The signed part of a registration. ``nonce`` must grow per wallet; ``expiry`` is soon."""
+
+    model_config = _strict()
+
+    wallet: Address
+    name: NodeName
+    capacity: NodeCapacityIn
+    agent_version: str = Field("", max_length=64)
+    nonce: int = Field(ge=0, lt=2**63)
+    expiry: int = Field(ge=0, lt=2**63)
+
+
+class RegisterRequest(BaseModel):
+    model_config = _strict()
+
+    registration: NodeRegistration
+    signature: HexSignature
+
+
+class RegisterResponse(BaseModel):
+    model_config = _strict()
+
+    node_id: str
+    token: str
+    token_expires_at: float
+    heartbeat_interval_s: float
+    lease_ttl_s: float
+
+
+def registration_typed_data(
+    chain_id: int, escrow: str, registration: NodeRegistration
+) -> dict[str, Any]:
+    """EIP-712 ``NodeRegistration`` for the scheduler of ``escrow`` on ``chain_id``.
+
+    The domain binds the registration to one deployment; the nonce and expiry keep it from being
+    replayed; the capacity is covered by its digest (:func:`capacity_digest`).
+    """
+    return {
+        "types": {
+            "EIP712Domain": [
+                {"name": "name", "type": "string"},
+                {"name": "version", "type": "string"},
+                {"name": "chainId", "type": "uint256"},
+                {"name": "verifyingContract", "type": "address"},
+            ],
+            "NodeRegistration": [
+                {"name": "wallet", "type": "address"},
+                {"name": "name", "type": "string"},
+                {"name": "capacityDigest", "type": "bytes32"},
+                {"name": "agentVersion", "type": "string"},
+                {"name": "nonce", "type": "uint64"},
+                {"name": "expiry", "type": "uint64"},
+            ],
+        },
+        "primaryType": "NodeRegistration",
+        "domain": {
+            "name": "GridMarket Scheduler",
+            "version": "1",
+            "chainId": chain_id,
+            "verifyingContract": checksum(escrow),
+        },
+        "message": {
+            "wallet": checksum(registration.wallet),
+            "name": registration.name,
+            "capacityDigest": capacity_digest(registration.capacity),
+            "agentVersion": registration.agent_version,
+            "nonce": registration.nonce,
+            "expiry": registration.expiry,
+        },
+    }
+
+
+def sign_registration(
+    account: LocalAccount, chain_id: int, escrow: str, registration: NodeRegistration
+) -> str:
+    """The 0x signature of ``registration`` by ``account`` (its wallet must be the account)."""
+    message = encode_typed_data(
+        full_message=registration_typed_data(chain_id, escrow, registration)
+    )
+    return "0x" + bytes(account.sign_message(message).signature).hex()
+
+
+def recover_registration_signer(
+    chain_id: int, escrow: str, registration: NodeRegistration, signature: str
+) -> str:
+    """The checksummed address that signed ``registration``; ValueError if it is malformed."""
+    message = encode_typed_data(
+        full_message=registration_typed_data(chain_id, escrow, registration)
+    )
+    try:
+        return str(Account.recover_message(message, signature=bytes.fromhex(signature[2:])))
+    except Exception as exc:  # eth-keys raises several types for a malformed signature
+        raise ValueError(f"signature does not recover: {exc}") from None
+
+
+# --------------------------------------------------------------------------- scheduler info
+
+
+class SchedulerInfo(BaseModel):
+    """``GET /v1/info``: what an agent or a wallet needs to talk to this scheduler."""
+
+    model_config = _strict()
+
+    chain_id: int
+    escrow: Address
+    operator: Address
+    require_stake: bool
+    heartbeat_interval_s: float
+    lease_ttl_s: float
+    long_poll_max_s: float
+    fee_bps: int
+    version: str
+
+
+# --------------------------------------------------------------------------- node loop
+
+
+class HeartbeatRequest(BaseModel):
+    """A node's pulse: the jobs it is running (their leases are renewed)."""
+
+    model_config = _strict()
+
+    running: list[HexBytes32] = Field(default_factory=list, max_length=64)
+    load: float | None = Field(None, ge=0, le=100_000)
+
+
+class HeartbeatResponse(BaseModel):
+    """Leases renewed (job id -> new expiry) and jobs the node must stop (no longer its own)."""
+
+    model_config = _strict()
+
+    leases: dict[str, float]
+    cancel: list[str]
+    next_heartbeat_s: float
+
+
+class Assignment(BaseModel):
+    """A job handed to a node: everything it needs to run it and to sign its result."""
+
+    model_config = _strict()
+
+    job_id: HexBytes32
+    attempt: int = Field(ge=1, lt=2**16)
+    spec_cid: str
+    spec: JobSpec
+    bounty_wei: int
+    deadline: int
+    lease_expires_at: float
+    chain_id: int
+    escrow: Address
+
+
+class IdleAdvice(BaseModel):
+    """``next-job`` answered with nothing: when to ask again (adaptive backoff)."""
+
+    model_config = _strict()
+
+    retry_after_s: float
+    reason: str
+
+
+class RunReason(StrEnum):
+    """How the run ended (mirrors ``agent.executors.Reason``, plus the agent's own failures)."""
+
+    SUCCEEDED = "succeeded"
+    EXIT_CODE = "exit_code"
+    TIMEOUT = "timeout"
+    OUT_OF_MEMORY = "out_of_memory"
+    OUTPUT_TOO_LARGE = "output_too_large"
+    OUTPUT_INVALID = "output_invalid"
+    TRAPPED = "trapped"
+    CANCELLED = "cancelled"
+    DATASET_ERROR = "dataset_error"  # the dataset could not be fetched or failed its CID
+    WORKLOAD_ERROR = "workload_error"  # image missing, module invalid, GPU unavailable
+    AGENT_ERROR = "agent_error"  # the agent itself failed (IPFS down on upload, ...)
+
+
+class ResultReport(BaseModel):
+    """What a node sends when a run ends. On success ``output_cid`` and ``signature`` (EIP-712
+    ``Result(jobId, attempt, outputCid)`` by the node's wallet) are required."""
+
+    model_config = _strict()
+
+    attempt: int = Field(ge=1, lt=2**16)
+    reason: RunReason
+    message: str = Field("", max_length=2000)
+    exit_code: int | None = None
+    duration_s: float = Field(ge=0)
+    output_cid: str | None = None
+    output_bytes: int = Field(0, ge=0)
+    signature: HexSignature | None = None
+    stdout_tail: str = Field("", max_length=MAX_LOG_CHARS)
+    stderr_tail: str = Field("", max_length=MAX_LOG_CHARS)
+
+    @field_validator("output_cid")
+    @classmethod
+    def _valid_cid(cls, value: str | None) -> str | None:
+        return None if value is None else _cid(value)
+
+    @model_validator(mode="after")
+    def _success_is_signed(self) -> ResultReport:
+        if self.reason is RunReason.SUCCEEDED and (
+            self.output_cid is None or self.signature is None
+        ):
+            raise ValueError("a succeeded result needs output_cid and signature")
+        return self
+
+
+class ResultAck(BaseModel):
+    model_config = _strict()
+
+    job_id: str
+    accepted: bool
+    status: str
+    message: str

@@ -1,0 +1,60 @@
+"""The scheduler's one configuration object (env prefix ``GRIDMARKET_SCHEDULER_``)."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Everything an operator can set. Defaults run one replica on SQLite against the devnet.
+
+    ``database_url``: ``sqlite:///path`` (embedded, one replica) or
+    ``postgresql+psycopg://user@host/db`` (several replicas share it).
+    ``token_secret`` must be the same on every replica (node tokens are HMACs); when unset, a
+    random one is made at start (fine for one replica: nodes re-register after a restart).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="GRIDMARKET_SCHEDULER_", extra="ignore")
+
+    database_url: str = "sqlite:///.run/scheduler.db"
+    replica_id: str = Field(default_factory=lambda: secrets.token_hex(4))
+
+    # chain
+    rpc_url: str = "http://127.0.0.1:8545"
+    deployment_file: Path = Path("deployments/local.json")
+    operator_key: SecretStr | None = None
+    confirmations: int = Field(0, ge=0, le=64)
+    chain_poll_s: float = Field(0.5, gt=0)
+    require_stake: bool = True
+
+    # IPFS
+    ipfs_api: str = "/ip4/127.0.0.1/tcp/5001/http"
+    ipfs_timeout_s: float = Field(20.0, gt=0)
+
+    # nodes
+    token_secret: SecretStr = Field(default_factory=lambda: SecretStr(secrets.token_hex(32)))
+    token_ttl_s: float = Field(3600.0, gt=0)
+    registration_max_ttl_s: float = Field(600.0, gt=0)
+    heartbeat_interval_s: float = Field(5.0, gt=0)
+    node_timeout_s: float = Field(20.0, gt=0)
+    lease_ttl_s: float = Field(30.0, gt=0)
+    long_poll_max_s: float = Field(30.0, gt=0)
+    idle_retry_min_s: float = Field(0.5, ge=0)
+    idle_retry_max_s: float = Field(30.0, gt=0)
+
+    # matching
+    ban_below: float = Field(0.2, ge=0, le=1)
+    dispatch_batch: int = Field(256, ge=1)
+    dispatch_tick_s: float = Field(0.2, gt=0)
+    sweep_interval_s: float = Field(1.0, gt=0)
+
+    # verification
+    verify_timeout_s: float = Field(60.0, gt=0)
+    work_dir: Path = Path(".run/scheduler-work")
+
+    # market
+    base_rate_wei_per_hour: int = Field(10**14, ge=0)

@@ -1,0 +1,153 @@
+"""The scheduler's tables (SQLAlchemy Core). Alembic migrations in scheduler/migrations create them.
+
+Wei amounts are stored as decimal strings (a bounty does not fit a 64-bit integer). Times are
+Unix seconds as floats. JSON columns hold pydantic models dumped in ``mode="json"``.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+wallets = Table(
+    "wallets",
+    metadata,
+    Column("address", String(42), primary_key=True),
+    Column("last_nonce", BigInteger, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("node_id", String(24), primary_key=True),
+    Column("wallet", String(42), nullable=False),
+    Column("name", String(64), nullable=False),
+    Column("capacity", JSON, nullable=False),  # wire.NodeCapacityIn
+    Column("tier", String(32), nullable=False),
+    Column("region", String(32), nullable=False),
+    Column("slots", Integer, nullable=False),
+    Column("running", Integer, nullable=False, default=0),
+    Column("status", String(16), nullable=False),  # online | offline
+    Column("agent_version", String(64), nullable=False, default=""),
+    Column("registered_at", Float, nullable=False),
+    Column("last_seen", Float, nullable=False),
+    # reputation (scheduler.matching.reputation.ReputationState)
+    Column("rep_good", Float, nullable=False, default=0.0),
+    Column("rep_bad", Float, nullable=False, default=0.0),
+    Column("rep_at", Float, nullable=False, default=0.0),
+    Column("rep_streak", Integer, nullable=False, default=0),
+    Column("rep_last_bad", Float, nullable=True),
+    Column("jobs_done", Integer, nullable=False, default=0),
+    Column("jobs_failed", Integer, nullable=False, default=0),
+    Column("suspended", Boolean, nullable=False, default=False),
+    Index("ix_nodes_wallet_name", "wallet", "name", unique=True),
+    Index("ix_nodes_status_last_seen", "status", "last_seen"),
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("job_id", String(66), primary_key=True),
+    Column("submitter", String(42), nullable=False),
+    Column("bounty_wei", String(40), nullable=False),
+    Column("deadline", BigInteger, nullable=False),
+    Column("fee_bps", Integer, nullable=False),
+    Column("salt", String(66), nullable=False),
+    Column("spec_cid", String(128), nullable=False),
+    Column("spec", JSON, nullable=True),  # wire.JobSpec once fetched and valid
+    # pending_spec | queued | leased | verifying | settling | released | failed | invalid |
+    # refunded | expired
+    Column("state", String(16), nullable=False),
+    Column("reason", Text, nullable=False, default=""),
+    Column("created_block", BigInteger, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("queued_at", Float, nullable=True),
+    # the on-chain struct and status, folded from events (gridmarket.escrow.apply_event)
+    Column("chain_status", Integer, nullable=False),
+    Column("chain_job", JSON, nullable=False),
+    Column("chain_pos", BigInteger, nullable=False),  # block * 100_000 + log index last applied
+    Column("output_cid", String(128), nullable=True),
+    # the current lease
+    Column("node_id", String(24), ForeignKey("nodes.node_id"), nullable=True),
+    Column("attempt", Integer, nullable=False, default=0),  # attempt of the lease (predicted)
+    Column("lease_expires", Float, nullable=True),
+    Column("excluded", JSON, nullable=False),  # node ids that must not get it again
+    Column("failures", Integer, nullable=False, default=0),
+    Column("result", JSON, nullable=True),  # wire.ResultReport of the last attempt
+    Index("ix_jobs_state_queued_at", "state", "queued_at"),
+    Index("ix_jobs_node_id", "node_id"),
+    Index("ix_jobs_state_lease_expires", "state", "lease_expires"),
+)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(66), ForeignKey("jobs.job_id"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("node_id", String(24), nullable=False),
+    Column("wallet", String(42), nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("ended_at", Float, nullable=True),
+    Column("outcome", String(24), nullable=True),  # success | failure | timeout | handed_back ...
+    Column("detail", Text, nullable=False, default=""),
+    Index("ix_attempts_job_id", "job_id"),
+)
+
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(66), nullable=False),
+    Column("kind", String(24), nullable=False),  # assign | settle | submit_reject | unassign
+    Column("payload", JSON, nullable=False),
+    Column("status", String(12), nullable=False),  # pending | done | failed
+    Column("tries", Integer, nullable=False, default=0),
+    Column("tx_hash", String(66), nullable=True),
+    Column("error", Text, nullable=False, default=""),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Index("ix_outbox_status_id", "status", "id"),
+)
+
+cursors = Table(
+    "cursors",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("block", Integer, nullable=False),
+)
+
+audit = Table(
+    "audit",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("ts", Float, nullable=False),
+    Column("entity", String(8), nullable=False),  # job | node
+    Column("entity_id", String(66), nullable=False),
+    Column("event", String(32), nullable=False),
+    Column("detail", JSON, nullable=False),
+    Index("ix_audit_entity_id", "entity_id", "id"),
+)

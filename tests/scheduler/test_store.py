@@ -1,0 +1,232 @@
+"""The scheduler's store on SQLite and PostgreSQL: migrations, registration nonces, the job
+state machine, leases, and exactly-once claims under concurrency (two replicas, 64 pollers)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from gridmarket.chain import Event
+from gridmarket.wire import JobSpec, NodeCapacityIn, ResultReport, RunReason
+from scheduler.store import Claim, ConflictError, ReplayError, Store
+from scheduler.store.tables import metadata
+
+SUBMITTER = "0x90F79bf6EB2c4f870365E785982E1f101E93b906"
+WALLETS = [f"0x{i:040x}" for i in range(1, 200)]
+SPEC = JobSpec.model_validate(
+    {"executor": "docker", "image": "busybox:1", "command": ["true"], "max_attempts": 2}
+)
+CAP = NodeCapacityIn(
+    cpu_cores=8, ram_mib=16384, disk_mib=100_000, region="us", executors=["docker"]
+)
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    s = Store(db_url)
+    s.migrate()
+    yield s
+    s.close()
+
+
+def created(n: int, *, block: int = 10, deadline: int | None = None) -> Event:
+    return Event(
+        name="JobCreated",
+        args={
+            "jobId": n.to_bytes(32, "big"),
+            "submitter": SUBMITTER,
+            "bounty": 10**17,
+            "deadline": deadline or int(time.time()) + 3600,
+            "feeBps": 250,
+            "salt": b"\x01" * 32,
+            "specCid": "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy",
+        },
+        block=block,
+        tx_hash="0x" + "ab" * 32,
+        log_index=n % 1000,
+    )
+
+
+def jid(n: int) -> str:
+    return "0x" + n.to_bytes(32, "big").hex()
+
+
+def queue_jobs(store: Store, count: int, start: int = 1) -> list[str]:
+    store.apply_chain_events([created(i) for i in range(start, start + count)], through_block=10)
+    for i in range(start, start + count):
+        assert store.set_spec(jid(i), SPEC) == "queued"
+    return [jid(i) for i in range(start, start + count)]
+
+
+def node(store: Store, wallet: str = WALLETS[0], *, slots: int = 1, nonce: int = 1) -> str:
+    cap = CAP.model_copy(update={"slots": slots})
+    return store.register_node(
+        wallet=wallet, name="gpu0", capacity=cap, tier="cpu", agent_version="t", nonce=nonce
+    ).node_id
+
+
+def take(store: Store, node_id: str, lease_ttl: float = 30.0) -> list[str]:
+    won = store.dispatch(
+        lambda rows: [Claim(rows[0].job_id, node_id)] if rows else [], limit=8, lease_ttl=lease_ttl
+    )
+    return [c.job.job_id for c in won]
+
+
+def ok_report(attempt: int) -> ResultReport:
+    return ResultReport(
+        attempt=attempt,
+        reason=RunReason.SUCCEEDED,
+        duration_s=1.0,
+        output_cid="bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy",
+        signature="0x" + "11" * 65,
+    )
+
+
+def test_migrations_match_the_tables_and_rerun_cleanly(store: Store) -> None:
+    store.migrate()  # a second run is a no-op
+    with store.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), metadata)
+    assert diff == []
+
+
+def test_registration_nonce_must_grow(store: Store) -> None:
+    first = node(store, nonce=5)
+    with pytest.raises(ReplayError, match="not above 5"):
+        node(store, nonce=5)
+    with pytest.raises(ReplayError):
+        node(store, nonce=4)
+    assert node(store, nonce=6) == first  # same wallet + name: same node
+
+
+def test_chain_events_are_idempotent_and_move_the_cursor(store: Store) -> None:
+    assert store.chain_cursor() is None
+    assert store.apply_chain_events([created(1), created(2)], through_block=12) == 2
+    assert store.apply_chain_events([created(1), created(2)], through_block=12) == 0
+    assert store.chain_cursor() == 12
+    assert [j.state for j in store.jobs()] == ["pending_spec", "pending_spec"]
+    assert store.set_spec(jid(1), None, "spec is not JSON") == "invalid"
+    assert store.job(jid(1)).reason == "spec is not JSON"
+
+
+def test_dispatch_leases_once_and_respects_slots(store: Store) -> None:
+    queue_jobs(store, 3)
+    n = node(store, slots=2)
+    assert take(store, n) == [jid(1)]
+    assert take(store, n) == [jid(2)]
+    assert take(store, n) == []  # both slots used
+    job = store.job(jid(1))
+    assert (job.state, job.node_id, job.attempt) == ("leased", n, 1)
+    assert [i.kind for i in store.outbox_pending()] == ["assign", "assign"]
+    assert store.node(n).running == 2
+
+
+def test_heartbeat_renews_and_cancels(store: Store) -> None:
+    queue_jobs(store, 2)
+    n = node(store)
+    (job_id,) = take(store, n)
+    before = store.job(job_id).lease_expires
+    assert before is not None
+    leases, cancel = store.heartbeat(n, [job_id, jid(2)], lease_ttl=300)
+    assert leases[job_id] > before
+    assert cancel == [jid(2)]  # not this node's job
+
+
+def test_expired_lease_requeues_elsewhere(store: Store) -> None:
+    queue_jobs(store, 1)
+    a, b = node(store, WALLETS[0]), node(store, WALLETS[1])
+    assert take(store, a, lease_ttl=-1) == [jid(1)]
+    assert store.expire_leases() == [jid(1)]
+    job = store.job(jid(1))
+    assert job.state == "queued" and job.excluded == (a,)
+    assert store.node(a).running == 0 and store.node(a).reputation.bad > 0
+    assert take(store, b) == [jid(1)]
+    assert store.job(jid(1)).attempt == 2
+
+
+def test_offline_node_loses_its_jobs(store: Store) -> None:
+    queue_jobs(store, 1)
+    a = node(store)
+    take(store, a)
+    time.sleep(0.05)
+    assert store.mark_offline(timeout=0.01) == [a]
+    assert store.node(a).status == "offline"
+    assert store.job(jid(1)).state == "queued"
+
+
+def test_results_success_failure_and_attempts(store: Store) -> None:
+    queue_jobs(store, 2)
+    a, b, c = (node(store, w) for w in WALLETS[:3])
+    take(store, a)
+    with pytest.raises(ConflictError, match="stale"):
+        store.record_result(jid(1), a, ok_report(attempt=9))
+    with pytest.raises(ConflictError, match="not leased to node"):
+        store.record_result(jid(1), b, ok_report(attempt=1))
+    assert store.record_result(jid(1), a, ok_report(attempt=1)) == "verifying"
+    assert store.verified(jid(1), True, "ok") == "settling"
+    assert store.outbox_pending()[-1].kind == "settle"
+    # job 2 fails twice (max_attempts=2): failed, and the chain assignment is undone
+    failed = ResultReport(attempt=1, reason=RunReason.EXIT_CODE, exit_code=3, duration_s=1)
+    take(store, b)
+    assert store.record_result(jid(2), b, failed) == "queued"
+    take(store, c)
+    failed2 = failed.model_copy(update={"attempt": 2})
+    assert store.record_result(jid(2), c, failed2) == "failed"
+    assert store.outbox_pending()[-1].kind == "unassign"
+    assert store.node(c).running == 0
+
+
+def test_hand_back_requeues_without_penalty(store: Store) -> None:
+    queue_jobs(store, 1)
+    a = node(store)
+    take(store, a)
+    assert store.hand_back(jid(1), a) == "queued"
+    job = store.job(jid(1))
+    assert job.excluded == () and store.node(a).reputation.bad == 0
+
+
+def test_concurrent_claims_across_two_replicas_are_exactly_once(db_url: str) -> None:
+    """64 pollers on two store instances (two replicas) race for 400 jobs."""
+    replicas = [Store(db_url), Store(db_url)]
+    replicas[0].migrate()
+    jobs = queue_jobs(replicas[0], 400)
+    nodes = [node(replicas[0], WALLETS[i], slots=64) for i in range(64)]
+    taken: list[str] = []
+    lock = threading.Lock()
+    start = threading.Barrier(64)
+
+    def poller(i: int) -> None:
+        store = replicas[i % 2]
+        start.wait()
+        while True:
+            got = take(store, nodes[i])
+            if not got:
+                if not store.jobs(state="queued", limit=1):
+                    return
+                continue
+            with lock:
+                taken.extend(got)
+
+    threads = [threading.Thread(target=poller, args=(i,)) for i in range(64)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    elapsed = time.perf_counter() - t0
+    counts = Counter(taken)
+    assert [j for j, n in counts.items() if n > 1] == []  # no job on two nodes
+    assert sorted(counts) == sorted(jobs)  # every job claimed
+    leased = {j.job_id: j.node_id for j in replicas[1].jobs(limit=1000)}
+    assert all(leased[j] is not None for j in jobs)
+    assert sum(replicas[0].node(n).running for n in nodes) == 400
+    if os.environ.get("GRIDMARKET_VERBOSE"):
+        print(f"{db_url.split(':')[0]}: 400 claims in {elapsed:.2f}s")
+    for r in replicas:
+        r.close()
