@@ -18,20 +18,22 @@ A job that starts and then fails (exit code, timeout, OOM, output cap) is no exc
 
 from __future__ import annotations
 
+from gridmarket.ipfs import ContentTooLargeError, ContentVerificationError, IpfsError
+
 
 class AgentError(Exception):
     """Base of every error raised by the agent."""
 
 
-class StorageError(AgentError, OSError):
+class StorageError(AgentError, IpfsError):
     """The content store (IPFS) failed or refused an operation."""
 
 
-class DatasetTooLargeError(StorageError, ValueError):
+class DatasetTooLargeError(StorageError, ContentTooLargeError):
     """A dataset is larger than the byte cap the job allows."""
 
 
-class DatasetVerificationError(StorageError, ValueError):
+class DatasetVerificationError(StorageError, ContentVerificationError):
     """Fetched bytes do not hash back to the requested CID (tampered, or built unusually)."""
 
 

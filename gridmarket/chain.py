@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from eth_abi.abi import decode as abi_decode
 from eth_abi.abi import encode as abi_encode
+from eth_account.datastructures import SignedTransaction
 from eth_account.signers.local import LocalAccount
 from eth_typing import ChecksumAddress
 from eth_utils.abi import event_abi_to_log_topic, function_abi_to_4byte_selector
@@ -23,8 +24,8 @@ from eth_utils.address import to_checksum_address
 from hexbytes import HexBytes
 from web3 import Web3
 from web3._utils.events import get_event_data
-from web3.exceptions import ContractCustomError, ContractLogicError
-from web3.types import LogReceipt, TxParams
+from web3.exceptions import ContractCustomError, ContractLogicError, Web3RPCError
+from web3.types import LogReceipt, TxParams, TxReceipt
 
 from gridmarket.escrow import Job, JobState, apply_event
 
@@ -160,11 +161,59 @@ class EscrowClient:
         return cls(w3, deployment)
 
     # ------------------------------------------------------------------ transactions
-    def send(self, account: LocalAccount, fn_name: str, *args: Any, value: int = 0) -> Sent:
+    def send(
+        self,
+        account: LocalAccount,
+        fn_name: str,
+        *args: Any,
+        value: int = 0,
+        receipt_timeout: float = 120,
+    ) -> Sent:
         """Sign and send ``fn_name(*args)`` from ``account``, wait for it, decode its events.
 
         Reverts are reported as :class:`ChainError` with the decoded custom error, before any
-        transaction is sent (the gas estimate runs the call first).
+        transaction is sent (the gas estimate runs the call first). If the node says the cached
+        nonce is stale ('nonce too low': another process used the key), the nonce is read again
+        and the transaction re-signed once; if it says the identical transaction is already in
+        its pool, that one is waited for. Waits at most ``receipt_timeout`` seconds for mining.
+        The scheduler's operator key uses :class:`scheduler.chain.TxSender` instead, which adds
+        retries, lookups by hash after lost responses, and serialized nonces.
+        """
+        params = self.prepare(account, fn_name, *args, value=value)
+        gas_price = self.w3.eth.gas_price
+        for attempt in range(2):
+            with self._lock:
+                nonce = self._nonces.get(account.address)
+                if nonce is None:
+                    nonce = self.w3.eth.get_transaction_count(account.address, "pending")
+                self._nonces[account.address] = nonce + 1
+            signed = self.sign(account, params, nonce=nonce, gas_price=gas_price)
+            try:
+                tx_hash = HexBytes(self.w3.eth.send_raw_transaction(signed.raw_transaction))
+            except Web3RPCError as exc:
+                message = rpc_error_message(exc)
+                if is_already_known(message):  # this very transaction is already in the pool
+                    tx_hash = HexBytes(signed.hash)
+                    break
+                with self._lock:  # the nonce was not used: forget the cache
+                    self._nonces.pop(account.address, None)
+                if is_nonce_too_low(message) and attempt == 0:
+                    continue  # another sender used the key: read the nonce again, re-sign
+                raise
+            except Exception:
+                with self._lock:  # the nonce was not used: forget the cache
+                    self._nonces.pop(account.address, None)
+                raise
+            break
+        receipt = self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=receipt_timeout)
+        return self.sent_from_receipt(fn_name, params, receipt)
+
+    def prepare(self, account: LocalAccount, fn_name: str, *args: Any, value: int = 0) -> TxParams:
+        """The transaction for ``fn_name(*args)`` from ``account``, gas estimated with a margin.
+
+        Nonce, gas price and chain id are left for :meth:`sign`. Raises :class:`ChainError` with
+        the decoded custom error when the call would revert (the estimate runs it); transport
+        errors (connection refused, timeouts, HTTP 5xx) propagate unchanged for callers to retry.
         """
         params: TxParams = {
             "from": account.address,
@@ -177,35 +226,49 @@ class EscrowClient:
         except (ContractCustomError, ContractLogicError) as exc:
             reason = self.decode_error(exc)
             raise ChainError(f"{fn_name} would revert: {reason}", reason) from None
-        with self._lock:
-            nonce = self._nonces.get(account.address)
-            if nonce is None:
-                nonce = self.w3.eth.get_transaction_count(account.address, "pending")
-            self._nonces[account.address] = nonce + 1
-        tx = {
+        params["gas"] = gas + gas // 5 + 10_000
+        return params
+
+    def sign(
+        self, account: LocalAccount, params: TxParams, *, nonce: int, gas_price: int
+    ) -> SignedTransaction:
+        """Sign ``params`` (from :meth:`prepare`) with ``nonce`` for this deployment's chain."""
+        tx: dict[str, Any] = {
             **params,
-            "gas": gas + gas // 5 + 10_000,
-            "gasPrice": self.w3.eth.gas_price,
+            "gasPrice": gas_price,
             "nonce": nonce,
             "chainId": self.deployment.chain_id,
         }
         del tx["from"]
-        signed = account.sign_transaction(cast(Any, tx))
-        try:
-            tx_hash = self.w3.eth.send_raw_transaction(signed.raw_transaction)
-        except Exception:
-            with self._lock:  # the nonce was not used: forget the cache
-                self._nonces.pop(account.address, None)
-            raise
-        receipt = self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=120)
+        return account.sign_transaction(cast(Any, tx))
+
+    def sent_from_receipt(self, fn_name: str, params: TxParams, receipt: TxReceipt) -> Sent:
+        """A mined transaction's :class:`Sent`, or :class:`ChainError` if it reverted.
+
+        A revert in a mined transaction (the state changed between the estimate and the block)
+        is decoded by replaying the call on the state of the block that included it.
+        """
+        tx_hash = "0x" + bytes(HexBytes(receipt["transactionHash"])).hex()
         if receipt["status"] != 1:
-            raise ChainError(f"{fn_name} reverted in tx {tx_hash.hex()}")
+            reason = self.replay_revert(params, int(receipt["blockNumber"]))
+            raise ChainError(
+                f"{fn_name} reverted in tx {tx_hash}" + (f": {reason}" if reason else ""), reason
+            )
         return Sent(
-            tx_hash="0x" + bytes(tx_hash).hex(),
+            tx_hash=tx_hash,
             gas_used=int(receipt["gasUsed"]),
             block=int(receipt["blockNumber"]),
             events=self.decode_logs(receipt["logs"]),
         )
+
+    def replay_revert(self, params: TxParams, block: int) -> str | None:
+        """The decoded revert of ``params`` run on the state after ``block``; None if it passes."""
+        call: TxParams = {k: v for k, v in params.items() if k != "gas"}  # type: ignore[assignment]
+        try:
+            self.w3.eth.call(call, block_identifier=block)
+        except (ContractCustomError, ContractLogicError) as exc:
+            return self.decode_error(exc)
+        return None
 
     def encode(self, fn_name: str, *args: Any) -> bytes:
         """Calldata for ``fn_name(*args)``."""
@@ -309,6 +372,26 @@ class EscrowClient:
         if state is None:
             raise ChainError(f"no job 0x{job_id.hex()} on this escrow")
         return state
+
+
+def rpc_error_message(exc: Web3RPCError) -> str:
+    """The JSON-RPC error message of ``exc``, lower-cased (nodes word these differently)."""
+    rpc = getattr(exc, "rpc_response", None)
+    if isinstance(rpc, dict) and isinstance(rpc.get("error"), dict):
+        return str(rpc["error"].get("message", "")).lower()
+    return str(exc).lower()
+
+
+def is_already_known(message: str) -> bool:
+    """The node already holds this exact transaction (geth: 'already known', anvil: 'transaction
+    already imported')."""
+    return "already known" in message or "already imported" in message
+
+
+def is_nonce_too_low(message: str) -> bool:
+    """The nonce was used by a mined or pooled transaction (or the pool holds another transaction
+    with it: 'replacement transaction underpriced')."""
+    return "nonce too low" in message or "replacement transaction underpriced" in message
 
 
 def _abi_type(param: dict[str, Any]) -> str:

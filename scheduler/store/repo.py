@@ -60,6 +60,18 @@ __all__ = [
 OPEN_STATES = ("pending_spec", "queued", "leased", "verifying", "settling")
 LEASED_STATES = ("leased",)
 CHAIN_CURSOR = "escrow"
+JOB_EVENTS = frozenset(
+    {
+        "JobCreated",
+        "JobAssigned",
+        "JobUnassigned",
+        "ResultSubmitted",
+        "ResultRejected",
+        "JobReleased",
+        "JobRefunded",
+    }
+)
+"""Events that change a job's on-chain struct (others, like ProviderSlashed, only mention it)."""
 
 
 class StoreError(Exception):
@@ -643,7 +655,7 @@ class Store:
 
     def _apply_event(self, conn: Connection, ev: Any) -> int:
         args = ev.args
-        if "jobId" not in args:
+        if ev.name not in JOB_EVENTS:
             return 0
         job_id = "0x" + bytes(args["jobId"]).hex()
         pos = pos_of(ev.block, ev.log_index)

@@ -1,0 +1,258 @@
+"""Node endpoints: signed registration, heartbeats, long-poll for work, results, hand-back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query, Response, status
+
+from gridmarket.chain import ChainError
+from gridmarket.eip712 import recover_result_signer
+from gridmarket.tiers import REGIONS, classify_gpu
+from gridmarket.wire import (
+    API,
+    Assignment,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    RegisterRequest,
+    RegisterResponse,
+    ResultAck,
+    ResultReport,
+    RunReason,
+    checksum,
+    recover_registration_signer,
+)
+from scheduler.auth import issue
+from scheduler.service import Grid
+from scheduler.store import ConflictError, NodeRow, NotFoundError, ReplayError
+
+from .deps import DispatcherDep, GridDep, NodeDep, NodeIdDep, StoreDep
+
+router = APIRouter(tags=["nodes"])
+
+
+def _bad(message: str, code: int = status.HTTP_400_BAD_REQUEST) -> HTTPException:
+    return HTTPException(code, message)
+
+
+@router.post(API.REGISTER, response_model=RegisterResponse)
+async def register(body: RegisterRequest, grid: GridDep) -> RegisterResponse:
+    """Register (or re-register) a node. The registration must be signed (EIP-712
+    ``NodeRegistration``) by its wallet, be unexpired, carry a nonce above the wallet's last one,
+    and the wallet must be a registered (and, if required, staked) provider on-chain."""
+    reg = body.registration
+    s = grid.settings
+    now = time.time()
+    if reg.expiry <= now:
+        raise _bad(f"registration.expiry {reg.expiry} has passed (now {int(now)})")
+    if reg.expiry > now + s.registration_max_ttl_s:
+        raise _bad(
+            f"registration.expiry is more than {int(s.registration_max_ttl_s)} s ahead: "
+            "sign a short-lived registration"
+        )
+    if reg.capacity.region not in REGIONS:
+        raise _bad(
+            f"registration.capacity.region {reg.capacity.region!r} is unknown; "
+            f"use one of {', '.join(sorted(REGIONS))}"
+        )
+    try:
+        signer = recover_registration_signer(grid.chain_id, grid.escrow, reg, body.signature)
+    except ValueError as exc:
+        raise _bad(f"signature: {exc}", status.HTTP_401_UNAUTHORIZED) from None
+    wallet = checksum(reg.wallet)
+    if signer != wallet:
+        raise _bad(
+            f"signature is by {signer}, not by registration.wallet {wallet}",
+            status.HTTP_401_UNAUTHORIZED,
+        )
+    try:
+        provider = await asyncio.to_thread(grid.chain.call, "providerOf", wallet)
+        eligible = await asyncio.to_thread(grid.chain.call, "isEligible", wallet)
+    except ChainError as exc:
+        raise _bad(f"chain unavailable: {exc}", status.HTTP_503_SERVICE_UNAVAILABLE) from None
+    if not provider[3]:
+        raise _bad(
+            f"{wallet} is not a registered provider on-chain: call registerProvider first",
+            status.HTTP_403_FORBIDDEN,
+        )
+    if s.require_stake and not eligible:
+        raise _bad(
+            f"{wallet} is not eligible on-chain (stake below the minimum, or unstaking)",
+            status.HTTP_403_FORBIDDEN,
+        )
+    gpu = reg.capacity.gpu
+    tier = classify_gpu(gpu.name or gpu.model, gpu.vram_mib).key if gpu else "cpu"
+    try:
+        node = await asyncio.to_thread(
+            grid.store.register_node,
+            wallet=wallet,
+            name=reg.name,
+            capacity=reg.capacity,
+            tier=tier,
+            agent_version=reg.agent_version,
+            nonce=reg.nonce,
+        )
+    except ReplayError as exc:
+        raise _bad(str(exc), status.HTTP_409_CONFLICT) from None
+    grid.count("registrations")
+    token, expires = issue(s.token_secret.get_secret_value().encode(), node.node_id, s.token_ttl_s)
+    return RegisterResponse(
+        node_id=node.node_id,
+        token=token,
+        token_expires_at=expires,
+        heartbeat_interval_s=s.heartbeat_interval_s,
+        lease_ttl_s=s.lease_ttl_s,
+    )
+
+
+@router.post(API.HEARTBEAT, response_model=HeartbeatResponse)
+async def heartbeat(
+    body: HeartbeatRequest, node_id: NodeIdDep, grid: GridDep, store: StoreDep
+) -> HeartbeatResponse:
+    """Keep the node online and renew the leases of the jobs it runs."""
+    try:
+        leases, cancel = await asyncio.to_thread(
+            store.heartbeat, node_id, body.running, grid.settings.lease_ttl_s
+        )
+    except NotFoundError as exc:
+        raise _bad(str(exc), status.HTTP_404_NOT_FOUND) from None
+    grid.count("heartbeats")
+    return HeartbeatResponse(
+        leases=leases, cancel=cancel, next_heartbeat_s=grid.settings.heartbeat_interval_s
+    )
+
+
+@router.post(
+    API.NEXT_JOB,
+    response_model=Assignment,
+    responses={204: {"description": "no job within wait_s; see the Retry-After header"}},
+)
+async def next_job(
+    node: NodeDep,
+    grid: GridDep,
+    dispatcher: DispatcherDep,
+    response: Response,
+    wait_s: float = Query(20.0, ge=0, le=120, description="hold the request open this long"),
+) -> Any:
+    """Long-poll for work: answered as soon as a job matches this node, else after ``wait_s``
+    with 204 and a ``Retry-After`` (seconds) that grows while the grid is idle."""
+    s = grid.settings
+    if node.status != "online":
+        raise _bad(f"node {node.node_id} is {node.status}: heartbeat first", 409)
+    got = await dispatcher.next_job(node, min(wait_s, s.long_poll_max_s))
+    if got is None:
+        retry = _idle_advice(grid, node)
+        return Response(status_code=204, headers={"Retry-After": f"{retry:.2f}"})
+    grid.count("claims")
+    return got
+
+
+def _idle_advice(grid: Grid, node: NodeRow) -> float:
+    """Ask again at once when the grid has queued work, later (up to the max) when not."""
+    s = grid.settings
+    queued = grid.store.job_counts().get("queued", 0)
+    if queued:
+        return s.idle_retry_min_s
+    return min(s.idle_retry_max_s, max(s.idle_retry_min_s, 1.0))
+
+
+@router.post(API.RESULT, response_model=ResultAck, status_code=202)
+async def result(
+    job_id: str, body: ResultReport, node: NodeDep, grid: GridDep, store: StoreDep
+) -> ResultAck:
+    """A run ended. A success must carry the output CID signed by the node's wallet for this
+    job and attempt; it is verified (IPFS, CID, size) before the escrow pays."""
+    if body.reason is RunReason.SUCCEEDED:
+        assert body.output_cid is not None and body.signature is not None
+        try:
+            jid = bytes.fromhex(job_id.removeprefix("0x"))
+        except ValueError:
+            raise _bad(f"job_id {job_id!r} is not hex") from None
+        try:
+            signer = recover_result_signer(
+                bytes.fromhex(body.signature[2:]),
+                grid.chain_id,
+                grid.escrow,
+                jid,
+                body.attempt,
+                body.output_cid,
+            )
+        except Exception as exc:
+            raise _bad(f"signature does not recover: {exc}", 401) from None
+        if signer != node.wallet:
+            raise _bad(f"signature is by {signer}, not by the node's wallet {node.wallet}", 401)
+    try:
+        state = await asyncio.to_thread(store.record_result, job_id, node.node_id, body)
+    except NotFoundError as exc:
+        raise _bad(str(exc), 404) from None
+    except ConflictError as exc:
+        raise _bad(str(exc), 409) from None
+    grid.count(f"results_{body.reason.value}")
+    return ResultAck(
+        job_id=job_id,
+        accepted=True,
+        status=state,
+        message="verifying the output" if state == "verifying" else f"job is {state}",
+    )
+
+
+@router.post(API.HAND_BACK)
+async def hand_back(job_id: str, node: NodeDep, store: StoreDep) -> dict[str, str]:
+    """Give an unfinished job back (the agent is shutting down): it is queued again."""
+    try:
+        state = await asyncio.to_thread(store.hand_back, job_id, node.node_id)
+    except NotFoundError as exc:
+        raise _bad(str(exc), 404) from None
+    except ConflictError as exc:
+        raise _bad(str(exc), 409) from None
+    return {"job_id": job_id, "status": state}
+
+
+def node_view(node: NodeRow, now: float) -> dict[str, Any]:
+    return {
+        "node_id": node.node_id,
+        "wallet": node.wallet,
+        "name": node.name,
+        "status": node.status,
+        "tier": node.tier,
+        "region": node.region,
+        "capacity": node.capacity.model_dump(mode="json"),
+        "slots": node.slots,
+        "running": node.running,
+        "reputation": round(node.score(now), 4),
+        "excluded": node.excluded(now),
+        "jobs_done": node.jobs_done,
+        "jobs_failed": node.jobs_failed,
+        "registered_at": node.registered_at,
+        "last_seen": node.last_seen,
+        "agent_version": node.agent_version,
+    }
+
+
+@router.get(API.NODES)
+async def list_nodes(
+    store: StoreDep,
+    status_: str | None = Query(None, alias="status", pattern="^(online|offline)$"),
+    limit: int = Query(200, ge=1, le=5000),
+    offset: int = Query(0, ge=0),
+) -> dict[str, Any]:
+    """Registered nodes (the fleet view), with counts by status."""
+    rows = await asyncio.to_thread(store.nodes, status=status_, limit=limit, offset=offset)
+    counts = await asyncio.to_thread(store.node_counts)
+    now = time.time()
+    return {"counts": counts, "nodes": [node_view(n, now) for n in rows]}
+
+
+@router.get(API.NODE)
+async def get_node(node_id: str, store: StoreDep) -> dict[str, Any]:
+    """One node, with the jobs it runs now."""
+    try:
+        node = await asyncio.to_thread(store.node, node_id)
+    except NotFoundError as exc:
+        raise _bad(str(exc), 404) from None
+    running = await asyncio.to_thread(store.running_jobs, node_id)
+    view = node_view(node, time.time())
+    view["running_jobs"] = [j.job_id for j in running]
+    return view

@@ -1,0 +1,61 @@
+"""The scheduler's FastAPI app factory."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from scheduler import __version__
+from scheduler.api import jobs, market, nodes, ops
+from scheduler.dispatch import Dispatcher
+from scheduler.service import Grid
+from scheduler.settings import Settings
+from scheduler.store import ConflictError, NotFoundError
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None, *, grid: Grid | None = None) -> FastAPI:
+    """The scheduler app. ``grid`` (already built) is started with the app and stopped after."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        g = grid or Grid(settings)
+        g.start()
+        dispatcher = Dispatcher(g.store, settings, chain_id=g.chain_id, escrow=g.escrow)
+        g.store.on_queued = dispatcher.wake
+        dispatcher.start()
+        app.state.grid = g
+        app.state.dispatcher = dispatcher
+        log.info("scheduler replica %s up (%s)", settings.replica_id, g.store.engine.dialect.name)
+        try:
+            yield
+        finally:
+            await dispatcher.stop()
+            g.stop()
+
+    app = FastAPI(
+        title="GridMarket scheduler",
+        version=__version__,
+        summary="Matches on-chain funded jobs to provider nodes; verifies results; relays pay.",
+        lifespan=lifespan,
+    )
+    app.include_router(ops.router)
+    app.include_router(nodes.router)
+    app.include_router(jobs.router)
+    app.include_router(market.router)
+
+    @app.exception_handler(NotFoundError)
+    async def _not_found(_: Request, exc: NotFoundError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(ConflictError)
+    async def _conflict(_: Request, exc: ConflictError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    return app

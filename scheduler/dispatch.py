@@ -1,0 +1,320 @@
+"""Pull-only dispatch: nodes long-poll ``next-job``; rounds match queued jobs to waiting nodes.
+
+A node's ``next-job`` request parks a waiter here. The waiting nodes of this replica sit in a
+:class:`~scheduler.matching.MatchingEngine` with the capacity they have free. A *round* runs
+when a node starts waiting, when a job is queued on this replica, and every ``dispatch_tick_s``
+while nodes wait (to see jobs queued by other replicas). A round is one store transaction
+(:meth:`scheduler.store.Store.dispatch`): it locks up to ``dispatch_batch`` queued jobs, oldest
+first, asks the engine for each job's best waiting node (hard gates, then best fit), and leases
+the pairs; each winner's waiter is answered with its :class:`~gridmarket.wire.Assignment` at once.
+
+Best fit is among the nodes waiting on this replica at that moment; exactly-once holds across
+replicas because the store takes the rows ``FOR UPDATE SKIP LOCKED`` and claims slots with
+conditional updates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from gridmarket.tiers import classify_gpu
+from gridmarket.wire import Assignment, JobSpec, offered_price_wei_per_hour
+from scheduler.matching import (
+    Executor,
+    GpuSpec,
+    JobRequirements,
+    MatchingEngine,
+    NodeCapacity,
+)
+from scheduler.matching.engine import Match
+from scheduler.settings import Settings
+from scheduler.store import Claim, ClaimedJob, JobRow, NodeRow, Store
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Dispatcher", "free_capacity", "requirements"]
+
+_EXPLAIN_EVERY_S = 2.0
+
+
+def requirements(job: JobRow) -> JobRequirements:
+    """The matching engine's view of a queued job."""
+    spec = job.spec
+    assert spec is not None
+    res = spec.resources
+    return JobRequirements(
+        job_id=job.job_id,
+        executor=Executor(spec.executor.value),
+        gpu_count=res.gpu_count,
+        min_vram_mib=res.min_vram_mib,
+        gpu_models=frozenset(res.gpu_models) if res.gpu_models else None,
+        cpu_cores=res.cpu_cores,
+        ram_mib=res.ram_mib,
+        disk_mib=res.disk_mib,
+        region=res.region,
+        max_price_wei_per_hour=offered_price_wei_per_hour(job.bounty_wei, spec),
+        excluded_node_ids=frozenset(job.excluded),
+    )
+
+
+def free_capacity(
+    node: NodeRow, running: list[JobRow], *, now: float, reputation: float, banned: bool
+) -> NodeCapacity:
+    """What ``node`` has free while ``running`` jobs hold part of it."""
+    cap = node.capacity
+    used_gpus = used_cores = used_ram = used_disk = 0
+    for job in running:
+        if job.spec is None:
+            continue
+        r = job.spec.resources
+        used_gpus += r.gpu_count
+        used_cores += r.cpu_cores
+        used_ram += r.ram_mib
+        used_disk += r.disk_mib
+    gpu = None
+    if cap.gpu is not None and cap.gpu.count - used_gpus > 0:
+        tier = classify_gpu(cap.gpu.name or cap.gpu.model, cap.gpu.vram_mib)
+        gpu = GpuSpec(
+            model=tier.key,
+            vram_mib=cap.gpu.vram_mib,
+            count=cap.gpu.count - used_gpus,
+            speed=tier.speed,
+        )
+    return NodeCapacity(
+        node_id=node.node_id,
+        region=cap.region,
+        price_floor_wei_per_hour=cap.price_floor_wei_per_hour,
+        cpu_cores=max(1, cap.cpu_cores - used_cores),
+        ram_mib=max(1, cap.ram_mib - used_ram),
+        disk_mib=max(0, cap.disk_mib - used_disk),
+        gpu=gpu,
+        executors=frozenset(Executor(e.value) for e in cap.executors),
+        slots=max(1, node.slots - len(running)),
+        reputation=min(1.0, max(0.0, reputation)),
+        suspended=banned,
+    )
+
+
+@dataclass
+class _Waiter:
+    node_id: str
+    wallet: str
+    future: asyncio.Future[Assignment | None]
+    since: float
+
+
+class Dispatcher:
+    """Parks node polls and runs dispatch rounds (one at a time, in a worker thread)."""
+
+    def __init__(self, store: Store, settings: Settings, *, chain_id: int, escrow: str) -> None:
+        self.store = store
+        self.settings = settings
+        self.chain_id = chain_id
+        self.escrow = escrow
+        self.engine = MatchingEngine(ban_below=settings.ban_below)
+        self._lock = threading.Lock()  # the engine and the waiters, between loop and thread
+        self._waiters: dict[str, _Waiter] = {}
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._explained: dict[str, float] = {}
+        self._pending_reasons: list[tuple[str, str]] = []
+        self.rounds = 0
+        self.claims = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.create_task(self._run(), name="dispatch")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with self._lock:
+            for w in self._waiters.values():
+                if not w.future.done():
+                    w.future.set_result(None)
+            self._waiters.clear()
+
+    def wake(self, _count: int = 1) -> None:
+        """Ask for a round soon; safe from any thread (the store calls it when jobs queue)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        if threading.current_thread() is threading.main_thread() and _in_loop(loop):
+            self._wake.set()
+        else:
+            loop.call_soon_threadsafe(self._wake.set)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    # ------------------------------------------------------------------ node side
+    async def next_job(self, node: NodeRow, wait_s: float) -> Assignment | None:
+        """Wait up to ``wait_s`` for a job for ``node``; None when none came."""
+        now = time.time()
+        running = await asyncio.to_thread(self.store.running_jobs, node.node_id)
+        if len(running) >= node.slots:
+            return None
+        capacity = free_capacity(
+            node,
+            running,
+            now=now,
+            reputation=node.score(now, self.store.policy),
+            banned=node.excluded(now, self.store.policy),
+        )
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(node.node_id, node.wallet, loop.create_future(), now)
+        with self._lock:
+            old = self._waiters.pop(node.node_id, None)
+            if old is not None and not old.future.done():
+                old.future.set_result(None)  # a newer poll from the same node replaces it
+            if node.node_id in self.engine:
+                self.engine.remove_node(node.node_id)
+            self.engine.add_node(capacity)
+            self._waiters[node.node_id] = waiter
+        self._wake.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter.future), timeout=wait_s)
+        except TimeoutError:
+            # a round may have answered in the same instant: deliver it rather than lose it
+            if waiter.future.done():
+                return waiter.future.result()
+            return None
+        finally:
+            with self._lock:
+                if self._waiters.get(node.node_id) is waiter:
+                    del self._waiters[node.node_id]
+                    if node.node_id in self.engine:
+                        self.engine.remove_node(node.node_id)
+
+    # ------------------------------------------------------------------ rounds
+    async def _run(self) -> None:
+        tick = self.settings.dispatch_tick_s
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=tick)
+            self._wake.clear()
+            if not self._waiters:
+                continue
+            try:
+                won = await asyncio.to_thread(self._round)
+            except Exception:
+                log.exception("dispatch round failed")
+                await asyncio.sleep(tick)
+                continue
+            for claimed in won:
+                self._deliver(claimed)
+
+    def _round(self) -> list[ClaimedJob]:
+        decided: list[Match] = []
+
+        def decide(rows: list[JobRow]) -> list[Claim]:
+            claims: list[Claim] = []
+            now = time.monotonic()
+            with self._lock:
+                for job in rows:
+                    if not len(self.engine):
+                        break
+                    if job.spec is None:
+                        continue
+                    req = requirements(job)
+                    found = self.engine.match(req, explain=False)
+                    if isinstance(found, Match):
+                        self.engine.remove_node(found.node_id)  # one job per poll
+                        decided.append(found)
+                        claims.append(Claim(job.job_id, found.node_id))
+                    elif now - self._explained.get(job.job_id, 0.0) > _EXPLAIN_EVERY_S:
+                        self._explained[job.job_id] = now
+                        why = self.engine.explain(req)
+                        self._pending_reasons.append((job.job_id, _reason(why.message())))
+            return claims
+
+        self._pending_reasons = []
+        won = self.store.dispatch(
+            decide, limit=self.settings.dispatch_batch, lease_ttl=self.settings.lease_ttl_s
+        )
+        self.rounds += 1
+        self.claims += len(won)
+        winners = {c.node_id for c in won}
+        with self._lock:  # nodes decided on but not won go back to the index
+            for m in decided:
+                w = self._waiters.get(m.node_id)
+                if m.node_id not in winners and w is not None and m.node_id not in self.engine:
+                    self._readd(m.node_id)
+        for job_id, reason in self._pending_reasons:
+            self.store.set_reason(job_id, reason)
+        if len(self._explained) > 100_000:
+            self._explained.clear()
+        return won
+
+    def _readd(self, node_id: str) -> None:
+        try:
+            node = self.store.node(node_id)
+            running = self.store.running_jobs(node_id)
+        except Exception:  # the node is gone: its waiter times out
+            return
+        if len(running) >= node.slots:
+            return
+        now = time.time()
+        self.engine.add_node(
+            free_capacity(
+                node,
+                running,
+                now=now,
+                reputation=node.score(now, self.store.policy),
+                banned=node.excluded(now, self.store.policy),
+            )
+        )
+
+    def _deliver(self, claimed: ClaimedJob) -> None:
+        job = claimed.job
+        assert job.spec is not None and job.lease_expires is not None
+        assignment = Assignment(
+            job_id=job.job_id,
+            attempt=job.attempt,
+            spec_cid=job.spec_cid,
+            spec=JobSpec.model_validate(job.spec.model_dump()),
+            bounty_wei=job.bounty_wei,
+            deadline=job.deadline,
+            lease_expires_at=job.lease_expires,
+            chain_id=self.chain_id,
+            escrow=self.escrow,
+        )
+        with self._lock:
+            waiter = self._waiters.pop(claimed.node_id, None)
+        if waiter is None or waiter.future.done():
+            # the poll ended (client gone) between the claim and now: give the job straight back
+            log.warning("node %s left before job %s reached it", claimed.node_id, job.job_id)
+            asyncio.get_running_loop().run_in_executor(
+                None, self._hand_back_quietly, job.job_id, claimed.node_id
+            )
+            return
+        waiter.future.set_result(assignment)
+
+    def _hand_back_quietly(self, job_id: str, node_id: str) -> None:
+        try:
+            self.store.hand_back(job_id, node_id)
+        except Exception:
+            log.exception("could not hand back undelivered job %s", job_id)
+
+
+def _reason(message: str) -> str:
+    return message.replace("nodes can take", "idle nodes can take").replace(
+        "no node is registered", "no idle node is waiting for work"
+    )
+
+
+def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False

@@ -1,0 +1,537 @@
+"""TxSender against a real anvil: job transitions with real EIP-712 signatures and balances,
+reverts decoded and final, nonces under concurrency, and every failure between the sender and
+the node (refused connections, lost replies, node restarts, dropped or displaced transactions).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+from hexbytes import HexBytes
+
+from gridmarket.chain import ChainError, EscrowClient, Sent
+from gridmarket.eip712 import sign_result
+from gridmarket.escrow import ZERO_ADDRESS, JobState, Status
+from scheduler.chain import (
+    ChainUnavailableError,
+    RetryPolicy,
+    TxSender,
+    apply_sent,
+)
+
+from ..conftest import Devnet
+from .chain_support import (
+    OwnChain,
+    create_job,
+    ensure_provider,
+    fault_proxy,
+    make_w3,
+    own_chain_at,
+    rpc,
+    wait_until,
+)
+
+FAST = RetryPolicy(deadline_s=10, initial_delay_s=0.02, max_delay_s=0.2)
+CID = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
+
+
+@pytest.fixture
+def client(devnet: Devnet) -> EscrowClient:
+    return EscrowClient(devnet.w3, devnet.deployment)
+
+
+@pytest.fixture
+def sender(devnet: Devnet, client: EscrowClient) -> TxSender:
+    return TxSender(client, devnet.operator, retry=FAST)
+
+
+@pytest.fixture
+def own_chain(tmp_path: Path) -> Iterator[OwnChain]:
+    with own_chain_at(tmp_path) as chain:
+        yield chain
+
+
+def stake(devnet: Devnet) -> int:
+    return 2 * devnet.params.min_stake
+
+
+def sign(client: EscrowClient, provider: LocalAccount, state: JobState, cid: str = CID) -> bytes:
+    return sign_result(
+        provider,
+        client.deployment.chain_id,
+        client.address,
+        state.job_id,
+        state.job.attempt,
+        cid,
+    )
+
+
+def nonce_of(client: EscrowClient, account: LocalAccount) -> int:
+    return int(client.w3.eth.get_transaction_count(account.address, "latest"))
+
+
+def job_events(client: EscrowClient, state: JobState, name: str) -> int:
+    topic = "0x" + state.job_id.hex()
+    events = client.events(client.deployment.block, "latest", [None, topic])
+    return sum(1 for e in events if e.name == name)
+
+
+# --------------------------------------------------------------------------- job transitions
+
+
+def test_assign_then_settle_pays_provider_and_fee(
+    devnet: Devnet, client: EscrowClient, sender: TxSender
+) -> None:
+    provider = devnet.providers[0]
+    ensure_provider(client, provider, stake(devnet))
+    state = create_job(client, devnet.submitters[0], bounty=10**16)
+    paid_before = client.balance_of(provider.address)
+    fees_before = int(client.call("feesAccrued"))
+
+    assigned = apply_sent(state, sender.assign(state, provider.address))
+    assert assigned.status is Status.ASSIGNED
+    assert assigned.job.provider == provider.address
+    assert assigned.job.attempt == 1
+    assert client.call("isCurrent", assigned.job_id, assigned.job.as_tuple()) is True
+
+    sent = sender.settle(assigned, CID, sign(client, provider, assigned))
+    settled = apply_sent(assigned, sent)
+    assert [e.name for e in sent.events] == ["ResultSubmitted", "JobReleased"]
+    assert settled.status is Status.RELEASED
+    assert settled.output_cid == CID
+    assert settled == client.job_state(state.job_id)  # the fold agrees with the chain's log
+    fee = 10**16 * devnet.params.fee_bps // 10_000
+    assert client.balance_of(provider.address) - paid_before == 10**16 - fee
+    assert int(client.call("feesAccrued")) - fees_before == fee
+
+
+def test_reassign_relay_then_release(
+    devnet: Devnet, client: EscrowClient, sender: TxSender
+) -> None:
+    first, second = devnet.providers[0], devnet.providers[1]
+    for p in (first, second):
+        ensure_provider(client, p, stake(devnet))
+    state = apply_sent(
+        s := create_job(client, devnet.submitters[1]), sender.assign(s, first.address)
+    )
+    stale_signature = sign(client, first, state)
+
+    sent = sender.assign(state, second.address)  # the contract's assign also reassigns
+    (event,) = [e for e in sent.events if e.name == "JobAssigned"]
+    assert event.args["previousProvider"] == first.address
+    state = apply_sent(state, sent)
+    assert (state.job.provider, state.job.attempt) == (second.address, 2)
+
+    # The first provider's signature was for attempt 1 and is void now.
+    with pytest.raises(ChainError) as err:
+        sender.settle(state, CID, stale_signature)
+    assert err.value.reason is not None
+    assert err.value.reason.startswith("JobEscrowBadSignature(")
+
+    paid_before = client.balance_of(second.address)
+    state = apply_sent(state, sender.submit_result_for(state, CID, sign(client, second, state)))
+    assert state.status is Status.SUBMITTED
+    state = apply_sent(state, sender.release(state))
+    assert state.status is Status.RELEASED
+    assert client.balance_of(second.address) - paid_before == state.job.payout
+
+
+def test_unassign_puts_the_job_back(devnet: Devnet, client: EscrowClient, sender: TxSender) -> None:
+    provider = devnet.providers[0]
+    ensure_provider(client, provider, stake(devnet))
+    state = create_job(client, devnet.submitters[0])
+    state = apply_sent(state, sender.assign(state, provider.address))
+    state = apply_sent(state, sender.unassign(state))
+    assert (state.status, state.job.provider) == (Status.FUNDED, ZERO_ADDRESS)
+    state = apply_sent(state, sender.assign(state, provider.address))
+    assert (state.status, state.job.attempt) == (Status.ASSIGNED, 2)
+
+
+def test_reject_slashes_and_requeues(
+    devnet: Devnet, client: EscrowClient, sender: TxSender
+) -> None:
+    bad, good = devnet.providers[2], devnet.providers[3]
+    for p in (bad, good):
+        ensure_provider(client, p, stake(devnet))
+    submitter = devnet.submitters[0]
+    state = create_job(client, submitter)
+    state = apply_sent(state, sender.assign(state, bad.address))
+    state = apply_sent(state, sender.submit_result_for(state, CID, sign(client, bad, state)))
+    stake_before = int(client.call("providerOf", bad.address)[0])
+    refund_before = client.balance_of(submitter.address)
+
+    sent = sender.reject(state)
+    state = apply_sent(state, sent)
+    slashed = stake_before * devnet.params.slash_bps // 10_000
+    (rejected,) = [e for e in sent.events if e.name == "ResultRejected"]
+    (slash,) = [e for e in sent.events if e.name == "ProviderSlashed"]
+    assert rejected.args["slashed"] == slash.args["amount"] == slashed > 0
+    assert slash.args["beneficiary"] == submitter.address
+    assert int(client.call("providerOf", bad.address)[0]) == stake_before - slashed
+    assert client.balance_of(submitter.address) - refund_before == slashed
+    assert (state.status, state.output_cid, state.job.provider) == (
+        Status.FUNDED,
+        None,
+        ZERO_ADDRESS,
+    )
+    state = apply_sent(state, sender.assign(state, good.address))  # queued again
+    assert (state.status, state.job.attempt) == (Status.ASSIGNED, 2)
+
+
+# --------------------------------------------------------------------------- reverts
+
+
+def test_revert_is_decoded_and_not_retried(devnet: Devnet, client: EscrowClient) -> None:
+    provider = devnet.providers[0]
+    ensure_provider(client, provider, stake(devnet))
+    with fault_proxy(devnet.url) as proxy:
+        sender = TxSender(EscrowClient(make_w3(proxy.url), devnet.deployment), devnet.operator)
+        state = create_job(client, devnet.submitters[0])
+        state = apply_sent(state, sender.assign(state, provider.address))
+        nonce = nonce_of(client, devnet.operator)
+        stranger = Account.create().address
+        cases = [
+            (provider.address, f"JobEscrowSameProvider(jobId=0x{state.job_id.hex()}, "),
+            (stranger, f"ProviderRegistryNotRegistered(provider={stranger.lower()})"),
+        ]
+        for target, reason in cases:
+            proxy.counts.clear()
+            started = time.monotonic()
+            with pytest.raises(ChainError) as err:
+                sender.assign(state, target)
+            assert not isinstance(err.value, ChainUnavailableError)
+            assert err.value.reason is not None and err.value.reason.startswith(reason)
+            assert time.monotonic() - started < 2
+            assert proxy.counts["eth_estimateGas"] == 1  # asked once, not retried
+            assert proxy.counts["eth_sendRawTransaction"] == 0
+        assert nonce_of(client, devnet.operator) == nonce
+
+
+def test_deadline_passed_is_final(own_chain: OwnChain) -> None:
+    client = own_chain.client()
+    sender = TxSender(client, own_chain.operator, retry=FAST)
+    provider = own_chain.providers[0]
+    ensure_provider(client, provider, 2 * own_chain.params.min_stake)
+    state = create_job(client, own_chain.submitter, ttl=own_chain.params.min_duration + 5)
+    rpc(client.w3, "evm_increaseTime", own_chain.params.min_duration + 60)
+    rpc(client.w3, "evm_mine")
+    with pytest.raises(ChainError) as err:
+        sender.assign(state, provider.address)
+    assert err.value.reason is not None
+    assert err.value.reason.startswith(
+        f"JobEscrowDeadlinePassed(jobId=0x{state.job_id.hex()}, deadline={state.job.deadline}, "
+    )
+
+
+def test_revert_in_a_mined_transaction_is_decoded(own_chain: OwnChain) -> None:
+    """The job changed between the gas estimate and the block: the receipt says 'reverted',
+    and the sender replays the call to name the error, then raises without retrying."""
+    client = own_chain.client()
+    sender = TxSender(client, own_chain.operator, retry=FAST)
+    provider = own_chain.providers[0]
+    ensure_provider(client, provider, 2 * own_chain.params.min_stake)
+    state = create_job(client, own_chain.submitter)
+    nonce = nonce_of(client, own_chain.operator)
+    rpc(client.w3, "evm_setAutomine", False)
+    # The submitter's cancel goes into the pool first; the assign is estimated on the latest
+    # block (still Funded) and follows it into the same block.
+    client_submitter = own_chain.client()
+    params = client_submitter.prepare(
+        own_chain.submitter, "cancel", state.job_id, state.job.as_tuple()
+    )
+    signed = client_submitter.sign(
+        own_chain.submitter,
+        params,
+        nonce=client.w3.eth.get_transaction_count(own_chain.submitter.address, "pending"),
+        gas_price=client.w3.eth.gas_price,
+    )
+    client.w3.eth.send_raw_transaction(signed.raw_transaction)
+    outcome: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: outcome.append(_capture(sender.assign, state, provider.address))
+    )
+    worker.start()
+    wait_until(lambda: int(rpc(client.w3, "txpool_status")["pending"], 16) == 2, what="2 pending")
+    rpc(client.w3, "evm_mine")
+    worker.join(10)
+    (error,) = outcome
+    assert isinstance(error, ChainError), error
+    assert error.reason == f"JobEscrowWrongStatus(jobId=0x{state.job_id.hex()}, status=5)"
+    assert "reverted in tx 0x" in str(error)
+    assert nonce_of(client, own_chain.operator) == nonce + 1  # one transaction, not retried
+
+
+def _capture(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception as exc:
+        return exc
+
+
+# --------------------------------------------------------------------------- nonces
+
+
+def test_concurrent_sends_keep_nonces_unique(devnet: Devnet, client: EscrowClient) -> None:
+    """8 threads over two TxSender instances for the same key: one nonce sequence."""
+    providers = devnet.providers[:2]
+    for p in providers:
+        ensure_provider(client, p, stake(devnet))
+    jobs = [create_job(client, devnet.submitters[i % 2]) for i in range(40)]
+    senders = [TxSender(client, devnet.operator, retry=FAST) for _ in range(2)]
+    start = nonce_of(client, devnet.operator)
+    results: dict[bytes, Sent] = {}
+    errors: list[BaseException] = []
+
+    def work(worker: int) -> None:
+        try:
+            for state in jobs[worker::8]:
+                sent = senders[worker % 2].assign(state, providers[worker % 2].address)
+                results[state.job_id] = sent
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert len(results) == 40
+    nonces = sorted(
+        int(client.w3.eth.get_transaction(HexBytes(s.tx_hash))["nonce"]) for s in results.values()
+    )
+    assert nonces == list(range(start, start + 40))
+    assert nonce_of(client, devnet.operator) == start + 40
+    for state in jobs:
+        assert apply_sent(state, results[state.job_id]).status is Status.ASSIGNED
+
+
+def test_stale_nonce_cache_resyncs(devnet: Devnet, client: EscrowClient, sender: TxSender) -> None:
+    """Another process used the operator key: 'nonce too low', then a fresh nonce, once."""
+    provider = devnet.providers[0]
+    ensure_provider(client, provider, stake(devnet))
+    first, second = (
+        create_job(client, devnet.submitters[0]),
+        create_job(client, devnet.submitters[0]),
+    )
+    sender.assign(first, provider.address)  # the sequence now caches the next nonce
+    stolen = nonce_of(client, devnet.operator)
+    other = devnet.operator.sign_transaction(
+        {"to": devnet.treasury.address, "value": 1, "gas": 21_000, "nonce": stolen,
+         "gasPrice": client.w3.eth.gas_price, "chainId": devnet.deployment.chain_id}
+    )  # fmt: skip
+    client.w3.eth.wait_for_transaction_receipt(
+        client.w3.eth.send_raw_transaction(other.raw_transaction)
+    )
+    sent = sender.assign(second, provider.address)
+    assert int(client.w3.eth.get_transaction(HexBytes(sent.tx_hash))["nonce"]) == stolen + 1
+    assert apply_sent(second, sent).status is Status.ASSIGNED
+
+
+# --------------------------------------------------------------------------- network faults
+
+
+def test_lost_reply_is_looked_up_not_resent(devnet: Devnet, client: EscrowClient) -> None:
+    provider = devnet.providers[0]
+    ensure_provider(client, provider, stake(devnet))
+    with fault_proxy(devnet.url) as proxy:
+        sender = TxSender(
+            EscrowClient(make_w3(proxy.url), devnet.deployment), devnet.operator, retry=FAST
+        )
+        state = create_job(client, devnet.submitters[0])
+        nonce = nonce_of(client, devnet.operator)
+        # anvil mines the transaction, then the reply is lost on the way back.
+        proxy.fail(1, "eth_sendRawTransaction", status=502, forward=True)
+        sent = sender.assign(state, provider.address)
+        assert proxy.counts["eth_sendRawTransaction"] == 1  # looked up by hash, not resent
+        assert proxy.counts["eth_getTransactionByHash"] >= 1
+        assert nonce_of(client, devnet.operator) == nonce + 1
+        assert job_events(client, state, "JobAssigned") == 1
+        assert apply_sent(state, sent).status is Status.ASSIGNED
+
+        # Refused before reaching the node: looked up (unknown), then sent again, same bytes.
+        state = create_job(client, devnet.submitters[0])
+        proxy.counts.clear()
+        proxy.fail(2, "eth_sendRawTransaction", status=503)
+        sent = sender.assign(state, provider.address)
+        assert proxy.counts["eth_sendRawTransaction"] == 3
+        assert proxy.counts["eth_getTransactionByHash"] >= 2
+        assert nonce_of(client, devnet.operator) == nonce + 2
+        assert job_events(client, state, "JobAssigned") == 1
+
+
+def test_transient_errors_are_retried_until_the_deadline(
+    devnet: Devnet, client: EscrowClient
+) -> None:
+    provider = devnet.providers[0]
+    ensure_provider(client, provider, stake(devnet))
+    with fault_proxy(devnet.url) as proxy:
+        sender = TxSender(
+            EscrowClient(make_w3(proxy.url), devnet.deployment), devnet.operator, retry=FAST
+        )
+        state = create_job(client, devnet.submitters[0])
+        proxy.fail(4, status=503)  # whatever the sender asks first
+        assert apply_sent(state, sender.assign(state, provider.address)).status is Status.ASSIGNED
+
+        state = create_job(client, devnet.submitters[0])
+        impatient = TxSender(
+            sender.client, devnet.operator, retry=RetryPolicy(deadline_s=0.5, initial_delay_s=0.05)
+        )
+        proxy.counts.clear()
+        proxy.fail(10_000, status=500)
+        started = time.monotonic()
+        with pytest.raises(ChainUnavailableError, match=r"RPC unreachable, gave up after 0\.5s"):
+            impatient.assign(state, provider.address)
+        assert time.monotonic() - started < 3
+        assert sum(proxy.counts.values()) > 2, proxy.counts  # retried (web3 asks chainId first)
+        assert proxy.counts["eth_sendRawTransaction"] == 0
+
+
+def test_sender_rides_out_a_node_restart(own_chain: OwnChain) -> None:
+    """anvil stops; the call keeps retrying; anvil restarts on the same port from its state
+    file; the call succeeds and the chain still has everything from before."""
+    client = own_chain.client(timeout=2)
+    sender = TxSender(client, own_chain.operator, retry=RetryPolicy(deadline_s=60, max_delay_s=0.5))
+    provider = own_chain.providers[0]
+    ensure_provider(client, provider, 2 * own_chain.params.min_stake)
+    state = create_job(client, own_chain.submitter)
+    head = client.w3.eth.block_number
+
+    own_chain.stop()
+    impatient = TxSender(
+        client, own_chain.operator, retry=RetryPolicy(deadline_s=0.3, initial_delay_s=0.05)
+    )
+    with pytest.raises(ChainUnavailableError):
+        impatient.assign(state, provider.address)
+    outcome: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: outcome.append(_capture(sender.assign, state, provider.address))
+    )
+    worker.start()
+    time.sleep(1.5)
+    assert worker.is_alive()  # still retrying
+    own_chain.start()
+    worker.join(30)
+    (sent,) = outcome
+    assert isinstance(sent, Sent), sent
+    assert sent.block == head + 1  # the state file kept every block
+    assert apply_sent(state, sent) == client.job_state(state.job_id)
+    assert apply_sent(state, sent).status is Status.ASSIGNED
+
+
+def test_dropped_transaction_is_rebroadcast_not_rebuilt(own_chain: OwnChain) -> None:
+    client = own_chain.client()
+    sender = TxSender(client, own_chain.operator, retry=FAST, pool_check_s=0.2)
+    provider = own_chain.providers[0]
+    ensure_provider(client, provider, 2 * own_chain.params.min_stake)
+    state = create_job(client, own_chain.submitter)
+    nonce = nonce_of(client, own_chain.operator)
+    rpc(client.w3, "evm_setAutomine", False)
+    outcome: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: outcome.append(_capture(sender.assign, state, provider.address))
+    )
+    worker.start()
+    wait_until(lambda: _pending(client) == 1, what="the assign in the pool")
+    (pooled,) = _pool_hashes(client)
+    rpc(client.w3, "anvil_dropAllTransactions")  # e.g. a node restarted with an empty pool
+    assert _pending(client) == 0
+    wait_until(lambda: _pending(client) == 1, what="the re-broadcast")
+    assert _pool_hashes(client) == [pooled]  # the same signed bytes
+    rpc(client.w3, "evm_mine")
+    worker.join(10)
+    (sent,) = outcome
+    assert isinstance(sent, Sent), sent
+    assert sent.tx_hash == pooled
+    assert nonce_of(client, own_chain.operator) == nonce + 1
+
+
+def test_displaced_transaction_is_rebuilt_with_a_new_nonce(own_chain: OwnChain) -> None:
+    """Only when the node proves the first transaction can never be mined (another took its
+    nonce) does the sender sign a new one."""
+    client = own_chain.client()
+    sender = TxSender(client, own_chain.operator, retry=FAST, pool_check_s=0.2)
+    provider = own_chain.providers[0]
+    ensure_provider(client, provider, 2 * own_chain.params.min_stake)
+    state = create_job(client, own_chain.submitter)
+    nonce = nonce_of(client, own_chain.operator)
+    rpc(client.w3, "evm_setAutomine", False)
+    outcome: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: outcome.append(_capture(sender.assign, state, provider.address))
+    )
+    worker.start()
+    wait_until(lambda: _pending(client) == 1, what="the assign in the pool")
+    (first,) = _pool_hashes(client)
+    rpc(client.w3, "anvil_dropAllTransactions")
+    intruder = own_chain.operator.sign_transaction(
+        {"to": own_chain.accounts[2].address, "value": 1, "gas": 21_000, "nonce": nonce,
+         "gasPrice": client.w3.eth.gas_price, "chainId": own_chain.deployment.chain_id}
+    )  # fmt: skip
+    client.w3.eth.send_raw_transaction(intruder.raw_transaction)
+    rpc(client.w3, "evm_mine")  # the intruder takes the nonce
+    rpc(client.w3, "evm_setAutomine", True)  # from now on, mine whatever arrives
+    worker.join(15)
+    (sent,) = outcome
+    assert isinstance(sent, Sent), sent
+    assert sent.tx_hash != first
+    assert int(client.w3.eth.get_transaction(HexBytes(sent.tx_hash))["nonce"]) == nonce + 1
+    assert apply_sent(state, sent).status is Status.ASSIGNED
+    assert job_events(client, state, "JobAssigned") == 1
+
+
+def _pending(client: EscrowClient) -> int:
+    return int(rpc(client.w3, "txpool_status")["pending"], 16)
+
+
+def _pool_hashes(client: EscrowClient) -> list[str]:
+    content = rpc(client.w3, "txpool_content")["pending"]
+    return [str(tx["hash"]) for by_nonce in content.values() for tx in by_nonce.values()]
+
+
+def test_escrow_client_send_resyncs_a_stale_nonce(devnet: Devnet) -> None:
+    """gridmarket.chain.EscrowClient.send (used by submitters, providers, the demo): a nonce
+    cached before another client used the key is refused as 'nonce too low'; it reads the
+    nonce again and signs once more."""
+    submitter = devnet.submitters[1]
+    mine, other = (EscrowClient(devnet.w3, devnet.deployment) for _ in range(2))
+    create_job(mine, submitter)  # `mine` now caches the next nonce
+    create_job(other, submitter)  # ...which `other` uses
+    before = nonce_of(mine, submitter)
+    state = create_job(mine, submitter)
+    assert state.status is Status.FUNDED
+    assert nonce_of(mine, submitter) == before + 1
+
+
+def test_pending_transaction_lost_in_a_node_restart_is_rebroadcast(own_chain: OwnChain) -> None:
+    """anvil keeps blocks across a restart (--state) but not its pool: the sender notices its
+    pending transaction is gone and broadcasts the same signed bytes to the new process."""
+    client = own_chain.client(timeout=1)
+    sender = TxSender(client, own_chain.operator, retry=FAST, pool_check_s=0.2)
+    provider = own_chain.providers[0]
+    ensure_provider(client, provider, 2 * own_chain.params.min_stake)
+    state = create_job(client, own_chain.submitter)
+    nonce = nonce_of(client, own_chain.operator)
+    rpc(client.w3, "evm_setAutomine", False)
+    outcome: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: outcome.append(_capture(sender.assign, state, provider.address))
+    )
+    worker.start()
+    wait_until(lambda: _pending(client) == 1, what="the assign in the pool")
+    (pooled,) = _pool_hashes(client)
+    own_chain.stop()
+    own_chain.start()  # empty pool, automine back on
+    worker.join(15)
+    (sent,) = outcome
+    assert isinstance(sent, Sent), sent
+    assert sent.tx_hash == pooled  # the same transaction, not a new one
+    assert nonce_of(client, own_chain.operator) == nonce + 1
+    assert apply_sent(state, sent).status is Status.ASSIGNED
