@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Dispatcher", "free_capacity", "requirements"]
 
 _EXPLAIN_EVERY_S = 2.0
+_COALESCE_S = 0.002
 
 
 def requirements(job: JobRow) -> JobRequirements:
@@ -161,7 +162,9 @@ class Dispatcher:
     async def next_job(self, node: NodeRow, wait_s: float) -> Assignment | None:
         """Wait up to ``wait_s`` for a job for ``node``; None when none came."""
         now = time.time()
-        running = await asyncio.to_thread(self.store.running_jobs, node.node_id)
+        running = (
+            await asyncio.to_thread(self.store.running_jobs, node.node_id) if node.running else []
+        )
         if len(running) >= node.slots:
             return None
         capacity = free_capacity(
@@ -205,6 +208,9 @@ class Dispatcher:
             self._wake.clear()
             if not self._waiters:
                 continue
+            # let polls that arrive together share one round (one transaction for all of them)
+            await asyncio.sleep(_COALESCE_S)
+            self._wake.clear()
             try:
                 won = await asyncio.to_thread(self._round)
             except Exception:

@@ -20,8 +20,12 @@ from sqlalchemy.pool import StaticPool
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for ``url`` with this project's settings for its dialect."""
+def make_engine(url: str, *, readonly: bool = False) -> Engine:
+    """An engine for ``url`` with this project's settings for its dialect.
+
+    ``readonly`` (SQLite): plain deferred ``BEGIN``, so reads run beside the writer (WAL)
+    instead of queueing for the write lock.
+    """
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database or ""
@@ -47,7 +51,7 @@ def make_engine(url: str) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _begin(conn: Any) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
         return engine
     if parsed.get_backend_name() == "postgresql":

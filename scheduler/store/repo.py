@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, func, insert, select, update
@@ -168,6 +168,19 @@ class NodeRow:
         )
 
 
+_SPECS: dict[str, JobSpec] = {}
+
+
+def _spec(cid: str, data: Any) -> JobSpec:
+    """Parsed job specs by CID: a CID's content never changes, so each is validated once."""
+    spec = _SPECS.get(cid)
+    if spec is None:
+        if len(_SPECS) > 50_000:
+            _SPECS.clear()
+        spec = _SPECS[cid] = JobSpec.model_validate(data)
+    return spec
+
+
 @dataclass(frozen=True, slots=True)
 class JobRow:
     job_id: str
@@ -222,7 +235,7 @@ class JobRow:
             fee_bps=r.fee_bps,
             salt=r.salt,
             spec_cid=r.spec_cid,
-            spec=None if r.spec is None else JobSpec.model_validate(r.spec),
+            spec=None if r.spec is None else _spec(r.spec_cid, r.spec),
             state=r.state,
             reason=r.reason,
             created_block=r.created_block,
@@ -280,6 +293,12 @@ class Store:
     ) -> None:
         self.url = url
         self.engine: Engine = make_engine(url)
+        file_sqlite = self.engine.dialect.name == "sqlite" and self.engine.url.database not in (
+            None,
+            "",
+            ":memory:",
+        )
+        self.reader: Engine = make_engine(url, readonly=True) if file_sqlite else self.engine
         self.policy = policy
         self.clock = clock
         self.postgres = self.engine.dialect.name == "postgresql"
@@ -290,6 +309,7 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+        self.reader.dispose()
 
     # ------------------------------------------------------------------ helpers
     def _audit(
@@ -480,7 +500,7 @@ class Store:
             return self._node(conn, node_id)
 
     def node(self, node_id: str) -> NodeRow:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return self._node(conn, node_id)
 
     def nodes(
@@ -489,11 +509,11 @@ class Store:
         q = select(nodes).order_by(nodes.c.node_id).limit(limit).offset(offset)
         if status is not None:
             q = q.where(nodes.c.status == status)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return [NodeRow.of(r) for r in conn.execute(q)]
 
     def node_counts(self) -> dict[str, int]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(select(nodes.c.status, func.count()).group_by(nodes.c.status))
             return {str(s): int(n) for s, n in rows}
 
@@ -617,7 +637,7 @@ class Store:
 
     # ------------------------------------------------------------------ jobs from the chain
     def chain_cursor(self) -> int | None:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             value = conn.execute(
                 select(cursors.c.block).where(cursors.c.name == CHAIN_CURSOR)
             ).scalar()
@@ -733,7 +753,7 @@ class Store:
         return 0
 
     def pending_specs(self, limit: int = 32) -> list[JobRow]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             q = (
                 select(jobs)
                 .where(jobs.c.state == "pending_spec")
@@ -776,7 +796,7 @@ class Store:
             )
 
     def job(self, job_id: str) -> JobRow:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return self._job(conn, job_id)
 
     def jobs(
@@ -795,21 +815,21 @@ class Store:
             q = q.where(func.lower(jobs.c.submitter) == submitter.lower())
         if node_id is not None:
             q = q.where(jobs.c.node_id == node_id)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return [JobRow.of(r) for r in conn.execute(q)]
 
     def job_counts(self) -> dict[str, int]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state))
             return {str(s): int(n) for s, n in rows}
 
     def attempts_of(self, job_id: str) -> list[dict[str, Any]]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             q = select(attempts).where(attempts.c.job_id == job_id).order_by(attempts.c.id)
             return [dict(r._mapping) for r in conn.execute(q)]
 
     def audit_of(self, entity_id: str, limit: int = 500) -> list[dict[str, Any]]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             q = (
                 select(audit)
                 .where(audit.c.entity_id == entity_id)
@@ -835,6 +855,9 @@ class Store:
         """
         now = self.clock()
         won: list[ClaimedJob] = []
+        new_attempts: list[dict[str, Any]] = []
+        new_outbox: list[dict[str, Any]] = []
+        new_audit: list[dict[str, Any]] = []
         with self.engine.begin() as conn:
             q = (
                 select(jobs)
@@ -880,28 +903,54 @@ class Store:
                     self._free_slot(conn, claim.node_id)
                     continue
                 wallet = str(slot[0])
-                conn.execute(
-                    insert(attempts).values(
-                        job_id=job.job_id,
-                        attempt=attempt,
-                        node_id=claim.node_id,
-                        wallet=wallet,
-                        started_at=now,
-                        detail="",
-                    )
+                new_attempts.append(
+                    {
+                        "job_id": job.job_id,
+                        "attempt": attempt,
+                        "node_id": claim.node_id,
+                        "wallet": wallet,
+                        "started_at": now,
+                        "detail": "",
+                    }
                 )
-                self._outbox(conn, job.job_id, "assign", {"provider": wallet, "attempt": attempt})
-                self._audit(
-                    conn, "job", job.job_id, "leased", node_id=claim.node_id, attempt=attempt
+                new_outbox.append(
+                    {
+                        "job_id": job.job_id,
+                        "kind": "assign",
+                        "payload": {"provider": wallet, "attempt": attempt},
+                        "status": "pending",
+                        "tries": 0,
+                        "error": "",
+                        "created_at": now,
+                        "updated_at": now,
+                    }
                 )
-                leased = JobRow.of(
-                    conn.execute(select(jobs).where(jobs.c.job_id == job.job_id)).one()
+                new_audit.append(
+                    {
+                        "ts": now,
+                        "entity": "job",
+                        "entity_id": job.job_id,
+                        "event": "leased",
+                        "detail": {"node_id": claim.node_id, "attempt": attempt},
+                    }
+                )
+                leased = replace(
+                    job,
+                    state="leased",
+                    node_id=claim.node_id,
+                    attempt=attempt,
+                    lease_expires=expires,
+                    updated_at=now,
                 )
                 won.append(ClaimedJob(job=leased, node_id=claim.node_id, wallet=wallet))
+            if won:  # one multi-row statement each (executemany)
+                conn.execute(insert(attempts), new_attempts)
+                conn.execute(insert(outbox), new_outbox)
+                conn.execute(insert(audit), new_audit)
         return won
 
     def running_jobs(self, node_id: str) -> list[JobRow]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             q = select(jobs).where(jobs.c.node_id == node_id, jobs.c.state == "leased")
             return [JobRow.of(r) for r in conn.execute(q)]
 
@@ -964,7 +1013,7 @@ class Store:
         return state
 
     def verifying(self, limit: int = 16) -> list[JobRow]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             q = (
                 select(jobs)
                 .where(jobs.c.state == "verifying")
@@ -1094,7 +1143,7 @@ class Store:
 
     # ------------------------------------------------------------------ outbox
     def outbox_pending(self, limit: int = 64) -> list[OutboxItem]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             q = (
                 select(outbox)
                 .where(outbox.c.status == "pending")
@@ -1131,13 +1180,13 @@ class Store:
             )
 
     def outbox_counts(self) -> dict[str, int]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(select(outbox.c.status, func.count()).group_by(outbox.c.status))
             return {str(s): int(n) for s, n in rows}
 
     # ------------------------------------------------------------------ misc
     def ping(self) -> bool:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             conn.execute(select(1))
         return True
 
@@ -1145,6 +1194,6 @@ class Store:
         ids = list(ids)
         if not ids:
             return {}
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             q = select(nodes).where(and_(nodes.c.node_id.in_(ids), nodes.c.status == "online"))
             return {r.node_id: NodeRow.of(r) for r in conn.execute(q)}
