@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED := 1
 
 PY := $(CURDIR)/.venv/bin/python
 
-.PHONY: help setup demo test lint typecheck pytest compile bench-gas clean
+.PHONY: help setup demo demo-escrow test lint typecheck pytest compile bench-gas clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -20,8 +20,11 @@ setup: ## install everything this project needs (idempotent)
 compile: setup ## compile the contracts with the offline npm solc
 	ape compile
 
-demo: setup ## run the main job on a local devnet, end to end
+demo: setup ## the whole grid on a local devnet doing real jobs, end to end
 	$(PY) scripts/demo.py
+
+demo-escrow: setup ## one job's on-chain life, step by step, with gas and balances
+	$(PY) scripts/demo_escrow.py
 
 test: setup lint typecheck pytest ## all set-up, then every check and test
 

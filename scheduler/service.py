@@ -94,6 +94,14 @@ class Grid:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self.store.migrate()
+        cursor = self.store.chain_cursor()
+        head = int(self.chain.w3.eth.block_number)
+        if cursor is not None and cursor > head:
+            raise RuntimeError(
+                f"the database at {self.settings.database_url} has read the chain up to block "
+                f"{cursor}, but {self.settings.rpc_url} is at block {head}: it belongs to "
+                "another chain (a restarted devnet?). Use a fresh database."
+            )
         self._workers = [
             Worker("sweeper", self._sweeper),
             Worker("leader", self._leader_loop),

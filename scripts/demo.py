@@ -1,139 +1,214 @@
-"""The main job on a local devnet: one GPU job's whole on-chain life, end to end.
+"""The main job: the whole grid on a local devnet doing real jobs, end to end.
 
     make demo
 
-Starts anvil, deploys JobEscrow, and walks one job through its life with distinct accounts:
-the provider registers and stakes, the submitter funds a job, the operator (the scheduler's key)
-assigns it, the provider signs its result off-chain (EIP-712, no gas), the operator verifies and
-settles it (relayed result + release in one transaction), the treasury collects the fee, and the
-provider withdraws its pay. Prints every transaction with its gas, and the final balances.
-Exits non-zero if any amount is not exactly what the contract's rules say.
+Starts anvil and deploys the escrow, the IPFS daemon (offline, loopback), dockerd when it can
+run, the scheduler, the web front end (when installed) and a fleet of real provider agents with
+distinct wallets. A submitter then funds jobs that do real work on the dataset in
+examples/datasets/gpu-hours: a Docker job (busybox awk: GPU-hours and mean price per tier) and a
+WASM job (examples/wasm/csvstats.wat: bytes, lines and fields). The scheduler matches them, the
+agents run them sandboxed and upload the outputs, the scheduler verifies each output CID against
+its bytes and settles on-chain. The demo downloads every output (checked against its CID),
+prints the payout transactions and the explorer URL, and exits 0 only if every job was paid
+exactly bounty minus fee.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
-from eth_account import Account
+import httpx
+import wasmtime
 from rich.console import Console
+from rich.live import Live
 from rich.table import Table
-from web3 import Web3
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from gridmarket.chain import EscrowClient, Sent
-from gridmarket.deploy import EscrowParams, deploy_escrow
-from gridmarket.devstack.anvil import Anvil, dev_accounts
-from gridmarket.eip712 import sign_result
-from gridmarket.escrow import Status
-
-ETH = 10**18
-SPEC_CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
-OUTPUT_CID = "bafybeigdyrzt5sfp7udm7hu76uh7y26nf3efuylqabf3oclgtqy55fbzdi"
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gridmarket.devstack.grid import Grid, run_grid  # noqa: E402
+from gridmarket.devstack.images import BUSYBOX_IMAGE  # noqa: E402
+from gridmarket.escrow import Status  # noqa: E402
+from gridmarket.wire import JobSpec  # noqa: E402
+
+DATASET = ROOT / "examples" / "datasets" / "gpu-hours"
+WASM = ROOT / "examples" / "wasm" / "csvstats.wat"
+BOUNTY = 10**16  # 0.01 ETH
+SUMMARY = (
+    "echo tier,gpu_hours,revenue_gwei,mean_price_gwei > /output/summary.csv && "
+    "awk -F, 'NR>1 {h[$1]+=$3; r[$1]+=$3*$4} END {for (t in h) "
+    'printf "%s,%d,%d,%d\\n", t, h[t], r[t], r[t]/h[t]}\' /input/data.csv '
+    "| sort >> /output/summary.csv && wc -l < /input/data.csv"
+)
+FINAL = {"released", "failed", "invalid", "refunded", "expired"}
+
+console = Console()
 
 
-def eth(wei: int) -> str:
-    return f"{wei / ETH:.6f} ETH"
+def specs(grid: Grid, dataset_cid: str, module_cid: str) -> list[JobSpec]:
+    jobs = [
+        JobSpec.model_validate(
+            {
+                "name": "csv stats (wasm)",
+                "executor": "wasm",
+                "module_cid": module_cid,
+                "dataset_cid": dataset_cid,
+                "resources": {"cpu_cores": 1, "ram_mib": 256, "disk_mib": 64},
+                "limits": {"timeout_s": 60, "output_max_bytes": 1 << 20},
+            }
+        )
+    ]
+    if grid.dockerd is not None:
+        jobs.insert(
+            0,
+            JobSpec.model_validate(
+                {
+                    "name": "price summary (docker)",
+                    "executor": "docker",
+                    "image": BUSYBOX_IMAGE,
+                    "command": ["sh", "-c", SUMMARY],
+                    "dataset_cid": dataset_cid,
+                    "resources": {"cpu_cores": 1, "ram_mib": 256, "disk_mib": 64},
+                    "limits": {"timeout_s": 120, "output_max_bytes": 1 << 20},
+                }
+            ),
+        )
+    return jobs
+
+
+def table(rows: dict[str, dict[str, str]]) -> Table:
+    t = Table(title="jobs", expand=False)
+    for col in ("job", "name", "state", "node", "why"):
+        t.add_column(col, overflow="fold", max_width=60 if col == "why" else None)
+    colors = {"released": "green", "failed": "red", "invalid": "red", "expired": "red"}
+    for job_id, r in rows.items():
+        color = colors.get(r["state"], "yellow")
+        t.add_row(
+            job_id[:10] + "…",
+            r["name"],
+            f"[{color}]{r['state']}[/]",
+            r.get("node") or "",
+            r.get("reason", ""),
+        )
+    return t
 
 
 def main() -> int:
-    console = Console()
-    names = ["deployer", "operator", "submitter", "provider", "treasury"]
-    accts = dict(zip(names, (Account.from_key(k) for k in dev_accounts(5)), strict=True))
-    txs = Table(title="transactions", show_lines=False)
-    for col in ("step", "from", "tx", "gas", "events"):
-        txs.add_column(col, justify="right" if col == "gas" else "left")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--agents", type=int, default=3, help="provider agents to start (1-5)")
+    ap.add_argument("--work", type=Path, default=ROOT / ".run" / "demo")
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for payment")
+    args = ap.parse_args()
+    started = time.monotonic()
+    with console.status("starting the grid") as status:
 
-    def record(step: str, who: str, sent: Sent) -> None:
-        txs.add_row(
-            step, who, sent.tx_hash[:18] + "…", f"{sent.gas_used:,}",
-            ", ".join(e.name for e in sent.events),
-        )  # fmt: skip
-        console.print(f"  [green]✓[/] {step:<28} {who:<10} gas {sent.gas_used:>7,}  {sent.tx_hash}")
+        def step(what: str) -> None:
+            status.update(f"starting: {what}")
+            console.log(f"[dim]start[/] {what}")
 
-    run_dir = ROOT / ".run"
-    run_dir.mkdir(exist_ok=True)
-    with Anvil(log_file=run_dir / "demo-anvil.log") as anvil:
-        console.rule("[bold]GridMarket devnet demo")
-        console.print(f"anvil devnet at {anvil.url} (chain {anvil.chain_id})")
-        w3 = Web3(Web3.HTTPProvider(anvil.url))
-        params = EscrowParams(
-            operator=accts["operator"].address, treasury=accts["treasury"].address
+        grid_cm = run_grid(args.work, agents=args.agents, on_step=step)
+        grid = grid_cm.__enter__()
+    try:
+        return demo(grid, args, started)
+    finally:
+        with console.status("stopping the grid"):
+            grid_cm.__exit__(None, None, None)
+
+
+def demo(grid: Grid, args: argparse.Namespace, started: float) -> int:
+    console.log(f"[bold]{grid.docker_note}[/]")
+    console.log(f"grid up in {time.monotonic() - started:.1f} s")
+    for key, value in grid.describe().items():
+        console.print(f"  {key:<16} {value}")
+    dataset_cid = grid.ipfs.add_dir(DATASET)
+    module_cid = grid.ipfs.add_bytes(bytes(wasmtime.wat2wasm(WASM.read_text())))
+    console.log(f"dataset {DATASET.relative_to(ROOT)} -> {dataset_cid}")
+    console.log(f"module {WASM.relative_to(ROOT)} -> {module_cid}")
+    submitter = grid.submitters[0]
+    jobs: dict[str, dict[str, str]] = {}
+    for spec in specs(grid, dataset_cid, module_cid):
+        spec_cid = grid.ipfs.add_bytes(spec.to_bytes())
+        now = int(grid.w3.eth.get_block("latest")["timestamp"])
+        state, sent = grid.escrow.create_job(
+            submitter, os.urandom(32), spec_cid, now + 1800, BOUNTY
         )
-        deployment = deploy_escrow(w3, accts["deployer"], params)
-        deployment.save(run_dir / "demo-deployment.json")
-        console.print(
-            f"JobEscrow deployed at [bold]{deployment.escrow}[/] (block {deployment.block}); "
-            f"fee {params.fee_bps / 100:.2f}%, min stake {eth(params.min_stake)}"
+        job_id = "0x" + state.job_id.hex()
+        jobs[job_id] = {"name": spec.name, "state": "funded", "fund_tx": sent.tx_hash}
+        console.log(f"funded {spec.name}: job {job_id} (tx {sent.tx_hash}, {BOUNTY / 1e18} ETH)")
+    funded_at = time.monotonic()
+    deadline = funded_at + args.timeout
+    with Live(table(jobs), console=console, refresh_per_second=4) as live:
+        while time.monotonic() < deadline:
+            for job_id, row in jobs.items():
+                try:
+                    j = grid.api(f"/v1/jobs/{job_id}")
+                except httpx.HTTPStatusError:  # 404: the watcher has not seen the block yet
+                    continue
+                row.update(state=j["state"], node=j["node_id"] or row.get("node", ""))
+                row["reason"] = j["reason"]
+                row["output_cid"] = j["output_cid"] or ""
+            live.update(table(jobs))
+            if all(r["state"] in FINAL for r in jobs.values()):
+                break
+            time.sleep(0.25)
+    console.log(f"jobs settled {time.monotonic() - funded_at:.1f} s after funding")
+    return report(grid, jobs)
+
+
+def report(grid: Grid, jobs: dict[str, dict[str, str]]) -> int:
+    ok = True
+    payouts = {
+        "0x" + bytes(e.args["jobId"]).hex(): e
+        for e in grid.escrow.events(grid.deployment.block)
+        if e.name == "JobReleased"
+    }
+    out = Table(title="payouts (JobReleased events)")
+    for col in ("job", "output CID", "provider", "payout ETH", "fee ETH", "tx"):
+        out.add_column(col, overflow="fold")
+    for job_id, row in jobs.items():
+        state = grid.escrow.job_state(bytes.fromhex(job_id[2:]))
+        ev = payouts.get(job_id)
+        if row["state"] != "released" or state.status is not Status.RELEASED or ev is None:
+            ok = False
+            console.print(f"[red]job {job_id} ({row['name']}) was not paid: {row.get('reason')}[/]")
+            continue
+        payout, fee = int(ev.args["payout"]), int(ev.args["fee"])
+        if payout != state.job.payout or fee != state.job.fee or payout + fee != BOUNTY:
+            ok = False
+            console.print(f"[red]job {job_id}: paid {payout} + fee {fee}, expected {BOUNTY}[/]")
+        target = grid.work / "outputs" / job_id
+        if target.exists():
+            import shutil
+
+            shutil.rmtree(target)
+        path = grid.ipfs.fetch(row["output_cid"], target, 1 << 20)  # verified against its CID
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            console.rule(f"{row['name']}: {f.relative_to(path)}")
+            console.print(f.read_text().rstrip())
+        out.add_row(
+            job_id[:10] + "…",
+            row["output_cid"],
+            str(ev.args["provider"]),
+            f"{payout / 1e18:.6f}",
+            f"{fee / 1e18:.6f}",
+            ev.tx_hash,
         )
-        for name, acct in accts.items():
-            console.print(f"  {name:<10} {acct.address}")
-        escrow = EscrowClient(w3, deployment)
-        start = {n: w3.eth.get_balance(a.address) for n, a in accts.items()}
-
-        console.rule("job life")
-        sent = escrow.send(accts["provider"], "registerProvider", "bafkreiprovidermeta",
-                           value=params.min_stake * 10)  # fmt: skip
-        record("registerProvider + stake", "provider", sent)
-
-        bounty = ETH // 10
-        deadline = w3.eth.get_block("latest")["timestamp"] + 3600
-        state, sent = escrow.create_job(accts["submitter"], os.urandom(32), SPEC_CID, deadline,
-                                        bounty)  # fmt: skip
-        record("createJob (fund bounty)", "submitter", sent)
-        console.print(f"    job 0x{state.job_id.hex()} funded with {eth(bounty)}")
-
-        state, sent = escrow.call_job(accts["operator"], "assign", state,
-                                      accts["provider"].address)  # fmt: skip
-        record("assign", "operator", sent)
-
-        signature = sign_result(accts["provider"], anvil.chain_id, escrow.address, state.job_id,
-                                state.job.attempt, OUTPUT_CID)  # fmt: skip
-        console.print(f"    provider signed result {OUTPUT_CID} off-chain (EIP-712, no gas)")
-        state, sent = escrow.call_job(accts["operator"], "settle", state, OUTPUT_CID, signature)
-        record("settle (result + release)", "operator", sent)
-
-        sent = escrow.send(accts["treasury"], "collectFees")
-        record("collectFees", "treasury", sent)
-        fee_wd = escrow.send(accts["treasury"], "withdraw")
-        record("withdraw fee", "treasury", fee_wd)
-        pay_wd = escrow.send(accts["provider"], "withdraw")
-        record("withdraw pay", "provider", pay_wd)
-        console.print(txs)
-
-        # ------------------------------------------------------------------ the books
-        replayed = escrow.job_state(state.job_id)
-        fee = bounty * params.fee_bps // 10_000
-        end = {n: w3.eth.get_balance(a.address) for n, a in accts.items()}
-        table = Table(title="balances (ETH)")
-        for col in ("account", "start", "end", "change"):
-            table.add_column(col, justify="right")
-        for n in names:
-            table.add_row(n, eth(start[n]), eth(end[n]), eth(end[n] - start[n]))
-        held = w3.eth.get_balance(Web3.to_checksum_address(escrow.address))
-        table.add_row("escrow contract", "", eth(held), "")
-        console.print(table)
-        withdrawn = {e.args["account"]: e.args["amount"] for e in pay_wd.events + fee_wd.events}
-        checks = {
-            "job is Released on-chain (events replayed)": replayed.status is Status.RELEASED,
-            "output CID recorded": replayed.output_cid == OUTPUT_CID,
-            f"provider withdrew bounty - fee = {eth(bounty - fee)}": withdrawn.get(
-                accts["provider"].address
-            ) == bounty - fee,
-            f"treasury withdrew fee = {eth(fee)}": withdrawn.get(accts["treasury"].address) == fee,
-            "escrow holds only the provider's stake": held == params.min_stake * 10,
-            "submitter paid exactly the bounty plus gas": start["submitter"] - end["submitter"]
-            > bounty,
-        }  # fmt: skip
-        ok = all(checks.values())
-        for text, passed in checks.items():
-            console.print(f"  {'[green]✓' if passed else '[red]✗'}[/] {text}")
-        console.rule("[bold green]job paid" if ok else "[bold red]demo FAILED")
-        return 0 if ok else 1
+    console.print(out)
+    for p in grid.providers[: len(grid.agents)]:
+        console.log(
+            f"provider {p.address} withdrawable: {grid.escrow.balance_of(p.address) / 1e18} ETH"
+        )
+    if grid.frontend_url:
+        console.log(f"explorer: {grid.frontend_url}/payouts")
+    else:
+        console.log("explorer: front end not installed; payouts above are read from chain events")
+    console.print("[bold green]every job paid[/]" if ok else "[bold red]not every job was paid[/]")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -1,0 +1,676 @@
+"""The provider daemon: register, heartbeat, long-poll for work, run it, report it, shut down clean.
+
+Threads (all waiting on events or sockets, never spinning):
+
+``main``       :meth:`Agent.run`: registers, starts the others, waits for a stop signal, then
+               drives the shutdown.
+``poll``       long-polls ``next-job`` whenever a slot is free; starts one worker per assignment.
+``heartbeat``  on its own schedule (the scheduler's interval, or the configured override):
+               reports the running jobs (their leases are renewed) and cancels the runs the
+               scheduler says are no longer this node's.
+``job-<id>``   one per running job: :meth:`agent.runner.JobRunner.run`.
+``reporter``   sends finished results in order, retrying with backoff until the scheduler
+               answers: a result is never dropped while the process lives (only a definite
+               4xx refusal, e.g. the job was reassigned meanwhile, discards it).
+
+Outages: scheduler errors (unreachable, 5xx) back off with full jitter and resume; an expired
+token re-registers (:class:`agent.client.SchedulerClient`); while the local IPFS daemon does not
+answer the agent takes no new work. Jobs whose results are not yet delivered stay in the
+heartbeat's running list, so their leases survive a scheduler restart.
+
+Shutdown (SIGTERM/SIGINT, or :meth:`Agent.stop`): stop polling; let running jobs finish for
+``stop_grace_s``; cancel the rest and hand them back; flush the results for up to
+``report_flush_s``; exit 0. A second signal skips the grace period.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from agent.client import (
+    Backoff,
+    SchedulerClient,
+    SchedulerError,
+    SchedulerRejectedError,
+    SchedulerUnavailableError,
+    retry_call,
+)
+from agent.config import AgentConfig, ConfigError
+from agent.runner import IpfsProbe, JobRunner, StepReporter
+from gridmarket.wire import (
+    Assignment,
+    ExecutorKind,
+    GpuGroup,
+    NodeCapacityIn,
+    RegisterResponse,
+    ResultReport,
+    RunReason,
+)
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from agent.executors.base import Executor
+    from agent.hardware import HardwareReport
+    from agent.storage.ipfs import IpfsStorage
+
+__all__ = [
+    "Agent",
+    "build_agent",
+    "build_runner",
+    "node_capacity",
+    "usable_executors",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_RUNNING_REPORTED = 64  # HeartbeatRequest.running
+
+
+# --------------------------------------------------------------------------- assembly
+
+
+def usable_executors(config: AgentConfig) -> tuple[list[ExecutorKind], list[str]]:
+    """The executors this node can serve now, and a note per one it cannot.
+
+    ``config.executors`` unset means "Docker if its engine answers, and WASM". Docker is
+    probed with a ping (5 s timeout); WASM needs only the ``wasmtime`` package. Raises
+    :class:`ConfigError` when nothing is left to serve.
+    """
+    wanted = config.executors or [ExecutorKind.DOCKER, ExecutorKind.WASM]
+    kinds: list[ExecutorKind] = []
+    notes: list[str] = []
+    for kind in wanted:
+        problem = _docker_problem(config) if kind is ExecutorKind.DOCKER else _wasm_problem()
+        if problem is None:
+            kinds.append(kind)
+        else:
+            notes.append(f"{kind} unavailable: {problem}")
+    if not kinds:
+        raise ConfigError("no executor can run here: " + "; ".join(notes))
+    return kinds, notes
+
+
+DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
+
+
+def _docker_problem(config: AgentConfig) -> str | None:
+    """Why the Docker engine cannot be used, or None. A plain ``GET /_ping`` over httpx (the
+    docker SDK and ``requests`` cost ~6 MB of RSS: they load only when a Docker job runs)."""
+    import httpx
+
+    host = config.docker_host or DEFAULT_DOCKER_HOST
+    parts = urlsplit(host)
+    if parts.scheme == "ssh":
+        return _docker_sdk_problem(host)
+    transport: httpx.HTTPTransport | None = None
+    if parts.scheme == "unix":
+        transport = httpx.HTTPTransport(uds=parts.path)
+        url = "http://docker/_ping"
+    else:
+        scheme = "https" if parts.scheme == "https" else "http"
+        url = f"{scheme}://{parts.netloc}/_ping"
+    try:
+        with httpx.Client(transport=transport, timeout=5, verify=False) as client:  # noqa: S501
+            response = client.get(url)
+    except httpx.HTTPError as exc:
+        return f"no Docker engine answers at {host} ({_root_cause(exc)})"
+    if response.status_code != 200:
+        return f"the Docker engine at {host} answered {response.status_code} to a ping"
+    return None
+
+
+def _docker_sdk_problem(host: str) -> str | None:
+    try:
+        import docker
+
+        client = docker.DockerClient(base_url=host, timeout=5)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:  # docker's, paramiko's and OS errors alike
+        return f"no Docker engine answers at {host} ({_root_cause(exc)})"
+    return None
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost cause of a wrapped error, in a few words."""
+    seen = exc
+    for _ in range(20):  # chains are short; never loop on a cyclic one
+        inner = seen.__cause__ or seen.__context__
+        if inner is None:
+            break
+        seen = next((a for a in inner.args if isinstance(a, OSError)), inner)
+    if isinstance(seen, OSError) and seen.strerror:
+        return seen.strerror
+    return _line(seen)
+
+
+def _wasm_problem() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("wasmtime") is None:  # pragma: no cover - a dependency
+        return "the wasmtime package is not installed"
+    return None
+
+
+def node_capacity(
+    config: AgentConfig, report: HardwareReport, executors: list[ExecutorKind]
+) -> Callable[[], NodeCapacityIn]:
+    """What this node offers, as a function: free disk is measured again at each call.
+
+    One GPU model per node (the wire's rule): the largest group of identical GPUs is offered.
+    """
+    gpu: GpuGroup | None = None
+    if report.gpu_groups:
+        group = report.gpu_groups[0]
+        name = next((g.name for g in report.gpus if g.tier.key == group.tier_key), "")
+        gpu = GpuGroup(
+            model=group.tier_key, name=name[:128], vram_mib=group.vram_mib, count=group.count
+        )
+        if len(report.gpu_groups) > 1:
+            log.warning(
+                "this machine has several GPU models; offering only %d x %s",
+                group.count,
+                group.tier_key,
+            )
+    region = config.require_region()
+    cores = config.cpu_cores or report.cpu_logical_cores
+    ram = config.ram_mib or report.ram_mib
+
+    def capacity() -> NodeCapacityIn:
+        return NodeCapacityIn(
+            gpu=gpu,
+            cpu_cores=cores,
+            ram_mib=ram,
+            disk_mib=_free_disk_mib(config.work_dir),
+            region=region,
+            price_floor_wei_per_hour=config.price_floor_wei_per_hour,
+            executors=list(executors),
+            slots=config.slots,
+        )
+
+    capacity()  # validate now: a bad value is a configuration error, not a registration one
+    return capacity
+
+
+def _free_disk_mib(path: Path) -> int:
+    import psutil
+
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return int(psutil.disk_usage(str(path)).free) // (1024 * 1024)
+
+
+def build_runner(
+    config: AgentConfig,
+    account: LocalAccount,
+    executors: list[ExecutorKind],
+    *,
+    steps: StepReporter | None = None,
+) -> JobRunner:
+    """A :class:`JobRunner` whose adapters (IPFS client, docker SDK, wasmtime) load lazily."""
+
+    def storage() -> IpfsStorage:
+        from agent.storage.ipfs import IpfsStorage
+
+        return IpfsStorage(config.ipfs_api)
+
+    def docker_executor() -> Executor:
+        from agent.executors.docker import DockerExecutor
+
+        return DockerExecutor(docker_host=config.docker_host)
+
+    def wasm_executor() -> Executor:
+        from agent.executors.wasm import WasmExecutor
+
+        return WasmExecutor()
+
+    factories: dict[ExecutorKind, Callable[[], Executor]] = {
+        ExecutorKind.DOCKER: docker_executor,
+        ExecutorKind.WASM: wasm_executor,
+    }
+    return JobRunner(
+        account,
+        storage=storage,  # IpfsStorage is its own context manager
+        executors={k: factories[k] for k in executors},
+        work_dir=config.work_dir,
+        max_dataset_bytes=config.max_dataset_bytes,
+        max_module_bytes=config.max_module_bytes,
+        storage_alive=IpfsProbe(config.ipfs_url),
+        steps=steps,
+    )
+
+
+def build_agent(
+    config: AgentConfig,
+    account: LocalAccount,
+    *,
+    report: HardwareReport | None = None,
+    steps: StepReporter | None = None,
+    on_registered: Callable[[RegisterResponse], None] | None = None,
+) -> Agent:
+    """The daemon for ``config``: detects hardware and executors, wires client and runner."""
+    from agent.client import agent_version
+    from agent.hardware import detect_hardware
+
+    kinds, notes = usable_executors(config)
+    for note in notes:
+        log.warning("%s: serving %s jobs only", note, " and ".join(kinds))
+    if report is None:
+        report = detect_hardware(config.work_dir)
+    capacity = node_capacity(config, report, kinds)
+    client = SchedulerClient(
+        config.scheduler_url,
+        account,
+        name=config.name,
+        capacity=capacity,
+        agent_version=agent_version(),
+        timeout_s=config.request_timeout_s,
+    )
+    runner = build_runner(config, account, kinds, steps=steps)
+    return Agent(
+        client,
+        runner,
+        slots=config.slots,
+        poll_wait_s=config.poll_wait_s,
+        heartbeat_interval_s=config.heartbeat_interval_s,
+        stop_grace_s=config.stop_grace_s,
+        report_flush_s=config.report_flush_s,
+        backoff=lambda: Backoff(config.backoff_base_s, config.backoff_cap_s),
+        storage_alive=IpfsProbe(config.ipfs_url),
+        on_registered=on_registered,
+    )
+
+
+# --------------------------------------------------------------------------- the daemon
+
+
+@dataclass
+class _Job:
+    assignment: Assignment
+    cancel: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    revoked: bool = False  # the scheduler said it is no longer ours: drop the result
+    handing_back: bool = False  # cancelled by the shutdown: give it back, do not report
+
+    @property
+    def job_id(self) -> str:
+        return self.assignment.job_id
+
+
+class Agent:
+    """The pull loop of one node. :meth:`run` blocks until :meth:`stop` (or a signal)."""
+
+    def __init__(
+        self,
+        client: SchedulerClient,
+        runner: JobRunner,
+        *,
+        slots: int = 1,
+        poll_wait_s: float = 20.0,
+        heartbeat_interval_s: float | None = None,
+        stop_grace_s: float = 60.0,
+        report_flush_s: float = 30.0,
+        backoff: Callable[[], Backoff] = Backoff,
+        storage_alive: Callable[[], bool] | None = None,
+        on_registered: Callable[[RegisterResponse], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.runner = runner
+        self.slots = slots
+        self.poll_wait_s = poll_wait_s
+        self.heartbeat_override = heartbeat_interval_s
+        self.stop_grace_s = stop_grace_s
+        self.report_flush_s = report_flush_s
+        self._backoff = backoff
+        self._storage_alive = storage_alive
+        self._on_registered = on_registered
+
+        self._lock = threading.Condition()
+        self._jobs: dict[str, _Job] = {}
+        self._unreported: dict[str, ResultReport] = {}
+        self._reports: queue.Queue[str | None] = queue.Queue()
+        self._stop = threading.Event()  # stop taking work
+        self._hurry = threading.Event()  # a second signal: no grace period
+        self._abort_reports = threading.Event()  # the flush time is over
+        self._heartbeat_wake = threading.Event()
+        self._heartbeat_stop = threading.Event()
+        self._storage_suspect = storage_alive is not None  # checked before the first poll
+        self.ready = threading.Event()  # registered and serving (for tests and status)
+        self.completed = 0  # results delivered or runs handed back
+
+    # ------------------------------------------------------------------ control
+
+    def stop(self, *, immediate: bool = False) -> None:
+        """Ask the daemon to stop (thread- and signal-safe). ``immediate``: no grace period."""
+        if immediate:
+            self._hurry.set()
+        self._stop.set()
+        with self._lock:
+            self._lock.notify_all()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self._stop.is_set():
+            log.warning("%s again: cancelling the running jobs now", name)
+            self.stop(immediate=True)
+        else:
+            log.info("%s: stopping (running jobs get %.0f s to finish)", name, self.stop_grace_s)
+            self.stop()
+
+    @property
+    def running(self) -> list[str]:
+        """Job ids this node holds: running, or finished with the result not yet delivered."""
+        with self._lock:
+            ids = list(self._jobs) + [j for j in self._unreported if j not in self._jobs]
+        return ids[:MAX_RUNNING_REPORTED]
+
+    # ------------------------------------------------------------------ main
+
+    def run(self, *, install_signals: bool = True) -> int:
+        """Serve until stopped; 0 after a clean shutdown.
+
+        Raises :class:`agent.client.SchedulerRejectedError` when the scheduler refuses the
+        registration (bad signature, not a provider on-chain, not staked): a configuration
+        problem that retrying cannot fix.
+        """
+        if install_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_signal)
+        removed = self.runner.clean_leftovers()
+        if removed:
+            log.info("removed %d job directories left by a previous run", removed)
+        try:
+            registration = retry_call(
+                self.client.register, backoff=self._backoff(), stop=self._stop, what="registration"
+            )
+        except SchedulerUnavailableError:
+            if self._stop.is_set():
+                log.info("stopped before the scheduler could be reached")
+                return 0
+            raise
+        if self._on_registered is not None:
+            self._on_registered(registration)
+        log.info(
+            "serving as node %s: %d slot(s), executors %s",
+            registration.node_id,
+            self.slots,
+            ", ".join(sorted(self.runner.kinds)),
+        )
+        heartbeat = _thread("heartbeat", self._heartbeat_loop)
+        reporter = _thread("reporter", self._report_loop)
+        poller = _thread("poll", self._poll_loop)
+        self.ready.set()
+        self._stop.wait()
+        self._shutdown(poller)
+        self._reports.put(None)  # the reporter ends after the queue drains
+        reporter.join(self.report_flush_s)
+        if reporter.is_alive():
+            self._abort_reports.set()
+            reporter.join(30)
+        with self._lock:
+            lost = list(self._unreported)
+        if lost:
+            log.error("%d result(s) could not be delivered: %s", len(lost), ", ".join(lost))
+        self._heartbeat_stop.set()
+        self._heartbeat_wake.set()
+        heartbeat.join(30)
+        self.client.close()
+        log.info("stopped")
+        return 0
+
+    def _shutdown(self, poller: threading.Thread) -> None:
+        """Stop polling; running jobs get the grace period, then are cancelled and handed back."""
+        with self._lock:
+            jobs = list(self._jobs.values())
+        if jobs:
+            log.info("waiting up to %.0f s for %d running job(s)", self.stop_grace_s, len(jobs))
+        deadline = time.monotonic() + self.stop_grace_s
+        for job in jobs:
+            while job.thread is not None and job.thread.is_alive():
+                left = deadline - time.monotonic()
+                if left <= 0 or self._hurry.is_set():
+                    break
+                job.thread.join(min(left, 0.5))
+        with self._lock:
+            jobs = list(self._jobs.values())
+            for job in jobs:
+                job.handing_back = True
+                job.cancel.set()
+        for job in jobs:
+            log.info("job %s: cancelled by the shutdown, handing it back", _short(job.job_id))
+        for job in jobs:
+            if job.thread is not None:
+                job.thread.join()
+        poller.join(self.poll_wait_s + self.client.timeout_s + 5)
+
+    # ------------------------------------------------------------------ poll
+
+    def _poll_loop(self) -> None:
+        backoff = self._backoff()
+        while not self._stop.is_set():
+            with self._lock:
+                while len(self._jobs) >= self.slots and not self._stop.is_set():
+                    self._lock.wait()
+            if self._stop.is_set():
+                break
+            if self._storage_suspect and not self._wait_for_storage(backoff):
+                break
+            try:
+                got = self.client.next_job(self.poll_wait_s)
+            except SchedulerUnavailableError as exc:
+                self._pause(backoff, exc, exc.retry_after)
+                continue
+            except SchedulerRejectedError as exc:
+                if exc.status == 409:  # "offline: heartbeat first" (we were silent too long)
+                    self._heartbeat_wake.set()
+                elif exc.status == 404:  # the scheduler forgot us: register again
+                    self._reregister()
+                self._pause(backoff, exc)
+                continue
+            except SchedulerError as exc:
+                self._pause(backoff, exc)
+                continue
+            backoff.reset()
+            if isinstance(got, float):
+                self._stop.wait(got)
+                continue
+            if self._stop.is_set():
+                log.info("job %s arrived during shutdown: handing it back", _short(got.job_id))
+                self._hand_back(got.job_id)
+                break
+            self._start(got)
+
+    def _pause(self, backoff: Backoff, exc: Exception, hint: float | None = None) -> None:
+        delay = max(backoff.next_delay(), hint or 0.0)
+        log.warning("polling for work failed (%s); next try in %.1f s", exc, delay)
+        self._stop.wait(delay)
+
+    def _wait_for_storage(self, backoff: Backoff) -> bool:
+        """Block until the IPFS daemon answers (False when stopped meanwhile)."""
+        assert self._storage_alive is not None
+        warned = False
+        while not self._stop.is_set():
+            if self._storage_alive():
+                if warned:
+                    log.info("the IPFS daemon answers again: taking work")
+                self._storage_suspect = False
+                backoff.reset()
+                return True
+            delay = backoff.next_delay()
+            if not warned:
+                log.warning("the IPFS daemon does not answer: taking no work until it does")
+                warned = True
+            self._stop.wait(delay)
+        return False
+
+    def _reregister(self) -> None:
+        try:
+            self.client.register()
+        except SchedulerError as exc:
+            log.warning("registering again failed: %s", exc)
+
+    def _start(self, assignment: Assignment) -> None:
+        job = _Job(assignment)
+        log.info(
+            "job %s (attempt %d): %s %s",
+            _short(job.job_id),
+            assignment.attempt,
+            assignment.spec.executor,
+            assignment.spec.image or assignment.spec.module_cid,
+        )
+        with self._lock:
+            self._jobs[job.job_id] = job
+        job.thread = _thread(f"job-{job.job_id[2:10]}", lambda: self._work(job))
+
+    # ------------------------------------------------------------------ work
+
+    def _work(self, job: _Job) -> None:
+        try:
+            report = self.runner.run(job.assignment, job.cancel)
+        except Exception:  # run() reports its own failures; this is a bug: keep serving
+            log.exception("job %s: the runner crashed", _short(job.job_id))
+            report = None
+        handing_back = job.handing_back and (report is None or report.reason is RunReason.CANCELLED)
+        with self._lock:
+            if report is not None and not job.revoked and not handing_back:
+                self._unreported[job.job_id] = report
+            del self._jobs[job.job_id]
+            self._lock.notify_all()
+        if report is not None and report.reason is RunReason.AGENT_ERROR:
+            self._storage_suspect = self._storage_alive is not None
+        if job.revoked:
+            log.info("job %s: no longer ours (scheduler); result dropped", _short(job.job_id))
+        elif handing_back:
+            self._hand_back(job.job_id)
+        elif report is not None:
+            self._reports.put(job.job_id)
+        else:
+            self._hand_back(job.job_id)
+
+    def _hand_back(self, job_id: str) -> None:
+        deadline = time.monotonic() + max(self.report_flush_s, 1.0)
+        try:
+            retry_call(
+                lambda: self.client.hand_back(job_id),
+                backoff=self._backoff(),
+                deadline=deadline,
+                what=f"hand-back of {_short(job_id)}",
+            )
+        except SchedulerError as exc:
+            log.warning("job %s: hand-back failed (%s); its lease will expire", _short(job_id), exc)
+            return
+        with self._lock:
+            self.completed += 1
+        log.info("job %s: handed back", _short(job_id))
+
+    def _report_loop(self) -> None:
+        while True:
+            job_id = self._reports.get()
+            if job_id is None:
+                return
+            with self._lock:
+                report = self._unreported.get(job_id)
+            if report is None:
+                continue  # revoked meanwhile
+            try:
+                ack = retry_call(
+                    functools.partial(self.client.report_result, job_id, report),
+                    backoff=self._backoff(),
+                    stop=self._abort_reports,
+                    what=f"result of {_short(job_id)}",
+                )
+            except SchedulerUnavailableError as exc:
+                log.error("job %s: result not delivered before exit (%s)", _short(job_id), exc)
+                continue
+            except SchedulerRejectedError as exc:
+                log.warning("job %s: the scheduler refused the result: %s", _short(job_id), exc)
+            except SchedulerError as exc:
+                log.warning("job %s: result sent, odd answer: %s", _short(job_id), exc)
+            else:
+                log.info(
+                    "job %s: result %s delivered (%s)", _short(job_id), report.reason, ack.status
+                )
+            with self._lock:
+                self.completed += 1
+                self._unreported.pop(job_id, None)
+
+    # ------------------------------------------------------------------ heartbeat
+
+    def _interval(self) -> float:
+        if self.heartbeat_override is not None:
+            return self.heartbeat_override
+        registration = self.client.registration
+        return registration.heartbeat_interval_s if registration is not None else 5.0
+
+    def _heartbeat_loop(self) -> None:
+        backoff = self._backoff()
+        interval = self._interval()
+        while not self._heartbeat_stop.is_set():
+            self._heartbeat_wake.wait(interval)
+            self._heartbeat_wake.clear()
+            if self._heartbeat_stop.is_set():
+                return
+            try:
+                answer = self.client.heartbeat(self.running, _load())
+            except SchedulerRejectedError as exc:
+                if exc.status == 404:
+                    self._reregister()
+                log.warning("heartbeat refused: %s", exc)
+                interval = min(self._interval(), max(0.5, backoff.next_delay()))
+                continue
+            except SchedulerError as exc:
+                log.warning("heartbeat failed: %s", exc)
+                interval = min(self._interval(), max(0.5, backoff.next_delay()))
+                continue
+            backoff.reset()
+            self._cancel_revoked(answer.cancel)
+            interval = self.heartbeat_override or answer.next_heartbeat_s
+
+    def _cancel_revoked(self, job_ids: list[str]) -> None:
+        with self._lock:
+            for job_id in job_ids:
+                job = self._jobs.get(job_id)
+                if job is not None and not job.revoked:
+                    log.warning("job %s: the scheduler took it back; cancelling", _short(job_id))
+                    job.revoked = True
+                    job.cancel.set()
+                elif self._unreported.pop(job_id, None) is not None:
+                    log.warning("job %s: the scheduler took it back; result dropped", job_id)
+
+
+def _thread(name: str, target: Callable[[], None]) -> threading.Thread:
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def _load() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # pragma: no cover - not on Linux
+        return None
+
+
+def _short(job_id: str) -> str:
+    return job_id[:10]
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

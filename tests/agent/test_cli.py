@@ -1,0 +1,218 @@
+"""The ``gridmarket-agent`` CLI, the keystore and the configuration, on this CPU-only machine.
+
+Commands run in-process (typer's runner) and, where exit codes and stderr matter, as a real
+``python -m agent.cli`` process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from eth_account import Account
+from typer.testing import CliRunner
+
+from agent.cli import app
+from agent.config import ConfigError, load_config, multiaddr_to_url
+from agent.keystore import KeystoreError, create_keystore, keystore_address, load_account
+from gridmarket.devstack.dockerd import Dockerd
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "0x" + "3c" * 32
+
+
+@pytest.fixture(autouse=True)
+def _keep_root_logging() -> Iterator[None]:
+    """In-process commands configure logging on the runner's stderr; restore it afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m agent.cli ARGS`` in a clean environment (no GRIDMARKET_AGENT_* leaks in)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GRIDMARKET_AGENT_")}
+    base.pop("DOCKER_HOST", None)
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**base, **(env or {})},
+        timeout=60,
+        check=False,
+    )
+
+
+# --------------------------------------------------------------------------- keystore
+
+
+def test_keystore_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "keys" / "keystore.json"
+    address = create_keystore(path, "s3cret", private_key=KEY, iterations=2**10)
+    assert address == Account.from_key(KEY).address
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert load_account(path, "s3cret").key.hex().removeprefix("0x") == KEY[2:]
+    assert keystore_address(path) == address  # readable without the password
+    with pytest.raises(KeystoreError, match="wrong password"):
+        load_account(path, "guess")
+
+
+def test_keystore_refuses_to_overwrite(tmp_path: Path) -> None:
+    path = tmp_path / "keystore.json"
+    first = create_keystore(path, "pw", iterations=2**10)
+    with pytest.raises(KeystoreError, match="refusing to overwrite"):
+        create_keystore(path, "pw", private_key=KEY, iterations=2**10)
+    assert keystore_address(path) == first  # untouched
+    assert create_keystore(path, "pw", private_key=KEY, force=True, iterations=2**10) != first
+
+
+def test_keystore_errors_name_the_problem(tmp_path: Path) -> None:
+    with pytest.raises(KeystoreError, match="gridmarket-agent init"):
+        load_account(tmp_path / "absent.json", "pw")
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(KeystoreError, match="not an Ethereum keystore"):
+        load_account(tmp_path / "bad.json", "pw")
+    with pytest.raises(KeystoreError, match="not be empty"):
+        create_keystore(tmp_path / "k.json", "")
+    with pytest.raises(KeystoreError, match="not a valid private key"):
+        create_keystore(tmp_path / "k.json", "pw", private_key="0x1234")
+
+
+def test_init_creates_then_refuses_then_forces(tmp_path: Path) -> None:
+    keystore = tmp_path / "ks.json"
+    env = {"GRIDMARKET_AGENT_PASSWORD": "pw", "GRIDMARKET_AGENT_KEYSTORE": str(keystore)}
+    made = cli("init", env=env)
+    assert made.returncode == 0, made.stderr
+    assert "created wallet 0x" in made.stdout
+    assert stat.S_IMODE(keystore.stat().st_mode) == 0o600
+    address = keystore_address(keystore)
+
+    again = cli("init", env=env)
+    assert again.returncode == 1
+    assert again.stderr.strip().startswith("error: ") and "--force" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1  # one line, no traceback
+    assert keystore_address(keystore) == address
+
+    key_file = tmp_path / "key.txt"
+    key_file.write_text(KEY + "\n")
+    forced = cli("init", "--force", "--private-key-file", str(key_file), env=env)
+    assert forced.returncode == 0, forced.stderr
+    assert f"imported wallet {Account.from_key(KEY).address}" in forced.stdout
+    assert load_account(keystore, "pw").address == Account.from_key(KEY).address
+
+
+def test_init_without_a_password_fails_clearly(tmp_path: Path) -> None:
+    done = cli("init", "--keystore", str(tmp_path / "k.json"))
+    assert done.returncode == 1
+    assert "GRIDMARKET_AGENT_PASSWORD" in done.stderr and "Traceback" not in done.stderr
+
+
+# --------------------------------------------------------------------------- detect
+
+
+def test_detect_json_on_this_cpu_only_machine(tmp_path: Path) -> None:
+    done = cli("detect", "--json", "--work-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["gpus"] == [] and report["gpu_source"] == "none"
+    assert "reporting CPU-only" in report["gpu_detection"]
+    assert report["node_tier"] == "cpu" and report["tier_guessed"] is False
+    assert report["cpu_logical_cores"] >= 1 and report["ram_mib"] > 0
+    assert report["disk_free_mib"] > 0 and report["work_dir"] == str(tmp_path)
+    assert report["executors"] == ["wasm"]  # no engine at the default socket here
+    assert report["executor_notes"][0].startswith("docker unavailable")
+
+
+def test_detect_sees_a_running_docker_engine(dockerd: Dockerd) -> None:
+    done = cli("detect", "--json", env={"DOCKER_HOST": dockerd.host})
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["executors"] == ["docker", "wasm"] and report["executor_notes"] == []
+
+
+def test_detect_plain_text_when_not_a_terminal() -> None:
+    result = CliRunner().invoke(app, ["detect"])
+    assert result.exit_code == 0, result.output
+    assert "gpus: none (CPU-only)" in result.output and "node tier: cpu" in result.output
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_config_file_env_and_flags_in_that_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    toml = tmp_path / "agent.toml"
+    toml.write_text(
+        'scheduler_url = "http://sched.example:8700/"\nslots = 2\nregion = "eu-west"\n'
+        'executors = ["wasm"]\nwork-dir = "~/gm-work"\n'
+    )
+    monkeypatch.setenv("GRIDMARKET_AGENT_SLOTS", "3")
+    config = load_config(toml, region="us")
+    assert config.scheduler_url == "http://sched.example:8700"  # trailing slash dropped
+    assert config.slots == 3  # env beats file
+    assert config.region == "us"  # flag beats env and file
+    assert config.executors == ["wasm"]
+    assert config.work_dir == Path("~/gm-work").expanduser()
+    yaml_file = tmp_path / "agent.yaml"
+    yaml_file.write_text("region: jp\nprice_floor_wei_per_hour: 1000\n")
+    assert load_config(yaml_file).price_floor_wei_per_hour == 1000
+
+
+def test_config_errors_name_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "agent.toml"
+    bad.write_text('schedular_url = "http://x"\n')
+    with pytest.raises(ConfigError, match=r"unknown setting.*schedular_url"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match=r"region.*unknown region 'mars'"):
+        load_config(region="mars")
+    with pytest.raises(ConfigError, match="scheduler_url"):
+        load_config(scheduler_url="ftp://x")
+    with pytest.raises(ConfigError, match="region is not set"):
+        load_config().require_region()
+
+
+def test_config_password_from_file(tmp_path: Path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("from-file\nignored\n")
+    assert load_config(password_file=secret).read_password() == "from-file"
+    assert load_config(password="direct", password_file=secret).read_password() == "direct"
+
+
+def test_multiaddr_to_url() -> None:
+    assert multiaddr_to_url("/ip4/127.0.0.1/tcp/5001/http") == "http://127.0.0.1:5001"
+    assert multiaddr_to_url("/dns/ipfs.local/tcp/443/https") == "https://ipfs.local:443"
+    assert multiaddr_to_url("/ip6/::1/tcp/5001") == "http://[::1]:5001"
+    for bad in ("/ip4/1.2.3.4/udp/1/http", "/ip4/1.2.3.4/tcp/x/http", "http://x"):
+        with pytest.raises(ValueError):
+            multiaddr_to_url(bad)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "agent.toml"
+    bad.write_text("slots = [")
+    for args, expected in [
+        (("--config", str(bad), "detect"), "not valid TOML"),
+        (("status", "--scheduler-url", "http://127.0.0.1:9"), "has not registered yet"),
+        (("register", "--region", "us"), "no keystore at"),
+    ]:
+        env = {"GRIDMARKET_AGENT_WORK_DIR": str(tmp_path), "GRIDMARKET_AGENT_PASSWORD": "pw"}
+        env["GRIDMARKET_AGENT_KEYSTORE"] = str(tmp_path / "none.json")
+        done = cli(*args, env=env)
+        assert done.returncode == 1, (args, done.stdout, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
