@@ -19,9 +19,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import ipfshttpclient
-import ipfshttpclient.exceptions
-
 from gridmarket.cid import CidError, bytes_cid, normalize_cid, params_for, path_cid
 
 log = logging.getLogger(__name__)
@@ -87,6 +84,9 @@ class IpfsStore:
         max_entries: int = 100_000,
     ) -> None:
         """``api_addr`` is the daemon's RPC multiaddr; ``resolve_timeout`` bounds finding a CID."""
+        import ipfshttpclient  # here, not at the top: an idle agent does not pay for it
+
+        self._errors = ipfshttpclient.exceptions
         # Client() directly: ipfshttpclient.connect() refuses daemons newer than it knows.
         self._client = ipfshttpclient.Client(api_addr, timeout=timeout)
         self.api_addr = api_addr
@@ -145,11 +145,11 @@ class IpfsStore:
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except ipfshttpclient.exceptions.TimeoutError as exc:
+        except self._errors.TimeoutError as exc:
             raise self.error(f"IPFS {what} timed out ({exc}): is the content reachable?") from exc
-        except ipfshttpclient.exceptions.ConnectionError as exc:
+        except self._errors.ConnectionError as exc:
             raise self.error(f"IPFS daemon at {self.api_addr} unreachable: {exc}") from exc
-        except ipfshttpclient.exceptions.Error as exc:
+        except self._errors.Error as exc:
             raise self.error(f"IPFS {what} failed: {exc}") from exc
 
     def _stat(self, cid: str) -> tuple[str, int]:
@@ -167,7 +167,7 @@ class IpfsStore:
                 for chunk in chunks:
                     budget.add_bytes(len(chunk))
                     out.write(chunk)
-            except ipfshttpclient.exceptions.Error as exc:
+            except self._errors.Error as exc:
                 raise self.error(f"IPFS cat of {cid} failed: {exc}") from exc
             finally:
                 close = getattr(chunks, "close", None)
@@ -286,7 +286,7 @@ class IpfsStore:
                     raise self.too_large_error(
                         f"{self.noun} {cid} is over the {max_bytes}-byte cap"
                     )
-        except ipfshttpclient.exceptions.Error as exc:
+        except self._errors.Error as exc:
             raise self.error(f"IPFS cat of {cid} failed: {exc}") from exc
         finally:
             close = getattr(chunks, "close", None)

@@ -102,6 +102,8 @@ HexSignature = Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{130}$")
 Region = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,31}$")]
 NodeName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 Wei = Annotated[int, Field(ge=0, lt=2**96)]
+LogTail = Annotated[str, StringConstraints(strip_whitespace=False, max_length=MAX_LOG_CHARS)]
+"""Log text is kept as the job wrote it (the models strip other strings)."""
 
 
 def _cid(value: str) -> str:
@@ -477,8 +479,8 @@ class ResultReport(BaseModel):
     output_cid: str | None = None
     output_bytes: int = Field(0, ge=0)
     signature: HexSignature | None = None
-    stdout_tail: str = Field("", max_length=MAX_LOG_CHARS)
-    stderr_tail: str = Field("", max_length=MAX_LOG_CHARS)
+    stdout_tail: LogTail = ""
+    stderr_tail: LogTail = ""
 
     @field_validator("output_cid")
     @classmethod

@@ -126,8 +126,8 @@ def test_docker_job_with_dataset_is_uploaded_and_signed(
 
     assert report.reason is RunReason.SUCCEEDED, report
     assert report.exit_code == 0 and report.attempt == 2
-    # the wire's models strip surrounding whitespace (str_strip_whitespace), log tails included
-    assert report.stdout_tail == "done" and report.stderr_tail == "note"
+    # log tails are kept as written (the wire strips other strings, not these)
+    assert report.stdout_tail == "done\n" and report.stderr_tail == "note\n"
     assert report.output_bytes == len(b"HELLO GRIDMARKET\n")
     assert report.output_cid == expected_cid(tmp_path, {"upper.txt": b"HELLO GRIDMARKET\n"})
     back = tmp_path / "fetched"
@@ -161,7 +161,7 @@ def test_wasm_job_whose_module_comes_from_ipfs(
     report = runner.run(job)
 
     assert report.reason is RunReason.SUCCEEDED, report
-    assert report.stdout_tail == "ok"
+    assert report.stdout_tail == "ok\n"
     assert report.output_cid == expected_cid(tmp_path, {"upper.txt": b"HELLO GRIDMARKET\n"})
     assert report.signature is not None
     signer = recover_result_signer(
@@ -233,8 +233,8 @@ def test_exit_code_keeps_the_log_tails(runner: JobRunner, test_image: str) -> No
     script = "printf 'bad \\377 byte\\n'; echo failing >&2; exit 3"
     report = runner.run(assignment(docker_spec(test_image, script)))
     assert report.reason is RunReason.EXIT_CODE and report.exit_code == 3
-    assert report.stdout_tail == "bad \ufffd byte"  # invalid UTF-8 replaced, not an error
-    assert report.stderr_tail == "failing"
+    assert report.stdout_tail == "bad \ufffd byte\n"  # invalid UTF-8 replaced, not an error
+    assert report.stderr_tail == "failing\n"
 
 
 def test_cancel_stops_a_running_job(runner: JobRunner, test_image: str) -> None:
