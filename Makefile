@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED := 1
 
 PY := $(CURDIR)/.venv/bin/python
 
-.PHONY: help setup demo demo-escrow test lint typecheck pytest compile bench-gas clean
+.PHONY: help setup demo demo-escrow up down test lint typecheck pytest compile bench-gas clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -22,6 +22,12 @@ compile: setup ## compile the contracts with the offline npm solc
 
 demo: setup ## the whole grid on a local devnet doing real jobs, end to end
 	$(PY) scripts/demo.py
+
+up: setup ## start the whole grid and leave it running (see .run/grid/grid.json)
+	$(PY) scripts/grid.py up
+
+down: ## stop the grid `make up` started
+	$(PY) scripts/grid.py down
 
 demo-escrow: setup ## one job's on-chain life, step by step, with gas and balances
 	$(PY) scripts/demo_escrow.py

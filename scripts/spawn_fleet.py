@@ -1,0 +1,250 @@
+"""N simulated provider nodes with the seeds' tier mix, for load and for watching the fleet view.
+
+    make up && python scripts/spawn_fleet.py --nodes 50 --seconds 120
+
+Each node gets its own wallet (funded from anvil's first dev account, registered and staked on
+the escrow), registers with the scheduler with a signed registration, heartbeats on the
+scheduler's schedule and long-polls for work. Nodes are simulated, the protocol is not: a job a
+node takes is "run" for a short while, then the node adds a small real output to IPFS, signs its
+CID (EIP-712) and reports it, so the scheduler verifies and the escrow pays as for a real agent.
+
+Tier mix (the seeds' table): RTX 4090, 3090, 4070, 3060 and CPU-only in equal parts, spread over
+the pricing regions. Settings default to the running ``make up`` grid (.run/grid/grid.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+from web3 import Web3
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gridmarket.chain import Deployment, EscrowClient  # noqa: E402
+from gridmarket.devstack.anvil import dev_accounts  # noqa: E402
+from gridmarket.devstack.images import BUSYBOX_IMAGE  # noqa: E402
+from gridmarket.eip712 import sign_result  # noqa: E402
+from gridmarket.ipfs import IpfsStore  # noqa: E402
+from gridmarket.tiers import REGIONS, TIERS  # noqa: E402
+from gridmarket.wire import (  # noqa: E402
+    API,
+    GpuGroup,
+    JobSpec,
+    NodeCapacityIn,
+    NodeRegistration,
+    RegisterRequest,
+    sign_registration,
+)
+
+MIX = ["rtx-4090", "rtx-3090", "rtx-4070", "rtx-3060", "cpu"]
+
+
+def capacity(tier_key: str, region: str) -> NodeCapacityIn:
+    tier = TIERS[tier_key]
+    gpu = None
+    if tier_key != "cpu":
+        gpu = GpuGroup(model=tier.key, name=tier.name, vram_mib=tier.vram_mib, count=1)
+    return NodeCapacityIn(
+        gpu=gpu,
+        cpu_cores=8 if gpu else 4,
+        ram_mib=32768 if gpu else 8192,
+        disk_mib=200_000,
+        region=region,
+        executors=["docker", "wasm"],
+        price_floor_wei_per_hour=0,
+    )
+
+
+def fund_and_register(
+    escrow: EscrowClient, w3: Web3, funder: LocalAccount, n: int
+) -> list[LocalAccount]:
+    accounts = [Account.from_key(secrets.token_bytes(32)) for _ in range(n)]
+    nonce = w3.eth.get_transaction_count(funder.address, "pending")
+    hashes = []
+    for i, acct in enumerate(accounts):
+        tx = {
+            "to": acct.address,
+            "value": 10**18,
+            "gas": 21000,
+            "gasPrice": w3.eth.gas_price,
+            "nonce": nonce + i,
+            "chainId": w3.eth.chain_id,
+        }
+        raw = funder.sign_transaction(cast(Any, tx)).raw_transaction
+        hashes.append(w3.eth.send_raw_transaction(raw))
+    for h in hashes:
+        w3.eth.wait_for_transaction_receipt(h)
+    stake = int(escrow.call("minStake"))
+    for acct in accounts:
+        escrow.send(acct, "registerProvider", "bafkreisimulatednode", value=stake)
+    return accounts
+
+
+def submit(escrow: EscrowClient, ipfs: IpfsStore, count: int, over_s: float) -> None:
+    """Fund ``count`` small jobs from the first submitter, spread over ``over_s`` seconds."""
+    submitter = Account.from_key(dev_accounts(4)[3])
+    spec = JobSpec.model_validate(
+        {"name": "fleet load", "executor": "docker", "image": BUSYBOX_IMAGE, "command": ["true"]}
+    )
+    spec_cid = ipfs.add_bytes(spec.to_bytes())
+    for _ in range(count):
+        now = int(escrow.w3.eth.get_block("latest")["timestamp"])
+        escrow.create_job(submitter, secrets.token_bytes(32), spec_cid, now + 3600, 10**15)
+        time.sleep(over_s / count)
+
+
+class Node:
+    def __init__(
+        self, http: httpx.AsyncClient, base: str, account: LocalAccount, name: str,
+        cap: NodeCapacityIn, ipfs: IpfsStore, stats: dict[str, int],
+    ) -> None:  # fmt: skip
+        self.http, self.base, self.account, self.name, self.cap = http, base, account, name, cap
+        self.ipfs, self.stats = ipfs, stats
+        self.node_id = self.token = ""
+        self.running: list[str] = []
+
+    async def register(self, chain_id: int, escrow: str) -> None:
+        reg = NodeRegistration(
+            wallet=self.account.address,
+            name=self.name,
+            capacity=self.cap,
+            agent_version="spawn_fleet",
+            nonce=time.time_ns(),
+            expiry=int(time.time()) + 300,
+        )
+        body = RegisterRequest(
+            registration=reg, signature=sign_registration(self.account, chain_id, escrow, reg)
+        )
+        r = await self.http.post(self.base + API.REGISTER, json=body.model_dump(mode="json"))
+        r.raise_for_status()
+        self.node_id, self.token = r.json()["node_id"], r.json()["token"]
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    async def heartbeats(self, interval: float, until: float) -> None:
+        while time.monotonic() < until:
+            await self.http.post(
+                self.base + API.HEARTBEAT.format(node_id=self.node_id),
+                json={"running": self.running},
+                headers=self.auth,
+            )
+            self.stats["heartbeats"] += 1
+            await asyncio.sleep(interval)
+
+    async def work(self, until: float, run_s: float) -> None:
+        while time.monotonic() < until:
+            r = await self.http.post(
+                self.base + API.NEXT_JOB.format(node_id=self.node_id),
+                params={"wait_s": 5},
+                headers=self.auth,
+                timeout=20,
+            )
+            if r.status_code == 204:
+                continue
+            r.raise_for_status()
+            a = r.json()
+            self.running.append(a["job_id"])
+            self.stats["taken"] += 1
+            await asyncio.sleep(run_s * random.uniform(0.5, 1.5))  # noqa: S311
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "out"
+                out.mkdir()
+                (out / "result.txt").write_text(
+                    f"job {a['job_id']} attempt {a['attempt']} simulated on {self.name}\n"
+                )
+                cid = await asyncio.to_thread(self.ipfs.add_dir, out)
+            sig = sign_result(
+                self.account,
+                a["chain_id"],
+                a["escrow"],
+                bytes.fromhex(a["job_id"][2:]),
+                a["attempt"],
+                cid,
+            )
+            r = await self.http.post(
+                self.base + API.RESULT.format(node_id=self.node_id, job_id=a["job_id"]),
+                json={
+                    "attempt": a["attempt"],
+                    "reason": "succeeded",
+                    "exit_code": 0,
+                    "duration_s": run_s,
+                    "output_cid": cid,
+                    "signature": "0x" + sig.hex(),
+                },
+                headers=self.auth,
+            )
+            self.running.remove(a["job_id"])
+            self.stats["reported" if r.status_code == 202 else "refused"] += 1
+
+
+async def fleet(args: argparse.Namespace, grid: dict[str, Any]) -> dict[str, int]:
+    deployment = Deployment.load(Path(grid["deployment_file"]))
+    w3 = Web3(Web3.HTTPProvider(grid["rpc_url"]))
+    escrow = EscrowClient(w3, deployment)
+    funder = Account.from_key(dev_accounts(1)[0])
+    print(f"funding and registering {args.nodes} wallets on-chain ...", flush=True)
+    accounts = await asyncio.to_thread(fund_and_register, escrow, w3, funder, args.nodes)
+    ipfs = IpfsStore(grid["ipfs_api"])
+    stats = {"heartbeats": 0, "taken": 0, "reported": 0, "refused": 0}
+    regions = sorted(REGIONS)
+    limits = httpx.Limits(max_connections=2 * args.nodes + 10)
+    async with httpx.AsyncClient(limits=limits, timeout=30) as http:
+        info = (await http.get(grid["scheduler_url"] + API.INFO)).json()
+        nodes = [
+            Node(
+                http,
+                grid["scheduler_url"],
+                acct,
+                f"sim-{i:04d}",
+                capacity(MIX[i % len(MIX)], regions[i % len(regions)]),
+                ipfs,
+                stats,
+            )
+            for i, acct in enumerate(accounts)
+        ]
+        await asyncio.gather(*(n.register(info["chain_id"], info["escrow"]) for n in nodes))
+        print(f"{len(nodes)} nodes registered; running {args.seconds:.0f} s", flush=True)
+        until = time.monotonic() + args.seconds
+        tasks = [n.heartbeats(info["heartbeat_interval_s"], until) for n in nodes]
+        tasks += [n.work(until, args.job_seconds) for n in nodes]
+        if args.jobs:
+            tasks.append(asyncio.to_thread(submit, escrow, ipfs, args.jobs, args.seconds / 2))
+        await asyncio.gather(*tasks)
+    ipfs.close()
+    return stats
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=25)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--jobs", type=int, default=0, help="also fund this many small jobs")
+    ap.add_argument("--job-seconds", type=float, default=2.0, help="simulated run time per job")
+    ap.add_argument("--grid", type=Path, default=ROOT / ".run" / "grid" / "grid.json")
+    args = ap.parse_args()
+    if not args.grid.exists():
+        print(f"{args.grid} not found: start the grid first (`make up`)")
+        return 1
+    grid = json.loads(args.grid.read_text())
+    stats = asyncio.run(fleet(args, grid))
+    print(json.dumps(stats))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
