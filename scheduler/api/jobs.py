@@ -53,7 +53,7 @@ async def list_jobs(
     submitter: str | None = Query(None, pattern=r"^0x[0-9a-fA-F]{40}$"),
     node_id: str | None = Query(None, max_length=24),
     limit: int = Query(100, ge=1, le=1000),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=10**9),
 ) -> dict[str, Any]:
     """Jobs, newest first, with counts by state."""
     rows = await asyncio.to_thread(

@@ -236,7 +236,7 @@ async def list_nodes(
     store: StoreDep,
     status_: str | None = Query(None, alias="status", pattern="^(online|offline)$"),
     limit: int = Query(200, ge=1, le=5000),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=10**9),
 ) -> dict[str, Any]:
     """Registered nodes (the fleet view), with counts by status."""
     rows = await asyncio.to_thread(store.nodes, status=status_, limit=limit, offset=offset)
