@@ -246,7 +246,11 @@ class Dispatcher:
 
         self._pending_reasons = []
         won = self.store.dispatch(
-            decide, limit=self.settings.dispatch_batch, lease_ttl=self.settings.lease_ttl_s
+            decide,
+            limit=self.settings.dispatch_batch,
+            window=16 + 2 * len(self._waiters),
+            wants_more=lambda: len(self.engine) > 0,
+            lease_ttl=self.settings.lease_ttl_s,
         )
         self.rounds += 1
         self.claims += len(won)

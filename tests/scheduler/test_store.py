@@ -8,6 +8,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -230,3 +231,23 @@ def test_concurrent_claims_across_two_replicas_are_exactly_once(db_url: str) -> 
         print(f"{db_url.split(':')[0]}: 400 claims in {elapsed:.2f}s")
     for r in replicas:
         r.close()
+
+
+def test_windowed_round_reaches_past_jobs_nobody_fits(store: Store) -> None:
+    """A round reads a few jobs at a time, but goes on while nodes wait: a job deep in the
+    queue still reaches a node when the jobs ahead of it fit nobody."""
+    ids = queue_jobs(store, 10)
+    n = node(store)
+    seen: list[int] = []
+
+    def only_the_last(rows: list[Any]) -> list[Claim]:
+        seen.append(len(rows))
+        return [Claim(r.job_id, n) for r in rows if r.job_id == ids[-1]]
+
+    won = store.dispatch(only_the_last, limit=100, window=3, wants_more=lambda: True, lease_ttl=30)
+    assert [c.job.job_id for c in won] == [ids[-1]]
+    assert seen == [3, 3, 3, 1]
+    # and a round with nobody left waiting stops after its first window
+    seen.clear()
+    store.dispatch(only_the_last, limit=100, window=3, wants_more=lambda: False, lease_ttl=30)
+    assert seen == [3]
