@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,13 +35,16 @@ def ipfs(ipfs_daemon) -> Iterator[IpfsStore]:  # type: ignore[no-untyped-def]
 def grid(
     tmp_path: Path,
     devnet: Devnet,
-    ipfs_daemon,
-    ipfs: IpfsStore,  # type: ignore[no-untyped-def]
+    ipfs_daemon: Any,
+    ipfs: IpfsStore,
+    db_url: str,
 ) -> Iterator[tuple[Server, EscrowClient]]:
+    """A scheduler on a fresh escrow, once on SQLite and once on PostgreSQL (``db_url``)."""
     deployment, client = fresh_escrow(devnet)
     for p in devnet.providers[:4]:
         register_on_chain(client, p)
-    with scheduler(tmp_path, deployment, devnet, ipfs_daemon.api_addr) as server:
+    addr = ipfs_daemon.api_addr
+    with scheduler(tmp_path, deployment, devnet, addr, database_url=db_url) as server:
         yield server, client
 
 
