@@ -125,6 +125,7 @@ class Dispatcher:
         self._task: asyncio.Task[None] | None = None
         self._explained: dict[str, float] = {}
         self._pending_reasons: list[tuple[str, str]] = []
+        self._idle: dict[str, int] = {}
         self.rounds = 0
         self.claims = 0
 
@@ -153,6 +154,10 @@ class Dispatcher:
             self._wake.set()
         else:
             loop.call_soon_threadsafe(self._wake.set)
+
+    def idle_streak(self, node_id: str) -> int:
+        """Empty long-polls in a row for ``node_id`` (0 after it got a job)."""
+        return self._idle.get(node_id, 0)
 
     @property
     def waiting(self) -> int:
@@ -186,18 +191,23 @@ class Dispatcher:
             self._waiters[node.node_id] = waiter
         self._wake.set()
         try:
-            return await asyncio.wait_for(asyncio.shield(waiter.future), timeout=wait_s)
+            got = await asyncio.wait_for(asyncio.shield(waiter.future), timeout=wait_s)
         except TimeoutError:
             # a round may have answered in the same instant: deliver it rather than lose it
-            if waiter.future.done():
-                return waiter.future.result()
-            return None
+            got = waiter.future.result() if waiter.future.done() else None
         finally:
             with self._lock:
                 if self._waiters.get(node.node_id) is waiter:
                     del self._waiters[node.node_id]
                     if node.node_id in self.engine:
                         self.engine.remove_node(node.node_id)
+        if got is None:
+            if len(self._idle) > 200_000:
+                self._idle.clear()
+            self._idle[node.node_id] = self._idle.get(node.node_id, 0) + 1
+        else:
+            self._idle.pop(node.node_id, None)
+        return got
 
     # ------------------------------------------------------------------ rounds
     async def _run(self) -> None:

@@ -135,13 +135,18 @@ class Grid:
     # ------------------------------------------------------------------ sweeper (all)
     def _sweeper(self, stop: threading.Event) -> None:
         s = self.settings
+        # Nodes cannot reach a replica that is down. After a (re)start, give every node one full
+        # node timeout to check in before judging silences and leases: a restarted scheduler
+        # must not take running jobs away (and run them twice) for its own absence.
+        judge_from = time.monotonic() + s.node_timeout_s
         while not stop.wait(s.sweep_interval_s):
-            gone = self.store.mark_offline(s.node_timeout_s)
-            if gone:
-                log.info("nodes offline (silent > %.0f s): %s", s.node_timeout_s, gone)
-            lost = self.store.expire_leases()
-            if lost:
-                log.info("leases expired, jobs requeued: %s", lost)
+            if time.monotonic() >= judge_from:
+                gone = self.store.mark_offline(s.node_timeout_s)
+                if gone:
+                    log.info("nodes offline (silent > %.0f s): %s", s.node_timeout_s, gone)
+                lost = self.store.expire_leases()
+                if lost:
+                    log.info("leases expired, jobs requeued: %s", lost)
             self.store.expire_deadlines()
 
     # ------------------------------------------------------------------ leadership

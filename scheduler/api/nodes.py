@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from typing import Any
 
@@ -25,6 +26,7 @@ from gridmarket.wire import (
     recover_registration_signer,
 )
 from scheduler.auth import issue
+from scheduler.dispatch import Dispatcher
 from scheduler.service import Grid
 from scheduler.store import ConflictError, NodeRow, NotFoundError, ReplayError
 
@@ -143,19 +145,21 @@ async def next_job(
         raise _bad(f"node {node.node_id} is {node.status}: heartbeat first", 409)
     got = await dispatcher.next_job(node, min(wait_s, s.long_poll_max_s))
     if got is None:
-        retry = _idle_advice(grid, node)
+        retry = _idle_advice(grid, dispatcher, node)
         return Response(status_code=204, headers={"Retry-After": f"{retry:.2f}"})
     grid.count("claims")
     return got
 
 
-def _idle_advice(grid: Grid, node: NodeRow) -> float:
-    """Ask again at once when the grid has queued work, later (up to the max) when not."""
+def _idle_advice(grid: Grid, dispatcher: Dispatcher, node: NodeRow) -> float:
+    """When to ask again after an empty long-poll: soon after the first, then doubling with each
+    empty poll in a row (with jitter, so a fleet does not come back in step), up to the max."""
     s = grid.settings
-    queued = grid.store.job_counts().get("queued", 0)
-    if queued:
+    streak = dispatcher.idle_streak(node.node_id)
+    if streak <= 1:
         return s.idle_retry_min_s
-    return min(s.idle_retry_max_s, max(s.idle_retry_min_s, 1.0))
+    delay = min(s.idle_retry_max_s, max(s.idle_retry_min_s, 0.5) * (1 << min(streak - 1, 10)))
+    return delay * random.uniform(0.8, 1.0)  # noqa: S311 - spreading retries, not security
 
 
 @router.post(API.RESULT, response_model=ResultAck, status_code=202)
