@@ -145,18 +145,24 @@ async def next_job(
         raise _bad(f"node {node.node_id} is {node.status}: heartbeat first", 409)
     got = await dispatcher.next_job(node, min(wait_s, s.long_poll_max_s))
     if got is None:
-        retry = _idle_advice(grid, dispatcher, node)
+        retry = _idle_advice(grid, dispatcher, node, min(wait_s, s.long_poll_max_s))
         return Response(status_code=204, headers={"Retry-After": f"{retry:.2f}"})
     grid.count("claims")
     return got
 
 
-def _idle_advice(grid: Grid, dispatcher: Dispatcher, node: NodeRow) -> float:
-    """When to ask again after an empty long-poll: soon after the first, then doubling with each
-    empty poll in a row (with jitter, so a fleet does not come back in step), up to the max."""
+LONG_POLL_S = 5.0
+"""Polls that waited at least this long are told to come back at once (no doubling)."""
+
+
+def _idle_advice(grid: Grid, dispatcher: Dispatcher, node: NodeRow, waited_s: float) -> float:
+    """When to ask again after an empty poll. A long poll (``waited_s`` >= 5 s) was the wait
+    already: come back at once, so an idle node is always parked here and gets new work within
+    milliseconds. Short polls back off: doubling with each empty poll in a row (with jitter, so
+    a fleet does not come back in step), up to ``idle_retry_max_s``."""
     s = grid.settings
     streak = dispatcher.idle_streak(node.node_id)
-    if streak <= 1:
+    if streak <= 1 or waited_s >= LONG_POLL_S:  # a long poll is its own backoff: come back
         return s.idle_retry_min_s
     delay = min(s.idle_retry_max_s, max(s.idle_retry_min_s, 0.5) * (1 << min(streak - 1, 10)))
     return delay * random.uniform(0.8, 1.0)  # noqa: S311 - spreading retries, not security
