@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,10 +44,21 @@ class ContentVerificationError(IpfsError, ValueError):
 
 
 class _Budget:
-    def __init__(self, store: IpfsStore, cid: str, max_bytes: int, max_entries: int) -> None:
+    """What one fetch may still spend: bytes, entries and, with a deadline, time."""
+
+    def __init__(
+        self,
+        store: IpfsStore,
+        cid: str,
+        max_bytes: int,
+        max_entries: int,
+        timeout_s: float | None = None,
+    ) -> None:
         self.store = store
         self.cid, self.max_bytes, self.max_entries = cid, max_bytes, max_entries
         self.bytes = self.entries = 0
+        self.timeout_s = timeout_s
+        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
     def add_bytes(self, n: int) -> None:
         self.bytes += n
@@ -54,6 +66,7 @@ class _Budget:
             raise self.store.too_large_error(
                 f"{self.store.noun} {self.cid} is larger than the {self.max_bytes}-byte cap"
             )
+        self.check_time()
 
     def add_entry(self) -> None:
         self.entries += 1
@@ -61,6 +74,19 @@ class _Budget:
             raise self.store.too_large_error(
                 f"{self.store.noun} {self.cid} has over {self.max_entries} files and directories"
             )
+
+    def check_time(self) -> None:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise self.store.error(
+                f"IPFS fetch of {self.cid} timed out: not complete within {self.timeout_s:g} s"
+            )
+
+    def timeout(self, default: float) -> float:
+        """The timeout for the next daemon call: ``default``, cut to what the deadline leaves."""
+        if self.deadline is None:
+            return default
+        self.check_time()
+        return max(0.05, min(default, self.deadline - time.monotonic()))
 
 
 class IpfsStore:
@@ -90,6 +116,7 @@ class IpfsStore:
         # Client() directly: ipfshttpclient.connect() refuses daemons newer than it knows.
         self._client = ipfshttpclient.Client(api_addr, timeout=timeout)
         self.api_addr = api_addr
+        self.timeout = timeout
         self.resolve_timeout = resolve_timeout
         self.max_entries = max_entries
 
@@ -109,7 +136,17 @@ class IpfsStore:
 
     # ------------------------------------------------------------------ fetch
 
-    def fetch(self, cid: str, dest: Path, max_bytes: int) -> Path:
+    def fetch(
+        self, cid: str, dest: Path, max_bytes: int, *, timeout_s: float | None = None
+    ) -> Path:
+        """Fetch ``cid`` (a file or a directory tree) under ``dest``; return the file or ``dest``.
+
+        ``dest`` must be empty. The content must hash back to ``cid`` and stay within
+        ``max_bytes`` and ``max_entries``, else nothing is kept and ``too_large_error`` or
+        ``verification_error`` is raised. ``timeout_s`` bounds the whole fetch (every daemon
+        call and the streaming between them): past it, ``error`` says it timed out. Without
+        it, each call has its own limit (``resolve_timeout`` to find, ``timeout`` to read).
+        """
         try:
             cid = normalize_cid(cid)
             candidates = params_for(cid)
@@ -118,9 +155,9 @@ class IpfsStore:
         dest.mkdir(parents=True, exist_ok=True)
         if any(dest.iterdir()):
             raise self.error(f"fetch destination {dest} is not empty")
-        budget = _Budget(self, cid, max_bytes, self.max_entries)
+        budget = _Budget(self, cid, max_bytes, self.max_entries, timeout_s)
         try:
-            kind, size = self._stat(cid)
+            kind, size = self._stat(cid, budget.timeout(self.resolve_timeout))
             if kind == "file":
                 if size > max_bytes:
                     raise self.too_large_error(
@@ -152,21 +189,29 @@ class IpfsStore:
         except self._errors.Error as exc:
             raise self.error(f"IPFS {what} failed: {exc}") from exc
 
-    def _stat(self, cid: str) -> tuple[str, int]:
+    def _stat(self, cid: str, timeout: float) -> tuple[str, int]:
         stat = self._call(
-            f"stat of {cid}", self._client.files.stat, f"/ipfs/{cid}", timeout=self.resolve_timeout
+            f"stat of {cid}", self._client.files.stat, f"/ipfs/{cid}", timeout=timeout
         )
         return str(stat["Type"]), int(stat.get("Size", 0))
 
     def _fetch_file(self, cid: str, target: Path, budget: _Budget) -> None:
         budget.add_entry()
-        chunks: Iterator[bytes] = self._call(f"cat of {cid}", self._client.cat, cid, stream=True)
+        chunks: Iterator[bytes] = self._call(
+            f"cat of {cid}",
+            self._client.cat,
+            cid,
+            stream=True,
+            timeout=budget.timeout(self.timeout),  # also bounds each read of the stream
+        )
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "wb") as out:
             try:
                 for chunk in chunks:
                     budget.add_bytes(len(chunk))
                     out.write(chunk)
+            except self._errors.TimeoutError as exc:
+                raise self.error(f"IPFS cat of {cid} timed out ({exc})") from exc
             except self._errors.Error as exc:
                 raise self.error(f"IPFS cat of {cid} failed: {exc}") from exc
             finally:
@@ -177,7 +222,9 @@ class IpfsStore:
     def _fetch_dir(self, cid: str, target: Path, budget: _Budget, depth: int) -> None:
         if depth > MAX_DEPTH:
             raise self.verification_error(f"{self.noun} {budget.cid} nests deeper than {MAX_DEPTH}")
-        listing = self._call(f"ls of {cid}", self._client.ls, cid, timeout=self.resolve_timeout)
+        listing = self._call(
+            f"ls of {cid}", self._client.ls, cid, timeout=budget.timeout(self.resolve_timeout)
+        )
         target.mkdir(mode=0o755, exist_ok=depth == 0)
         target.chmod(0o755)
         for link in listing["Objects"][0].get("Links") or []:
@@ -259,33 +306,38 @@ class IpfsStore:
         return got
 
     def cat(self, cid: str, *, max_bytes: int, timeout_s: float | None = None) -> bytes:
-        """The bytes of the single file ``cid``, at most ``max_bytes``, checked against ``cid``."""
+        """The bytes of the single file ``cid``, at most ``max_bytes``, checked against ``cid``.
+
+        ``timeout_s`` bounds the whole read (default: ``resolve_timeout`` to find the file,
+        ``timeout`` to read it).
+        """
         try:
             cid = normalize_cid(cid)
             candidates = params_for(cid)
         except CidError as exc:
             raise self.verification_error(str(exc)) from None
-        stat = self._call(
-            f"stat of {cid}",
-            self._client.files.stat,
-            f"/ipfs/{cid}",
-            timeout=timeout_s or self.resolve_timeout,
-        )
-        if stat["Type"] != "file":
-            raise self.verification_error(f"{self.noun} {cid} is a {stat['Type']}, not a file")
-        if int(stat.get("Size", 0)) > max_bytes:
+        budget = _Budget(self, cid, max_bytes, 1, timeout_s)
+        kind, size = self._stat(cid, budget.timeout(self.resolve_timeout))
+        if kind != "file":
+            raise self.verification_error(f"{self.noun} {cid} is a {kind}, not a file")
+        if size > max_bytes:
             raise self.too_large_error(
-                f"{self.noun} {cid} is {stat['Size']} bytes, over the {max_bytes}-byte cap"
+                f"{self.noun} {cid} is {size} bytes, over the {max_bytes}-byte cap"
             )
         data = bytearray()
-        chunks: Iterator[bytes] = self._call(f"cat of {cid}", self._client.cat, cid, stream=True)
+        chunks: Iterator[bytes] = self._call(
+            f"cat of {cid}",
+            self._client.cat,
+            cid,
+            stream=True,
+            timeout=budget.timeout(self.timeout),
+        )
         try:
             for chunk in chunks:
                 data += chunk
-                if len(data) > max_bytes:
-                    raise self.too_large_error(
-                        f"{self.noun} {cid} is over the {max_bytes}-byte cap"
-                    )
+                budget.add_bytes(len(chunk))
+        except self._errors.TimeoutError as exc:
+            raise self.error(f"IPFS cat of {cid} timed out ({exc})") from exc
         except self._errors.Error as exc:
             raise self.error(f"IPFS cat of {cid} failed: {exc}") from exc
         finally:

@@ -64,15 +64,13 @@ def requirements(job: JobRow) -> JobRequirements:
 
 
 def free_capacity(
-    node: NodeRow, running: list[JobRow], *, now: float, reputation: float, banned: bool
+    node: NodeRow, running: list[JobSpec], *, now: float, reputation: float, banned: bool
 ) -> NodeCapacity:
-    """What ``node`` has free while ``running`` jobs hold part of it."""
+    """What ``node`` has free while the ``running`` jobs (their specs) hold part of it."""
     cap = node.capacity
     used_gpus = used_cores = used_ram = used_disk = 0
-    for job in running:
-        if job.spec is None:
-            continue
-        r = job.spec.resources
+    for spec in running:
+        r = spec.resources
         used_gpus += r.gpu_count
         used_cores += r.cpu_cores
         used_ram += r.ram_mib
@@ -168,7 +166,7 @@ class Dispatcher:
         """Wait up to ``wait_s`` for a job for ``node``; None when none came."""
         now = time.time()
         running = (
-            await asyncio.to_thread(self.store.running_jobs, node.node_id) if node.running else []
+            await asyncio.to_thread(self.store.running_specs, node.node_id) if node.running else []
         )
         if len(running) >= node.slots:
             return None
@@ -279,7 +277,7 @@ class Dispatcher:
     def _readd(self, node_id: str) -> None:
         try:
             node = self.store.node(node_id)
-            running = self.store.running_jobs(node_id)
+            running = self.store.running_specs(node_id)
         except Exception:  # the node is gone: its waiter times out
             return
         if len(running) >= node.slots:

@@ -1,9 +1,11 @@
-"""Verification of a provider's output before the escrow pays it.
+"""Verification of a provider's output before the escrow pays it (docs/scheduler-verify.md).
 
-The output CID a provider signed must be retrievable from IPFS, its bytes must hash back to
-that CID (recomputed in Python: :mod:`gridmarket.cid`), and its size must be within the job's
-cap. Nothing is trusted while fetching: names, sizes and the final hash are checked by
-:meth:`gridmarket.ipfs.IpfsStore.fetch`, into a temporary directory that is always removed.
+The output CID a provider signed must be a UnixFS CID this node can recompute, retrievable from
+IPFS within ``timeout_s``, its bytes must hash back to that CID (recomputed in Python:
+:mod:`gridmarket.cid`), and its size must be within the job's cap. Nothing is trusted while
+fetching: names, sizes and the final hash are checked by :meth:`gridmarket.ipfs.IpfsStore.fetch`,
+into a temporary directory that is always removed. The run's exit status is checked by the
+caller (the result report) before this runs.
 """
 
 from __future__ import annotations
@@ -15,27 +17,31 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from gridmarket.cid import CidError, normalize_cid
+from gridmarket.cid import CidError, normalize_cid, params_for
 from gridmarket.ipfs import ContentTooLargeError, ContentVerificationError, IpfsError, IpfsStore
 
 __all__ = ["Verdict", "VerdictCode", "verify_output"]
 
 
 class VerdictCode(StrEnum):
+    """Why an output was accepted or refused."""
+
     OK = "ok"
-    UNREACHABLE = "unreachable"  # not retrievable within the time limit
-    TOO_LARGE = "too_large"
+    UNREACHABLE = "unreachable"  # not retrievable (whole) within the time limit
+    TOO_LARGE = "too_large"  # over the job's byte cap (or the entry cap)
     CID_MISMATCH = "cid_mismatch"  # the bytes hash to another CID, or an unsafe tree
-    INVALID = "invalid"  # not a CID at all
+    INVALID = "invalid"  # not a CID, or not one of a UnixFS file or directory (sha2-256)
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
+    """The outcome of :func:`verify_output`; ``message`` names what failed (or what passed)."""
+
     code: VerdictCode
     message: str
-    bytes: int = 0
-    files: int = 0
-    seconds: float = 0.0
+    bytes: int = 0  # of the verified output (0 unless ok)
+    files: int = 0  # regular files in it (1 for a single-file output)
+    seconds: float = 0.0  # the check's wall time
 
     @property
     def ok(self) -> bool:
@@ -54,26 +60,28 @@ def _count(root: Path) -> tuple[int, int]:
 def verify_output(
     store: IpfsStore, output_cid: str, *, max_bytes: int, timeout_s: float, work_dir: Path
 ) -> Verdict:
-    """Check ``output_cid`` as described in the module doc; never raises for a bad output."""
+    """Check ``output_cid`` as described in the module doc; never raises for a bad output.
+
+    ``timeout_s`` bounds the whole fetch: an output the daemon cannot find, or cannot finish
+    reading, comes back ``unreachable`` after about ``timeout_s``. The fetched copy lives in a
+    temporary directory under ``work_dir`` that is removed before this returns.
+    """
     t0 = time.monotonic()
     try:
-        normalize_cid(output_cid)
+        params_for(normalize_cid(output_cid))
     except CidError as exc:
-        return Verdict(VerdictCode.INVALID, f"{output_cid!r} is not a CID: {exc}")
+        return Verdict(VerdictCode.INVALID, f"output CID {output_cid!r} is invalid: {exc}")
     work_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="verify-", dir=work_dir))
-    saved = store.resolve_timeout
-    store.resolve_timeout = timeout_s
     try:
-        target = store.fetch(output_cid, tmp / "out", max_bytes)
+        target = store.fetch(output_cid, tmp / "out", max_bytes, timeout_s=timeout_s)
         size, files = _count(target)
-        took = time.monotonic() - t0
         return Verdict(
             VerdictCode.OK,
             f"{output_cid}: {size} bytes in {files} files hash back to the CID",
             size,
             files,
-            took,
+            time.monotonic() - t0,
         )
     except ContentTooLargeError as exc:
         return Verdict(VerdictCode.TOO_LARGE, str(exc), seconds=time.monotonic() - t0)
@@ -82,9 +90,8 @@ def verify_output(
     except IpfsError as exc:
         return Verdict(
             VerdictCode.UNREACHABLE,
-            f"{output_cid} not retrievable within {timeout_s:.0f} s: {exc}",
+            f"output {output_cid} not retrievable within {timeout_s:g} s: {exc}",
             seconds=time.monotonic() - t0,
         )
     finally:
-        store.resolve_timeout = saved
         shutil.rmtree(tmp, ignore_errors=True)

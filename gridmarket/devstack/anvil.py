@@ -1,34 +1,48 @@
-"""Start and stop a local anvil devnet (npm @foundry-rs/anvil-linux-amd64)."""
+"""Start and stop a local anvil devnet (npm @foundry-rs/anvil-linux-amd64).
+
+    with Anvil(log_file=work / "anvil.log") as anvil:
+        w3 = Web3(Web3.HTTPProvider(anvil.url))
+
+The process handling (own process group, log file, readiness probe, SIGTERM then SIGKILL) is
+:class:`gridmarket.devstack._process.ManagedProcess`, shared with the IPFS and Docker managers.
+A stopped Anvil can be started again: it keeps its port, and with ``state_file`` its chain
+(anvil writes the state on SIGTERM and loads it at start).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import json
 import shutil
 import socket
-import subprocess
-import time
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-import httpx
+from gridmarket.devstack._process import ROOT, ManagedProcess, ServiceError
 
-from gridmarket.build import ROOT
+__all__ = ["DEV_MNEMONIC", "Anvil", "DevnetError", "anvil_binary", "dev_accounts", "free_port"]
 
 # anvil's default dev mnemonic: its first accounts are the well-known devnet keys.
 DEV_MNEMONIC = "test test test test test test test test test test test junk"
+_PORT_TRIES = 3  # a port picked by free_port() can be taken before anvil binds it
 
 
-class DevnetError(RuntimeError):
-    """The devnet could not be started."""
+class DevnetError(ServiceError):
+    """The devnet could not be started (the message names anvil's log and quotes its tail)."""
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (another process may still take it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 def anvil_binary() -> str:
+    """The anvil executable: the npm package's in ``node_modules/.bin``, else on ``PATH``."""
     local = ROOT / "node_modules" / ".bin" / "anvil"
     if local.exists():
         return str(local)
@@ -40,7 +54,14 @@ def anvil_binary() -> str:
 
 @dataclass
 class Anvil:
-    """An anvil process on 127.0.0.1; a context manager."""
+    """An anvil process on 127.0.0.1; a context manager (``stop`` on exit).
+
+    ``port`` 0 picks a free port at the first start; later starts reuse it. Without
+    ``log_file`` the log goes to a temporary file, removed by :meth:`stop` (kept when a start
+    fails: the error names it). ``prune_history``
+    keeps no past states: calls at old blocks fail, but long runs (many thousand blocks) stay
+    as fast as the first block instead of slowing down as the history grows.
+    """
 
     port: int = 0
     chain_id: int = 31337
@@ -49,17 +70,84 @@ class Anvil:
     block_time: float | None = None
     state_file: Path | None = None
     log_file: Path | None = None
-    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    prune_history: bool = False
+    _proc: ManagedProcess | None = field(default=None, init=False, repr=False)
+    _temp_log: Path | None = field(default=None, init=False, repr=False)
+    _log_offset: int = field(default=0, init=False, repr=False)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        """The process id while it runs."""
+        return self._proc.pid if self._proc is not None else None
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.running()
+
     def start(self, timeout: float = 20.0) -> Anvil:
-        if not self.port:
-            self.port = free_port()
+        """Start anvil and wait until it listens and answers ``eth_chainId``; a no-op when it runs.
+
+        Raises :class:`DevnetError` (anvil missing, exited, or not ready within ``timeout`` s).
+        When the port was picked here and anvil exits (the port was taken meanwhile), it tries
+        another port, up to three times.
+        """
+        if self._proc is not None:
+            return self
+        binary = anvil_binary()
+        pick = not self.port
+        attempt = 0
+        while True:
+            attempt += 1
+            if pick:
+                self.port = free_port()
+            log_path = self._log_path()
+            self._log_offset = log_path.stat().st_size if log_path.exists() else 0
+            self._proc = ManagedProcess("anvil", self._argv(binary), log_path)
+            try:
+                self._proc.start()
+                self._proc.wait_ready(self._ready, timeout)
+                return self
+            except ServiceError as exc:
+                proc, self._proc = self._proc, None
+                proc.stop()
+                self._temp_log = None  # keep the failed run's log: the message names it
+                if pick and attempt < _PORT_TRIES and "Address already in use" in str(exc):
+                    continue  # the port was taken after free_port() saw it free: another one
+                failed_port = self.port
+                if pick:
+                    self.port = 0
+                raise DevnetError(f"anvil on port {failed_port}: {exc}") from exc
+
+    def stop(self) -> None:
+        """SIGTERM anvil (it writes ``state_file``), SIGKILL after 15 s; a no-op when stopped."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.stop()
+        if self._temp_log is not None:
+            self._temp_log.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self._temp_log.parent.rmdir()
+            self._temp_log = None
+
+    def __enter__(self) -> Anvil:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ steps
+
+    def _argv(self, binary: str) -> list[str]:
         cmd = [
-            anvil_binary(),
+            binary,
             "--host", "127.0.0.1",
             "--port", str(self.port),
             "--chain-id", str(self.chain_id),
@@ -72,48 +160,40 @@ class Anvil:
             cmd += ["--block-time", str(self.block_time)]
         if self.state_file is not None:
             cmd += ["--state", str(self.state_file)]
-        log = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
-        self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise DevnetError(
-                    f"anvil exited with {self._proc.returncode}; see {self.log_file or 'stdout'}"
-                )
-            try:
-                r = httpx.post(
-                    self.url,
-                    json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []},
-                    timeout=1,
-                )
-                if r.status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise DevnetError(f"anvil did not answer on {self.url} within {timeout}s")
+        if self.prune_history:
+            cmd += ["--prune-history"]
+        return cmd
 
-    def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        self._proc = None
+    def _log_path(self) -> Path:
+        if self.log_file is not None:
+            return Path(self.log_file)
+        if self._temp_log is None:
+            self._temp_log = Path(tempfile.mkdtemp(prefix="gridmarket-anvil-")) / "anvil.log"
+        return self._temp_log
 
-    def __enter__(self) -> Anvil:
-        return self.start()
+    def _ready(self) -> bool:
+        """The readiness probe: this process logged that it listens, and the port answers.
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        The log line matters: on a port another node holds, that node would answer the
+        request while this anvil is still on its way out with "address in use".
+        """
+        try:
+            with Path(self._log_path()).open("rb") as f:
+                f.seek(self._log_offset)
+                if f"Listening on 127.0.0.1:{self.port}".encode() not in f.read():
+                    return False
+        except OSError:
+            return False
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1)
+        try:
+            body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []})
+            conn.request("POST", "/", body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            return response.status == 200 and "result" in json.loads(response.read())
+        except (OSError, http.client.HTTPException, ValueError):
+            return False
+        finally:
+            conn.close()
 
 
 def dev_accounts(count: int = 10) -> list[str]:

@@ -978,6 +978,15 @@ class Store:
             )
             won.append(ClaimedJob(job=leased, node_id=claim.node_id, wallet=wallet))
 
+    def running_specs(self, node_id: str) -> list[JobSpec]:
+        """The specs of the jobs leased to ``node_id`` (what its capacity is busy with): two
+        columns per row and the parsed-spec cache, not whole job rows (the poll's hot path)."""
+        with self.reader.connect() as conn:
+            q = select(jobs.c.spec_cid, jobs.c.spec).where(
+                jobs.c.node_id == node_id, jobs.c.state == "leased"
+            )
+            return [_spec(cid, data) for cid, data in conn.execute(q) if data is not None]
+
     def running_jobs(self, node_id: str) -> list[JobRow]:
         with self.reader.connect() as conn:
             q = select(jobs).where(jobs.c.node_id == node_id, jobs.c.state == "leased")

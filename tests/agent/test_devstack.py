@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import docker
 import pytest
 
 from gridmarket.devstack._process import ServiceError
+from gridmarket.devstack.anvil import Anvil, DevnetError
 from gridmarket.devstack.dockerd import Dockerd
 from gridmarket.devstack.images import BUSYBOX_IMAGE, ensure_busybox_image
 from gridmarket.devstack.ipfs import IpfsDaemon
@@ -94,3 +97,39 @@ def test_busybox_image_is_reused(docker_client: docker.DockerClient, test_image:
     started = time.monotonic()
     assert ensure_busybox_image(docker_client) == docker_client.images.get(BUSYBOX_IMAGE).id
     assert time.monotonic() - started < 1
+
+
+def _rpc(url: str, method: str) -> str:
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": []}).encode()
+    headers = {"Content-Type": "application/json"}
+    request = urllib.request.Request(url, body, headers)  # noqa: S310 (loopback http)
+    with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
+        return str(json.loads(response.read())["result"])
+
+
+def test_anvil_bad_state_file_names_the_log(tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    state.write_text('{"broken": ')
+    anvil = Anvil(state_file=state, log_file=tmp_path / "anvil.log")
+    with pytest.raises(DevnetError, match="exited with code") as err:
+        anvil.start()
+    assert isinstance(err.value, ServiceError)
+    assert str(anvil.log_file) in str(err.value) and "failed to parse json" in str(err.value)
+    assert not anvil.running() and anvil.port == 0  # a port it picked is given back
+
+
+def test_anvil_refuses_a_taken_port_and_restarts_from_its_state(tmp_path: Path) -> None:
+    """A second anvil on a held port fails clearly; a stopped one comes back with its chain."""
+    with Anvil() as other, pytest.raises(DevnetError, match="Address already in use"):
+        Anvil(port=other.port, log_file=tmp_path / "second.log").start()
+    anvil = Anvil(state_file=tmp_path / "state.json", log_file=tmp_path / "anvil.log").start()
+    try:
+        port = anvil.port
+        for _ in range(3):
+            _rpc(anvil.url, "evm_mine")
+        anvil.stop()  # SIGTERM: anvil writes its state file
+        assert not anvil.running() and (tmp_path / "state.json").is_file()
+        anvil.start()
+        assert anvil.port == port and int(_rpc(anvil.url, "eth_blockNumber"), 16) == 3
+    finally:
+        anvil.stop()
