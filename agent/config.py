@@ -161,9 +161,13 @@ class AgentConfig(BaseSettings):
     backoff_base_s: float = Field(0.5, gt=0)
     backoff_cap_s: float = Field(60.0, gt=0)
 
-    # chain (only for `register --stake`)
+    # chain (`register --stake`, and results submitted on-chain by the node itself)
     rpc_url: str | None = Field(None, description="Ethereum JSON-RPC URL for on-chain staking")
     deployment: Path | None = Field(None, description="deployment JSON written by the deploy step")
+    submit_on_chain: bool = Field(
+        False,
+        description="submit each result on-chain from this wallet (pays gas) before reporting it",
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -229,6 +233,8 @@ class AgentConfig(BaseSettings):
     def _backoff(self) -> AgentConfig:
         if self.backoff_cap_s < self.backoff_base_s:
             raise ValueError("backoff_cap_s must be >= backoff_base_s")
+        if self.submit_on_chain and (self.rpc_url is None or self.deployment is None):
+            raise ValueError("submit_on_chain needs rpc_url and deployment")
         return self
 
     def require_region(self) -> str:

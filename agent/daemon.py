@@ -294,7 +294,19 @@ def build_agent(
         backoff=lambda: Backoff(config.backoff_base_s, config.backoff_cap_s),
         storage_alive=IpfsProbe(config.ipfs_url),
         on_registered=on_registered,
+        submit_on_chain=_on_chain(config, account),
     )
+
+
+def _on_chain(
+    config: AgentConfig, account: LocalAccount
+) -> Callable[[str, ResultReport], str | None] | None:
+    if not config.submit_on_chain:
+        return None
+    from agent.onchain import OnChainSubmitter
+
+    assert config.rpc_url is not None and config.deployment is not None
+    return OnChainSubmitter(config.rpc_url, config.deployment, account).submit
 
 
 # --------------------------------------------------------------------------- the daemon
@@ -329,8 +341,10 @@ class Agent:
         backoff: Callable[[], Backoff] = Backoff,
         storage_alive: Callable[[], bool] | None = None,
         on_registered: Callable[[RegisterResponse], None] | None = None,
+        submit_on_chain: Callable[[str, ResultReport], str | None] | None = None,
     ) -> None:
         self.client = client
+        self._submit_on_chain = submit_on_chain
         self.runner = runner
         self.slots = slots
         self.poll_wait_s = poll_wait_s
@@ -588,6 +602,8 @@ class Agent:
                 report = self._unreported.get(job_id)
             if report is None:
                 continue  # revoked meanwhile
+            if self._submit_on_chain is not None:
+                self._chain_submit(job_id, report)
             try:
                 ack = retry_call(
                     functools.partial(self.client.report_result, job_id, report),
@@ -609,6 +625,22 @@ class Agent:
             with self._lock:
                 self.completed += 1
                 self._unreported.pop(job_id, None)
+
+    def _chain_submit(self, job_id: str, report: ResultReport) -> None:
+        """``submitResult`` from this wallet, retried while the chain is unreachable; a refusal
+        is logged and the scheduler still gets the report (it can relay the signed result)."""
+        assert self._submit_on_chain is not None
+        submit = self._submit_on_chain
+        try:
+            retry_call(
+                functools.partial(submit, job_id, report),
+                backoff=self._backoff(),
+                stop=self._abort_reports,
+                what=f"on-chain result of {_short(job_id)}",
+                retry_on=(OSError, ConnectionError, TimeoutError),
+            )
+        except Exception as exc:
+            log.warning("job %s: on-chain submission failed: %s", _short(job_id), _line(exc))
 
     # ------------------------------------------------------------------ heartbeat
 

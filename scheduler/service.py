@@ -297,7 +297,11 @@ class Grid:
                 self.store.apply_sent(item.job_id, sent.events)
                 tx = sent.tx_hash
         elif item.kind == "settle":
-            if state.status is not Status.RELEASED:
+            if state.status is Status.SUBMITTED:  # the provider submitted it on-chain meanwhile
+                sent = sender.release(state)
+                self.store.apply_sent(item.job_id, sent.events)
+                tx = sent.tx_hash
+            elif state.status is not Status.RELEASED:
                 sent = sender.settle(state, p["output_cid"], bytes.fromhex(p["signature"][2:]))
                 self.store.apply_sent(item.job_id, sent.events)
                 tx = sent.tx_hash

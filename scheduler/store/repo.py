@@ -1011,6 +1011,21 @@ class Store:
         requeued elsewhere (or fails the job when its attempts are used up)."""
         with self.engine.begin() as conn:
             job = self._job(conn, job_id, lock=True)
+            if (
+                job.state == "verifying"
+                and job.node_id == node_id
+                and job.attempt == report.attempt
+                and job.result is None
+                and report.output_cid == job.output_cid
+            ):
+                # the node submitted this result on-chain itself and the watcher saw it first:
+                # keep the report (logs, exit code) for the submitter
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.job_id == job_id)
+                    .values(result=report.model_dump(mode="json"))
+                )
+                return "verifying"
             if job.node_id != node_id or job.state != "leased":
                 raise ConflictError(
                     f"job {job_id} is not leased to node {node_id} (it is {job.state})"

@@ -318,3 +318,32 @@ def test_result_survives_a_scheduler_crash(
     log = caplog.text
     assert "failed" in log and "retrying" in log  # the report waited for the scheduler
     assert "token refused" in log and "registering again" in log  # new secret: 401, re-register
+
+
+def test_submit_on_chain_from_the_nodes_own_wallet(
+    stack: Stack, storage: IpfsStorage, test_image: str, tmp_path: Path
+) -> None:
+    """``submit_on_chain``: the node sends ``submitResult`` itself; the scheduler still verifies
+    the output and releases the pay (no relayed signature needed)."""
+    stack.escrow.send(stack.provider, "registerProvider", "bafkreiprovidermeta", value=5 * 10**16)
+    job_id = stack.submit(docker_job(test_image, "echo on-chain > /output/o.txt"))
+    config = stack.config(submit_on_chain=True)
+    agent, thread = start_agent(config, stack.provider)
+    try:
+        job = stack.wait_job(job_id, {"released"}, timeout=90)
+    finally:
+        agent.stop()
+        thread.join(60)
+    want = expected_cid(tmp_path, {"o.txt": b"on-chain\n"})
+    assert job["output_cid"] == want
+    assert job["result"] is not None and job["result"]["exit_code"] == 0  # the report was kept
+    submitted = [
+        e
+        for e in stack.escrow.events(stack.escrow.deployment.block)
+        if e.name == "ResultSubmitted" and "0x" + bytes(e.args["jobId"]).hex() == job_id
+    ]
+    assert len(submitted) == 1
+    tx = stack.escrow.w3.eth.get_transaction(submitted[0].tx_hash)
+    assert tx["from"] == stack.provider.address  # sent by the node, not relayed
+    state = stack.escrow.job_state(bytes.fromhex(job_id[2:]))
+    assert state.status is Status.RELEASED and state.output_cid == want
