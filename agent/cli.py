@@ -31,6 +31,7 @@ import typer
 
 from agent.config import AgentConfig, ConfigError, load_config
 from agent.errors import AgentError
+from gridmarket.keystore import KeystoreError
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -98,7 +99,7 @@ def friendly(fn: Callable[P, R]) -> Callable[P, R]:
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)
             raise typer.Exit(130) from None
-        except AgentError as exc:
+        except (AgentError, KeystoreError) as exc:
             log.debug("command failed", exc_info=True)
             _fail(_one_line(exc))
         except Exception as exc:  # anything else: still one line, the traceback only with -v

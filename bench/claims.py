@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 from _stack import percentile, queue_jobs, register, stack
 from eth_account.signers.local import LocalAccount
 from sqlalchemy import create_engine, func, select
@@ -108,9 +109,12 @@ def run(db: str, n_jobs: int, n_clients: int) -> dict[str, Any]:
     ):
         queue_jobs(st.db_url, n_jobs)
         urls = [p.url for p in st.replicas]
+        procs = [psutil.Process(p.pid) for p in st.replicas if p.pid is not None]
+        cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
         res = asyncio.run(
             drain(urls, st.providers, st.deployment.chain_id, st.deployment.escrow, n_jobs, slots)
         )
+        res["server_cpu_s"] = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0
         engine = create_engine(st.db_url)
         with engine.connect() as conn:
             multi = conn.execute(
@@ -142,7 +146,7 @@ def main() -> None:
     )
     print(
         f"{'database':<12} {'replicas':>8} {'claims':>7} {'seconds':>8} {'claims/s':>9} "
-        f"{'p50 ms':>7} {'p99 ms':>7} {'double':>7}"
+        f"{'p50 ms':>7} {'p99 ms':>7} {'double':>7} {'server CPU ms/claim':>20}"
     )
     for db in dbs:
         r = run(db, args.jobs, args.clients)
@@ -150,7 +154,7 @@ def main() -> None:
         print(
             f"{db:<12} {r['replicas']:>8} {r['claims']:>7} {r['elapsed']:>8.2f} {rate:>9.0f} "
             f"{percentile(r['lat'], 50) * 1e3:>7.1f} {percentile(r['lat'], 99) * 1e3:>7.1f} "
-            f"{r['dupes'] + r['db_dupes']:>7}"
+            f"{r['dupes'] + r['db_dupes']:>7} {r['server_cpu_s'] * 1e3 / r['claims']:>20.2f}"
         )
     print(
         "goal: >= 1000 claims/s, 0 double assignments; the seeds' scheduler: 130 claims/s, "

@@ -2,7 +2,9 @@
 # System packages for the agent's real local services (docs/platform.md, "IPFS and Docker"):
 #   - Debian's docker.io, for dockerd (started by hand by gridmarket/devstack/dockerd.py);
 #   - Debian's busybox-static .deb, cached under .cache/debs/, the rootfs of the local test image
-#     (built on demand by gridmarket/devstack/images.py: no registry is ever contacted).
+#     (built on demand by gridmarket/devstack/images.py: no registry is ever contacted);
+#   - Debian's chromium, the browser of the front end's tests (driven by npm playwright-core:
+#     its own browser download cannot work offline).
 # js-ipfs is an npm dependency (package.json), installed by `npm ci` in scripts/setup.sh.
 # Idempotent; a no-op taking milliseconds once done. Needs root (or sudo) only the first time.
 set -euo pipefail
@@ -40,6 +42,13 @@ command -v dockerd >/dev/null 2>&1 || die "dockerd still missing after apt-get i
 # mkfs.ext4 gives the executor its hard-capped /output file system (e2fsprogs: always on Debian).
 command -v mkfs.ext4 >/dev/null 2>&1 || apt_install e2fsprogs
 
+# ---------------------------------------------------------------- chromium (browser tests)
+if [ ! -x /usr/bin/chromium ]; then
+  say "apt-get install chromium (the front end's browser tests; ~1 min)"
+  apt_install chromium
+fi
+[ -x /usr/bin/chromium ] || die "/usr/bin/chromium still missing after apt-get install chromium"
+
 # ---------------------------------------------------------------- busybox-static .deb
 DEBS=.cache/debs
 mkdir -p "$DEBS"
@@ -52,4 +61,4 @@ if ! compgen -G "$DEBS/busybox-static_*.deb" >/dev/null; then
   fi
 fi
 
-say "ready (dockerd: $(command -v dockerd), busybox: $(ls "$DEBS"/busybox-static_*.deb))"
+say "ready (dockerd: $(command -v dockerd), busybox: $(ls "$DEBS"/busybox-static_*.deb), chromium)"

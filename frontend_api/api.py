@@ -1,0 +1,485 @@
+"""The JSON API under ``/api``: the explorer's data, quotes, uploads, unsigned transactions, relay.
+
+Wei amounts are decimal strings; times Unix seconds. Errors are ``{"detail", "field"}`` with 400
+for a bad value (``field`` names it), 404, 413 for an upload over the cap, 422 for a malformed
+body, 502 when the scheduler, the chain or IPFS failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import StreamingResponse
+from starlette.datastructures import UploadFile
+
+from gridmarket.escrow import job_id as compute_job_id
+from gridmarket.tiers import REGIONS, TIERS
+
+from .backend import Backend, dumps
+from .format import parse_eth
+from .forms import (
+    AddressRequest,
+    FieldError,
+    PrepareJobRequest,
+    ProviderSignup,
+    QuoteRequest,
+    RelayRequest,
+    check_job,
+    field_error,
+)
+from .index import NotFoundError, hexstr
+from .scheduler import SchedulerError
+from .values import parse_address, parse_bytes32
+from .web import env
+
+router = APIRouter(prefix="/api", tags=["api"])
+
+WASM_MAGIC = b"\0asm"
+MAX_UPLOAD_FILES = 10_000
+
+
+def backend(request: Request) -> Backend:
+    b: Backend = request.app.state.backend
+    return b
+
+
+BackendDep = Annotated[Backend, Depends(backend)]
+
+
+def _address(value: str | None, name: str) -> str | None:
+    if value is None or value == "":
+        return None
+    try:
+        return parse_address(value, name)
+    except ValueError as exc:
+        raise field_error(exc, name) from None
+
+
+def _job_id(value: str) -> str:
+    try:
+        return hexstr(parse_bytes32(value, "job_id"))
+    except ValueError as exc:
+        raise field_error(exc, "job_id") from None
+
+
+# --------------------------------------------------------------------------- info
+
+
+@router.get("/info")
+async def info(b: BackendDep) -> dict[str, Any]:
+    """The chain, the escrow and its parameters, the scheduler's info, where explorers are."""
+    head = await b.refresh()
+    try:
+        sched: dict[str, Any] | None = await b.scheduler.info()
+        sched_error = None
+    except SchedulerError as exc:
+        sched, sched_error = None, str(exc)
+    return {
+        "chain_id": b.deployment.chain_id,
+        "escrow": b.escrow.address,
+        "deploy_block": b.deployment.block,
+        "head_block": head,
+        "chain_time": b.chain_now(),
+        "params": {k: str(v) if isinstance(v, int) else v for k, v in b.params.items()},
+        "scheduler": sched,
+        "scheduler_error": sched_error,
+        "scheduler_url": b.settings.scheduler_url,
+        "explorer_url": b.settings.explorer_url,
+        "regions": sorted(REGIONS),
+        "tiers": [{"key": t.key, "name": t.name, "vram_mib": t.vram_mib} for t in TIERS.values()],
+    }
+
+
+# --------------------------------------------------------------------------- explorer
+
+
+@router.get("/payouts")
+async def payouts(
+    b: BackendDep,
+    provider: str | None = None,
+    submitter: str | None = None,
+    job: str | None = None,
+    limit: int = Query(100, ge=1, le=5000),
+    offset: int = Query(0, ge=0),
+    bucket_s: int | None = Query(None, ge=60, le=366 * 86400),
+) -> dict[str, Any]:
+    """Every payout (``JobReleased``), newest first, filtered; sums and totals over time."""
+    prov = _address(provider, "provider")
+    sub = _address(submitter, "submitter")
+    jid = _job_id(job) if job else None
+    await b.refresh()
+    rows = b.index.payouts(provider=prov, submitter=sub, job=jid)
+    buckets = b.index.totals(rows, bucket_s)
+    return {
+        "count": len(rows),
+        "amount_wei": str(sum(p.amount for p in rows)),
+        "fee_wei": str(sum(p.fee for p in rows)),
+        "payouts": [p.to_json() for p in rows[offset : offset + limit]],
+        "totals": [bucket.to_json() for bucket in buckets],
+        "head_block": b.index.head,
+    }
+
+
+@router.get("/address/{address}")
+async def address(address: str, b: BackendDep) -> dict[str, Any]:
+    """Earned, withdrawn, balance (``balanceOf``), stake (``providerOf``), slashes, jobs, nodes
+    and events of one address."""
+    addr = _address(address, "address")
+    assert addr is not None
+    await b.refresh()
+    return await b.address_view(addr)
+
+
+@router.get("/jobs")
+async def jobs(
+    b: BackendDep,
+    submitter: str | None = None,
+    provider: str | None = None,
+    status: str | None = Query(None, pattern="^(funded|assigned|submitted|released|refunded)$"),
+    limit: int = Query(100, ge=1, le=5000),
+    offset: int = Query(0, ge=0),
+) -> dict[str, Any]:
+    """Jobs on the escrow, newest first, from the chain's events."""
+    from .backend import job_summary
+
+    sub = _address(submitter, "submitter")
+    prov = _address(provider, "provider")
+    await b.refresh()
+    states = b.index.jobs(submitter=sub, provider=prov)
+    if status:
+        states = [s for s in states if s.status.name.lower() == status]
+    return {
+        "count": len(states),
+        "counts": b.index.job_counts(),
+        "jobs": [job_summary(s) for s in states[offset : offset + limit]],
+    }
+
+
+@router.get("/jobs/{job_id}")
+async def job(job_id: str, b: BackendDep) -> dict[str, Any]:
+    """A job: on-chain state and every event, the scheduler's state, attempts and logs."""
+    jid = _job_id(job_id)
+    await b.refresh()
+    return await b.job_view(jid)
+
+
+@router.get("/jobs/{job_id}/stream")
+async def job_stream(job_id: str, request: Request, b: BackendDep) -> StreamingResponse:
+    """Server-sent events: ``job`` with the job's view (and its live HTML fragment) each time it
+    changes, ``end`` once it can no longer change. The scheduler and the chain are polled every
+    ``stream_poll_s``."""
+    jid = _job_id(job_id)
+
+    async def events() -> AsyncIterator[str]:
+        started = time.monotonic()
+        last = ""
+        template = env.get_template("_job_live.html")
+        yield "retry: 2000\n\n"
+        while time.monotonic() - started < b.settings.stream_max_s:
+            if await request.is_disconnected():
+                return
+            try:
+                await b.refresh()
+                view = await b.job_view(jid)
+            except NotFoundError as exc:
+                view = {"job_id": jid, "missing": str(exc)}
+            except Exception as exc:  # the chain hiccuped: say so, keep polling
+                view = {"job_id": jid, "error": f"{type(exc).__name__}: {exc}"}
+            key = dumps(_stable(view))
+            if key != last:
+                last = key
+                payload: dict[str, Any] = {
+                    "view": view,
+                    "html": template.render(view=view, b=b) if "state" in view else None,
+                }
+                yield f"event: job\ndata: {json.dumps(payload, default=str)}\n\n"
+                if view.get("final"):
+                    yield "event: end\ndata: {}\n\n"
+                    return
+            else:
+                yield ": ping\n\n"
+            await asyncio.sleep(b.settings.stream_poll_s)
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+def _stable(view: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a job view whose change is worth a push (not lease renewals)."""
+    out = {k: v for k, v in view.items() if k not in ("chain_time",)}
+    sched = out.get("scheduler")
+    if isinstance(sched, dict):
+        out["scheduler"] = {
+            k: v for k, v in sched.items() if k not in ("lease_expires", "updated_at")
+        }
+    return out
+
+
+@router.get("/tx/{tx_hash}")
+async def tx(tx_hash: str, b: BackendDep) -> dict[str, Any]:
+    """A transaction: sender, call decoded, status, and its escrow events decoded."""
+    try:
+        h = hexstr(parse_bytes32(tx_hash, "tx_hash"))
+    except ValueError as exc:
+        raise field_error(exc, "tx_hash") from None
+    view = await asyncio.to_thread(b.index.tx, h)
+    body = view.to_json()
+    body["explorer"] = b.explorer_link("tx", h)
+    return body
+
+
+@router.get("/fleet")
+async def fleet(b: BackendDep) -> dict[str, Any]:
+    """Nodes by tier, region and status (from the scheduler) and the providers' leaderboard
+    (jobs paid and earnings from the chain)."""
+    await b.refresh()
+    return await b.fleet_view()
+
+
+# --------------------------------------------------------------------------- submitting
+
+
+@router.post("/quote")
+async def quote(body: QuoteRequest, b: BackendDep) -> dict[str, Any]:
+    """The scheduler's quote for these resources (by tier, with the fee), and the online nodes
+    that offer them."""
+    body.check()
+    try:
+        answer = await b.scheduler.quote(body.scheduler_body())
+    except SchedulerError as exc:
+        if 400 <= exc.status < 500:
+            raise FieldError("resources", str(exc).removeprefix("scheduler: ")) from None
+        raise
+    try:
+        nodes = (await b.scheduler.nodes()).get("nodes", [])
+    except SchedulerError:
+        nodes = []
+    fits = [
+        {k: n.get(k) for k in ("node_id", "name", "wallet", "tier", "region", "reputation")}
+        for n in nodes
+        if body.fits(n)
+    ]
+    answer["providers"] = fits
+    answer["provider_count"] = len(fits)
+    return answer
+
+
+@router.post("/jobs/prepare")
+async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
+    """Check a job, add its spec to IPFS, and build the ``createJob`` transaction for the
+    submitter's wallet. Nothing is created when a check fails: the spec is added to IPFS only
+    once the transaction's dry run passed (the spec's CID is computed locally first)."""
+    from gridmarket.cid import bytes_cid
+
+    await b.refresh(force=True)
+    checked = check_job(req, chain_now=b.chain_now(), params=b.params)
+    spec_bytes = checked.spec.to_bytes()
+    spec_cid = bytes_cid(spec_bytes)
+    tx = await asyncio.to_thread(
+        b.txs.create_job,
+        checked.sender,
+        checked.salt,
+        spec_cid,
+        checked.deadline,
+        checked.bounty_wei,
+    )
+    jid = hexstr(compute_job_id(checked.sender, spec_cid, checked.salt))
+    if not req.dry_run:
+        stored = await asyncio.to_thread(_add_spec, b, spec_bytes)
+        if stored != spec_cid:
+            raise HTTPException(502, f"IPFS stored the spec as {stored}, expected {spec_cid}")
+    return {
+        "dry_run": req.dry_run,
+        "job_id": jid,
+        "spec_cid": spec_cid,
+        "spec": checked.spec.model_dump(mode="json"),
+        "salt": hexstr(checked.salt),
+        "bounty_wei": str(checked.bounty_wei),
+        "deadline": checked.deadline,
+        "tx": tx,
+        "job_url": f"/jobs/{jid}",
+    }
+
+
+def _add_spec(b: Backend, data: bytes) -> str:
+    with b.ipfs() as store:
+        return store.add_bytes(data)
+
+
+@router.post("/jobs/{job_id}/{action}/prepare")
+async def prepare_job_action(
+    job_id: str, action: str, req: AddressRequest, b: BackendDep
+) -> dict[str, Any]:
+    """``cancel`` (before assignment, by the submitter), ``refund`` (after the deadline, by
+    anyone) or ``release`` (accept a submitted result, by the submitter) as an unsigned
+    transaction from ``from``; refused with the contract's reason when it would revert."""
+    if action not in ("cancel", "refund", "release"):
+        raise HTTPException(404, f"no action {action!r}: use cancel, refund or release")
+    jid = _job_id(job_id)
+    sender = _address(req.sender, "from")
+    assert sender is not None
+    await b.refresh(force=True)
+    found = b.chain_job(jid)
+    if found is None:
+        raise NotFoundError(f"no job {jid} on escrow {b.escrow.address}")
+    state, _ = found
+    tx = await asyncio.to_thread(b.txs.job_call, sender, action, state)
+    return {"job_id": jid, "action": action, "tx": tx}
+
+
+@router.post("/withdraw/prepare")
+async def prepare_withdraw(req: AddressRequest, b: BackendDep) -> dict[str, Any]:
+    """``withdraw()`` of ``from``'s whole balance, as an unsigned transaction."""
+    sender = _address(req.sender, "from")
+    assert sender is not None
+    balance = await asyncio.to_thread(b.escrow.call, "balanceOf", sender)
+    if int(balance) == 0:
+        raise FieldError("from", f"{sender} has nothing to withdraw (balance 0)")
+    tx = await asyncio.to_thread(b.txs.unsigned, sender, "withdraw")
+    return {"balance_wei": str(int(balance)), "tx": tx}
+
+
+@router.post("/providers/prepare")
+async def prepare_provider(req: ProviderSignup, b: BackendDep) -> dict[str, Any]:
+    """Provider sign-up: a metadata document on IPFS and ``registerProvider(metadataCid)`` with
+    the stake as value, for the provider's wallet to sign."""
+    from gridmarket.cid import bytes_cid
+
+    sender = _address(req.sender, "from")
+    assert sender is not None
+    try:
+        stake = parse_eth(str(req.stake_eth), "stake_eth")
+    except ValueError as exc:
+        raise field_error(exc, "stake_eth") from None
+    if req.region is not None and req.region not in REGIONS:
+        raise FieldError("region", f"{req.region!r} is unknown; use one of {sorted(REGIONS)}")
+    metadata = json.dumps(
+        {"wallet": sender, "name": req.name, "region": req.region, "contact": req.contact},
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode()
+    cid = bytes_cid(metadata)
+    tx = await asyncio.to_thread(
+        b.txs.unsigned, sender, "registerProvider", cid, value=stake, field="stake_eth"
+    )
+    stored = await asyncio.to_thread(_add_spec, b, metadata)
+    if stored != cid:
+        raise HTTPException(502, f"IPFS stored the metadata as {stored}, expected {cid}")
+    return {"metadata_cid": cid, "stake_wei": str(stake), "tx": tx}
+
+
+@router.post("/tx/relay")
+async def relay(req: RelayRequest, b: BackendDep) -> dict[str, Any]:
+    """Relay a signed raw transaction to the escrow (refused, with the reason, when it is for
+    another contract or chain, or would revert); with ``wait_s``, wait for its receipt."""
+    result = await asyncio.to_thread(b.txs.relay, req.raw_tx, wait_s=req.wait_s)
+    if result.get("block") is not None:
+        await b.refresh(force=True)
+    return result
+
+
+# --------------------------------------------------------------------------- uploads
+
+
+def _check_length(request: Request, b: Backend) -> None:
+    length = request.headers.get("content-length")
+    if (
+        length is not None
+        and length.isdigit()
+        and int(length) > b.settings.upload_max_bytes + 65536
+    ):
+        raise HTTPException(
+            413, f"upload of {length} bytes is over the {b.settings.upload_max_bytes}-byte cap"
+        )
+
+
+def _safe_relpath(name: str) -> PurePosixPath:
+    """A file's path inside the dataset (browsers send folder uploads as ``dir/sub/file``)."""
+    path = PurePosixPath(name.replace("\\", "/"))
+    parts = [p for p in path.parts if p not in ("", ".")]
+    if not parts or path.is_absolute() or any(p == ".." or "\0" in p for p in parts):
+        raise FieldError("files", f"unsafe file name {name!r}")
+    return PurePosixPath(*parts)
+
+
+async def _save(upload: UploadFile, target: Path, budget: list[int], cap: int) -> int:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    with target.open("xb") as out:
+        while chunk := await upload.read(1024 * 1024):
+            written += len(chunk)
+            budget[0] += len(chunk)
+            if budget[0] > cap:
+                raise HTTPException(413, f"upload is over the {cap}-byte cap")
+            out.write(chunk)
+    return written
+
+
+@router.post("/uploads/dataset")
+async def upload_dataset(request: Request, b: BackendDep) -> dict[str, Any]:
+    """A dataset (multipart field ``files``, one or more; folder uploads keep their relative
+    paths) added to IPFS as one directory: the job sees it at ``/input``. Its CID."""
+    _check_length(request, b)
+    form = await request.form(max_files=MAX_UPLOAD_FILES)
+    files = [f for f in form.getlist("files") if isinstance(f, UploadFile)]
+    if not files:
+        raise FieldError("files", "choose at least one file (multipart field 'files')")
+    work = Path(tempfile.mkdtemp(prefix="gm-upload-"))
+    try:
+        root = work / "dataset"
+        root.mkdir()
+        budget = [0]
+        names: list[str] = []
+        relpaths = [_safe_relpath(f.filename or "") for f in files]
+        # A folder upload arrives as "<folder>/<file>": the folder itself is the dataset.
+        tops = {p.parts[0] for p in relpaths}
+        strip = len(tops) == 1 and all(len(p.parts) > 1 for p in relpaths)
+        for upload, rel in zip(files, relpaths, strict=True):
+            rel = PurePosixPath(*rel.parts[1:]) if strip else rel
+            target = root.joinpath(*rel.parts)
+            if target.exists():
+                raise FieldError("files", f"{rel} is given twice")
+            await _save(upload, target, budget, b.settings.upload_max_bytes)
+            names.append(str(rel))
+        cid = await asyncio.to_thread(_add_dir, b, root)
+        return {"cid": cid, "files": sorted(names), "bytes": budget[0]}
+    finally:
+        await form.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _add_dir(b: Backend, path: Path) -> str:
+    with b.ipfs() as store:
+        return store.add_dir(path)
+
+
+@router.post("/uploads/module")
+async def upload_module(request: Request, b: BackendDep) -> dict[str, Any]:
+    """A WASM module (multipart field ``file``: a ``.wasm`` WASI command) added to IPFS; its
+    CID, for ``module_cid``."""
+    _check_length(request, b)
+    form = await request.form(max_files=1)
+    upload = form.get("file")
+    try:
+        if not isinstance(upload, UploadFile):
+            raise FieldError("file", "choose a .wasm file (multipart field 'file')")
+        data = await upload.read(b.settings.upload_max_bytes + 1)
+        if len(data) > b.settings.upload_max_bytes:
+            raise HTTPException(413, f"module is over the {b.settings.upload_max_bytes}-byte cap")
+        if not data.startswith(WASM_MAGIC):
+            raise FieldError("file", f"{upload.filename!r} is not a WebAssembly module (no \\0asm)")
+        cid = await asyncio.to_thread(_add_spec, b, data)
+        return {"cid": cid, "bytes": len(data), "name": upload.filename}
+    finally:
+        await form.close()

@@ -1,0 +1,306 @@
+"""The front end's connections (scheduler, chain, IPFS) and the views built from them.
+
+A view is data put side by side for a page or an API answer (the chain's fold next to the
+scheduler's state); nothing is decided here that the contract or the scheduler decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from gridmarket.chain import Deployment, EscrowClient
+from gridmarket.escrow import JobState, Status
+from gridmarket.ipfs import IpfsStore
+
+from .index import ChainEvent, ChainIndex, NotFoundError, hexstr, jsonable
+from .scheduler import SchedulerClient, SchedulerError
+from .settings import Settings
+from .txs import TxBuilder
+
+TERMINAL_STATES = frozenset({"released", "refunded", "failed", "invalid", "expired"})
+"""Scheduler states after which a job's page stops changing (with the chain's terminal ones)."""
+
+SPEC_CACHE_MAX = 512
+
+
+class Backend:
+    """Everything a request handler needs; one per app, made at start-up."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.deployment = Deployment.load(settings.deployment_file)
+        self.escrow = EscrowClient.connect(
+            settings.rpc_url, self.deployment, timeout=settings.request_timeout_s
+        )
+        self.index = ChainIndex(
+            self.escrow,
+            chunk_blocks=settings.log_chunk_blocks,
+            min_interval_s=settings.index_min_interval_s,
+        )
+        self.txs = TxBuilder(self.escrow)
+        self.scheduler = SchedulerClient(settings.scheduler_url, settings.request_timeout_s)
+        self._spec_cache: dict[str, dict[str, Any]] = {}
+        self.cache_dir = Path(tempfile.mkdtemp(prefix="gridmarket-frontend-"))
+        self._fetch_locks: dict[str, threading.Lock] = {}
+        self._fetch_lock = threading.Lock()
+
+    async def aclose(self) -> None:
+        await self.scheduler.aclose()
+        shutil.rmtree(self.cache_dir, ignore_errors=True)
+
+    # ------------------------------------------------------------------ plumbing
+    def ipfs(self) -> IpfsStore:
+        """A fresh IPFS client (the HTTP client underneath is not shared between threads)."""
+        return IpfsStore(
+            self.settings.ipfs_api,
+            timeout=max(60.0, self.settings.ipfs_timeout_s),
+            resolve_timeout=self.settings.ipfs_timeout_s,
+        )
+
+    async def refresh(self, *, force: bool = False) -> int:
+        """Read new blocks into the chain index (rate-limited unless ``force``)."""
+        return await asyncio.to_thread(self.index.refresh, force=force)
+
+    def chain_now(self) -> int:
+        """The chain's time as the next block will see it (anvil and real chains: wall time
+        or later)."""
+        return max(int(time.time()), self.index.head_time)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.deployment.params)
+
+    def explorer_link(self, kind: str, value: str) -> str | None:
+        """``<explorer_url>/tx/<hash>`` or ``/address/<addr>`` when a public explorer is set."""
+        base = self.settings.explorer_url
+        return f"{base}/{kind}/{value}" if base else None
+
+    # ------------------------------------------------------------------ IPFS
+    def spec_of(self, spec_cid: str) -> dict[str, Any] | None:
+        """The job spec document at ``spec_cid`` (verified, capped at 64 KiB), cached by CID;
+        None if IPFS does not have it or it is not JSON."""
+        cached = self._spec_cache.get(spec_cid)
+        if cached is not None:
+            return cached
+        try:
+            with self.ipfs() as store:
+                data = store.cat(spec_cid, max_bytes=64 * 1024, timeout_s=5)
+            spec = json.loads(data)
+        except (OSError, ValueError):
+            return None
+        if not isinstance(spec, dict):
+            return None
+        if len(self._spec_cache) >= SPEC_CACHE_MAX:
+            self._spec_cache.clear()
+        self._spec_cache[spec_cid] = spec
+        return spec
+
+    def fetch_tree(self, cid: str) -> Path:
+        """``cid`` fetched (verified against its CID, capped) into the cache; its path: the
+        directory itself, or the single file. Content-addressed, so fetched once."""
+        with self._fetch_lock:
+            lock = self._fetch_locks.setdefault(cid, threading.Lock())
+        with lock:
+            dest = self.cache_dir / cid
+            done = dest / ".complete"
+            if done.exists():
+                return Path(done.read_text())
+            staging = self.cache_dir / f".{cid}.{threading.get_ident()}"
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            try:
+                with self.ipfs() as store:
+                    got = store.fetch(cid, staging / "root", self.settings.download_max_bytes)
+                shutil.rmtree(dest, ignore_errors=True)
+                staging.rename(dest)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            target = dest / got.relative_to(staging)
+            done.write_text(str(target))
+            return target
+
+    # ------------------------------------------------------------------ views
+    async def scheduler_job(self, job_id: str) -> tuple[dict[str, Any] | None, str | None]:
+        """The scheduler's view of a job and, when it could not be asked, why."""
+        try:
+            return await self.scheduler.job(job_id), None
+        except SchedulerError as exc:
+            return None, str(exc)
+
+    def chain_job(self, job_id: str) -> tuple[JobState, list[ChainEvent]] | None:
+        try:
+            return self.index.job(job_id)
+        except NotFoundError:
+            return None
+
+    async def job_view(self, job_id: str) -> dict[str, Any]:
+        """A job as the chain and the scheduler see it, with what its submitter may do now.
+
+        :class:`NotFoundError` when neither knows it.
+        """
+        found = self.chain_job(job_id)
+        sched, sched_error = await self.scheduler_job(job_id)
+        if found is None and sched is None:
+            raise NotFoundError(
+                f"job {job_id} is not on escrow {self.escrow.address}"
+                + (f" ({sched_error})" if sched_error else "")
+            )
+        view: dict[str, Any] = {
+            "job_id": job_id,
+            "chain": None,
+            "scheduler": sched,
+            "scheduler_error": sched_error,
+        }
+        now = self.chain_now()
+        actions = {"cancel": False, "refund": False, "release": False}
+        if found is not None:
+            state, events = found
+            job = state.job
+            view["chain"] = {
+                "status": state.status.name.lower(),
+                "submitter": job.submitter,
+                "bounty_wei": str(job.bounty),
+                "fee_bps": job.fee_bps,
+                "fee_wei": str(job.fee),
+                "payout_wei": str(job.payout),
+                "deadline": job.deadline,
+                "provider": None if int(job.provider, 16) == 0 else job.provider,
+                "attempt": job.attempt,
+                "spec_cid": state.spec_cid,
+                "salt": hexstr(state.salt),
+                "output_cid": state.output_cid,
+                "events": [e.to_json() for e in events],
+            }
+            # What the contract allows now (JobEscrow.cancel / refund / release preconditions);
+            # the transaction is still dry-run from the wallet's address before it is offered.
+            actions["cancel"] = state.status is Status.FUNDED
+            actions["refund"] = state.status in (Status.FUNDED, Status.ASSIGNED) and (
+                now > job.deadline
+            )
+            actions["release"] = state.status is Status.SUBMITTED
+        chain = view["chain"]
+        view["state"] = (sched or {}).get("state") or (chain or {}).get("status")
+        view["chain_status"] = (chain or {}).get("status")
+        view["output_cid"] = (chain or {}).get("output_cid") or (sched or {}).get("output_cid")
+        view["spec_cid"] = (chain or {}).get("spec_cid") or (sched or {}).get("spec_cid")
+        view["actions"] = actions
+        view["chain_time"] = now
+        view["final"] = (chain or {}).get("status") in ("released", "refunded") or (
+            view["state"] in TERMINAL_STATES and chain is not None
+        )
+        txs: dict[str, dict[str, Any]] = {}
+        for event in (chain or {}).get("events", []):
+            entry = txs.setdefault(
+                event["tx_hash"],
+                {
+                    "tx_hash": event["tx_hash"],
+                    "block": event["block"],
+                    "time": event["time"],
+                    "events": [],
+                },
+            )
+            entry["events"].append(event["name"])
+        view["transactions"] = list(txs.values())
+        return view
+
+    async def address_view(self, address: str) -> dict[str, Any]:
+        """Totals from the events, live balance and stake, jobs and nodes of one address."""
+        stats = self.index.stats(address)
+        account = await asyncio.to_thread(self.index.account, address)
+        nodes: list[dict[str, Any]] = []
+        nodes_error = None
+        try:
+            fleet = await self.scheduler.nodes()
+            nodes = [n for n in fleet.get("nodes", []) if n.get("wallet") == address]
+        except SchedulerError as exc:
+            nodes_error = str(exc)
+        events = self.index.events(stats.events, limit=200)
+        as_submitter = self.index.jobs(submitter=address)
+        payouts = self.index.payouts(provider=address)
+        return {
+            "address": address,
+            "totals": stats.to_json(),
+            "account": account,
+            "nodes": nodes,
+            "nodes_error": nodes_error,
+            "payouts": [p.to_json() for p in payouts],
+            "jobs_submitted": [job_summary(s) for s in as_submitter],
+            "events": [e.to_json() for e in events],
+            "explorer": self.explorer_link("address", address),
+        }
+
+    async def fleet_view(self) -> dict[str, Any]:
+        """Nodes from the scheduler and a leaderboard of providers from the chain."""
+        nodes: list[dict[str, Any]] = []
+        counts: dict[str, int] = {}
+        error = None
+        try:
+            fleet = await self.scheduler.nodes()
+            nodes, counts = fleet.get("nodes", []), fleet.get("counts", {})
+        except SchedulerError as exc:
+            error = str(exc)
+        by_wallet: dict[str, list[dict[str, Any]]] = {}
+        for n in nodes:
+            by_wallet.setdefault(str(n.get("wallet")), []).append(n)
+        providers = self.index.providers()
+        board: list[dict[str, Any]] = []
+        for wallet in set(providers) | set(by_wallet):
+            stats = providers.get(wallet)
+            mine = by_wallet.get(wallet, [])
+            board.append(
+                {
+                    "wallet": wallet,
+                    "jobs_paid": stats.jobs_paid if stats else 0,
+                    "earned_wei": str(stats.earned if stats else 0),
+                    "slash_count": stats.slash_count if stats else 0,
+                    "staked_wei": str(stats.staked if stats else 0),
+                    "nodes": len(mine),
+                    "online": sum(1 for n in mine if n.get("status") == "online"),
+                    "jobs_done": sum(int(n.get("jobs_done") or 0) for n in mine),
+                    "reputation": max(
+                        (float(n.get("reputation") or 0) for n in mine), default=None
+                    ),
+                }
+            )
+        board.sort(key=lambda r: (-int(r["earned_wei"]), -int(r["jobs_done"]), r["wallet"]))
+        tiers: dict[str, int] = {}
+        regions: dict[str, int] = {}
+        for n in nodes:
+            tiers[str(n.get("tier"))] = tiers.get(str(n.get("tier")), 0) + 1
+            regions[str(n.get("region"))] = regions.get(str(n.get("region")), 0) + 1
+        return {
+            "nodes": nodes,
+            "counts": counts,
+            "by_tier": dict(sorted(tiers.items(), key=lambda kv: -kv[1])),
+            "by_region": dict(sorted(regions.items(), key=lambda kv: -kv[1])),
+            "leaderboard": board,
+            "error": error,
+        }
+
+
+def job_summary(state: JobState) -> dict[str, Any]:
+    """One line of a job list, from the chain's fold."""
+    job = state.job
+    return {
+        "job_id": hexstr(state.job_id),
+        "status": state.status.name.lower(),
+        "submitter": job.submitter,
+        "provider": None if int(job.provider, 16) == 0 else job.provider,
+        "bounty_wei": str(job.bounty),
+        "deadline": job.deadline,
+        "spec_cid": state.spec_cid,
+        "output_cid": state.output_cid,
+    }
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON of a view (bytes as hex)."""
+    return json.dumps(jsonable(value), separators=(",", ":"), sort_keys=True)

@@ -1,0 +1,700 @@
+"""``gridmarket``: the submitter's command line (typer), a client of the front end's JSON API.
+
+    gridmarket init               create (or import) the encrypted wallet keystore
+    gridmarket submit job.yaml    upload its files, fund it from the keystore, print the job
+    gridmarket status JOB         state on-chain and at the scheduler (--follow to watch)
+    gridmarket logs JOB           attempts and the last run's stdout/stderr
+    gridmarket get JOB|CID        download the output, checked against its CID
+    gridmarket cancel JOB         take the bounty back before anyone is assigned
+    gridmarket refund JOB         take the bounty back after the deadline
+    gridmarket withdraw           send your escrow balance (refunds) to your wallet
+    gridmarket jobs               your jobs
+
+The front end (``--url``, ``$GRIDMARKET_URL``) builds each transaction; the CLI checks it (to the
+escrow, the right function, spec, deadline and value), signs it with the local key and has the
+front end relay it. The key never leaves this process. Errors print one line on stderr and exit
+with status 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import httpx
+import typer
+
+from .format import ago, eth, short, when
+
+app = typer.Typer(
+    name="gridmarket",
+    help="GridMarket submitter: fund GPU jobs from your wallet, follow them, get the outputs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8800"
+DEFAULT_KEYSTORE = Path("~/.gridmarket/submitter.json")
+FINAL_STATES = frozenset({"released", "refunded", "failed", "invalid", "expired"})
+CREATE_JOB_SIGNATURE = "createJob(bytes32,string,uint40)"
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class CliError(RuntimeError):
+    """A problem to report in one line (exit status 1)."""
+
+
+@dataclass
+class Options:
+    url: str
+    keystore: Path
+    password_file: Path | None
+    ipfs_api: str | None
+
+
+def _opts(ctx: typer.Context) -> Options:
+    obj = ctx.find_root().obj
+    if not isinstance(obj, Options):
+        raise CliError("internal: options missing")
+    return obj
+
+
+def friendly(fn: Callable[P, R]) -> Callable[P, R]:
+    """Report :class:`CliError` (and the library errors it stands for) as one line, exit 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        from .jobfile import JobFileError
+        from .keystore import KeystoreError
+
+        try:
+            return fn(*args, **kwargs)
+        except (CliError, JobFileError, KeystoreError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    url: Annotated[
+        str, typer.Option(envvar="GRIDMARKET_URL", help="the front end's base URL")
+    ] = DEFAULT_URL,
+    keystore: Annotated[
+        Path, typer.Option(envvar="GRIDMARKET_KEYSTORE", help="your encrypted key file")
+    ] = DEFAULT_KEYSTORE,
+    password_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="GRIDMARKET_PASSWORD_FILE",
+            help="file holding the keystore password ($GRIDMARKET_PASSWORD also works)",
+        ),
+    ] = None,
+    ipfs_api: Annotated[
+        str | None,
+        typer.Option(
+            envvar="GRIDMARKET_IPFS_API",
+            help="an IPFS RPC API to download outputs from directly (default: via the front end)",
+        ),
+    ] = None,
+) -> None:
+    """GridMarket submitter CLI."""
+    ctx.obj = Options(url.rstrip("/"), keystore.expanduser(), password_file, ipfs_api)
+
+
+# --------------------------------------------------------------------------- plumbing
+
+
+class Frontend:
+    """The front end's JSON API; errors become :class:`CliError` with the server's sentence."""
+
+    def __init__(self, url: str, timeout: float = 120.0) -> None:
+        self.url = url
+        self._http = httpx.Client(base_url=url, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise CliError(f"cannot reach the front end at {self.url}: {exc}") from None
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text[:300]
+            raise CliError(str(detail))
+        return response
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        return self.request("GET", path, **kwargs).json()
+
+    def post(self, path: str, **kwargs: Any) -> Any:
+        return self.request("POST", path, **kwargs).json()
+
+
+def _password(opts: Options, confirm: bool = False) -> str:
+    env = os.environ.get("GRIDMARKET_PASSWORD")
+    if env:
+        return env
+    if opts.password_file is not None:
+        try:
+            return opts.password_file.read_text(encoding="utf-8").rstrip("\r\n")
+        except OSError as exc:
+            raise CliError(f"cannot read the password file {opts.password_file}: {exc}") from None
+    if not sys.stdin.isatty():
+        raise CliError("no password: set GRIDMARKET_PASSWORD or --password-file")
+    password: str = typer.prompt("keystore password", hide_input=True, confirmation_prompt=confirm)
+    return password
+
+
+def _account(opts: Options) -> Any:
+    from .keystore import load_account
+
+    return load_account(opts.keystore, _password(opts))
+
+
+def _address(opts: Options) -> str:
+    from .keystore import keystore_address
+
+    return keystore_address(opts.keystore)
+
+
+def _check_create_job(
+    tx: dict[str, str], info: dict[str, Any], spec_cid: str, deadline: int, bounty: int
+) -> None:
+    """Refuse a ``createJob`` transaction that is not the one asked for: another contract or
+    chain, another function, spec, deadline or value (a front end cannot redirect funds)."""
+    from eth_abi.abi import decode
+    from eth_utils.crypto import keccak
+
+    if tx["to"].lower() != str(info["escrow"]).lower():
+        raise CliError(f"the transaction goes to {tx['to']}, not to the escrow {info['escrow']}")
+    if int(tx["chainId"], 16) != int(info["chain_id"]):
+        raise CliError(f"the transaction is for chain {int(tx['chainId'], 16)}")
+    data = bytes.fromhex(tx["data"][2:])
+    if data[:4] != keccak(text=CREATE_JOB_SIGNATURE)[:4]:
+        raise CliError("the transaction does not call createJob")
+    _, cid, got_deadline = decode(["bytes32", "string", "uint40"], data[4:])
+    if cid != spec_cid or got_deadline != deadline or int(tx["value"], 16) != bounty:
+        raise CliError("the transaction's spec, deadline or bounty is not the one prepared")
+
+
+def _sign(account: Any, tx: dict[str, str]) -> str:
+    signed = account.sign_transaction(
+        {
+            "to": tx["to"],
+            "data": tx["data"],
+            "value": int(tx["value"], 16),
+            "gas": int(tx["gas"], 16),
+            "gasPrice": int(tx["gasPrice"], 16),
+            "nonce": int(tx["nonce"], 16),
+            "chainId": int(tx["chainId"], 16),
+        }
+    )
+    return "0x" + bytes(signed.raw_transaction).hex()
+
+
+def _relay(fe: Frontend, raw: str) -> dict[str, Any]:
+    result: dict[str, Any] = fe.post("/api/tx/relay", json={"raw_tx": raw, "wait_s": 120})
+    if result.get("status") != "success":
+        raise CliError(f"transaction {result.get('tx_hash')} {result.get('status')}")
+    return result
+
+
+def _job_id(value: str) -> str:
+    text = value.strip().lower()
+    if not (text.startswith("0x") and len(text) == 66):
+        raise CliError(f"{value!r} is not a job id (0x and 64 hex digits)")
+    return text
+
+
+def _tx_link(info: dict[str, Any], url: str, tx_hash: str) -> str:
+    explorer = info.get("explorer_url")
+    return f"{explorer}/tx/{tx_hash}" if explorer else f"{url}/tx/{tx_hash}"
+
+
+# --------------------------------------------------------------------------- init
+
+
+@app.command()
+@friendly
+def init(
+    ctx: typer.Context,
+    private_key_file: Annotated[
+        Path | None, typer.Option(help="import this hex private key instead of making a new one")
+    ] = None,
+    force: Annotated[bool, typer.Option(help="replace an existing keystore")] = False,
+) -> None:
+    """Create your wallet's encrypted keystore; print its address (fund it to submit jobs)."""
+    from .keystore import create_keystore
+
+    opts = _opts(ctx)
+    key = None
+    if private_key_file is not None:
+        try:
+            key = private_key_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise CliError(f"cannot read {private_key_file}: {exc.strerror}") from None
+    address = create_keystore(
+        opts.keystore, _password(opts, confirm=True), private_key=key, force=force
+    )
+    typer.echo(f"keystore {opts.keystore}")
+    typer.echo(address)
+
+
+# --------------------------------------------------------------------------- submit
+
+
+def _upload_dataset(fe: Frontend, path: Path) -> str:
+    """Upload a file or folder as the job's dataset; the CID, checked against the local bytes."""
+    from gridmarket.cid import path_cid
+
+    if path.is_file():
+        files = [(path.name, path)]
+    else:
+        files = []
+        for item in sorted(path.rglob("*")):
+            if item.is_symlink():
+                raise CliError(f"dataset: {item} is a symbolic link; copy the file instead")
+            if item.is_file():
+                files.append((f"{path.name}/{item.relative_to(path).as_posix()}", item))
+        if not files:
+            raise CliError(f"dataset: {path} holds no file")
+    handles = [(name, p.open("rb")) for name, p in files]
+    try:
+        body = fe.post(
+            "/api/uploads/dataset", files=[("files", (name, fh)) for name, fh in handles]
+        )
+    finally:
+        for _, fh in handles:
+            fh.close()
+    cid = str(body["cid"])
+    if path.is_dir():
+        local = path_cid(path)
+        if local != cid:
+            raise CliError(
+                f"dataset: IPFS holds it as {cid} but {path} hashes to {local} "
+                "(empty folders are not uploaded: remove them)"
+            )
+    return cid
+
+
+def _upload_module(fe: Frontend, path: Path) -> str:
+    from gridmarket.cid import bytes_cid
+
+    if path.suffix == ".wat":
+        import wasmtime
+
+        try:
+            data = bytes(wasmtime.wat2wasm(path.read_text(encoding="utf-8")))
+        except Exception as exc:  # wasmtime raises its own error type for bad text
+            raise CliError(f"module: {path} does not compile: {str(exc).splitlines()[0]}") from None
+    else:
+        data = path.read_bytes()
+    body = fe.post("/api/uploads/module", files={"file": (path.with_suffix(".wasm").name, data)})
+    cid = str(body["cid"])
+    if cid != bytes_cid(data):
+        raise CliError(f"module: IPFS holds it as {cid}, not as its bytes' CID {bytes_cid(data)}")
+    return cid
+
+
+@app.command()
+@friendly
+def submit(
+    ctx: typer.Context,
+    job_file: Annotated[Path, typer.Argument(help="job spec file (YAML or JSON)")],
+    bounty: Annotated[str | None, typer.Option(help="ETH to lock (overrides the file)")] = None,
+    deadline: Annotated[
+        str | None, typer.Option(help="e.g. 2h, 1d or an ISO date (overrides the file)")
+    ] = None,
+    wait: Annotated[bool, typer.Option(help="follow the job until it is final")] = False,
+    timeout: Annotated[float, typer.Option(help="seconds --wait waits at most")] = 3600,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="check everything, upload and fund nothing")
+    ] = False,
+) -> None:
+    """Upload the job's files to IPFS, fund it from your keystore, print its id and page."""
+    from gridmarket.cid import bytes_cid
+    from gridmarket.wire import JobSpec
+
+    from .jobfile import load_job_file, parse_deadline
+
+    opts = _opts(ctx)
+    job = load_job_file(job_file)
+    bounty_eth, bounty_wei = (
+        (bounty, None) if bounty is not None else (job.bounty_eth, job.bounty_wei)
+    )
+    if bounty_eth is None and bounty_wei is None:
+        raise CliError(f"{job_file}: bounty: say how much ETH to lock (bounty: 0.01)")
+    abs_deadline, ttl_s = (
+        parse_deadline(deadline) if deadline is not None else (job.deadline, job.ttl_s)
+    )
+    account = _account(opts)
+    fe = Frontend(opts.url)
+    try:
+        info = fe.get("/api/info")
+        terms: dict[str, Any] = {"from": account.address}
+        if bounty_eth is not None:
+            terms["bounty_eth"] = bounty_eth
+        else:
+            terms["bounty_wei"] = bounty_wei
+        if abs_deadline is not None:
+            terms["deadline"] = abs_deadline
+        if ttl_s is not None:
+            terms["ttl_s"] = ttl_s
+        # 1. everything checked (the transaction's dry run included) before any upload
+        from .jobfile import PLACEHOLDER_CID
+
+        probe = job.spec_with(
+            dataset_cid=PLACEHOLDER_CID if job.dataset else None,
+            module_cid=PLACEHOLDER_CID if job.module else None,
+        )
+        checked = fe.post("/api/jobs/prepare", json={**terms, "spec": probe, "dry_run": True})
+        if dry_run:
+            typer.echo(
+                f"ok: {job_file} would lock {eth(checked['bounty_wei'])} from {account.address} "
+                f"until {when(checked['deadline'])}"
+            )
+            return
+        # 2. the files, then the spec and the transaction
+        dataset_cid = _upload_dataset(fe, job.dataset) if job.dataset else None
+        module_cid = _upload_module(fe, job.module) if job.module else None
+        spec = job.spec_with(dataset_cid=dataset_cid, module_cid=module_cid)
+        prepared = fe.post("/api/jobs/prepare", json={**terms, "spec": spec})
+        spec_cid = bytes_cid(JobSpec.model_validate(spec).to_bytes())
+        if prepared["spec_cid"] != spec_cid:
+            raise CliError(
+                f"the front end stored the spec as {prepared['spec_cid']}, not {spec_cid}"
+            )
+        _check_create_job(
+            prepared["tx"], info, spec_cid, int(prepared["deadline"]), int(prepared["bounty_wei"])
+        )
+        # 3. signed here, relayed there
+        result = _relay(fe, _sign(account, prepared["tx"]))
+        created = [e for e in result.get("events", []) if e["name"] == "JobCreated"]
+        if not created or created[0]["args"]["jobId"] != prepared["job_id"]:
+            raise CliError(f"transaction {result['tx_hash']} did not create the job")
+        job_id = prepared["job_id"]
+        out = {
+            "job_id": job_id,
+            "spec_cid": spec_cid,
+            "tx_hash": result["tx_hash"],
+            "bounty_wei": prepared["bounty_wei"],
+            "deadline": prepared["deadline"],
+            "url": f"{opts.url}/jobs/{job_id}",
+            "tx_url": _tx_link(info, opts.url, result["tx_hash"]),
+        }
+        if as_json:
+            typer.echo(json.dumps(out, indent=2))
+        else:
+            typer.echo(job_id)
+            typer.echo(
+                f"  funded   {eth(prepared['bounty_wei'])}, deadline {when(prepared['deadline'])}"
+            )
+            typer.echo(f"  spec     {spec_cid}")
+            typer.echo(f"  tx       {out['tx_url']}")
+            typer.echo(f"  follow   {out['url']}")
+        if wait:
+            final = _follow(fe, job_id, timeout, quiet=as_json)
+            if final.get("chain_status") != "released" and final.get("state") != "released":
+                raise typer.Exit(1)
+    finally:
+        fe.close()
+
+
+# --------------------------------------------------------------------------- following
+
+
+def _follow(fe: Frontend, job_id: str, timeout: float, quiet: bool = False) -> dict[str, Any]:
+    """Print each change of state until the job is final (or ``timeout``); its last view."""
+    deadline = time.monotonic() + timeout
+    last = ""
+    view: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            view = fe.get(f"/api/jobs/{job_id}")
+        except CliError as exc:
+            if "not on escrow" not in str(exc):
+                raise
+            time.sleep(1)
+            continue
+        line = f"{view.get('state')} (on-chain {view.get('chain_status')})"
+        reason = (view.get("scheduler") or {}).get("reason")
+        if reason:
+            line += f": {reason}"
+        if line != last and not quiet:
+            typer.echo(f"{time.strftime('%H:%M:%S')}  {line}")
+        last = line
+        if view.get("final"):
+            if view.get("output_cid") and not quiet:
+                typer.echo(f"output {view['output_cid']}  (gridmarket get {job_id})")
+            return view
+        time.sleep(1)
+    raise CliError(f"job {job_id} is still {view.get('state')} after {timeout:.0f} s")
+
+
+@app.command()
+@friendly
+def status(
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(help="the job id (0x...)")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="watch until final")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the whole view as JSON")] = False,
+) -> None:
+    """The job's state at the scheduler and on-chain, its terms, provider and output."""
+    opts = _opts(ctx)
+    jid = _job_id(job_id)
+    fe = Frontend(opts.url)
+    try:
+        if follow:
+            _follow(fe, jid, 24 * 3600)
+        view = fe.get(f"/api/jobs/{jid}")
+    finally:
+        fe.close()
+    if as_json:
+        typer.echo(json.dumps(view, indent=2))
+        return
+    chain = view.get("chain") or {}
+    sched = view.get("scheduler") or {}
+    rows = [
+        ("job", jid),
+        ("state", f"{view.get('state')}  (on-chain: {view.get('chain_status') or 'not yet'})"),
+    ]
+    if sched.get("reason"):
+        rows.append(("why", sched["reason"]))
+    if chain:
+        rows += [
+            ("bounty", f"{eth(chain['bounty_wei'])}  (provider gets {eth(chain['payout_wei'])})"),
+            ("deadline", f"{when(chain['deadline'])}  ({ago(chain['deadline'])})"),
+            ("submitter", chain["submitter"]),
+            ("provider", chain.get("provider") or "not assigned"),
+            ("spec", chain["spec_cid"]),
+        ]
+    rows.append(("output", view.get("output_cid") or "-"))
+    allowed = [name for name, ok in (view.get("actions") or {}).items() if ok]
+    if allowed:
+        rows.append(("you may", ", ".join(allowed)))
+    rows.append(("page", f"{opts.url}/jobs/{jid}"))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        typer.echo(f"{key:<{width}}  {value}")
+
+
+@app.command()
+@friendly
+def logs(
+    ctx: typer.Context, job_id: Annotated[str, typer.Argument(help="the job id (0x...)")]
+) -> None:
+    """Every attempt (node, outcome) and the last run's stdout and stderr tails."""
+    opts = _opts(ctx)
+    jid = _job_id(job_id)
+    fe = Frontend(opts.url)
+    try:
+        view = fe.get(f"/api/jobs/{jid}")
+    finally:
+        fe.close()
+    sched = view.get("scheduler") or {}
+    attempts = sched.get("attempts") or []
+    if not attempts:
+        typer.echo("no attempt yet")
+    for a in attempts:
+        typer.echo(
+            f"attempt {a['attempt']} on {a['node_id']} ({short(a['wallet'])}): "
+            f"{a.get('outcome') or 'running'} {a.get('detail') or ''}".rstrip()
+        )
+    result = sched.get("result") or {}
+    for name in ("stdout_tail", "stderr_tail"):
+        if result.get(name):
+            typer.echo(f"--- {name.removesuffix('_tail')}")
+            typer.echo(result[name].rstrip("\n"))
+
+
+@app.command()
+@friendly
+def get(
+    ctx: typer.Context,
+    target: Annotated[str, typer.Argument(help="a job id (its output) or a CID")],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="where to put it (default: ./<CID>)")
+    ] = None,
+) -> None:
+    """Download a job's output (or any CID) and check that its bytes hash back to the CID."""
+    from gridmarket.cid import normalize_cid, path_cid
+
+    opts = _opts(ctx)
+    fe = Frontend(opts.url, timeout=600)
+    try:
+        if target.startswith("0x"):
+            view = fe.get(f"/api/jobs/{_job_id(target)}")
+            cid = view.get("output_cid")
+            if not cid:
+                raise CliError(f"job {target} has no output yet (it is {view.get('state')})")
+        else:
+            cid = target
+        cid = normalize_cid(str(cid))
+        dest = (output or Path(cid)).expanduser()
+        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+            raise CliError(f"{dest} exists and is not an empty folder")
+        if opts.ipfs_api:
+            from gridmarket.ipfs import IpfsError, IpfsStore
+
+            try:
+                with IpfsStore(opts.ipfs_api) as store:
+                    got = store.fetch(cid, dest, max_bytes=64 * 1024**3)
+            except (IpfsError, ValueError) as exc:
+                raise CliError(str(exc)) from None
+        else:
+            got = _download(fe, cid, dest)
+        computed = path_cid(got)
+        if computed != cid:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise CliError(f"downloaded bytes hash to {computed}, not {cid}: discarded")
+    finally:
+        fe.close()
+    typer.echo(str(got))
+
+
+def _download(fe: Frontend, cid: str, dest: Path) -> Path:
+    """``cid`` through the front end's IPFS proxy (a tar for a folder), unpacked into ``dest``."""
+    with tempfile.TemporaryDirectory(prefix="gm-get-") as tmp:
+        raw = Path(tmp) / "download"
+        try:
+            with fe._http.stream("GET", f"/ipfs/{cid}", params={"archive": "tar"}) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise CliError(f"download of {cid}: {response.text[:300]}")
+                kind = response.headers.get("x-ipfs-kind", "")
+                with raw.open("wb") as out:
+                    for chunk in response.iter_bytes():
+                        out.write(chunk)
+        except httpx.HTTPError as exc:
+            raise CliError(f"download of {cid} failed: {exc}") from None
+        dest.mkdir(parents=True, exist_ok=True)
+        if kind == "file":
+            target = dest / cid
+            shutil.move(str(raw), target)
+            return target
+        try:
+            with tarfile.open(raw) as archive:
+                archive.extractall(dest, filter="data")
+        except (tarfile.TarError, OSError) as exc:
+            raise CliError(f"download of {cid} is not a valid archive: {exc}") from None
+        return dest
+
+
+# --------------------------------------------------------------------------- money back
+
+
+def _job_action(ctx: typer.Context, job_id: str, action: str, done: str) -> None:
+    opts = _opts(ctx)
+    jid = _job_id(job_id)
+    account = _account(opts)
+    fe = Frontend(opts.url)
+    try:
+        prepared = fe.post(f"/api/jobs/{jid}/{action}/prepare", json={"from": account.address})
+        tx = prepared["tx"]
+        if tx["to"].lower() != str(fe.get("/api/info")["escrow"]).lower() or tx["value"] != "0x0":
+            raise CliError("the front end's transaction is not a plain escrow call")
+        result = _relay(fe, _sign(account, tx))
+    finally:
+        fe.close()
+    typer.echo(f"{done} (tx {result['tx_hash']})")
+
+
+@app.command()
+@friendly
+def cancel(
+    ctx: typer.Context, job_id: Annotated[str, typer.Argument(help="the job id (0x...)")]
+) -> None:
+    """Cancel a job nobody was assigned yet: the bounty goes back to your escrow balance."""
+    _job_action(ctx, job_id, "cancel", "cancelled: the bounty is in your escrow balance")
+
+
+@app.command()
+@friendly
+def refund(
+    ctx: typer.Context, job_id: Annotated[str, typer.Argument(help="the job id (0x...)")]
+) -> None:
+    """After the deadline with no result pending, return the bounty to your escrow balance."""
+    _job_action(ctx, job_id, "refund", "refunded: the bounty is in your escrow balance")
+
+
+@app.command()
+@friendly
+def withdraw(ctx: typer.Context) -> None:
+    """Send your whole escrow balance (refunds, slashed stake credited to you) to your wallet."""
+    opts = _opts(ctx)
+    account = _account(opts)
+    fe = Frontend(opts.url)
+    try:
+        prepared = fe.post("/api/withdraw/prepare", json={"from": account.address})
+        result = _relay(fe, _sign(account, prepared["tx"]))
+    finally:
+        fe.close()
+    typer.echo(f"withdrew {eth(prepared['balance_wei'])} (tx {result['tx_hash']})")
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+@app.command()
+@friendly
+def jobs(
+    ctx: typer.Context,
+    submitter: Annotated[
+        str | None, typer.Option(help="whose jobs (default: your keystore's address)")
+    ] = None,
+    everyone: Annotated[bool, typer.Option("--all", help="every job on the escrow")] = False,
+    limit: Annotated[int, typer.Option(help="at most this many")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Your jobs, newest first: id, on-chain status, bounty, deadline, output."""
+    opts = _opts(ctx)
+    who = None if everyone else (submitter or _address(opts))
+    fe = Frontend(opts.url)
+    try:
+        params: dict[str, Any] = {"limit": limit}
+        if who:
+            params["submitter"] = who
+        body = fe.get("/api/jobs", params=params)
+    finally:
+        fe.close()
+    if as_json:
+        typer.echo(json.dumps(body, indent=2))
+        return
+    rows = body["jobs"]
+    if not rows:
+        typer.echo("no jobs" + (f" from {who}" if who else ""))
+        return
+    buf = io.StringIO()
+    buf.write(f"{'job':<66}  {'status':<9}  {'bounty':>14}  {'deadline':<23}  output\n")
+    for j in rows:
+        buf.write(
+            f"{j['job_id']:<66}  {j['status']:<9}  {eth(j['bounty_wei']):>14}  "
+            f"{when(j['deadline']):<23}  {j.get('output_cid') or '-'}\n"
+        )
+    typer.echo(buf.getvalue().rstrip("\n"))
+
+
+if __name__ == "__main__":
+    app()

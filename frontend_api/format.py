@@ -1,0 +1,93 @@
+"""How amounts, addresses and times read on the pages (Jinja filters) and in the CLI."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from decimal import ROUND_DOWN, Decimal, InvalidOperation
+
+WEI_PER_ETH = 10**18
+
+
+def eth(wei: int | str | None, places: int = 6) -> str:
+    """``0.0125 ETH``: wei as ETH, at most ``places`` decimals, trailing zeros dropped."""
+    if wei is None or wei == "":
+        return "-"
+    value = int(wei)
+    if value == 0:
+        return "0 ETH"
+    amount = Decimal(value) / WEI_PER_ETH
+    shown = amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_DOWN)
+    if shown == 0:
+        return f"<{Decimal(1).scaleb(-places)} ETH"
+    text = format(shown.normalize(), "f")
+    return f"{text} ETH"
+
+
+def parse_eth(text: str, field_name: str = "amount") -> int:
+    """Wei from a decimal ETH amount (``"0.01"``, ``"1e-3"``); ValueError naming the field."""
+    try:
+        amount = Decimal(str(text).strip().removesuffix("ETH").removesuffix("eth").strip())
+    except InvalidOperation:
+        raise ValueError(f"{field_name}: {text!r} is not a decimal amount of ETH") from None
+    if not amount.is_finite() or amount < 0:
+        raise ValueError(f"{field_name}: {text!r} must be a positive amount of ETH")
+    wei = amount * WEI_PER_ETH
+    if wei != wei.to_integral_value():
+        raise ValueError(f"{field_name}: {text!r} has more than 18 decimals")
+    return int(wei)
+
+
+def short(value: str | None, head: int = 6, tail: int = 4) -> str:
+    """``0x1234…abcd``: a long hex string shortened for tables (full value in the title)."""
+    if not value:
+        return "-"
+    if len(value) <= head + tail + 1:
+        return value
+    return f"{value[:head]}…{value[-tail:]}"
+
+
+def when(ts: float | int | None) -> str:
+    """``2025-01-31 12:00:03 UTC``."""
+    if not ts:
+        return "-"
+    return datetime.fromtimestamp(float(ts), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def ago(ts: float | int | None, now: float | None = None) -> str:
+    """``12 s ago``, ``3 min ago``, ``in 2 h``: a time relative to now."""
+    if not ts:
+        return "-"
+    delta = (now if now is not None else time.time()) - float(ts)
+    future = delta < 0
+    delta = abs(delta)
+    if delta < 60:
+        text = f"{int(delta)} s"
+    elif delta < 3600:
+        text = f"{int(delta // 60)} min"
+    elif delta < 86400:
+        text = f"{delta / 3600:.1f} h"
+    else:
+        text = f"{delta / 86400:.1f} d"
+    return f"in {text}" if future else f"{text} ago"
+
+
+def mib(value: int | None) -> str:
+    """``512 MiB`` or ``24 GiB``."""
+    if value is None:
+        return "-"
+    if value >= 1024 and value % 1024 == 0:
+        return f"{value // 1024} GiB"
+    return f"{value} MiB"
+
+
+def size(n: int | None) -> str:
+    """A byte count for people: ``1.5 KiB``."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"

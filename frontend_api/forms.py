@@ -1,0 +1,265 @@
+"""What pages and the CLI send, checked field by field before anything is created.
+
+A bad value raises :class:`FieldError` naming the field (``spec.resources.ram_mib``,
+``bounty_eth``...). The API answers it with 400 and ``{"detail", "field"}``; the submit page puts
+the message next to that field.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gridmarket.tiers import REGIONS, TIERS
+from gridmarket.wire import ExecutorKind, JobSpec
+
+from .format import parse_eth
+from .values import parse_address, parse_bytes32
+
+DEADLINE_MARGIN_S = 60
+"""A deadline must leave this much more than the escrow's minimum duration: the transaction
+is mined some time after it was built."""
+
+
+class FieldError(ValueError):
+    """A bad input value; ``field`` is its dotted name in the request."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def field_error(exc: ValueError, default: str) -> FieldError:
+    """A :class:`FieldError` from a ``"field: message"`` ValueError of the helpers."""
+    text = str(exc)
+    name, sep, message = text.partition(": ")
+    return FieldError(name, message) if sep and " " not in name else FieldError(default, text)
+
+
+def spec_error(exc: ValidationError, prefix: str = "spec") -> FieldError:
+    """The first error of a :class:`JobSpec` validation, named ``spec.<location>``."""
+    first = exc.errors()[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "__root__")
+    message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+    if not loc or loc == "resources":  # a model-level check: name the field its message names
+        for hint, name in _MODEL_ERRORS:
+            if hint in message:
+                loc = name
+                break
+    name = f"{prefix}.{loc}" if loc else prefix
+    return FieldError(name, message)
+
+
+_MODEL_ERRORS = (
+    ("docker job needs image", "image"),
+    ("wasm job needs module_cid", "module_cid"),
+    ("cannot ask for GPUs", "resources.gpu_count"),
+    ("need gpu_count", "resources.gpu_count"),
+)
+"""Messages of :class:`JobSpec`'s cross-field checks and the field each is about."""
+
+
+class PrepareJobRequest(BaseModel):
+    """``POST /api/jobs/prepare``: a job to fund from ``from``'s wallet.
+
+    Exactly one of ``bounty_wei`` and ``bounty_eth``; at most one of ``deadline`` (Unix seconds)
+    and ``ttl_s`` (seconds from now; default: one day). ``salt`` (0x + 64 hex) is random when
+    left out.
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    sender: str = Field(alias="from")
+    spec: dict[str, Any]
+    bounty_wei: int | str | None = None
+    bounty_eth: str | float | None = None
+    deadline: int | None = None
+    ttl_s: int | None = None
+    salt: str | None = None
+    dry_run: bool = False
+    """Check everything (the transaction's dry run included) but add nothing to IPFS."""
+
+
+class CheckedJob(BaseModel):
+    """A :class:`PrepareJobRequest` that passed every check."""
+
+    sender: str
+    spec: JobSpec
+    bounty_wei: int
+    deadline: int
+    salt: bytes
+
+
+def check_job(req: PrepareJobRequest, *, chain_now: int, params: dict[str, Any]) -> CheckedJob:
+    """Every check that can be made before touching IPFS or the chain; :class:`FieldError`.
+
+    ``params`` are the escrow's deployment parameters (``min_bounty``, ``min_duration``,
+    ``max_duration``); ``chain_now`` the chain's current time.
+    """
+    try:
+        sender = parse_address(req.sender, "from")
+    except ValueError as exc:
+        raise field_error(exc, "from") from None
+    try:
+        spec = JobSpec.model_validate(req.spec)
+    except ValidationError as exc:
+        raise spec_error(exc) from None
+    if len(spec.to_bytes()) > 64 * 1024:
+        raise FieldError("spec", "the job spec is larger than 64 KiB")
+
+    if (req.bounty_wei is None) == (req.bounty_eth is None):
+        raise FieldError("bounty_eth", "give the bounty once: bounty_eth or bounty_wei")
+    if req.bounty_wei is not None:
+        try:
+            bounty = int(str(req.bounty_wei).strip())
+        except ValueError:
+            raise FieldError("bounty_wei", f"{req.bounty_wei!r} is not a whole number") from None
+        bounty_field = "bounty_wei"
+    else:
+        try:
+            bounty = parse_eth(str(req.bounty_eth), "bounty_eth")
+        except ValueError as exc:
+            raise field_error(exc, "bounty_eth") from None
+        bounty_field = "bounty_eth"
+    min_bounty = int(params.get("min_bounty", 0))
+    if bounty < max(1, min_bounty):
+        raise FieldError(
+            bounty_field, f"the bounty must be at least {min_bounty} wei (the escrow's minimum)"
+        )
+    if bounty >= 2**96:
+        raise FieldError(bounty_field, "the bounty must be below 2**96 wei")
+
+    if req.deadline is not None and req.ttl_s is not None:
+        raise FieldError("deadline", "give deadline or ttl_s, not both")
+    deadline_field = "deadline" if req.deadline is not None else "ttl_s"
+    if req.deadline is not None:
+        deadline = int(req.deadline)
+    else:
+        deadline = chain_now + int(req.ttl_s if req.ttl_s is not None else 86400)
+    earliest = chain_now + int(params.get("min_duration", 0)) + DEADLINE_MARGIN_S
+    latest = chain_now + int(params.get("max_duration", 2**39))
+    if deadline < earliest:
+        raise FieldError(
+            deadline_field,
+            f"the deadline must be at least {earliest - chain_now} s from now "
+            "(the escrow's minimum duration plus a minute)",
+        )
+    if deadline > latest:
+        raise FieldError(
+            deadline_field, f"the deadline must be at most {latest - chain_now} s from now"
+        )
+    if deadline - chain_now < spec.limits.timeout_s:
+        raise FieldError(
+            deadline_field,
+            f"the job may run {spec.limits.timeout_s} s (spec.limits.timeout_s): the deadline "
+            "must leave at least that long",
+        )
+
+    if req.salt is None:
+        salt = os.urandom(32)
+    else:
+        try:
+            salt = parse_bytes32(req.salt, "salt")
+        except ValueError as exc:
+            raise field_error(exc, "salt") from None
+    return CheckedJob(sender=sender, spec=spec, bounty_wei=bounty, deadline=deadline, salt=salt)
+
+
+class QuoteRequest(BaseModel):
+    """``POST /api/quote``: the resources of a job, for a price and the nodes that could run it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    executor: ExecutorKind = ExecutorKind.DOCKER
+    region: str | None = Field(None, max_length=32)
+    gpu_count: int = Field(0, ge=0, le=16)
+    min_vram_mib: int = Field(0, ge=0, le=1024 * 1024)
+    gpu_models: list[str] | None = Field(None, max_length=32)
+    cpu_cores: int = Field(1, ge=1, le=512)
+    ram_mib: int = Field(512, ge=16)
+    disk_mib: int = Field(0, ge=0)
+    duration_s: int = Field(600, ge=1, le=30 * 24 * 3600)
+
+    def check(self) -> None:
+        """Names the bad field (:class:`FieldError`) before the scheduler is asked."""
+        if self.region is not None and self.region not in REGIONS:
+            raise FieldError(
+                "region", f"{self.region!r} is unknown; use one of {', '.join(sorted(REGIONS))}"
+            )
+        unknown = [m for m in self.gpu_models or [] if m not in TIERS]
+        if unknown:
+            raise FieldError("gpu_models", f"unknown GPU tiers {unknown}")
+        if self.gpu_count == 0 and (self.min_vram_mib or self.gpu_models):
+            raise FieldError("gpu_count", "min_vram_mib and gpu_models need gpu_count > 0")
+
+    def scheduler_body(self) -> dict[str, Any]:
+        """The scheduler's ``/v1/quote`` request for these resources."""
+        body: dict[str, Any] = {
+            "region": self.region or "us",
+            "gpu_count": self.gpu_count,
+            "min_vram_mib": self.min_vram_mib,
+            "duration_s": self.duration_s,
+        }
+        if self.gpu_models:
+            body["tiers"] = self.gpu_models
+        return body
+
+    def fits(self, node: dict[str, Any]) -> bool:
+        """Whether ``node`` (a scheduler ``/v1/nodes`` entry) is online and offers these
+        resources: an indication for the submitter; the scheduler's matching decides."""
+        cap = node.get("capacity") or {}
+        if node.get("status") != "online" or node.get("excluded"):
+            return False
+        if self.executor.value not in (cap.get("executors") or []):
+            return False
+        if self.region and node.get("region") != self.region:
+            return False
+        if int(cap.get("cpu_cores", 0)) < self.cpu_cores:
+            return False
+        if int(cap.get("ram_mib", 0)) < self.ram_mib or int(cap.get("disk_mib", 0)) < self.disk_mib:
+            return False
+        if self.gpu_count:
+            gpu = cap.get("gpu") or {}
+            if int(gpu.get("count", 0)) < self.gpu_count:
+                return False
+            if int(gpu.get("vram_mib", 0)) < self.min_vram_mib:
+                return False
+            if self.gpu_models and node.get("tier") not in self.gpu_models:
+                return False
+        return True
+
+
+class AddressRequest(BaseModel):
+    """A transaction from ``from`` that takes no other input (withdraw, cancel, refund...)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    sender: str = Field(alias="from")
+
+
+class ProviderSignup(BaseModel):
+    """``POST /api/providers/prepare``: register ``from`` as a provider and stake.
+
+    ``name``, ``region`` and ``contact`` go into a small metadata document on IPFS whose CID the
+    registry records.
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    sender: str = Field(alias="from")
+    stake_eth: str | float = "0"
+    name: str = Field("", max_length=64)
+    region: str | None = Field(None, max_length=32)
+    contact: str = Field("", max_length=200)
+
+
+class RelayRequest(BaseModel):
+    """``POST /api/tx/relay``: a signed raw transaction to the escrow."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    raw_tx: str = Field(max_length=300_000)
+    wait_s: float = Field(0, ge=0, le=120)

@@ -1,0 +1,570 @@
+"""The payouts explorer's view of the chain: every escrow event, folded, held in memory.
+
+The explorer reads chain events only. :class:`ChainIndex` reads the escrow's log from its
+deployment block, in chunks, and then only the new blocks on each :meth:`ChainIndex.refresh`.
+It folds each job's events with :func:`gridmarket.escrow.apply_event` (the same fold as the
+scheduler's watcher, so the two cannot disagree) and keeps per-address totals as it goes. Block
+times come from the blocks themselves (one ``eth_getBlockByNumber`` per block that holds events).
+
+Live values that events cannot give (``balanceOf``, ``providerOf``) are read by
+:meth:`ChainIndex.account`, at the moment of the request.
+
+Reorganisations are not handled: on a public network run the front end against a node that only
+serves final blocks, or accept that a reorged event stays shown until the next restart.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from eth_abi.abi import decode as abi_decode
+from eth_utils.abi import function_abi_to_4byte_selector
+from eth_utils.address import is_hex_address, to_checksum_address
+from hexbytes import HexBytes
+
+from gridmarket.chain import JOB_EVENTS, EscrowClient, Event
+from gridmarket.escrow import JobState, Status, apply_event
+
+WEI_FIELDS = frozenset({"bounty", "payout", "fee", "amount", "slashed", "totalStake"})
+"""Event arguments that are wei: JSON carries them as decimal strings (JavaScript numbers lose
+precision past 2**53)."""
+
+BUCKETS_S = (60, 300, 900, 3600, 6 * 3600, 86400, 7 * 86400, 30 * 86400)
+"""Bucket widths the totals chart picks from (the smallest that gives at most 48 buckets)."""
+
+
+class NotFoundError(LookupError):
+    """No such job, transaction or address in the escrow's history."""
+
+
+def hexstr(value: bytes) -> str:
+    """``0x``-prefixed lower-case hex of ``value``."""
+    return "0x" + bytes(value).hex()
+
+
+def jsonable(value: Any, name: str = "") -> Any:
+    """An event or call value made JSON-ready: bytes as 0x hex, wei as decimal strings."""
+    if isinstance(value, bytes | bytearray | HexBytes):
+        return hexstr(bytes(value))
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return str(value) if name in WEI_FIELDS or abs(value) >= 2**53 else value
+    if isinstance(value, dict):
+        return {k: jsonable(v, k) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class ChainEvent:
+    """One escrow event with the time of its block; ``seq`` is its place in the whole log."""
+
+    seq: int
+    name: str
+    args: dict[str, Any]
+    block: int
+    time: int
+    tx_hash: str
+    log_index: int
+
+    @property
+    def job_id(self) -> str | None:
+        raw = self.args.get("jobId")
+        return hexstr(bytes(raw)) if isinstance(raw, bytes | bytearray) else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "args": jsonable(self.args),
+            "block": self.block,
+            "time": self.time,
+            "tx_hash": self.tx_hash,
+            "log_index": self.log_index,
+        }
+
+
+@dataclass(frozen=True)
+class Payout:
+    """A ``JobReleased``: the provider was credited ``amount`` and the platform ``fee``."""
+
+    job_id: str
+    provider: str
+    submitter: str
+    amount: int
+    fee: int
+    tx_hash: str
+    block: int
+    time: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "provider": self.provider,
+            "submitter": self.submitter,
+            "amount_wei": str(self.amount),
+            "fee_wei": str(self.fee),
+            "tx_hash": self.tx_hash,
+            "block": self.block,
+            "time": self.time,
+        }
+
+
+@dataclass
+class AddressStats:
+    """What the events say about one address, summed as they are read."""
+
+    earned: int = 0
+    """Payouts credited to it as a provider."""
+    jobs_paid: int = 0
+    withdrawn: int = 0
+    slashed: int = 0
+    """Stake it lost to rejected results."""
+    slash_count: int = 0
+    slash_credits: int = 0
+    """Slashed stake credited to it as the submitter of the job."""
+    staked: int = 0
+    """Current stake according to the last ``Staked``/``Unstaked`` event (slashes subtracted)."""
+    registered: bool = False
+    funded: int = 0
+    """Bounties it locked as a submitter."""
+    jobs_funded: int = 0
+    paid_out: int = 0
+    """Bounties of its jobs that were released (payout plus fee)."""
+    refunded: int = 0
+    fees_collected: int = 0
+    events: list[int] = field(default_factory=list)
+    """``seq`` of every event that names it."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "earned_wei": str(self.earned),
+            "jobs_paid": self.jobs_paid,
+            "withdrawn_wei": str(self.withdrawn),
+            "slashed_wei": str(self.slashed),
+            "slash_count": self.slash_count,
+            "slash_credits_wei": str(self.slash_credits),
+            "staked_wei": str(self.staked),
+            "registered": self.registered,
+            "funded_wei": str(self.funded),
+            "jobs_funded": self.jobs_funded,
+            "paid_out_wei": str(self.paid_out),
+            "refunded_wei": str(self.refunded),
+            "fees_collected_wei": str(self.fees_collected),
+        }
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Payouts within ``[start, start + width)``, and everything paid up to its end."""
+
+    start: int
+    width: int
+    count: int
+    amount: int
+    fee: int
+    cumulative_amount: int
+    cumulative_fee: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "start": self.start,
+            "width_s": self.width,
+            "count": self.count,
+            "amount_wei": str(self.amount),
+            "fee_wei": str(self.fee),
+            "cumulative_amount_wei": str(self.cumulative_amount),
+            "cumulative_fee_wei": str(self.cumulative_fee),
+        }
+
+
+@dataclass(frozen=True)
+class TxView:
+    """A transaction to the escrow (or any transaction: foreign logs are simply not decoded)."""
+
+    tx_hash: str
+    sender: str
+    to: str | None
+    value: int
+    function: str | None
+    inputs: dict[str, Any]
+    status: str
+    block: int | None
+    time: int | None
+    gas_used: int | None
+    events: list[ChainEvent]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tx_hash": self.tx_hash,
+            "from": self.sender,
+            "to": self.to,
+            "value_wei": str(self.value),
+            "function": self.function,
+            "inputs": jsonable(self.inputs),
+            "status": self.status,
+            "block": self.block,
+            "time": self.time,
+            "gas_used": self.gas_used,
+            "events": [e.to_json() for e in self.events],
+        }
+
+
+def pick_bucket(span_s: int, max_buckets: int = 48) -> int:
+    """The smallest width of :data:`BUCKETS_S` that covers ``span_s`` in ``max_buckets``."""
+    for width in BUCKETS_S:
+        if span_s <= width * max_buckets:
+            return width
+    return BUCKETS_S[-1]
+
+
+def _abi_type(param: dict[str, Any]) -> str:
+    kind = str(param["type"])
+    if kind.startswith("tuple"):
+        inner = ",".join(_abi_type(c) for c in param["components"])
+        return f"({inner}){kind[len('tuple') :]}"
+    return kind
+
+
+def _named(param: dict[str, Any], value: Any) -> Any:
+    """A decoded argument with tuple components named after the ABI."""
+    if str(param["type"]) == "tuple" and isinstance(value, tuple | list):
+        return {c["name"]: _named(c, v) for c, v in zip(param["components"], value, strict=True)}
+    return value
+
+
+class ChainIndex:
+    """The escrow's whole event log, folded per job and per address; refreshed incrementally.
+
+    Thread-safe: the FastAPI handlers call it from worker threads (web3 is synchronous).
+    Readers get copies, never the live structures.
+    """
+
+    def __init__(
+        self, escrow: EscrowClient, *, chunk_blocks: int = 5000, min_interval_s: float = 0.5
+    ) -> None:
+        self.escrow = escrow
+        self.w3 = escrow.w3
+        self.chunk_blocks = chunk_blocks
+        self.min_interval_s = min_interval_s
+        self._lock = threading.RLock()
+        self._next_block = escrow.deployment.block
+        self._head = escrow.deployment.block - 1
+        self._head_time = 0
+        self._last_refresh = 0.0
+        self._events: list[ChainEvent] = []
+        self._jobs: dict[str, JobState] = {}
+        self._job_events: dict[str, list[int]] = {}
+        self._job_order: list[str] = []
+        self._payouts: list[Payout] = []
+        self._addresses: dict[str, AddressStats] = {}
+        self._block_times: dict[int, int] = {}
+        self._selectors: dict[bytes, dict[str, Any]] = {
+            function_abi_to_4byte_selector(f): f  # type: ignore[arg-type]
+            for f in escrow.deployment.abi
+            if f["type"] == "function"
+        }
+
+    # ------------------------------------------------------------------ reading the chain
+    @property
+    def head(self) -> int:
+        """The last block read."""
+        return self._head
+
+    @property
+    def head_time(self) -> int:
+        """The timestamp of the last block read (the chain's idea of now)."""
+        return self._head_time
+
+    def refresh(self, *, force: bool = False) -> int:
+        """Read the blocks mined since the last call; the head block. At most once per
+        ``min_interval_s`` unless ``force`` (a page that just sent a transaction)."""
+        with self._lock:
+            now = time.monotonic()
+            if not force and now - self._last_refresh < self.min_interval_s:
+                return self._head
+            head_block = self.w3.eth.get_block("latest")
+            head = int(head_block["number"])
+            start = self._next_block
+            while start <= head:
+                end = min(head, start + self.chunk_blocks - 1)
+                for event in self.escrow.events(start, end):
+                    self._ingest(event)
+                start = end + 1
+            self._next_block = max(self._next_block, head + 1)
+            self._head = head
+            self._head_time = int(head_block["timestamp"])
+            self._last_refresh = time.monotonic()
+            return head
+
+    def _block_time(self, block: int) -> int:
+        cached = self._block_times.get(block)
+        if cached is None:
+            cached = int(self.w3.eth.get_block(block)["timestamp"])
+            self._block_times[block] = cached
+        return cached
+
+    def _stats(self, address: str) -> AddressStats:
+        return self._addresses.setdefault(address, AddressStats())
+
+    def _ingest(self, raw: Event) -> None:
+        seq = len(self._events)
+        event = ChainEvent(
+            seq=seq,
+            name=raw.name,
+            args=dict(raw.args),
+            block=raw.block,
+            time=self._block_time(raw.block),
+            tx_hash=raw.tx_hash,
+            log_index=raw.log_index,
+        )
+        self._events.append(event)
+        args = event.args
+        named: set[str] = {
+            to_checksum_address(v)
+            for v in args.values()
+            if isinstance(v, str) and is_hex_address(v)
+        }
+        for address in named:
+            self._stats(address).events.append(seq)
+        job_id = event.job_id
+        if event.name in JOB_EVENTS and job_id is not None:
+            previous = self._jobs.get(job_id)
+            self._jobs[job_id] = apply_event(previous, event.name, args)
+            if previous is None:
+                self._job_order.append(job_id)
+            self._job_events.setdefault(job_id, []).append(seq)
+        self._account(event)
+
+    def _account(self, event: ChainEvent) -> None:
+        """Per-address totals for one event."""
+        args, name = event.args, event.name
+        if name == "JobCreated":
+            s = self._stats(to_checksum_address(args["submitter"]))
+            s.funded += int(args["bounty"])
+            s.jobs_funded += 1
+        elif name == "JobReleased":
+            payout, fee = int(args["payout"]), int(args["fee"])
+            provider = to_checksum_address(args["provider"])
+            submitter = to_checksum_address(args["submitter"])
+            p = self._stats(provider)
+            p.earned += payout
+            p.jobs_paid += 1
+            self._stats(submitter).paid_out += payout + fee
+            self._payouts.append(
+                Payout(
+                    job_id=hexstr(args["jobId"]),
+                    provider=provider,
+                    submitter=submitter,
+                    amount=payout,
+                    fee=fee,
+                    tx_hash=event.tx_hash,
+                    block=event.block,
+                    time=event.time,
+                )
+            )
+        elif name == "JobRefunded":
+            self._stats(to_checksum_address(args["submitter"])).refunded += int(args["amount"])
+        elif name == "Withdrawn":
+            self._stats(to_checksum_address(args["account"])).withdrawn += int(args["amount"])
+        elif name == "ProviderSlashed":
+            p = self._stats(to_checksum_address(args["provider"]))
+            p.slashed += int(args["amount"])
+            p.slash_count += 1
+            p.staked = max(0, p.staked - int(args["amount"]))
+            b = self._stats(to_checksum_address(args["beneficiary"]))
+            b.slash_credits += int(args["amount"])
+        elif name == "ProviderRegistered":
+            self._stats(to_checksum_address(args["provider"])).registered = True
+        elif name in ("Staked", "Unstaked"):
+            self._stats(to_checksum_address(args["provider"])).staked = int(args["totalStake"])
+        elif name == "FeesCollected":
+            t = self._stats(to_checksum_address(args["treasury"]))
+            t.fees_collected += int(args["amount"])
+
+    # ------------------------------------------------------------------ queries
+    def payouts(
+        self,
+        *,
+        provider: str | None = None,
+        submitter: str | None = None,
+        job: str | None = None,
+    ) -> list[Payout]:
+        """Payouts, newest first, filtered by any of provider, submitter and job id."""
+        with self._lock:
+            rows = list(self._payouts)
+        if provider:
+            rows = [p for p in rows if p.provider == provider]
+        if submitter:
+            rows = [p for p in rows if p.submitter == submitter]
+        if job:
+            rows = [p for p in rows if p.job_id == job]
+        rows.reverse()
+        return rows
+
+    def totals(
+        self, payouts: Iterable[Payout], width_s: int | None = None, min_buckets: int = 12
+    ) -> list[Bucket]:
+        """``payouts`` summed per time bucket, oldest first, with running totals, up to the
+        chain's head. ``width_s`` defaults to :func:`pick_bucket` over their time span; at least
+        ``min_buckets`` are given (empty ones before the first payout)."""
+        rows = sorted(payouts, key=lambda p: (p.block, p.time))
+        if not rows:
+            return []
+        first = rows[0].time
+        last = max(rows[-1].time, self._head_time)
+        width = width_s or pick_bucket(last - first)
+        count = (last - (first - first % width)) // width + 1
+        count = max(count, min_buckets)  # a few empty buckets before the first: some context
+        origin = last - last % width - (count - 1) * width
+        starts = [origin + i * width for i in range(count)]
+        amounts = [0] * count
+        fees = [0] * count
+        counts = [0] * count
+        for p in rows:
+            i = bisect.bisect_right(starts, p.time) - 1
+            amounts[i] += p.amount
+            fees[i] += p.fee
+            counts[i] += 1
+        out: list[Bucket] = []
+        cum_a = cum_f = 0
+        for i, start in enumerate(starts):
+            cum_a += amounts[i]
+            cum_f += fees[i]
+            out.append(Bucket(start, width, counts[i], amounts[i], fees[i], cum_a, cum_f))
+        return out
+
+    def job(self, job_id: str) -> tuple[JobState, list[ChainEvent]]:
+        """A job's folded state and its events; :class:`NotFoundError` if it has none."""
+        with self._lock:
+            state = self._jobs.get(job_id)
+            if state is None:
+                raise NotFoundError(f"no job {job_id} on escrow {self.escrow.address}")
+            return state, [self._events[i] for i in self._job_events[job_id]]
+
+    def jobs(self, *, submitter: str | None = None, provider: str | None = None) -> list[JobState]:
+        """Jobs, newest first; ``provider`` matches the current (or last paid) provider."""
+        with self._lock:
+            states = [self._jobs[j] for j in reversed(self._job_order)]
+        if submitter:
+            states = [s for s in states if s.job.submitter == submitter]
+        if provider:
+            states = [s for s in states if s.job.provider == provider]
+        return states
+
+    def job_counts(self) -> dict[str, int]:
+        """Jobs by on-chain status (lower-case names)."""
+        with self._lock:
+            counts: dict[str, int] = {}
+            for state in self._jobs.values():
+                key = state.status.name.lower()
+                counts[key] = counts.get(key, 0) + 1
+            return counts
+
+    def stats(self, address: str) -> AddressStats:
+        """A copy of ``address``'s totals (zeros for an address the log never named)."""
+        with self._lock:
+            found = self._addresses.get(address)
+            return replace(found, events=list(found.events)) if found else AddressStats()
+
+    def events(
+        self, seqs: Iterable[int] | None = None, *, limit: int | None = None
+    ) -> list[ChainEvent]:
+        """Events by ``seq`` (all when None), newest first, at most ``limit``."""
+        with self._lock:
+            chosen = self._events if seqs is None else [self._events[i] for i in seqs]
+            rows = list(reversed(chosen))
+        return rows[:limit] if limit is not None else rows
+
+    def providers(self) -> dict[str, AddressStats]:
+        """Every address that registered as a provider or was paid as one."""
+        with self._lock:
+            return {
+                a: replace(s, events=[])
+                for a, s in self._addresses.items()
+                if s.registered or s.jobs_paid
+            }
+
+    # ------------------------------------------------------------------ live reads
+    def account(self, address: str) -> dict[str, Any]:
+        """Live contract reads for ``address``: withdrawable balance and registry entry."""
+        balance = int(self.escrow.call("balanceOf", address))
+        stake, unstake_pending, unstake_at, registered = self.escrow.call("providerOf", address)
+        eligible = bool(self.escrow.call("isEligible", address))
+        return {
+            "balance_wei": str(balance),
+            "stake_wei": str(int(stake)),
+            "unstake_pending_wei": str(int(unstake_pending)),
+            "unstake_at": int(unstake_at),
+            "registered": bool(registered),
+            "eligible": eligible,
+            "wallet_balance_wei": str(int(self.w3.eth.get_balance(address))),  # type: ignore[arg-type]
+        }
+
+    def tx(self, tx_hash: str) -> TxView:
+        """A transaction with its call decoded and its escrow logs decoded (and timed)."""
+        try:
+            tx = self.w3.eth.get_transaction(tx_hash)  # type: ignore[arg-type]
+        except Exception as exc:  # web3 raises TransactionNotFound, or a RPC error for junk
+            raise NotFoundError(f"no transaction {tx_hash}: {exc}") from None
+        to = tx.get("to")
+        data = bytes(HexBytes(tx.get("input", b"")))
+        function: str | None = None
+        inputs: dict[str, Any] = {}
+        if to is not None and to_checksum_address(to) == self.escrow.address and len(data) >= 4:
+            abi = self._selectors.get(data[:4])
+            if abi is not None:
+                function = str(abi["name"])
+                try:
+                    values = abi_decode([_abi_type(i) for i in abi["inputs"]], data[4:])
+                    inputs = {
+                        i["name"] or f"arg{n}": _named(i, v)
+                        for n, (i, v) in enumerate(zip(abi["inputs"], values, strict=True))
+                    }
+                except Exception:  # malformed calldata: show the name only
+                    inputs = {}
+        try:
+            receipt = self.w3.eth.get_transaction_receipt(tx_hash)  # type: ignore[arg-type]
+        except Exception:
+            receipt = None
+        events: list[ChainEvent] = []
+        block: int | None = None
+        when: int | None = None
+        gas_used: int | None = None
+        status = "pending"
+        if receipt is not None:
+            block = int(receipt["blockNumber"])
+            with self._lock:
+                when = self._block_time(block)
+            gas_used = int(receipt["gasUsed"])
+            status = "success" if receipt["status"] == 1 else "reverted"
+            for n, raw in enumerate(self.escrow.decode_logs(receipt["logs"])):
+                events.append(
+                    ChainEvent(
+                        n, raw.name, dict(raw.args), raw.block, when, raw.tx_hash, raw.log_index
+                    )
+                )
+        return TxView(
+            tx_hash=hexstr(bytes(HexBytes(tx["hash"]))),
+            sender=to_checksum_address(tx["from"]),
+            to=to_checksum_address(to) if to else None,
+            value=int(tx.get("value", 0)),
+            function=function,
+            inputs=inputs,
+            status=status,
+            block=block,
+            time=when,
+            gas_used=gas_used,
+            events=events,
+        )
+
+
+def status_name(status: Status) -> str:
+    """The lower-case name of an on-chain status (``funded``, ``released``...)."""
+    return status.name.lower()

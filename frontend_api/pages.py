@@ -1,0 +1,309 @@
+"""The HTML pages (server-rendered Jinja2; small vanilla JS for the wallet and live updates) and
+the IPFS download proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mimetypes
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from starlette.background import BackgroundTask
+
+from gridmarket.cid import CidError, normalize_cid
+from gridmarket.ipfs import ContentTooLargeError, ContentVerificationError, IpfsError
+from gridmarket.tiers import REGIONS, TIERS
+
+from . import svg
+from .api import BackendDep, _address, _job_id
+from .backend import Backend, job_summary
+from .forms import FieldError
+from .index import NotFoundError, hexstr
+from .scheduler import SchedulerError
+from .values import parse_bytes32
+from .web import templates
+
+router = APIRouter(include_in_schema=False)
+
+SAFE_INLINE = ("text/", "image/png", "image/jpeg", "image/gif", "image/webp", "application/json")
+
+
+def render(request: Request, b: Backend, name: str, status_code: int = 200, **ctx: Any) -> Response:
+    """A page with the context every page uses (chain, escrow, explorer)."""
+    base = {
+        "b": b,
+        "chain_id": b.deployment.chain_id,
+        "escrow": b.escrow.address,
+        "explorer_url": b.settings.explorer_url,
+        "scheduler_url": b.settings.scheduler_url,
+        "path": request.url.path,
+    }
+    return templates.TemplateResponse(request, name, {**base, **ctx}, status_code=status_code)
+
+
+@router.get("/", response_class=HTMLResponse)
+async def home(request: Request, b: BackendDep) -> Response:
+    await b.refresh()
+    payouts = b.index.payouts()
+    buckets = b.index.totals(payouts)
+    fleet = await b.fleet_view()
+    try:
+        sched_jobs: dict[str, Any] = await b.scheduler.jobs(limit=1)
+    except SchedulerError:
+        sched_jobs = {}
+    return render(
+        request,
+        b,
+        "home.html",
+        payouts=payouts[:8],
+        payout_count=len(payouts),
+        paid=sum(p.amount for p in payouts),
+        fees=sum(p.fee for p in payouts),
+        chart=svg.totals_chart(buckets),
+        job_counts=b.index.job_counts(),
+        sched_counts=sched_jobs.get("counts", {}),
+        jobs=[job_summary(s) for s in b.index.jobs()[:8]],
+        fleet=fleet,
+        grid=svg.fleet_grid(fleet["nodes"]),
+    )
+
+
+@router.get("/payouts", response_class=HTMLResponse)
+async def payouts_page(
+    request: Request,
+    b: BackendDep,
+    provider: str | None = None,
+    submitter: str | None = None,
+    job: str | None = None,
+) -> Response:
+    prov = _address(provider, "provider")
+    sub = _address(submitter, "submitter")
+    jid = _job_id(job) if job else None
+    await b.refresh()
+    rows = b.index.payouts(provider=prov, submitter=sub, job=jid)
+    return render(
+        request,
+        b,
+        "payouts.html",
+        rows=rows[:500],
+        count=len(rows),
+        paid=sum(p.amount for p in rows),
+        fees=sum(p.fee for p in rows),
+        chart=svg.totals_chart(b.index.totals(rows)),
+        filters={"provider": prov or "", "submitter": sub or "", "job": jid or ""},
+    )
+
+
+@router.get("/address/{address}", response_class=HTMLResponse)
+async def address_page(address: str, request: Request, b: BackendDep) -> Response:
+    addr = _address(address, "address")
+    assert addr is not None
+    await b.refresh()
+    view = await b.address_view(addr)
+    rows = b.index.payouts(provider=addr)
+    return render(
+        request,
+        b,
+        "address.html",
+        view=view,
+        chart=svg.totals_chart(b.index.totals(rows)) if rows else None,
+    )
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+async def jobs_page(
+    request: Request, b: BackendDep, submitter: str | None = None, provider: str | None = None
+) -> Response:
+    sub = _address(submitter, "submitter")
+    prov = _address(provider, "provider")
+    await b.refresh()
+    states = b.index.jobs(submitter=sub, provider=prov)
+    return render(
+        request,
+        b,
+        "jobs.html",
+        jobs=[job_summary(s) for s in states[:500]],
+        count=len(states),
+        counts=b.index.job_counts(),
+        filters={"submitter": sub or "", "provider": prov or ""},
+    )
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+async def job_page(job_id: str, request: Request, b: BackendDep) -> Response:
+    jid = _job_id(job_id)
+    await b.refresh(force=True)
+    try:
+        view = await b.job_view(jid)
+    except NotFoundError:
+        # Just sent: the page waits for JobCreated (the stream picks it up).
+        view = {"job_id": jid, "missing": "waiting for the job to appear on-chain"}
+    spec = None
+    if view.get("spec_cid"):
+        sched = view.get("scheduler") or {}
+        spec = sched.get("spec") or await asyncio.to_thread(b.spec_of, view["spec_cid"])
+    return render(request, b, "job.html", view=view, spec=spec)
+
+
+@router.get("/tx/{tx_hash}", response_class=HTMLResponse)
+async def tx_page(tx_hash: str, request: Request, b: BackendDep) -> Response:
+    try:
+        h = hexstr(parse_bytes32(tx_hash, "tx_hash"))
+    except ValueError as exc:
+        raise FieldError("tx_hash", str(exc).partition(": ")[2]) from None
+    view = await asyncio.to_thread(b.index.tx, h)
+    return render(request, b, "tx.html", tx=view.to_json(), explorer=b.explorer_link("tx", h))
+
+
+@router.get("/submit", response_class=HTMLResponse)
+async def submit_page(request: Request, b: BackendDep) -> Response:
+    await b.refresh()
+    return render(
+        request,
+        b,
+        "submit.html",
+        regions=sorted(REGIONS.values(), key=lambda r: r.code),
+        tiers=[t for t in TIERS.values() if t.key != "cpu"],
+        params=b.params,
+    )
+
+
+@router.get("/providers", response_class=HTMLResponse)
+async def providers_page(request: Request, b: BackendDep) -> Response:
+    await b.refresh()
+    fleet = await b.fleet_view()
+    return render(
+        request,
+        b,
+        "providers.html",
+        fleet=fleet,
+        grid=svg.fleet_grid(fleet["nodes"]),
+        tier_bars=svg.hbars(list(fleet["by_tier"].items())),
+        region_bars=svg.hbars(list(fleet["by_region"].items())),
+        regions=sorted(REGIONS),
+        params=b.params,
+    )
+
+
+# --------------------------------------------------------------------------- IPFS proxy
+
+
+def _cid(value: str) -> str:
+    try:
+        return normalize_cid(value)
+    except CidError as exc:
+        raise FieldError("cid", f"{value!r} is not a CID: {exc}") from None
+
+
+async def _tree(b: Backend, cid: str) -> Path:
+    try:
+        return await asyncio.to_thread(b.fetch_tree, cid)
+    except ContentTooLargeError as exc:
+        raise HTTPException(413, str(exc)) from None
+    except ContentVerificationError as exc:
+        raise HTTPException(502, f"IPFS returned bad content: {exc}") from None
+    except IpfsError as exc:
+        raise HTTPException(504, f"IPFS: {exc}") from None
+
+
+def _serve_file(path: Path, name: str, kind: str) -> Response:
+    media, _ = mimetypes.guess_type(name)
+    media = media or "application/octet-stream"
+    inline = media.startswith(SAFE_INLINE)
+    if media.startswith("text/"):
+        media = "text/plain; charset=utf-8"  # never render job output as HTML on this origin
+    return FileResponse(
+        path,
+        media_type=media,
+        filename=name,
+        content_disposition_type="inline" if inline else "attachment",
+        headers={
+            "X-Ipfs-Kind": kind,
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": "sandbox; default-src 'none'",
+            "Cache-Control": "public, max-age=31536000, immutable",
+        },
+    )
+
+
+def _listing(root: Path, base: Path) -> list[dict[str, Any]]:
+    out = []
+    for entry in sorted(base.iterdir()):
+        rel = entry.relative_to(root).as_posix()
+        out.append(
+            {
+                "name": entry.name,
+                "path": rel,
+                "dir": entry.is_dir(),
+                "size": entry.stat().st_size if entry.is_file() else None,
+            }
+        )
+    return out
+
+
+def _tar(root: Path) -> Path:
+    fd, name = tempfile.mkstemp(suffix=".tar")
+    with (
+        open(fd, "wb") as raw,
+        tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        for entry in sorted(root.rglob("*")):
+            tar.add(entry, arcname=entry.relative_to(root).as_posix(), recursive=False)
+    return Path(name)
+
+
+@router.get("/ipfs/{cid}")
+async def ipfs_root(
+    cid: str,
+    request: Request,
+    b: BackendDep,
+    archive: str | None = Query(None, pattern="^tar$"),
+    format: str | None = Query(None, pattern="^json$"),
+) -> Response:
+    """Content from IPFS, verified against its CID: a file as is; a directory as a listing
+    page, as JSON (``?format=json``) or as one tar file (``?archive=tar``). The ``X-Ipfs-Kind``
+    header says which (``file``/``directory``)."""
+    cid = _cid(cid)
+    target = await _tree(b, cid)
+    if target.is_file():
+        return _serve_file(target, cid, "file")
+    if archive == "tar":
+        tar = await asyncio.to_thread(_tar, target)
+        return FileResponse(
+            tar,
+            media_type="application/x-tar",
+            filename=f"{cid}.tar",
+            headers={"X-Ipfs-Kind": "directory"},
+            background=BackgroundTask(tar.unlink, missing_ok=True),
+        )
+    entries = _listing(target, target)
+    if format == "json":
+        return JSONResponse({"cid": cid, "entries": entries}, headers={"X-Ipfs-Kind": "directory"})
+    return render(request, b, "ipfs_dir.html", cid=cid, sub="", entries=entries)
+
+
+@router.get("/ipfs/{cid}/{path:path}")
+async def ipfs_path(cid: str, path: str, request: Request, b: BackendDep) -> Response:
+    """A file (or sub-directory listing) inside a directory CID, from the verified tree."""
+    cid = _cid(cid)
+    root = await _tree(b, cid)
+    if root.is_file():
+        raise HTTPException(404, f"{cid} is a file, not a directory")
+    target = (root / path).resolve()
+    if not target.is_relative_to(root.resolve()) or not target.exists():
+        raise HTTPException(404, f"{cid} has no {path!r}")
+    if target.is_dir():
+        return render(
+            request,
+            b,
+            "ipfs_dir.html",
+            cid=cid,
+            sub=path.strip("/"),
+            entries=_listing(root, target),
+        )
+    return _serve_file(target, target.name, "file")

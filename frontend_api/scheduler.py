@@ -1,0 +1,74 @@
+"""A small async client of the scheduler's JSON API (paths from :class:`gridmarket.wire.API`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from gridmarket.wire import API
+
+
+class SchedulerError(RuntimeError):
+    """The scheduler could not be reached, or answered with an error; ``status`` is its HTTP
+    status (502 when it could not be reached)."""
+
+    def __init__(self, message: str, status: int = 502) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class SchedulerClient:
+    """Read-only calls the front end makes: info, jobs, nodes, quotes."""
+
+    def __init__(self, base_url: str, timeout: float = 10.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return await self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise SchedulerError(
+                f"scheduler at {self.base_url} unreachable: {type(exc).__name__} {exc}"
+            ) from exc
+
+    @staticmethod
+    def _json(response: httpx.Response) -> Any:
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            raise SchedulerError(f"scheduler: {detail}", response.status_code)
+        return response.json()
+
+    async def info(self) -> dict[str, Any]:
+        data: dict[str, Any] = self._json(await self._request("GET", API.INFO))
+        return data
+
+    async def job(self, job_id: str) -> dict[str, Any] | None:
+        """The scheduler's view of a job; None while it has not seen the job (404)."""
+        response = await self._request("GET", API.JOB.format(job_id=job_id))
+        if response.status_code == 404:
+            return None
+        data: dict[str, Any] = self._json(response)
+        return data
+
+    async def jobs(self, **params: Any) -> dict[str, Any]:
+        query = {k: v for k, v in params.items() if v is not None}
+        data: dict[str, Any] = self._json(await self._request("GET", API.JOBS, params=query))
+        return data
+
+    async def nodes(self, limit: int = 5000) -> dict[str, Any]:
+        data: dict[str, Any] = self._json(
+            await self._request("GET", API.NODES, params={"limit": limit})
+        )
+        return data
+
+    async def quote(self, body: dict[str, Any]) -> dict[str, Any]:
+        data: dict[str, Any] = self._json(await self._request("POST", API.QUOTE, json=body))
+        return data

@@ -1,0 +1,52 @@
+"""The front end's configuration (environment prefix ``GRIDMARKET_FRONTEND_``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Where the front end finds the scheduler, the chain and IPFS, and a few limits.
+
+    The escrow is found through ``deployment_file`` only (written by ``gridmarket-deploy``), like
+    every other component. ``explorer_url`` is a public block explorer (e.g.
+    ``https://sepolia.etherscan.io``): when set, addresses and transactions also link there.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="GRIDMARKET_FRONTEND_", extra="ignore")
+
+    scheduler_url: str = "http://127.0.0.1:8700"
+    rpc_url: str = "http://127.0.0.1:8545"
+    deployment_file: Path = Path("deployments/local.json")
+    ipfs_api: str = "/ip4/127.0.0.1/tcp/5001/http"
+    explorer_url: str | None = None
+
+    request_timeout_s: float = Field(10.0, gt=0, description="one scheduler or RPC request")
+    ipfs_timeout_s: float = Field(20.0, gt=0, description="finding a CID on IPFS")
+    index_min_interval_s: float = Field(
+        0.5, ge=0, description="the chain index is read again at most this often"
+    )
+    log_chunk_blocks: int = Field(5000, ge=1, description="blocks per eth_getLogs request")
+    stream_poll_s: float = Field(1.0, gt=0, description="how often a job's live page polls")
+    stream_max_s: float = Field(
+        600.0, gt=0, description="a live stream closes after this long (the browser reconnects)"
+    )
+    upload_max_bytes: int = Field(256 * 1024**2, ge=1, description="dataset or module upload cap")
+    download_max_bytes: int = Field(1024**3, ge=1, description="cap on what the IPFS proxy serves")
+
+    @field_validator("scheduler_url", "rpc_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http(s) URL, got {value!r}")
+        return value.rstrip("/")
+
+    @field_validator("explorer_url")
+    @classmethod
+    def _optional_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        return cls._http_url(value)

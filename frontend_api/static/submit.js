@@ -1,0 +1,275 @@
+// The submit page: build a job spec from the form, show a quote, and fund the job from the
+// wallet. Order matters, so that a mistake creates nothing: (1) the server checks the whole
+// request and dry-runs createJob from the wallet's address (dry_run), (2) the dataset and module
+// are uploaded to IPFS, (3) the server adds the spec and returns the transaction, (4) the
+// wallet signs and sends it, (5) the page goes to the job's live page.
+"use strict";
+
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const form = $("submit-form");
+  const status = $("submit-status");
+  const radio = (name) => form.querySelector(`input[name="${name}"]:checked`).value;
+  // The CID of zero bytes: stands in for a file still to upload while the request is checked.
+  const PLACEHOLDER_CID = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku";
+
+  class FieldError extends Error {
+    constructor(field, message) { super(message); this.field = field; }
+  }
+
+  function toggle() {
+    const wasm = radio("executor") === "wasm";
+    $("docker-fields").classList.toggle("hidden", wasm);
+    $("wasm-fields").classList.toggle("hidden", !wasm);
+    const mode = radio("dataset_mode");
+    $("dataset-upload").classList.toggle("hidden", mode !== "upload");
+    $("dataset-cid-field").classList.toggle("hidden", mode !== "cid");
+  }
+
+  const lines = (text) => text.split("\n").map((s) => s.replace(/\r$/, "")).filter((s) => s.length);
+  const num = (id) => Number($(id).value);
+
+  function envOf(text) {
+    const env = {};
+    for (const line of lines(text)) {
+      const at = line.indexOf("=");
+      if (at < 1) throw new FieldError("spec.env", `"${line}" is not KEY=value`);
+      env[line.slice(0, at).trim()] = line.slice(at + 1);
+    }
+    return env;
+  }
+
+  function buildSpec(cids = {}) {
+    const wasm = radio("executor") === "wasm";
+    const gpus = num("gpus");
+    const models = [...$("models").selectedOptions].map((o) => o.value);
+    const resources = {
+      cpu_cores: num("cpu"),
+      ram_mib: num("ram"),
+      disk_mib: num("disk"),
+      gpu_count: gpus,
+      min_vram_mib: Math.round(num("vram") * 1024),
+    };
+    if (models.length) resources.gpu_models = models;
+    if ($("region").value) resources.region = $("region").value;
+    const spec = {
+      name: $("name").value.trim() || "job",
+      executor: wasm ? "wasm" : "docker",
+      command: lines($("command").value),
+      env: envOf($("env").value),
+      resources,
+      limits: { timeout_s: Math.round(num("timeout") * 60) },
+      max_attempts: num("attempts"),
+    };
+    if (wasm) spec.module_cid = cids.module || $("module-cid").value.trim() || null;
+    else spec.image = $("image").value.trim() || null;
+    const mode = radio("dataset_mode");
+    if (mode === "cid") spec.dataset_cid = $("dataset-cid").value.trim() || null;
+    if (mode === "upload") spec.dataset_cid = cids.dataset || null;
+    return spec;
+  }
+
+  function request(spec) {
+    return {
+      spec,
+      bounty_eth: $("bounty").value.trim(),
+      ttl_s: Math.round(Number($("deadline").value) * 3600),
+    };
+  }
+
+  /** Take the error off the field that holds `input` (the user is fixing it). */
+  function clearError(input) {
+    const box = input.closest(".field");
+    if (!box) return;
+    box.classList.remove("invalid");
+    box.querySelectorAll(".error").forEach((e) => e.remove());
+    if (!form.querySelector(".field.invalid") && status.classList.contains("error")) {
+      status.className = "hidden";
+    }
+  }
+
+  function clearErrors() {
+    form.querySelectorAll(".field.invalid").forEach((f) => f.classList.remove("invalid"));
+    form.querySelectorAll(".field .error").forEach((e) => e.remove());
+  }
+
+  /** Put `message` under the form field named `field` (or its closest parent name). */
+  function showError(field, message) {
+    let name = field || "";
+    let box = null;
+    while (name && !(box = form.querySelector(`.field[data-field="${name}"]`))) {
+      name = name.includes(".") ? name.slice(0, name.lastIndexOf(".")) : "";
+    }
+    if (!box || box.classList.contains("hidden") || !box.offsetParent) {
+      GM.notice(status, "error", message);
+      return;
+    }
+    box.classList.add("invalid");
+    const div = document.createElement("div");
+    div.className = "error";
+    div.textContent = message.replace(/^[\w.]+: /, "");
+    box.append(div);
+    box.scrollIntoView({ behavior: "smooth", block: "center" });
+    GM.notice(status, "error", "Please fix the highlighted field.");
+  }
+
+  // ---------------------------------------------------------------- quote
+  let quoteTimer = null;
+  function scheduleQuote() {
+    clearTimeout(quoteTimer);
+    quoteTimer = setTimeout(quote, 350);
+  }
+
+  let quoteSeq = 0;
+  async function quote() {
+    const box = $("quote");
+    const seq = ++quoteSeq;
+    let spec;
+    try { spec = buildSpec(); } catch (_) { return; }
+    const body = {
+      executor: spec.executor,
+      region: spec.resources.region || null,
+      gpu_count: spec.resources.gpu_count,
+      min_vram_mib: spec.resources.min_vram_mib,
+      gpu_models: spec.resources.gpu_models || null,
+      cpu_cores: spec.resources.cpu_cores,
+      ram_mib: spec.resources.ram_mib,
+      disk_mib: spec.resources.disk_mib,
+      duration_s: spec.limits.timeout_s || 60,
+    };
+    try {
+      const q = await GM.api("/api/quote", body);
+      if (seq !== quoteSeq) return;  // a newer quote is on its way
+      box.innerHTML = "";
+      box.dataset.executor = body.executor;
+      box.dataset.providers = String(q.provider_count);
+      if (!q.quotes.length) {
+        box.innerHTML = '<div class="empty">No tier offers these resources.</div>';
+        return;
+      }
+      const best = q.quotes[0];
+      const head = document.createElement("div");
+      const where = body.region ? q.region : `${q.region} (no region chosen)`;
+      head.innerHTML = `<div class="muted small">Market price for ${Math.round(body.duration_s / 60)} min in ${where}, cheapest tier:</div>`;
+      const total = document.createElement("div");
+      total.className = "quote-total";
+      total.id = "quote-total";
+      total.textContent = GM.eth(best.total_wei);
+      const fee = document.createElement("div");
+      fee.className = "small muted";
+      fee.id = "quote-fee";
+      fee.textContent = `incl. platform fee ${GM.eth(best.fee_wei)} (${q.fee_bps / 100}%); provider gets ${GM.eth(best.provider_payout_wei)}`;
+      const use = document.createElement("button");
+      use.type = "button";
+      use.className = "secondary";
+      use.textContent = "Use as bounty";
+      use.style.margin = "0.5rem 0";
+      const minimum = BigInt(form.getAttribute("data-min-bounty") || "0");
+      const suggested = BigInt(best.total_wei) > minimum ? BigInt(best.total_wei) : minimum;
+      use.textContent = `Use ${GM.eth(suggested)} as bounty`;
+      use.onclick = () => {
+        $("bounty").value = GM.eth(suggested.toString(), 18).replace(" ETH", "");
+        clearError($("bounty"));
+      };
+      const table = document.createElement("table");
+      table.innerHTML = "<thead><tr><th>Tier</th><th class='num'>Per hour</th><th class='num'>Total</th></tr></thead>";
+      const tbody = document.createElement("tbody");
+      for (const row of q.quotes.slice(0, 6)) {
+        const tr = document.createElement("tr");
+        for (const [text, cls] of [[row.tier, ""], [GM.eth(row.rate_wei_per_hour), "num"], [GM.eth(row.total_wei), "num"]]) {
+          const td = document.createElement("td");
+          td.textContent = text;
+          if (cls) td.className = cls;
+          tr.append(td);
+        }
+        tbody.append(tr);
+      }
+      table.append(tbody);
+      const fits = document.createElement("p");
+      fits.className = "small";
+      fits.id = "quote-providers";
+      fits.textContent = q.provider_count
+        ? `${q.provider_count} online node(s) offer these resources now.`
+        : "No online node offers these resources right now; the job waits in the queue until one does.";
+      box.append(head, total, fee, use, table, fits);
+    } catch (err) {
+      box.innerHTML = "";
+      const div = document.createElement("div");
+      div.className = "notice error";
+      div.textContent = err.message;
+      box.append(div);
+    }
+  }
+
+  // ---------------------------------------------------------------- uploads
+  async function upload(path, field, files) {
+    const data = new FormData();
+    for (const file of files) data.append(field, file, file.webkitRelativePath || file.name);
+    const response = await fetch(path, { method: "POST", body: data });
+    const body = await response.json().catch(() => ({}));
+    if (!response.ok) {
+      throw new FieldError(field === "file" ? "spec.module_cid" : "files", body.detail || response.statusText);
+    }
+    return body.cid;
+  }
+
+  // ---------------------------------------------------------------- fund
+  async function fund(event) {
+    event.preventDefault();
+    clearErrors();
+    const button = $("fund");
+    button.disabled = true;
+    status.classList.remove("hidden");
+    try {
+      const wasm = radio("executor") === "wasm";
+      const moduleFile = wasm && $("module-file").files[0];
+      const datasetFiles = radio("dataset_mode") === "upload" ? [...$("dataset-files").files] : [];
+      if (radio("dataset_mode") === "upload" && !datasetFiles.length) {
+        throw new FieldError("files", "Choose the dataset's files, or pick another dataset option.");
+      }
+      GM.notice(status, "info", "Connecting the wallet…");
+      const from = await GM.connect();
+
+      GM.notice(status, "info", "Checking the job…");
+      const placeholders = {
+        module: moduleFile ? PLACEHOLDER_CID : null,
+        dataset: datasetFiles.length ? PLACEHOLDER_CID : null,
+      };
+      await GM.api("/api/jobs/prepare", { ...request(buildSpec(placeholders)), from, dry_run: true });
+
+      const cids = {};
+      if (moduleFile) {
+        GM.notice(status, "info", `Uploading ${moduleFile.name} to IPFS…`);
+        cids.module = await upload("/api/uploads/module", "file", [moduleFile]);
+      }
+      if (datasetFiles.length) {
+        GM.notice(status, "info", `Uploading ${datasetFiles.length} dataset file(s) to IPFS…`);
+        cids.dataset = await upload("/api/uploads/dataset", "files", datasetFiles);
+      }
+      const spec = buildSpec(cids);
+      $("spec-preview").textContent = JSON.stringify(spec, null, 2);
+      GM.notice(status, "info", "Preparing the transaction…");
+      const prepared = await GM.api("/api/jobs/prepare", { ...request(spec), from });
+      GM.notice(status, "info", "Confirm the transaction in your wallet…");
+      const hash = await GM.send(prepared.tx);
+      GM.notice(status, "info", `Sent ${GM.short(hash)}; waiting for a block…`);
+      const mined = await GM.waitTx(hash);
+      if (mined.status !== "success") throw new Error(`createJob reverted (transaction ${hash})`);
+      GM.notice(status, "ok", "Funded. Opening the job…");
+      window.location = prepared.job_url;
+    } catch (err) {
+      if (err.field) showError(err.field, err.message);
+      else GM.notice(status, "error", err.message || String(err));
+      button.disabled = false;
+    }
+  }
+
+  form.addEventListener("change", (e) => { toggle(); if (e.target.id !== "bounty") scheduleQuote(); });
+  form.addEventListener("input", (e) => {
+    clearError(e.target);
+    if (["cpu", "ram", "disk", "gpus", "vram", "timeout"].includes(e.target.id)) scheduleQuote();
+  });
+  form.addEventListener("submit", fund);
+  toggle();
+  quote();
+})();

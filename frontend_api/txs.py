@@ -1,0 +1,182 @@
+"""Unsigned transactions for the visitor's wallet, and relaying the ones it signed.
+
+The front end never holds a key. A page (or the CLI) asks for a transaction; it gets
+``{from, to, data, value, chainId, gas, gasPrice, nonce}`` (quantities as 0x hex, as EIP-1193
+wallets and ``eth_account`` expect), after the call was run against the chain from that sender: a
+transaction that would revert is refused here with the contract's decoded error, before anything
+is signed or sent. A signed raw transaction can be relayed (:meth:`TxBuilder.relay`): only to
+this escrow, on this chain, and only if it would not revert.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import rlp
+from eth_account import Account
+from eth_account._utils.legacy_transactions import Transaction as LegacyTransaction
+from eth_account.typed_transactions.typed_transaction import TypedTransaction
+from eth_typing import ChecksumAddress
+from eth_utils.address import to_checksum_address
+from hexbytes import HexBytes
+from web3.exceptions import ContractCustomError, ContractLogicError, TimeExhausted, Web3RPCError
+from web3.types import TxParams
+
+from gridmarket.chain import EscrowClient, rpc_error_message
+from gridmarket.escrow import JobState
+
+from .index import ChainEvent, hexstr
+
+MAX_RAW_TX_BYTES = 128 * 1024
+
+
+class TxError(ValueError):
+    """A transaction that cannot be built or relayed; ``field`` names the input at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class TxBuilder:
+    """Builds escrow transactions for a given sender and relays signed ones."""
+
+    def __init__(self, escrow: EscrowClient) -> None:
+        self.escrow = escrow
+        self.w3 = escrow.w3
+
+    # ------------------------------------------------------------------ building
+    def unsigned(
+        self, sender: str, fn_name: str, *args: Any, value: int = 0, field: str = "from"
+    ) -> dict[str, str]:
+        """``fn_name(*args)`` from ``sender`` with ``value`` wei, ready for a wallet to sign.
+
+        The gas estimate runs the call: a revert raises :class:`TxError` naming ``field`` (the
+        input most likely at fault) with the decoded custom error.
+        """
+        data = self.escrow.encode(fn_name, *args)
+        call: TxParams = {
+            "from": cast(ChecksumAddress, sender),
+            "to": cast(ChecksumAddress, self.escrow.address),
+            "value": cast(Any, value),
+            "data": data,
+        }
+        gas = self._estimate(call, fn_name, field)
+        nonce = self.w3.eth.get_transaction_count(cast(ChecksumAddress, sender), "pending")
+        return {
+            "from": sender,
+            "to": self.escrow.address,
+            "data": hexstr(data),
+            "value": hex(value),
+            "chainId": hex(self.escrow.deployment.chain_id),
+            "gas": hex(gas + gas // 5 + 10_000),
+            "gasPrice": hex(int(self.w3.eth.gas_price)),
+            "nonce": hex(nonce),
+        }
+
+    def _estimate(self, call: TxParams, fn_name: str, field: str) -> int:
+        try:
+            return int(self.w3.eth.estimate_gas(call))
+        except (ContractCustomError, ContractLogicError) as exc:
+            reason = self.escrow.decode_error(exc)
+            raise TxError(field, f"{fn_name} would revert: {reason}") from None
+        except Web3RPCError as exc:
+            message = rpc_error_message(exc)
+            if "insufficient funds" in message or "lack of funds" in message:
+                raise TxError(
+                    field, f"{call.get('from')!s} has not enough ETH for {fn_name} (value plus gas)"
+                ) from None
+            raise TxError(field, f"{fn_name} cannot be sent: {message}") from None
+
+    def create_job(
+        self, sender: str, salt: bytes, spec_cid: str, deadline: int, bounty: int
+    ) -> dict[str, str]:
+        return self.unsigned(sender, "createJob", salt, spec_cid, deadline, value=bounty)
+
+    def job_call(self, sender: str, fn_name: str, state: JobState) -> dict[str, str]:
+        """``cancel``, ``refund`` or ``release`` of a job, with its struct as the events tell."""
+        return self.unsigned(sender, fn_name, state.job_id, state.job.as_tuple())
+
+    # ------------------------------------------------------------------ relaying
+    def decode_raw(self, raw_tx: str) -> tuple[bytes, dict[str, Any]]:
+        """The bytes and fields (``from`` recovered) of a signed raw transaction."""
+        text = raw_tx.strip() if isinstance(raw_tx, str) else ""
+        if not text.startswith("0x") or len(text) < 4:
+            raise TxError("raw_tx", "must be the signed transaction as 0x-prefixed hex")
+        try:
+            raw = bytes.fromhex(text[2:])
+        except ValueError:
+            raise TxError("raw_tx", "is not valid hex") from None
+        if len(raw) > MAX_RAW_TX_BYTES:
+            raise TxError("raw_tx", f"is {len(raw)} bytes, more than {MAX_RAW_TX_BYTES}")
+        try:
+            if raw[0] <= 0x7F:
+                fields = dict(TypedTransaction.from_bytes(HexBytes(raw)).as_dict())
+            else:
+                legacy = rlp.decode(raw, LegacyTransaction).as_dict()
+                v = int(legacy["v"])
+                legacy["chainId"] = (v - 35) // 2 if v >= 35 else None
+                fields = dict(legacy)
+            sender = Account.recover_transaction(raw)
+        except Exception as exc:  # rlp, eth-account and eth-keys each raise their own types
+            raise TxError("raw_tx", f"is not a signed Ethereum transaction ({exc})") from None
+        fields["from"] = to_checksum_address(sender)
+        return raw, fields
+
+    def relay(self, raw_tx: str, *, wait_s: float = 0) -> dict[str, Any]:
+        """Send a signed transaction to the escrow. Refused (:class:`TxError` on ``raw_tx``)
+        when it is for another contract or chain, or would revert. With ``wait_s`` the receipt
+        is waited for and its escrow events decoded."""
+        raw, fields = self.decode_raw(raw_tx)
+        to = fields.get("to")
+        if not to:
+            raise TxError("raw_tx", "creates a contract: only calls to the escrow are relayed")
+        to = to_checksum_address(to)
+        if to != self.escrow.address:
+            raise TxError(
+                "raw_tx",
+                f"is sent to {to}, not to the escrow {self.escrow.address}: only "
+                "escrow transactions are relayed",
+            )
+        chain_id = fields.get("chainId")
+        if chain_id is None:
+            raise TxError("raw_tx", "has no chain id (not EIP-155 replay-protected): refused")
+        if int(chain_id) != self.escrow.deployment.chain_id:
+            raise TxError(
+                "raw_tx",
+                f"is signed for chain {chain_id}, this escrow is on chain "
+                f"{self.escrow.deployment.chain_id}",
+            )
+        call: TxParams = {
+            "from": fields["from"],
+            "to": to,
+            "value": cast(Any, int(fields.get("value", 0))),
+            "data": bytes(HexBytes(fields.get("data", b""))),
+        }
+        try:
+            self.w3.eth.call(call)
+        except (ContractCustomError, ContractLogicError) as exc:
+            reason = self.escrow.decode_error(exc)
+            raise TxError("raw_tx", f"would revert: {reason}") from None
+        except Web3RPCError as exc:
+            raise TxError("raw_tx", f"would fail: {rpc_error_message(exc)}") from None
+        try:
+            tx_hash = hexstr(bytes(self.w3.eth.send_raw_transaction(raw)))
+        except Web3RPCError as exc:
+            raise TxError("raw_tx", f"the node refused it: {rpc_error_message(exc)}") from None
+        out: dict[str, Any] = {"tx_hash": tx_hash, "from": fields["from"], "status": "pending"}
+        if wait_s > 0:
+            try:
+                receipt = self.w3.eth.wait_for_transaction_receipt(
+                    HexBytes(tx_hash), timeout=wait_s
+                )
+            except TimeExhausted:
+                return out
+            out["status"] = "success" if receipt["status"] == 1 else "reverted"
+            out["block"] = int(receipt["blockNumber"])
+            out["events"] = [
+                ChainEvent(n, e.name, dict(e.args), e.block, 0, e.tx_hash, e.log_index).to_json()
+                for n, e in enumerate(self.escrow.decode_logs(receipt["logs"]))
+            ]
+        return out

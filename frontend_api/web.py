@@ -1,0 +1,71 @@
+"""The Jinja2 environment shared by the pages and the live job stream, and error answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+from fastapi.templating import Jinja2Templates
+
+from . import format as fmt
+from . import svg
+
+HERE = Path(__file__).resolve().parent
+
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+env = templates.env
+env.filters.update(
+    eth=fmt.eth,
+    short=fmt.short,
+    when=fmt.when,
+    ago=fmt.ago,
+    mib=fmt.mib,
+    size=fmt.size,
+)
+env.globals.update(node_state=svg.node_state, status_colors=svg.STATUS_COLORS)
+
+STATE_CLASSES = {
+    "funded": "info",
+    "pending_spec": "info",
+    "queued": "info",
+    "assigned": "work",
+    "leased": "work",
+    "verifying": "work",
+    "settling": "work",
+    "submitted": "work",
+    "released": "ok",
+    "refunded": "warn",
+    "expired": "warn",
+    "failed": "bad",
+    "invalid": "bad",
+    # nodes, attempts, registry
+    "busy": "work",
+    "online": "ok",
+    "offline": "info",
+    "excluded": "bad",
+    "running": "work",
+    "success": "ok",
+    "failure": "bad",
+    "timeout": "warn",
+    "rejected": "bad",
+    "handed_back": "info",
+    "eligible": "ok",
+    "not eligible": "warn",
+}
+env.filters["state_class"] = lambda state: STATE_CLASSES.get(str(state), "info")
+
+
+def error_body(detail: str, field: str | None = None) -> dict[str, Any]:
+    """The JSON of every 4xx/5xx answer: ``detail`` is a sentence, ``field`` the input at fault."""
+    body: dict[str, Any] = {"detail": detail}
+    if field:
+        body["field"] = field
+    return body
+
+
+def wants_html(request: Request) -> bool:
+    """A browser navigating (not the API, not fetch()): errors come back as a page."""
+    if request.url.path.startswith("/api/"):
+        return False
+    return "text/html" in request.headers.get("accept", "")

@@ -1,0 +1,218 @@
+// Drives the front end in Debian's Chromium with Playwright (npm playwright-core), for
+// tests/frontend/test_browser.py. The page's wallet is an injected EIP-1193 provider that
+// forwards every request to anvil's JSON-RPC for one of anvil's dev accounts, so the page
+// really builds, and anvil really signs and sends, each transaction.
+//
+// Input: the environment (GM_URL, GM_RPC_URL, GM_ACCOUNT, GM_CHAIN_ID, GM_PROVIDER,
+// GM_MODULE, GM_DATASET, GM_SHOTS). Output: one JSON line on stdout with what happened.
+// Every step logs to stderr; any failure exits 1 with a screenshot "failure.png".
+"use strict";
+
+const path = require("node:path");
+const { chromium } = require("playwright-core");
+
+const env = (name) => {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set`);
+  return value;
+};
+const URL = env("GM_URL");
+const RPC = env("GM_RPC_URL");
+const ACCOUNT = env("GM_ACCOUNT");
+const CHAIN_ID = Number(env("GM_CHAIN_ID"));
+const PROVIDER = env("GM_PROVIDER");
+const SHOTS = env("GM_SHOTS");
+const log = (...args) => console.error(new Date().toISOString().slice(11, 23), ...args);
+
+async function rpc(method, params) {
+  const response = await fetch(RPC, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ jsonrpc: "2.0", id: 1, method, params: params || [] }),
+  });
+  const body = await response.json();
+  if (body.error) {
+    const err = new Error(body.error.message);
+    err.code = body.error.code;
+    throw err;
+  }
+  return body.result;
+}
+
+// The injected wallet: EIP-1193 request() plus on/removeListener; RPC goes through Node.
+function wallet({ account, chainId }) {
+  const listeners = {};
+  window.ethereum = {
+    isGridMarketTestWallet: true,
+    async request({ method, params }) {
+      if (method === "eth_requestAccounts" || method === "eth_accounts") return [account];
+      if (method === "eth_chainId") return "0x" + chainId.toString(16);
+      if (method === "wallet_switchEthereumChain") return null;
+      const answer = await window.__gmRpc(method, params || []);
+      if (answer.error) {
+        const err = new Error(answer.error);
+        err.code = answer.code;
+        throw err;
+      }
+      return answer.result;
+    },
+    on(event, fn) { (listeners[event] = listeners[event] || []).push(fn); },
+    removeListener(event, fn) { listeners[event] = (listeners[event] || []).filter((f) => f !== fn); },
+  };
+}
+
+async function shot(page, name) {
+  const file = path.join(SHOTS, `${name}.png`);
+  await page.evaluate(() => window.scrollTo(0, 0));
+  await page.screenshot({ path: file, fullPage: true });
+  log("screenshot", file);
+  return file;
+}
+
+async function main() {
+  const browser = await chromium.launch({
+    executablePath: "/usr/bin/chromium",
+    headless: true,
+    args: [
+      "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+      "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    ],
+  });
+  const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  await context.exposeBinding("__gmRpc", async (_source, method, params) => {
+    try {
+      return { result: await rpc(method, params) };
+    } catch (err) {
+      return { error: err.message, code: err.code };
+    }
+  });
+  await context.addInitScript(wallet, { account: ACCOUNT, chainId: CHAIN_ID });
+  const page = await context.newPage();
+  page.setDefaultTimeout(30000);
+  const errors = [];
+  page.on("pageerror", (err) => errors.push(String(err)));
+  // JavaScript errors fail the test; failed requests are expected (the bad bounty's 400).
+  page.on("console", (msg) => {
+    if (msg.type() === "error" && !msg.text().startsWith("Failed to load resource")) {
+      errors.push(msg.text());
+    }
+  });
+  page.on("response", (r) => { if (r.status() === 404) log("404", r.url()); });
+  const result = { screenshots: [], errors };
+
+  try {
+    // ------------------------------------------------------------ submit: bad input first
+    log("submit page");
+    await page.goto(`${URL}/submit`);
+    await page.locator("#wallet-button.connected").waitFor();  // eth_accounts answered
+    await page.locator("#quote-total").waitFor();
+    await page.fill("#name", "browser-uppercase");
+    await page.check('input[name="executor"][value="wasm"]');
+    await page.setInputFiles("#module-file", env("GM_MODULE"));
+    await page.check('input[name="dataset_mode"][value="upload"]');
+    await page.setInputFiles("#dataset-files", env("GM_DATASET"));
+    await page.fill("#ram", "128");
+    await page.fill("#disk", "16");
+    await page.fill("#timeout", "1");
+    await page.selectOption("#region", "eu-west");
+    await page.fill("#deadline", "1");
+    await page.fill("#bounty", "lots");
+    await page.click("#fund");
+    const bountyError = page.locator('.field[data-field="bounty_eth"].invalid .error');
+    await bountyError.waitFor();
+    result.bounty_error = await bountyError.textContent();
+    log("bad bounty refused:", result.bounty_error);
+    result.screenshots.push(await shot(page, "submit-bad-input"));
+
+    // ------------------------------------------------------------ submit: fund through the wallet
+    await page.fill("#bounty", "0.004");
+    await page.locator('#quote[data-executor="wasm"] #quote-providers').waitFor();
+    result.quote_providers = await page.textContent("#quote-providers");
+    result.screenshots.push(await shot(page, "submit"));
+    await page.click("#fund");
+    await page.waitForURL(/\/jobs\/0x[0-9a-f]{64}$/, { timeout: 60000 });
+    result.job_id = page.url().split("/").pop();
+    log("funded", result.job_id);
+
+    // ------------------------------------------------------------ job page: live until Released
+    await page.locator('#job-summary[data-chain-status="funded"], #job-summary[data-chain-status="assigned"], #job-summary[data-chain-status="submitted"], #job-summary[data-chain-status="released"]').waitFor({ timeout: 30000 });
+    result.screenshots.push(await shot(page, "job-running"));
+    await page.locator('#job-summary[data-chain-status="released"]').waitFor({ timeout: 120000 });
+    await page.locator("#output-link").waitFor();
+    await page.locator("#live.off").waitFor({ timeout: 10000 });  // the stream said "end"
+    result.released_payout = await page.textContent("#job-payout");
+    result.screenshots.push(await shot(page, "job-released"));
+    const txLinks = await page.locator("#job-txs a[href^='/tx/']").evaluateAll(
+      (links) => links.map((a) => a.getAttribute("href")),
+    );
+    result.job_txs = txLinks;
+
+    // the output through the verified proxy
+    await page.click("#output-link");
+    await page.locator("text=upper.txt").waitFor();
+    result.screenshots.push(await shot(page, "output"));
+    const output = await page.request.get(`${page.url().replace(/\/$/, "")}/upper.txt`);
+    result.output_text = await output.text();
+
+    // ------------------------------------------------------------ explorer
+    await page.goto(`${URL}/payouts?job=${result.job_id}`);
+    const row = page.locator(`#payouts tr[data-job="${result.job_id}"]`);
+    await row.waitFor();
+    result.payout_row = await row.locator("td").allTextContents();
+    await page.goto(`${URL}/payouts`);
+    result.screenshots.push(await shot(page, "payouts"));
+    await page.goto(`${URL}${txLinks[txLinks.length - 1]}`);
+    result.settle_function = await page.textContent("#tx-function");
+    result.screenshots.push(await shot(page, "tx"));
+    await page.goto(`${URL}/address/${PROVIDER}`);
+    result.provider_earned = await page.textContent("#earned");
+    result.screenshots.push(await shot(page, "provider"));
+    await page.goto(`${URL}/providers`);
+    await page.locator("#leaderboard").waitFor();
+    result.screenshots.push(await shot(page, "providers"));
+
+    // ------------------------------------------------------------ cancel, then withdraw
+    log("second job, to cancel");
+    await page.goto(`${URL}/submit`);
+    await page.fill("#name", "browser-cancel");
+    await page.fill("#image", "busybox:1.36");  // Docker: the test agent serves WASM only
+    await page.fill("#command", "true");
+    await page.fill("#bounty", "0.003");
+    await page.click("#fund");
+    await page.waitForURL(/\/jobs\/0x[0-9a-f]{64}$/, { timeout: 60000 });
+    result.cancel_job_id = page.url().split("/").pop();
+    await page.locator("#cancel-job").waitFor({ timeout: 30000 });
+    let reloaded = page.waitForEvent("load", { timeout: 90000 });  // data-tx-reload
+    await page.click("#cancel-job");
+    await reloaded;
+    await page.locator('#job-summary[data-chain-status="refunded"]').waitFor({ timeout: 60000 });
+    result.screenshots.push(await shot(page, "job-cancelled"));
+    await page.goto(`${URL}/address/${ACCOUNT}`);
+    await page.locator("#withdraw:not([disabled])").waitFor();
+    result.balance_before = await page.textContent("#balance");
+    result.screenshots.push(await shot(page, "submitter"));
+    reloaded = page.waitForEvent("load", { timeout: 90000 });
+    await page.click("#withdraw");
+    await reloaded;
+    await page.locator("#withdraw[disabled]").waitFor({ timeout: 20000 });
+    result.balance_after = await page.textContent("#balance");
+
+    await page.goto(`${URL}/jobs`);
+    result.screenshots.push(await shot(page, "jobs"));
+    await page.goto(`${URL}/`);
+    result.screenshots.push(await shot(page, "home"));
+  } catch (err) {
+    log("FAILED:", err.stack || String(err));
+    try { await shot(page, "failure"); } catch (_) { /* the page may be gone */ }
+    result.failure = String(err.stack || err);
+  } finally {
+    await browser.close();
+  }
+  process.stdout.write(JSON.stringify(result) + "\n");
+  process.exit(result.failure ? 1 : 0);
+}
+
+main().catch((err) => {
+  log("FAILED:", err.stack || String(err));
+  process.exit(1);
+});

@@ -1,0 +1,187 @@
+"""The submitter CLI (``python -m frontend_api.cli``, the ``gridmarket`` console script) from a
+terminal against the real stack: init a keystore, submit the WASM example until Released, then
+status, logs, get (verified), jobs; cancel and withdraw; and bad job files refused with the
+field named before anything is uploaded or funded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from frontend_api.keystore import create_keystore, keystore_address
+from gridmarket.cid import path_cid
+from tests.frontend.conftest import FrontendStack
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "jobs"
+PASSWORD = "cli-test-password"
+
+
+def gm(stack: FrontendStack, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRIDMARKET_")}
+    env.update(
+        {
+            "GRIDMARKET_URL": stack.frontend_url,
+            "GRIDMARKET_KEYSTORE": str(home / "submitter.json"),
+            "GRIDMARKET_PASSWORD": PASSWORD,
+        }
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "frontend_api.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=home,
+        env=env,
+        timeout=240,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def home(frontend_stack: FrontendStack, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A submitter's folder whose keystore holds the stack's submitter key (a cheap KDF, so
+    each command below does not spend a second unlocking it)."""
+    home = tmp_path_factory.mktemp("submitter")
+    key = bytes(frontend_stack.submitter.key)
+    create_keystore(home / "submitter.json", PASSWORD, private_key=key, iterations=2**10)
+    return home
+
+
+def test_init_creates_or_imports_a_keystore_and_never_overwrites_one(
+    stack: FrontendStack, tmp_path: Path
+) -> None:
+    made = gm(stack, tmp_path, "init")
+    assert made.returncode == 0, made.stderr
+    address = made.stdout.strip().splitlines()[-1]
+    assert keystore_address(tmp_path / "submitter.json") == address
+    assert (tmp_path / "submitter.json").stat().st_mode & 0o777 == 0o600
+    again = gm(stack, tmp_path, "init")
+    assert again.returncode == 1 and "refusing to overwrite" in again.stderr
+    key = tmp_path / "key.txt"
+    key.write_text("0x" + bytes(stack.submitter.key).hex())
+    imported = gm(stack, tmp_path, "init", "--private-key-file", str(key), "--force")
+    assert imported.returncode == 0, imported.stderr
+    assert imported.stdout.strip().splitlines()[-1] == stack.submitter.address
+    wrong = subprocess.run(
+        [sys.executable, "-m", "frontend_api.cli", "--url", stack.frontend_url,
+         "--keystore", str(tmp_path / "submitter.json"), "withdraw"],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "GRIDMARKET_PASSWORD": "not-it"},
+    )  # fmt: skip
+    assert wrong.returncode == 1 and "wrong password" in wrong.stderr
+
+
+def test_submit_the_wasm_example_until_released_then_status_logs_get_and_jobs(
+    stack: FrontendStack, home: Path
+) -> None:
+    done = gm(
+        stack, home, "submit", str(EXAMPLES / "wasm-csvstats.yaml"), "--wait", "--timeout", "120"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    job_id = lines[0]
+    assert job_id.startswith("0x") and len(job_id) == 66
+    assert f"{stack.frontend_url}/jobs/{job_id}" in done.stdout
+    assert "released (on-chain released)" in done.stdout
+    assert "Traceback" not in done.stderr
+
+    status = gm(stack, home, "status", job_id, "--json")
+    assert status.returncode == 0, status.stderr
+    view = json.loads(status.stdout)
+    assert view["chain_status"] == "released"
+    assert view["chain"]["submitter"] == stack.submitter.address
+    assert view["chain"]["bounty_wei"] == str(10**15)
+    text = gm(stack, home, "status", job_id)
+    assert "released" in text.stdout and stack.provider.address in text.stdout
+
+    logs = gm(stack, home, "logs", job_id)
+    assert logs.returncode == 0 and "success" in logs.stdout, logs.stdout
+
+    out = home / "out"
+    got = gm(stack, home, "get", job_id, "-o", str(out))
+    assert got.returncode == 0, got.stderr
+    assert path_cid(out) == view["output_cid"]
+    stats = (out / "stats.txt").read_text()
+    data = (ROOT / "examples" / "datasets" / "gpu-hours" / "data.csv").read_bytes()
+    assert f"bytes={len(data)}" in stats and "lines=" in stats and "fields=" in stats
+
+    direct = home / "direct"
+    got = subprocess.run(
+        [sys.executable, "-m", "frontend_api.cli", "--ipfs-api", stack.ipfs_api, "get",
+         view["output_cid"], "-o", str(direct)],
+        capture_output=True, text=True, cwd=home, timeout=60, check=False,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    assert path_cid(direct) == view["output_cid"]
+
+    jobs = gm(stack, home, "jobs")
+    assert jobs.returncode == 0 and job_id in jobs.stdout and "released" in jobs.stdout
+
+    # the explorer shows the payout of the CLI's job
+    payouts = stack.get("/api/payouts", params={"job": job_id}).json()["payouts"]
+    assert len(payouts) == 1 and payouts[0]["provider"] == stack.provider.address
+
+
+def test_cancel_then_withdraw_from_the_terminal(
+    stack: FrontendStack, home: Path, tmp_path: Path
+) -> None:
+    job = tmp_path / "waits.yaml"  # a Docker job: the stack's agent serves WASM only
+    job.write_text(
+        'name: waits\nexecutor: docker\nimage: busybox:1.36\ncommand: ["true"]\n'
+        "limits: {timeout_s: 60}\nbounty: 0.003\ndeadline: 30m\n"
+    )
+    done = gm(stack, home, "submit", str(job))
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.splitlines()[0]
+    stack.wait_job(job_id, {"queued"}, timeout=30)
+    cancelled = gm(stack, home, "cancel", job_id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "cancelled" in cancelled.stdout
+    twice = gm(stack, home, "cancel", job_id)
+    assert twice.returncode == 1 and "JobEscrowWrongStatus" in twice.stderr
+    early = gm(stack, home, "refund", job_id)
+    assert early.returncode == 1 and "refund would revert" in early.stderr
+    withdrawn = gm(stack, home, "withdraw")
+    assert withdrawn.returncode == 0, withdrawn.stderr
+    assert "withdrew" in withdrawn.stdout
+    assert stack.escrow.balance_of(stack.submitter.address) == 0
+
+
+def test_bad_job_files_are_refused_naming_the_field(
+    stack: FrontendStack, home: Path, tmp_path: Path
+) -> None:
+    before = stack.escrow.w3.eth.get_transaction_count(stack.submitter.address)
+    cases = {
+        "executor: docker\nimage: busybox\nbounty: 0.01\nresources: {ram_mib: 1}\n": (
+            "resources.ram_mib"
+        ),
+        "executor: wasm\nbounty: 0.01\n": "module_cid",
+        "executor: docker\nimage: busybox\nbounty: 0.01\ndeadline: soon\n": "deadline",
+        "executor: docker\nimage: busybox\nbounty: lots\n": "bounty_eth",
+        "executor: docker\nimage: busybox\n": "bounty",
+        "executor: docker\nimage: busybox\nbounty: 0.01\ndataset: ./missing\n": "dataset",
+        "executor: docker\nimage: busybox\nbounty: 0.01\ndeadline: 10s\n": "ttl_s",
+        "executor: docker\nimage: busybox\nbounty: 99999\n": "not enough ETH",
+        "- just\n- a list\n": "mapping",
+    }
+    for n, (text, words) in enumerate(cases.items()):
+        path = tmp_path / f"bad{n}.yaml"
+        path.write_text(text)
+        done = gm(stack, home, "submit", str(path))
+        assert done.returncode == 1, (text, done.stdout)
+        assert words in done.stderr, (text, done.stderr)
+        assert "Traceback" not in done.stderr
+    assert stack.escrow.w3.eth.get_transaction_count(stack.submitter.address) == before
+
+    # the Docker example is well-formed: checked end to end without funding it
+    dry = gm(stack, home, "submit", "--dry-run", str(EXAMPLES / "docker-hours-by-tier.yaml"))
+    assert dry.returncode == 0, dry.stderr
+    assert "would lock 0.002 ETH" in dry.stdout
+    bad_id = gm(stack, home, "status", "0x1234")
+    assert bad_id.returncode == 1 and "not a job id" in bad_id.stderr
