@@ -4,16 +4,25 @@ each with its own wallet. Used by ``make demo``, ``make up`` and the end-to-end 
 
 Everything binds to 127.0.0.1. Roles are anvil's dev accounts: 0 deployer/owner, 1 operator
 (the scheduler's key), 2 treasury, 3-4 submitters, 5-9 providers.
+
+Fault injection for the end-to-end tests (tests/e2e), all keeping addresses and state so that
+the other parts only see an outage: :meth:`Grid.kill_agent` / :meth:`Grid.restart_agent`,
+:meth:`Grid.restart_scheduler` (same database, port and token secret), :meth:`Grid.stop_ipfs` /
+:meth:`Grid.start_ipfs` (same repo and API port), :meth:`Grid.stop_chain` /
+:meth:`Grid.start_chain` (anvil's state file, same port), and :func:`start_replica` (another
+scheduler on the same settings, for PostgreSQL).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import logging
 import os
 import secrets
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -60,6 +69,40 @@ class AgentProcess:
     process: ManagedProcess
     config_path: Path
 
+    @property
+    def node_id(self) -> str:
+        """The scheduler's id for this node (``scheduler.store.repo.node_id_for``)."""
+        from scheduler.store.repo import node_id_for
+
+        return node_id_for(self.account.address, self.name)
+
+    @property
+    def log_path(self) -> Path:
+        return self.process.log_path
+
+
+class _PinnedIpfsDaemon(IpfsDaemon):
+    """An :class:`IpfsDaemon` whose API keeps its port across restarts: the first start takes
+    a port the OS picks, later starts ask for that same port, so the scheduler and the agents
+    (configured with the API address) reach it again after an outage."""
+
+    api_port: int | None = None
+
+    def start(self) -> IpfsDaemon:
+        super().start()
+        if self.api_port is None and self.api_addr:
+            self.api_port = int(self.api_addr.split("/")[4])
+        return self
+
+    def _configure(self) -> None:
+        super()._configure()
+        if self.api_port is None:
+            return
+        path = self.repo / "config"
+        config = json.loads(path.read_text())
+        config["Addresses"]["API"] = f"/ip4/127.0.0.1/tcp/{self.api_port}"
+        path.write_text(json.dumps(config, indent=2))
+
 
 @dataclass
 class Grid:
@@ -81,6 +124,8 @@ class Grid:
     frontend_url: str | None
     accounts: list[LocalAccount]
     agents: list[AgentProcess] = field(default_factory=list)
+    replicas: list[SchedulerProcess] = field(default_factory=list)
+    """Scheduler replicas started by :func:`start_replica` (stopped with the grid)."""
 
     @property
     def operator(self) -> LocalAccount:
@@ -117,6 +162,69 @@ class Grid:
             "frontend_url": self.frontend_url,
             "agents": [a.name for a in self.agents],
         }
+
+    # ------------------------------------------------------------------ faults (tests/e2e)
+    def agent(self, name: str) -> AgentProcess:
+        """The agent called ``name``; LookupError naming the known ones otherwise."""
+        for a in self.agents:
+            if a.name == name:
+                return a
+        raise LookupError(f"no agent {name!r}; agents: {[a.name for a in self.agents]}")
+
+    def kill_agent(self, agent: AgentProcess) -> None:
+        """SIGKILL the agent's process group: no hand-back, no goodbye (a crashed host).
+
+        Its running container, if any, is not in that group and runs on in dockerd."""
+        pid = agent.process.pid
+        if pid is None or not agent.process.running():
+            raise ServiceError(f"agent {agent.name} is not running")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        agent.process.stop(5)  # reaps it
+
+    def restart_agent(self, agent: AgentProcess) -> None:
+        """Start the agent again with its wallet, name and configuration (same node id)."""
+        if agent.process.running():
+            raise ServiceError(f"agent {agent.name} is still running")
+        agent.process.start()
+
+    def restart_scheduler(self, timeout: float = 30.0) -> SchedulerProcess:
+        """Start the scheduler again on the same port, database and token secret (after
+        ``grid.scheduler.kill()`` or ``.stop()``); returns the new process."""
+        if self.scheduler.running():
+            raise ServiceError("the scheduler is still running: kill() or stop() it first")
+        self.scheduler = SchedulerProcess(
+            self.work, self.scheduler.port, self.scheduler_settings, log_level="info"
+        ).start(timeout)
+        return self.scheduler
+
+    def stop_ipfs(self) -> None:
+        """Stop the IPFS daemon (SIGTERM); :meth:`start_ipfs` brings it back on the same port."""
+        self.ipfs_daemon.stop()
+
+    def start_ipfs(self) -> None:
+        """Start the IPFS daemon again: same repository (content kept), same API address."""
+        before = self.ipfs_daemon.api_addr
+        self.ipfs_daemon.start()
+        if self.ipfs_daemon.api_addr != before:
+            raise ServiceError(
+                f"the IPFS daemon came back on {self.ipfs_daemon.api_addr}, not {before}"
+            )
+
+    def stop_chain(self) -> None:
+        """Stop anvil cleanly (SIGTERM): it writes its state file, which the restart loads."""
+        self.anvil.stop()
+
+    def start_chain(self) -> None:
+        """Start anvil again on the same port from its state file (blocks, logs, balances)."""
+        self.anvil.start()
+
+    def rpc(self, method: str, *params: Any) -> Any:
+        """A raw JSON-RPC call to anvil (``evm_increaseTime``, ``evm_mine``, ...)."""
+        response = self.w3.provider.make_request(method, list(params))  # type: ignore[arg-type]
+        if "error" in response:
+            raise ServiceError(f"anvil refused {method}{list(params)}: {response['error']}")
+        return response.get("result")
 
 
 def _docker(work: Path) -> tuple[Dockerd | None, str]:
@@ -163,8 +271,17 @@ def _frontend(work: Path, env: dict[str, str]) -> tuple[ManagedProcess | None, s
     return proc, url
 
 
-def start_agent(grid: Grid, index: int, *, name: str, region: str, slots: int = 1) -> AgentProcess:
-    """Register provider ``index`` on-chain (staked) and start its agent daemon process."""
+def start_agent(
+    grid: Grid,
+    index: int,
+    *,
+    name: str,
+    region: str,
+    slots: int = 1,
+    scheduler_url: str | None = None,
+) -> AgentProcess:
+    """Register provider ``index`` on-chain (staked) and start its agent daemon process,
+    talking to ``scheduler_url`` (default: the grid's scheduler; a replica's URL for tests)."""
     account = grid.providers[index]
     home = grid.work / "agents" / name
     home.mkdir(parents=True, exist_ok=True)
@@ -183,7 +300,7 @@ def start_agent(grid: Grid, index: int, *, name: str, region: str, slots: int = 
     if not provider[3]:
         grid.escrow.send(account, "registerProvider", "bafkreidevnetprovider", value=PROVIDER_STAKE)
     config = {
-        "scheduler_url": grid.scheduler.url,
+        "scheduler_url": scheduler_url or grid.scheduler.url,
         "ipfs_api": grid.ipfs_daemon.api_addr,
         "keystore": str(keystore),
         "password": AGENT_PASSWORD,
@@ -211,6 +328,17 @@ def start_agent(grid: Grid, index: int, *, name: str, region: str, slots: int = 
     agent = AgentProcess(name, account, proc, config_path)
     grid.agents.append(agent)
     return agent
+
+
+def start_replica(grid: Grid, name: str = "scheduler-b") -> SchedulerProcess:
+    """Another scheduler replica with the grid's settings (database, token secret, chain) on
+    a new port; stopped with the grid. Only meaningful when the database is PostgreSQL."""
+    replica = SchedulerProcess(
+        grid.work, free_port(), grid.scheduler_settings, name=name, log_level="info"
+    )
+    grid.replicas.append(replica)
+    replica.start()
+    return replica
 
 
 def wait_nodes(grid: Grid, count: int, timeout: float = 60) -> None:
@@ -246,9 +374,11 @@ def run_grid(
         shutil.rmtree(work / stale, ignore_errors=True)
     for db in work.glob("scheduler.db*"):
         db.unlink()
+    state_file = work / "anvil-state.json"  # written on a clean stop: stop_chain/start_chain
+    state_file.unlink(missing_ok=True)
     with contextlib.ExitStack() as stack:
         on_step("anvil devnet")
-        anvil = Anvil(log_file=work / "anvil.log")
+        anvil = Anvil(log_file=work / "anvil.log", state_file=state_file)
         stack.enter_context(anvil)
         w3 = Web3(Web3.HTTPProvider(anvil.url))
         accounts = [Account.from_key(k) for k in dev_accounts(10)]
@@ -261,7 +391,7 @@ def run_grid(
         deployment.save(deployment_file)
         escrow = EscrowClient(w3, deployment)
         on_step("IPFS daemon (js-ipfs, offline, loopback)")
-        ipfs_daemon = IpfsDaemon(work / "ipfs")
+        ipfs_daemon = _PinnedIpfsDaemon(work / "ipfs")
         ipfs_daemon.start()
         stack.callback(ipfs_daemon.stop)
         ipfs = IpfsStore(ipfs_daemon.api_addr)
@@ -287,7 +417,15 @@ def run_grid(
         }
         settings.update(scheduler_overrides or {})
         scheduler = SchedulerProcess(work, free_port(), settings, log_level="info")
-        stack.enter_context(scheduler)
+        scheduler.start()
+        grid_ref: list[Grid] = []
+
+        def stop_schedulers() -> None:  # the current ones: restart_scheduler replaces it
+            current = grid_ref[0].scheduler if grid_ref else scheduler
+            for s in [current, *(grid_ref[0].replicas if grid_ref else [])]:
+                s.stop()
+
+        stack.callback(stop_schedulers)
         frontend, frontend_url = None, None
         if with_frontend:
             on_step("web front end")
@@ -319,6 +457,7 @@ def run_grid(
             frontend_url=frontend_url,
             accounts=accounts,
         )
+        grid_ref.append(grid)
 
         def stop_agents() -> None:  # all at once: each may be finishing a long-poll
             threads = [

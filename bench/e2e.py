@@ -1,0 +1,374 @@
+"""End-to-end latency of the whole grid: job funded -> running on an idle agent -> paid.
+
+    .venv/bin/python bench/e2e.py            # --jobs 24 --agents 3 --work .run/bench-e2e
+
+Starts the grid of ``make demo`` (:func:`gridmarket.devstack.grid.run_grid`: anvil + escrow,
+js-ipfs, dockerd, a scheduler process, 3 agent processes, each with its own wallet), warms
+every agent up (one Docker and one WASM job each: the first job of a kind loads the docker SDK
+or wasmtime), then funds ``--jobs`` jobs one at a time, alternating Docker and WASM, each when
+every agent is idle (long-polling). The jobs do almost nothing: they read the clock at their
+first and last instruction and write both stamps to ``/output`` on a one-file dataset.
+
+Measured per job, all on this machine's wall clock:
+
+* **funded**: ``createJob``'s receipt is back (anvil mines at once);
+* **leased**: the attempt's ``started_at`` (GET /v1/jobs/{id}: the scheduler's dispatch);
+* **started**: the job's own first clock reading: busybox ``adjtimex`` (microseconds) in the
+  container, WASI ``clock_time_get`` (nanoseconds) in the module;
+* **run time**: the job's last clock reading minus its first;
+* **paid**: when ``JobReleased`` is first seen on-chain (logs polled every 20 ms).
+
+Reported: funded -> started, and funded -> paid minus the run time (the platform's overhead),
+p50 / p99 / max. Goals (issue 6): <= 250 ms and <= 2 s at p50. Percentiles are nearest-rank:
+with fewer than 100 jobs p99 is the worst job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import wasmtime
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gridmarket.chain import EscrowClient  # noqa: E402
+from gridmarket.devstack.grid import Grid, run_grid  # noqa: E402
+from gridmarket.devstack.images import BUSYBOX_IMAGE  # noqa: E402
+from gridmarket.wire import API, JobSpec  # noqa: E402
+
+BOUNTY = 10**16
+GOAL_START_S = 0.250
+GOAL_PAID_S = 2.0
+RESOURCES = {"cpu_cores": 1, "ram_mib": 128, "disk_mib": 16}
+LIMITS = {"timeout_s": 30, "output_max_bytes": 4096}
+
+# Docker: busybox's adjtimex prints the kernel clock as tv_sec / tv_usec (date has no %N).
+STAMP = "adjtimex | grep -E 'tv_(sec|usec)'"
+DOCKER_COMMAND = f"{STAMP} > /output/start && echo ok > /output/result && {STAMP} > /output/end"
+
+# WASM: clock_time_get(realtime) in nanoseconds, written as decimal to /output/start and /end.
+# Preopens: fd 3 = /input, fd 4 = /output (the job has a dataset).
+CLOCK_WAT = """
+(module
+  (import "wasi_snapshot_preview1" "clock_time_get"
+    (func $clock (param i32 i64 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "path_open"
+    (func $path_open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_close" (func $fd_close (param i32) (result i32)))
+  (import "wasi_snapshot_preview1" "proc_exit" (func $proc_exit (param i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 16) "start")
+  (data (i32.const 32) "end")
+  ;; 64: fd out-param; 72: iovec (ptr, len); 80: count; 96: the i64 time; 128..160: digits
+  (func $now (result i64)
+    (if (call $clock (i32.const 0) (i64.const 1) (i32.const 96))
+      (then (call $proc_exit (i32.const 20))))
+    (i64.load (i32.const 96)))
+  (func $write (param $name i32) (param $len i32) (param $t i64) (local $p i32) (local $fd i32)
+    (local.set $p (i32.const 160))
+    (i32.store8 (local.get $p) (i32.const 10))
+    (loop $digit
+      (local.set $p (i32.sub (local.get $p) (i32.const 1)))
+      (i32.store8 (local.get $p)
+        (i32.add (i32.const 48) (i32.wrap_i64 (i64.rem_u (local.get $t) (i64.const 10)))))
+      (local.set $t (i64.div_u (local.get $t) (i64.const 10)))
+      (br_if $digit (i64.ne (local.get $t) (i64.const 0))))
+    (if (call $path_open (i32.const 4) (i32.const 0) (local.get $name) (local.get $len)
+                         (i32.const 9) (i64.const 64) (i64.const 0) (i32.const 0) (i32.const 64))
+      (then (call $proc_exit (i32.const 21))))
+    (local.set $fd (i32.load (i32.const 64)))
+    (i32.store (i32.const 72) (local.get $p))
+    (i32.store (i32.const 76) (i32.sub (i32.const 161) (local.get $p)))
+    (if (call $fd_write (local.get $fd) (i32.const 72) (i32.const 1) (i32.const 80))
+      (then (call $proc_exit (i32.const 22))))
+    (drop (call $fd_close (local.get $fd))))
+  (func (export "_start") (local $t0 i64)
+    (local.set $t0 (call $now))
+    (call $write (i32.const 16) (i32.const 5) (local.get $t0))
+    (call $write (i32.const 32) (i32.const 3) (call $now))))
+"""
+
+
+@dataclass
+class Sample:
+    """One job's timeline (Unix seconds)."""
+
+    kind: str
+    job_id: str
+    funded: float
+    leased: float = 0.0
+    started: float = 0.0
+    ended: float = 0.0
+    paid: float = 0.0
+    node: str = ""
+
+    @property
+    def to_start(self) -> float:
+        return self.started - self.funded
+
+    @property
+    def run(self) -> float:
+        return self.ended - self.started
+
+    @property
+    def overhead(self) -> float:
+        return self.paid - self.funded - self.run
+
+
+@dataclass
+class PaidWatcher:
+    """Records when each JobReleased is first seen: polls the chain head every 20 ms, and
+    reads the escrow's logs of each new block."""
+
+    escrow: EscrowClient
+    seen: dict[str, float] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="paid-watcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        w3 = self.escrow.w3
+        last = int(w3.eth.block_number)
+        while not self._stop.wait(0.02):
+            head = int(w3.eth.block_number)
+            if head <= last:
+                continue
+            events = self.escrow.events(last + 1, head)
+            now = time.time()
+            for e in events:
+                if e.name == "JobReleased":
+                    self.seen.setdefault("0x" + bytes(e.args["jobId"]).hex(), now)
+            last = head
+
+
+def _stamp(text: str) -> float:
+    """A clock reading written by a job: WASM nanoseconds, or adjtimex's two lines."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text) / 1e9
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    sec = int(fields["time.tv_sec"])
+    usec = int(fields["time.tv_usec"])
+    return sec + (usec / 1e9 if usec >= 1_000_000 else usec / 1e6)
+
+
+class Bench:
+    def __init__(self, grid: Grid, work: Path) -> None:
+        self.grid = grid
+        self.work = work
+        self.http = httpx.Client(base_url=grid.scheduler.url, timeout=10)
+        data = work / "bench-dataset"
+        data.mkdir(parents=True, exist_ok=True)
+        (data / "hello.txt").write_text("hello\n")
+        self.dataset = grid.ipfs.add_dir(data)
+        self.module = grid.ipfs.add_bytes(bytes(wasmtime.wat2wasm(CLOCK_WAT)))
+        self.spec_cids = {kind: grid.ipfs.add_bytes(self.spec(kind).to_bytes()) for kind in KINDS}
+        self.watcher = PaidWatcher(grid.escrow)
+
+    def spec(self, kind: str) -> JobSpec:
+        base: dict[str, Any] = {
+            "name": f"bench {kind}",
+            "executor": kind,
+            "dataset_cid": self.dataset,
+            "resources": RESOURCES,
+            "limits": LIMITS,
+        }
+        if kind == "docker":
+            base.update(image=BUSYBOX_IMAGE, command=["sh", "-c", DOCKER_COMMAND])
+        else:
+            base.update(module_cid=self.module)
+        return JobSpec.model_validate(base)
+
+    def fund(self, kind: str) -> Sample:
+        """createJob with the kind's spec (already on IPFS); a new salt makes a new job."""
+        grid = self.grid
+        submitter = grid.submitters[0]
+        now = max(int(time.time()), int(grid.w3.eth.get_block("latest")["timestamp"]))
+        salt = time.time_ns().to_bytes(32, "big")
+        state, _ = grid.escrow.create_job(submitter, salt, self.spec_cids[kind], now + 1800, BOUNTY)
+        return Sample(kind, "0x" + state.job_id.hex(), funded=time.time())
+
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        r = self.http.get(API.JOB.format(job_id=job_id))
+        if r.status_code != 200:
+            return None
+        data: dict[str, Any] = r.json()
+        return data
+
+    def finish(self, sample: Sample, timeout: float = 60) -> None:
+        """Wait until the job is paid and released, then read its timeline."""
+        deadline = time.monotonic() + timeout
+        view: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            view = self.job(sample.job_id)
+            if (
+                view is not None
+                and view["state"] == "released"
+                and sample.job_id in self.watcher.seen
+            ):
+                break
+            if view is not None and view["state"] in ("failed", "invalid", "expired"):
+                raise RuntimeError(f"bench job {sample.job_id} ended {view['state']}: {view}")
+            time.sleep(0.05)
+        else:
+            raise RuntimeError(f"bench job {sample.job_id} not paid after {timeout} s: {view}")
+        assert view is not None
+        (attempt,) = view["attempts"]
+        sample.leased = float(attempt["started_at"])
+        sample.node = str(attempt["node_id"])
+        sample.paid = self.watcher.seen[sample.job_id]
+        out = self.work / "bench-out" / sample.job_id
+        shutil.rmtree(out, ignore_errors=True)
+        path = self.grid.ipfs.fetch(view["output_cid"], out, 1 << 16)
+        sample.started = _stamp((path / "start").read_text())
+        sample.ended = _stamp((path / "end").read_text())
+
+    def idle(self) -> None:
+        """Until no job holds a slot, then a moment for every agent to be long-polling again."""
+        while any(n["running"] for n in self.grid.api("/v1/nodes")["nodes"]):
+            time.sleep(0.05)
+        time.sleep(0.3)
+
+    def warm_up(self) -> list[Sample]:
+        samples: list[Sample] = []
+        for kind in KINDS:  # one of each kind per agent: 1 slot each, all idle
+            batch = [self.fund(kind) for _ in self.grid.agents]
+            for s in batch:
+                self.finish(s)
+            samples += batch
+            self.idle()
+        return samples
+
+    def measure(self, jobs: int) -> list[Sample]:
+        samples = []
+        for i in range(jobs):
+            self.idle()
+            s = self.fund(KINDS[i % len(KINDS)])
+            self.finish(s)
+            samples.append(s)
+        return samples
+
+
+KINDS = ("docker", "wasm")
+
+
+def pct(values: list[float], p: float) -> float:
+    """Nearest-rank percentile (with fewer than 100 values, p99 is the largest)."""
+    s = sorted(values)
+    return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
+
+
+def ms(x: float) -> str:
+    return f"{x * 1000:,.0f}"
+
+
+def report(samples: list[Sample], warm: list[Sample]) -> None:
+    rows: list[tuple[str, str, list[float]]] = []
+    for kind in ("all", *KINDS):
+        subset = [s for s in samples if kind in ("all", s.kind)]
+        rows += [
+            (kind, "funded -> leased (scheduler)", [s.leased - s.funded for s in subset]),
+            (kind, "leased -> started (agent)", [s.started - s.leased for s in subset]),
+            (kind, "funded -> started", [s.to_start for s in subset]),
+            (kind, "job run time", [s.run for s in subset]),
+            (kind, "started -> paid", [s.paid - s.started for s in subset]),
+            (kind, "funded -> paid", [s.paid - s.funded for s in subset]),
+            (kind, "funded -> paid minus run time", [s.overhead for s in subset]),
+        ]
+    mix = ", ".join(f"{k}: {sum(s.kind == k for s in samples)}" for k in KINDS)
+    nodes = len({s.node for s in samples})
+    print(f"\n{len(samples)} jobs ({mix}) on {nodes} agents; milliseconds\n")
+    print("| jobs | interval | p50 | p99 | max | mean |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for kind, name, values in rows:
+        print(
+            f"| {kind} | {name} | {ms(pct(values, 50))} | {ms(pct(values, 99))} | "
+            f"{ms(max(values))} | {ms(statistics.fmean(values))} |"
+        )
+    start50 = pct([s.to_start for s in samples], 50)
+    paid50 = pct([s.overhead for s in samples], 50)
+    print()
+    for what, got, goal in (
+        ("funded -> started, p50", start50, GOAL_START_S),
+        ("funded -> paid overhead, p50", paid50, GOAL_PAID_S),
+    ):
+        verdict = "meets" if got <= goal else "MISSES"
+        print(f"{what}: {ms(got)} ms, goal <= {ms(goal)} ms: {verdict} the goal")
+    cold = [s.to_start for s in warm]
+    print(
+        f"(warm-up, first job of each kind per agent: funded -> started "
+        f"{ms(min(cold))}-{ms(max(cold))} ms; not counted)"
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=24, help="measured jobs (at least 20)")
+    ap.add_argument("--agents", type=int, default=3)
+    ap.add_argument("--work", type=Path, default=ROOT / ".run" / "bench-e2e")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a scheduler setting over run_grid's (e.g. chain_poll_s=0.05); repeatable",
+    )
+    args = ap.parse_args()
+    if args.jobs < 20:
+        ap.error("--jobs must be at least 20")
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            ap.error(f"--set {item!r}: expected KEY=VALUE")
+        overrides[key.strip()] = value.strip()
+    t0 = time.monotonic()
+    with run_grid(
+        args.work, agents=args.agents, with_frontend=False, scheduler_overrides=overrides
+    ) as grid:
+        print(f"grid up in {time.monotonic() - t0:.1f} s: {grid.docker_note}", flush=True)
+        if grid.dockerd is None:
+            print("dockerd is not running here: this bench needs Docker jobs", file=sys.stderr)
+            return 1
+        bench = Bench(grid, args.work)
+        bench.watcher.start()
+        try:
+            warm = bench.warm_up()
+            samples = bench.measure(args.jobs)
+        finally:
+            bench.watcher.stop()
+        s = grid.scheduler_settings
+        print(
+            f"scheduler: chain_poll_s={s['chain_poll_s']} dispatch_tick_s={s['dispatch_tick_s']} "
+            f"({'overrides: ' + str(overrides) if overrides else 'run_grid defaults'}); "
+            "anvil mines each transaction at once"
+        )
+    report(samples, warm)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The grids of the end-to-end tests: :func:`gridmarket.devstack.grid.run_grid` with short
+liveness timings, so that a dead agent or a silent scheduler is noticed in seconds.
+
+A grid is anvil + escrow, a js-ipfs daemon, dockerd, a scheduler process and three agent
+processes with their own wallets, all real. They run under pytest's temporary directory and are
+stopped when the tests using them are done. If a part cannot start, the tests FAIL with its log.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from gridmarket.devstack._process import ServiceError
+from gridmarket.devstack.grid import Grid, run_grid
+
+PG_ADMIN_URL = os.environ.get(
+    "GRIDMARKET_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+
+FAST = {
+    "heartbeat_interval_s": "1",
+    "node_timeout_s": "5",
+    "lease_ttl_s": "5",
+    "sweep_interval_s": "0.5",
+    "long_poll_max_s": "5",
+    "chain_poll_s": "0.1",
+    "dispatch_tick_s": "0.1",
+    "verify_timeout_s": "4",
+}
+"""Liveness in seconds instead of tens of seconds: heartbeats every 1 s, a node silent for 5 s
+is offline, a lease not renewed for 5 s is lost, an unreachable output is rejected after 4 s."""
+
+
+def _grid(work: Path, agents: int = 3, **overrides: str) -> Iterator[Grid]:
+    try:
+        cm = run_grid(
+            work,
+            agents=agents,
+            with_frontend=False,
+            scheduler_overrides={**FAST, **overrides},
+        )
+        grid = cm.__enter__()
+    except ServiceError as exc:
+        pytest.fail(f"the grid did not start: {exc}", pytrace=False)
+    try:
+        if grid.dockerd is None:  # the Docker jobs could never run: say why, do not time out
+            pytest.fail(f"the grid has no Docker engine: {grid.docker_note}", pytrace=False)
+        yield grid
+    finally:
+        cm.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="class")
+def grid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Grid]:
+    """One SQLite grid shared by a class of tests that leave it whole (agents restarted...)."""
+    yield from _grid(tmp_path_factory.mktemp("grid"))
+
+
+@pytest.fixture
+def pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database (the machine's server, trust auth), dropped afterwards."""
+    name = f"gm_e2e_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:
+        admin.dispose()
+        pytest.fail(f"PostgreSQL at {PG_ADMIN_URL} is not usable: {exc}", pytrace=False)
+    try:
+        yield f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def pg_grid(tmp_path_factory: pytest.TempPathFactory, pg_database: str) -> Iterator[Grid]:
+    """A grid whose scheduler runs on PostgreSQL, with no agents yet: the test adds replicas
+    (``start_replica``) and agents (``start_agent``) where it wants them."""
+    yield from _grid(tmp_path_factory.mktemp("pg-grid"), agents=0, database_url=pg_database)
