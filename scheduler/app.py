@@ -29,6 +29,7 @@ def create_app(settings: Settings | None = None, *, grid: Grid | None = None) ->
         g.start()
         dispatcher = Dispatcher(g.store, settings, chain_id=g.chain_id, escrow=g.escrow)
         g.store.on_queued = dispatcher.wake
+        dispatcher.on_claimed = lambda: g.wake("outbox")
         dispatcher.start()
         app.state.grid = g
         app.state.dispatcher = dispatcher

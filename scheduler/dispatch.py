@@ -20,6 +20,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gridmarket.tiers import classify_gpu
@@ -41,6 +42,7 @@ __all__ = ["Dispatcher", "free_capacity", "requirements"]
 
 _EXPLAIN_EVERY_S = 2.0
 _COALESCE_S = 0.002
+_TOUCH_EVERY_S = 1.0
 
 
 def requirements(job: JobRow) -> JobRequirements:
@@ -124,6 +126,7 @@ class Dispatcher:
         self._explained: dict[str, float] = {}
         self._pending_reasons: list[tuple[str, str]] = []
         self._idle: dict[str, int] = {}
+        self.on_claimed: Callable[[], None] = lambda: None  # the app wakes the outbox
         self.rounds = 0
         self.claims = 0
 
@@ -210,17 +213,25 @@ class Dispatcher:
     # ------------------------------------------------------------------ rounds
     async def _run(self) -> None:
         tick = self.settings.dispatch_tick_s
+        touched = 0.0
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=tick)
             self._wake.clear()
             if not self._waiters:
                 continue
+            if time.monotonic() - touched > _TOUCH_EVERY_S:
+                # a node parked in a long poll is alive even between its heartbeats
+                touched = time.monotonic()
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(self.store.touch_nodes, list(self._waiters))
             # let polls that arrive together share one round (one transaction for all of them)
             await asyncio.sleep(_COALESCE_S)
             self._wake.clear()
             try:
                 won = await asyncio.to_thread(self._round)
+                if won:
+                    self.on_claimed()
             except Exception:
                 log.exception("dispatch round failed")
                 await asyncio.sleep(tick)

@@ -78,6 +78,7 @@ class Grid:
         self._stop = threading.Event()
         self._workers: list[Worker] = []
         self._leader_conn: Any = None
+        self._wakes: dict[str, threading.Event] = {}
         self.counters: dict[str, int] = {}
 
     @property
@@ -179,9 +180,9 @@ class Grid:
                 threading.Thread(target=self._loop, args=(name, fn, period), name=name, daemon=True)
                 for name, fn, period in (
                     ("watcher", self._watch_once, self.settings.chain_poll_s),
-                    ("outbox", self._outbox_once, 0.05),
-                    ("specs", self._specs_once, 0.1),
-                    ("verifier", self._verify_once, 0.1),
+                    ("outbox", self._outbox_once, 0.25),
+                    ("specs", self._specs_once, 0.5),
+                    ("verifier", self._verify_once, 0.5),
                 )
             ]
             for t in threads:
@@ -205,7 +206,16 @@ class Grid:
                 self._stop.wait(delay)
                 continue
             if not did:
-                self._stop.wait(period)
+                wake = self._wakes.setdefault(name, threading.Event())
+                wake.wait(period)  # a wake-up (new work elsewhere in this process) cuts it short
+                wake.clear()
+
+    def wake(self, name: str) -> None:
+        """Run the leader loop ``name`` (specs, outbox, verifier) now instead of at its next
+        period; a no-op on a replica that does not lead. Safe from any thread."""
+        event = self._wakes.get(name)
+        if event is not None:
+            event.set()
 
     # ------------------------------------------------------------------ chain watcher
     _watcher: ChainWatcher | None = None
@@ -231,6 +241,7 @@ class Grid:
         created = self.store.apply_chain_events(events, through_block)
         if created:
             self.count("jobs_seen", created)
+            self.wake("specs")
 
     # ------------------------------------------------------------------ outbox
     _sender: TxSender | None = None
@@ -401,6 +412,7 @@ class Grid:
             )
             self.count("verified_ok" if verdict.ok else "verified_bad")
             self.store.verified(job.job_id, verdict.ok, verdict.message)
+            self.wake("outbox")
         return len(jobs)
 
 

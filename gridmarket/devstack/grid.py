@@ -411,7 +411,7 @@ def run_grid(
             "heartbeat_interval_s": "2",
             "node_timeout_s": "10",
             "lease_ttl_s": "10",
-            "chain_poll_s": "0.2",
+            "chain_poll_s": "0.1",
             "dispatch_tick_s": "0.1",
             "work_dir": str(work / "scheduler-work"),
         }

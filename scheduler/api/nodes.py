@@ -195,6 +195,7 @@ async def result(
             raise _bad(f"signature is by {signer}, not by the node's wallet {node.wallet}", 401)
     try:
         state = await asyncio.to_thread(store.record_result, job_id, node.node_id, body)
+        grid.wake("verifier" if state == "verifying" else "outbox")
     except NotFoundError as exc:
         raise _bad(str(exc), 404) from None
     except ConflictError as exc:

@@ -556,6 +556,17 @@ class Store:
             cancel = [j for j in running if j not in keep]
             return {j: expires for j in leased}, cancel
 
+    def touch_nodes(self, node_ids: Sequence[str]) -> None:
+        """Nodes seen alive now (long-polling): ``last_seen`` moves, nothing else."""
+        if not node_ids:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(nodes)
+                .where(nodes.c.node_id.in_(list(node_ids)), nodes.c.status == "online")
+                .values(last_seen=self.clock())
+            )
+
     def mark_offline(self, timeout: float) -> list[str]:
         """Nodes silent for ``timeout``: offline, and their leased jobs back to the queue."""
         now = self.clock()
