@@ -204,6 +204,8 @@ def report(grid: Grid, jobs: dict[str, dict[str, str]]) -> int:
         )
     if grid.frontend_url:
         console.log(f"explorer: {grid.frontend_url}/payouts")
+        for job_id in jobs:
+            console.log(f"  job page: {grid.frontend_url}/jobs/{job_id}")
     else:
         console.log("explorer: front end not installed; payouts above are read from chain events")
     console.print("[bold green]every job paid[/]" if ok else "[bold red]not every job was paid[/]")
