@@ -206,6 +206,7 @@ def report(grid: Grid, jobs: dict[str, dict[str, str]]) -> int:
         console.log(f"explorer: {grid.frontend_url}/payouts")
         for job_id in jobs:
             console.log(f"  job page: {grid.frontend_url}/jobs/{job_id}")
+        console.log("(the demo's grid stops now: `make up` keeps one running to browse)")
     else:
         console.log("explorer: front end not installed; payouts above are read from chain events")
     console.print("[bold green]every job paid[/]" if ok else "[bold red]not every job was paid[/]")
