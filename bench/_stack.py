@@ -5,6 +5,7 @@ the benches measure the scheduler, not the chain)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -201,3 +202,43 @@ def percentile(values: list[float], p: float) -> float:
         return float("nan")
     s = sorted(values)
     return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
+
+
+class RawHttp:
+    """One keep-alive HTTP/1.1 connection with the least client-side work possible.
+
+    The benches measure the scheduler; httpx's async client costs about as much CPU per request
+    as the server on this 2-core machine, so the load generator would be what is measured.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def request(
+        self, method: str, path: str, headers: dict[str, str], body: bytes = b""
+    ) -> tuple[int, dict[str, str], bytes]:
+        if self._writer is None:
+            self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+        assert self._reader is not None
+        head = f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Length: {len(body)}\r\n"
+        if body:
+            head += "Content-Type: application/json\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        self._writer.write(head.encode() + body)
+        status_line = await self._reader.readline()
+        status = int(status_line.split()[1])
+        got: dict[str, str] = {}
+        while True:
+            line = await self._reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            k, _, v = line.decode().partition(":")
+            got[k.strip().lower()] = v.strip()
+        data = await self._reader.readexactly(int(got.get("content-length", "0")))
+        return status, got, data
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()

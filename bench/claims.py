@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import tempfile
 import time
 from collections import Counter
@@ -23,7 +24,7 @@ from typing import Any
 
 import httpx
 import psutil
-from _stack import percentile, queue_jobs, register, stack
+from _stack import RawHttp, percentile, queue_jobs, register, stack
 from eth_account.signers.local import LocalAccount
 from sqlalchemy import create_engine, func, select
 
@@ -55,27 +56,28 @@ async def drain(
 
         async def client(i: int) -> None:
             node_id, token = nodes[i]
-            base = urls[i % len(urls)]
+            url = httpx.URL(urls[i % len(urls)])
+            conn = RawHttp(url.host, url.port or 80)
             headers = {"Authorization": f"Bearer {token}"}
+            path = API.NEXT_JOB.format(node_id=node_id) + "?wait_s=1.0"
             taken = 0
-            while not done.is_set() and taken < slots:
-                t0 = time.perf_counter()
-                r = await http.post(
-                    base + API.NEXT_JOB.format(node_id=node_id),
-                    params={"wait_s": 1.0},
-                    headers=headers,
-                )
-                if r.status_code == 200:
-                    latencies.append(time.perf_counter() - t0)
-                    got.append(r.json()["job_id"])
-                    taken += 1
-                    if len(got) >= n_jobs:
-                        done.set()
-                elif r.status_code == 204:
-                    if len(got) >= n_jobs:
-                        return
-                else:
-                    raise RuntimeError(f"next-job: {r.status_code} {r.text}")
+            try:
+                while not done.is_set() and taken < slots:
+                    t0 = time.perf_counter()
+                    status, _, body = await conn.request("POST", path, headers)
+                    if status == 200:
+                        latencies.append(time.perf_counter() - t0)
+                        got.append(json.loads(body)["job_id"])
+                        taken += 1
+                        if len(got) >= n_jobs:
+                            done.set()
+                    elif status == 204:
+                        if len(got) >= n_jobs:
+                            return
+                    else:
+                        raise RuntimeError(f"next-job: {status} {body[:200]!r}")
+            finally:
+                conn.close()
 
         t0 = time.perf_counter()
         tasks = [asyncio.create_task(client(i)) for i in range(len(providers))]
@@ -94,7 +96,9 @@ async def drain(
 
 def run(db: str, n_jobs: int, n_clients: int) -> dict[str, Any]:
     replicas = 1 if db == "sqlite" else 2
-    slots = max(1, -(-n_jobs // n_clients) + 8)
+    slots = min(64, max(1, -(-n_jobs // n_clients) + 8))  # 64: the most slots a node may offer
+    if n_jobs > slots * n_clients:
+        raise SystemExit(f"--jobs {n_jobs} is more than {n_clients} nodes x 64 slots can hold")
     with (
         tempfile.TemporaryDirectory(prefix="gm-bench-claims-") as tmp,
         stack(

@@ -13,20 +13,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-from _stack import percentile, register, stack
+from _stack import RawHttp, percentile, register, stack
 from eth_account.signers.local import LocalAccount
 
 from gridmarket.wire import API
 
 
 async def hammer(
-    url: str, providers: list[LocalAccount], chain_id: int, escrow: str, seconds: float
+    url: str,
+    providers: list[LocalAccount],
+    chain_id: int,
+    escrow: str,
+    seconds: float,
+    rate: float = 0.0,
 ) -> dict[str, Any]:
     n = len(providers)
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
@@ -37,17 +43,29 @@ async def hammer(
         lat: list[float] = []
         errors = 0
         stop_at = time.perf_counter() + seconds
+        parsed = httpx.URL(url)
+        host, port = parsed.host, parsed.port or 80
 
         async def beat(node_id: str, token: str) -> None:
             nonlocal errors
+            conn = RawHttp(host, port)
             headers = {"Authorization": f"Bearer {token}"}
-            path = url + API.HEARTBEAT.format(node_id=node_id)
-            while time.perf_counter() < stop_at:
-                t0 = time.perf_counter()
-                r = await http.post(path, json={"running": []}, headers=headers)
-                lat.append(time.perf_counter() - t0)
-                if r.status_code != 200:
-                    errors += 1
+            path = API.HEARTBEAT.format(node_id=node_id)
+            body = b'{"running":[]}'
+            period = n / rate if rate else 0.0  # open loop: this client's share of the rate
+            next_at = time.perf_counter() + random.uniform(0, period)
+            try:
+                while time.perf_counter() < stop_at:
+                    if period:
+                        await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+                        next_at += period
+                    t0 = time.perf_counter()
+                    status, _, _ = await conn.request("POST", path, headers, body)
+                    lat.append(time.perf_counter() - t0)
+                    if status != 200:
+                        errors += 1
+            finally:
+                conn.close()
 
         t0 = time.perf_counter()
         await asyncio.gather(*(beat(nid, tok) for nid, tok in nodes))
@@ -62,9 +80,16 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--db", choices=["sqlite", "postgresql", "both"], default="both")
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="offered heartbeats/s, paced (open loop); 0: every node back to back (saturation)",
+    )
     args = ap.parse_args()
     dbs = ["sqlite", "postgresql"] if args.db == "both" else [args.db]
-    print(f"{args.nodes} nodes heartbeating back to back for {args.seconds:.0f} s, one replica")
+    load = f"paced at {args.rate:.0f}/s" if args.rate else "back to back"
+    print(f"{args.nodes} nodes heartbeating {load} for {args.seconds:.0f} s, one replica")
     print(f"{'database':<12} {'beats':>7} {'beats/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'errors':>7}")
     for db in dbs:
         with (
@@ -78,6 +103,7 @@ def main() -> None:
                     st.deployment.chain_id,
                     st.deployment.escrow,
                     args.seconds,
+                    args.rate,
                 )
             )
         print(

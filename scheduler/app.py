@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from scheduler import __version__
 from scheduler.api import jobs, market, nodes, ops
 from scheduler.dispatch import Dispatcher
+from scheduler.heartbeats import HeartbeatBuffer
 from scheduler.service import Grid
 from scheduler.settings import Settings
 from scheduler.store import ConflictError, NotFoundError
@@ -33,10 +34,15 @@ def create_app(settings: Settings | None = None, *, grid: Grid | None = None) ->
         dispatcher.start()
         app.state.grid = g
         app.state.dispatcher = dispatcher
+        app.state.node_cache = {}  # node id -> (monotonic time, NodeRow): api/deps.py
+        heartbeats = HeartbeatBuffer(g.store, settings.lease_ttl_s)
+        heartbeats.start()
+        app.state.heartbeats = heartbeats
         log.info("scheduler replica %s up (%s)", settings.replica_id, g.store.engine.dialect.name)
         try:
             yield
         finally:
+            await heartbeats.stop()
             await dispatcher.stop()
             g.stop()
 

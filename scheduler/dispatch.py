@@ -169,7 +169,11 @@ class Dispatcher:
         """Wait up to ``wait_s`` for a job for ``node``; None when none came."""
         now = time.time()
         running = (
-            await asyncio.to_thread(self.store.running_specs, node.node_id) if node.running else []
+            # a single-slot node's row says whether it is busy (the slot itself is guarded in
+            # SQL); a multi-slot node's free resources come from its running jobs
+            await asyncio.to_thread(self.store.running_specs, node.node_id)
+            if node.running or node.slots > 1
+            else []
         )
         if len(running) >= node.slots:
             return None

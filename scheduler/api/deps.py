@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
@@ -12,24 +14,25 @@ from scheduler.service import Grid
 from scheduler.store import NodeRow, NotFoundError, Store
 
 
-def grid(request: Request) -> Grid:
+async def grid(request: Request) -> Grid:
     g: Grid = request.app.state.grid
     return g
 
 
-def store(request: Request) -> Store:
+async def store(request: Request) -> Store:
     s: Store = request.app.state.grid.store
     return s
 
 
-def dispatcher(request: Request) -> Dispatcher:
+async def dispatcher(request: Request) -> Dispatcher:
     d: Dispatcher = request.app.state.dispatcher
     return d
 
 
-def authenticated_node_id(request: Request, node_id: str) -> str:
+async def authenticated_node_id(request: Request, node_id: str) -> str:
     """``node_id``, once a valid ``Authorization: Bearer`` token issued to it is shown (a hash,
-    no database read: heartbeats stay cheap)."""
+    no database read: heartbeats stay cheap). The dependencies here are ``async`` so FastAPI
+    runs them on the event loop, not through its thread pool."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token:
@@ -50,14 +53,30 @@ def authenticated_node_id(request: Request, node_id: str) -> str:
     return node_id
 
 
-def authenticated_node(request: Request, node_id: str) -> NodeRow:
-    """The node row of an authenticated request (see :func:`authenticated_node_id`)."""
-    authenticated_node_id(request, node_id)
+_NODE_CACHE_S = 1.0
+
+
+async def authenticated_node(request: Request, node_id: str) -> NodeRow:
+    """The node row of an authenticated request (see :func:`authenticated_node_id`).
+
+    Rows are cached for a second: a node polling again and again costs one read a second, and
+    a status change (offline, suspended) is seen within that second.
+    """
+    await authenticated_node_id(request, node_id)
+    now = time.monotonic()
+    _nodes: dict[str, tuple[float, NodeRow]] = request.app.state.node_cache
+    hit = _nodes.get(node_id)
+    if hit is not None and now - hit[0] < _NODE_CACHE_S:
+        return hit[1]
     g: Grid = request.app.state.grid
     try:
-        return g.store.node(node_id)
+        node = await asyncio.to_thread(g.store.node, node_id)
     except NotFoundError:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no node {node_id}") from None
+    if len(_nodes) > 100_000:
+        _nodes.clear()
+    _nodes[node_id] = (now, node)
+    return node
 
 
 GridDep = Annotated[Grid, Depends(grid)]

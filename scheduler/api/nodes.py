@@ -7,7 +7,7 @@ import random
 import time
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Query, Response, status
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
 from gridmarket.chain import ChainError
 from gridmarket.eip712 import recover_result_signer
@@ -30,7 +30,7 @@ from scheduler.dispatch import Dispatcher
 from scheduler.service import Grid
 from scheduler.store import ConflictError, NodeRow, NotFoundError, ReplayError
 
-from .deps import DispatcherDep, GridDep, NodeDep, NodeIdDep, StoreDep
+from .deps import DispatcherDep, GridDep, NodeDep, StoreDep
 
 router = APIRouter(tags=["nodes"])
 
@@ -40,7 +40,7 @@ def _bad(message: str, code: int = status.HTTP_400_BAD_REQUEST) -> HTTPException
 
 
 @router.post(API.REGISTER, response_model=RegisterResponse)
-async def register(body: RegisterRequest, grid: GridDep) -> RegisterResponse:
+async def register(body: RegisterRequest, grid: GridDep, request: Request) -> RegisterResponse:
     """Register (or re-register) a node. The registration must be signed (EIP-712
     ``NodeRegistration``) by its wallet, be unexpired, carry a nonce above the wallet's last one,
     and the wallet must be a registered (and, if required, staked) provider on-chain."""
@@ -98,6 +98,7 @@ async def register(body: RegisterRequest, grid: GridDep) -> RegisterResponse:
         )
     except ReplayError as exc:
         raise _bad(str(exc), status.HTTP_409_CONFLICT) from None
+    request.app.state.node_cache.pop(node.node_id, None)
     grid.count("registrations")
     token, expires = issue(s.token_secret.get_secret_value().encode(), node.node_id, s.token_ttl_s)
     return RegisterResponse(
@@ -111,18 +112,33 @@ async def register(body: RegisterRequest, grid: GridDep) -> RegisterResponse:
 
 @router.post(API.HEARTBEAT, response_model=HeartbeatResponse)
 async def heartbeat(
-    body: HeartbeatRequest, node_id: NodeIdDep, grid: GridDep, store: StoreDep
+    body: HeartbeatRequest, node: NodeDep, grid: GridDep, store: StoreDep, request: Request
 ) -> HeartbeatResponse:
-    """Keep the node online and renew the leases of the jobs it runs."""
-    try:
-        leases, cancel = await asyncio.to_thread(
-            store.heartbeat, node_id, body.running, grid.settings.lease_ttl_s
-        )
-    except NotFoundError as exc:
-        raise _bad(str(exc), status.HTTP_404_NOT_FOUND) from None
+    """Keep the node online and renew the leases of the jobs it runs (written behind, in
+    batches: scheduler/heartbeats.py)."""
+    ttl = grid.settings.lease_ttl_s
     grid.count("heartbeats")
+    if node.status != "online":  # back from offline: written at once, so it can poll at once
+        request.app.state.node_cache.pop(node.node_id, None)
+        try:
+            leases, cancel = await asyncio.to_thread(
+                store.heartbeat, node.node_id, body.running, ttl
+            )
+        except NotFoundError as exc:
+            raise _bad(str(exc), status.HTTP_404_NOT_FOUND) from None
+        return HeartbeatResponse(
+            leases=leases, cancel=cancel, next_heartbeat_s=grid.settings.heartbeat_interval_s
+        )
+    leased: list[str] = []
+    cancel = []
+    if body.running:
+        leased, cancel = await asyncio.to_thread(store.leases_of, node.node_id, body.running)
+    seen = request.app.state.heartbeats.beat(node.node_id, leased)
+    expires = seen + ttl
     return HeartbeatResponse(
-        leases=leases, cancel=cancel, next_heartbeat_s=grid.settings.heartbeat_interval_s
+        leases={j: expires for j in leased},
+        cancel=cancel,
+        next_heartbeat_s=grid.settings.heartbeat_interval_s,
     )
 
 
@@ -135,14 +151,18 @@ async def next_job(
     node: NodeDep,
     grid: GridDep,
     dispatcher: DispatcherDep,
+    request: Request,
     response: Response,
     wait_s: float = Query(20.0, ge=0, le=120, description="hold the request open this long"),
 ) -> Any:
     """Long-poll for work: answered as soon as a job matches this node, else after ``wait_s``
     with 204 and a ``Retry-After`` (seconds) that grows while the grid is idle."""
     s = grid.settings
-    if node.status != "online":
-        raise _bad(f"node {node.node_id} is {node.status}: heartbeat first", 409)
+    if node.status != "online":  # the cached row may be a second old: ask the database
+        request.app.state.node_cache.pop(node.node_id, None)
+        node = await asyncio.to_thread(grid.store.node, node.node_id)
+        if node.status != "online":
+            raise _bad(f"node {node.node_id} is {node.status}: heartbeat first", 409)
     got = await dispatcher.next_job(node, min(wait_s, s.long_poll_max_s))
     if got is None:
         retry = _idle_advice(grid, dispatcher, node, min(wait_s, s.long_poll_max_s))

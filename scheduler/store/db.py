@@ -32,10 +32,15 @@ def make_engine(url: str, *, readonly: bool = False) -> Engine:
         memory = database in ("", ":memory:")
         if not memory:
             Path(database).parent.mkdir(parents=True, exist_ok=True)
+        pool: dict[str, Any] = (
+            {"poolclass": StaticPool}
+            if memory
+            # as many pooled connections as the app's worker threads: a connection made on
+            # demand and closed after use costs its PRAGMAs every time (the claim path's cost)
+            else {"pool_size": 48, "max_overflow": 16}
+        )
         engine = create_engine(
-            url,
-            connect_args={"check_same_thread": False, "timeout": 30},
-            poolclass=StaticPool if memory else None,
+            url, connect_args={"check_same_thread": False, "timeout": 30}, **pool
         )
 
         @event.listens_for(engine, "connect")

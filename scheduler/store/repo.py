@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, func, insert, select, update
+from sqlalchemy import Connection, Engine, and_, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from gridmarket.escrow import Job, JobState, Status, apply_event
@@ -556,6 +556,53 @@ class Store:
             cancel = [j for j in running if j not in keep]
             return {j: expires for j in leased}, cancel
 
+    def leases_of(self, node_id: str, running: Sequence[str]) -> tuple[list[str], list[str]]:
+        """Read-only half of a heartbeat: (the running jobs whose lease the node holds, the jobs
+        it must stop). Verifying/settling jobs are neither: the node may still be reporting."""
+        if not running:
+            return [], []
+        with self.reader.connect() as conn:
+            mine = {
+                r.job_id: r.state
+                for r in conn.execute(
+                    select(jobs.c.job_id, jobs.c.state).where(
+                        jobs.c.job_id.in_(list(running)), jobs.c.node_id == node_id
+                    )
+                )
+            }
+        leased = [j for j, st in mine.items() if st in LEASED_STATES]
+        return leased, [j for j in running if j not in mine]
+
+    def flush_heartbeats(self, beats: dict[str, tuple[float, list[str]]], lease_ttl: float) -> None:
+        """Write half of many heartbeats in one transaction: each node's ``last_seen`` (and
+        online again), and the leases of the jobs it reported (still leased to it)."""
+        if not beats:
+            return
+        node_rows = [{"nid": nid, "seen": seen} for nid, (seen, _) in beats.items()]
+        lease_rows = [
+            {"jid": jid, "nid": nid, "exp": seen + lease_ttl}
+            for nid, (seen, leased) in beats.items()
+            for jid in leased
+        ]
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(nodes)
+                .where(nodes.c.node_id == bindparam("nid"))
+                .values(last_seen=bindparam("seen"), status="online"),
+                node_rows,
+            )
+            if lease_rows:
+                conn.execute(
+                    update(jobs)
+                    .where(
+                        jobs.c.job_id == bindparam("jid"),
+                        jobs.c.node_id == bindparam("nid"),
+                        jobs.c.state == "leased",
+                    )
+                    .values(lease_expires=bindparam("exp")),
+                    lease_rows,
+                )
+
     def touch_nodes(self, node_ids: Sequence[str]) -> None:
         """Nodes seen alive now (long-polling): ``last_seen`` moves, nothing else."""
         if not node_ids:
@@ -993,10 +1040,16 @@ class Store:
         """The specs of the jobs leased to ``node_id`` (what its capacity is busy with): two
         columns per row and the parsed-spec cache, not whole job rows (the poll's hot path)."""
         with self.reader.connect() as conn:
-            q = select(jobs.c.spec_cid, jobs.c.spec).where(
-                jobs.c.node_id == node_id, jobs.c.state == "leased"
-            )
-            return [_spec(cid, data) for cid, data in conn.execute(q) if data is not None]
+            q = select(jobs.c.spec_cid).where(jobs.c.node_id == node_id, jobs.c.state == "leased")
+            cids = [str(cid) for (cid,) in conn.execute(q)]
+            missing = [cid for cid in set(cids) if cid not in _SPECS]
+            if missing:  # parse each spec once; later polls read only the CIDs
+                q = select(jobs.c.spec_cid, jobs.c.spec).where(
+                    jobs.c.spec_cid.in_(missing), jobs.c.spec.is_not(None)
+                )
+                for cid, data in conn.execute(q):
+                    _spec(cid, data)
+            return [_SPECS[cid] for cid in cids if cid in _SPECS]
 
     def running_jobs(self, node_id: str) -> list[JobRow]:
         with self.reader.connect() as conn:
