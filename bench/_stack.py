@@ -7,24 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import secrets
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
 
 import httpx
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
-from sqlalchemy import create_engine, text
 from web3 import Web3
 
 from gridmarket.chain import Deployment, EscrowClient, Event
 from gridmarket.deploy import EscrowParams, deploy_escrow
 from gridmarket.devstack.anvil import Anvil, dev_accounts, free_port
+from gridmarket.devstack.postgres import fresh_database
+from gridmarket.devstack.providers import new_providers
 from gridmarket.devstack.scheduler import SchedulerProcess
 from gridmarket.wire import (
     API,
@@ -36,9 +34,6 @@ from gridmarket.wire import (
 )
 from scheduler.store import Store
 
-PG_ADMIN = os.environ.get(
-    "GRIDMARKET_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
 SPEC = JobSpec.model_validate({"executor": "docker", "image": "busybox:1", "command": ["true"]})
 
 
@@ -50,47 +45,6 @@ class Stack:
     providers: list[LocalAccount]
     db_url: str
     replicas: list[SchedulerProcess]
-
-
-@contextlib.contextmanager
-def postgres_database() -> Iterator[str]:
-    name = f"gm_bench_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield PG_ADMIN.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
-def register_providers(
-    w3: Web3, client: EscrowClient, funder: LocalAccount, n: int
-) -> list[LocalAccount]:
-    """``n`` fresh provider keys, funded and registered (staked) on-chain."""
-    accounts = [Account.from_key(secrets.token_bytes(32)) for _ in range(n)]
-    nonce = w3.eth.get_transaction_count(funder.address, "pending")
-    hashes = []
-    for i, acct in enumerate(accounts):
-        tx = {
-            "to": acct.address,
-            "value": 10**18,
-            "gas": 21000,
-            "gasPrice": w3.eth.gas_price,
-            "nonce": nonce + i,
-            "chainId": w3.eth.chain_id,
-        }
-        hashes.append(
-            w3.eth.send_raw_transaction(funder.sign_transaction(cast(Any, tx)).raw_transaction)
-        )
-    for h in hashes:
-        w3.eth.wait_for_transaction_receipt(h)
-    min_stake = int(client.call("minStake"))
-    for acct in accounts:
-        client.send(acct, "registerProvider", "bafkreibenchnode", value=min_stake)
-    return accounts
 
 
 @contextlib.contextmanager
@@ -108,11 +62,11 @@ def stack(
         dep_file = work / "deployment.json"
         deployment.save(dep_file)
         client = EscrowClient(w3, deployment)
-        accounts = register_providers(w3, client, keys[0], providers)
+        accounts = new_providers(client, keys[0], providers, metadata_cid="bafkreibenchnode")
         if db == "sqlite":
             db_url = f"sqlite:///{work / ('bench-' + secrets.token_hex(3) + '.db')}"
         else:
-            db_url = es.enter_context(postgres_database())
+            db_url = es.enter_context(fresh_database("gm_bench"))
         store = Store(db_url)
         store.migrate()
         store.close()

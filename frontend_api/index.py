@@ -27,8 +27,8 @@ from eth_utils.abi import function_abi_to_4byte_selector
 from eth_utils.address import is_hex_address, to_checksum_address
 from hexbytes import HexBytes
 
-from gridmarket.chain import JOB_EVENTS, EscrowClient, Event
-from gridmarket.escrow import JobState, Status, apply_event
+from gridmarket.chain import EscrowClient, Event
+from gridmarket.escrow import JOB_EVENTS, JobState, Status, apply_event
 
 WEI_FIELDS = frozenset({"bounty", "payout", "fee", "amount", "slashed", "totalStake"})
 """Event arguments that are wei: JSON carries them as decimal strings (JavaScript numbers lose

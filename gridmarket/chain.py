@@ -27,19 +27,7 @@ from web3._utils.events import get_event_data
 from web3.exceptions import ContractCustomError, ContractLogicError, Web3RPCError
 from web3.types import LogReceipt, TxParams, TxReceipt
 
-from gridmarket.escrow import Job, JobState, apply_event
-
-JOB_EVENTS = frozenset(
-    {
-        "JobCreated",
-        "JobAssigned",
-        "JobUnassigned",
-        "ResultSubmitted",
-        "ResultRejected",
-        "JobReleased",
-        "JobRefunded",
-    }
-)
+from gridmarket.escrow import JOB_EVENTS, Job, JobState, apply_event
 
 
 class ChainError(RuntimeError):

@@ -10,6 +10,13 @@ from eth_account.signers.local import LocalAccount
 
 DOMAIN_NAME = "GridMarket JobEscrow"
 DOMAIN_VERSION = "1"
+DOMAIN_TYPE = [
+    {"name": "name", "type": "string"},
+    {"name": "version", "type": "string"},
+    {"name": "chainId", "type": "uint256"},
+    {"name": "verifyingContract", "type": "address"},
+]
+"""The EIP712Domain fields every message of this project uses (results, registrations)."""
 
 
 def result_typed_data(
@@ -18,12 +25,7 @@ def result_typed_data(
     """The full EIP-712 message (as wallets take it) for ``Result(jobId, attempt, outputCid)``."""
     return {
         "types": {
-            "EIP712Domain": [
-                {"name": "name", "type": "string"},
-                {"name": "version", "type": "string"},
-                {"name": "chainId", "type": "uint256"},
-                {"name": "verifyingContract", "type": "address"},
-            ],
+            "EIP712Domain": DOMAIN_TYPE,
             "Result": [
                 {"name": "jobId", "type": "bytes32"},
                 {"name": "attempt", "type": "uint16"},

@@ -20,6 +20,19 @@ ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
 ZERO_HASH = b"\x00" * 32
 JOB_ABI_TYPES = ("address", "uint96", "address", "uint40", "uint40", "uint16", "uint16", "bytes32")
 MAX_FEE_BPS = 2000
+JOB_EVENTS = frozenset(
+    {
+        "JobCreated",
+        "JobAssigned",
+        "JobUnassigned",
+        "ResultSubmitted",
+        "ResultRejected",
+        "JobReleased",
+        "JobRefunded",
+    }
+)
+"""Events that change a job's struct (:func:`apply_event` folds exactly these); others, like
+ProviderSlashed, only mention a job."""
 
 
 class Status(IntEnum):

@@ -35,6 +35,7 @@ from pydantic import (
 )
 
 from gridmarket.cid import CidError, normalize_cid
+from gridmarket.eip712 import DOMAIN_TYPE
 
 __all__ = [
     "API",
@@ -327,12 +328,7 @@ def registration_typed_data(
     """
     return {
         "types": {
-            "EIP712Domain": [
-                {"name": "name", "type": "string"},
-                {"name": "version", "type": "string"},
-                {"name": "chainId", "type": "uint256"},
-                {"name": "verifyingContract", "type": "address"},
-            ],
+            "EIP712Domain": DOMAIN_TYPE,
             "NodeRegistration": [
                 {"name": "wallet", "type": "address"},
                 {"name": "name", "type": "string"},

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import httpx
 from eth_account import Account
@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from gridmarket.chain import Deployment, EscrowClient  # noqa: E402
 from gridmarket.devstack.anvil import dev_accounts  # noqa: E402
 from gridmarket.devstack.images import BUSYBOX_IMAGE  # noqa: E402
+from gridmarket.devstack.providers import new_providers  # noqa: E402
 from gridmarket.eip712 import sign_result  # noqa: E402
 from gridmarket.ipfs import IpfsStore  # noqa: E402
 from gridmarket.tiers import REGIONS, TIERS  # noqa: E402
@@ -66,31 +67,6 @@ def capacity(tier_key: str, region: str) -> NodeCapacityIn:
         executors=["docker", "wasm"],
         price_floor_wei_per_hour=0,
     )
-
-
-def fund_and_register(
-    escrow: EscrowClient, w3: Web3, funder: LocalAccount, n: int
-) -> list[LocalAccount]:
-    accounts = [Account.from_key(secrets.token_bytes(32)) for _ in range(n)]
-    nonce = w3.eth.get_transaction_count(funder.address, "pending")
-    hashes = []
-    for i, acct in enumerate(accounts):
-        tx = {
-            "to": acct.address,
-            "value": 10**18,
-            "gas": 21000,
-            "gasPrice": w3.eth.gas_price,
-            "nonce": nonce + i,
-            "chainId": w3.eth.chain_id,
-        }
-        raw = funder.sign_transaction(cast(Any, tx)).raw_transaction
-        hashes.append(w3.eth.send_raw_transaction(raw))
-    for h in hashes:
-        w3.eth.wait_for_transaction_receipt(h)
-    stake = int(escrow.call("minStake"))
-    for acct in accounts:
-        escrow.send(acct, "registerProvider", "bafkreisimulatednode", value=stake)
-    return accounts
 
 
 def submit(escrow: EscrowClient, ipfs: IpfsStore, count: int, over_s: float) -> None:
@@ -198,7 +174,9 @@ async def fleet(args: argparse.Namespace, grid: dict[str, Any]) -> dict[str, int
     escrow = EscrowClient(w3, deployment)
     funder = Account.from_key(dev_accounts(1)[0])
     print(f"funding and registering {args.nodes} wallets on-chain ...", flush=True)
-    accounts = await asyncio.to_thread(fund_and_register, escrow, w3, funder, args.nodes)
+    accounts = await asyncio.to_thread(
+        new_providers, escrow, funder, args.nodes, metadata_cid="bafkreisimulatednode"
+    )
     ipfs = IpfsStore(grid["ipfs_api"])
     stats = {"heartbeats": 0, "taken": 0, "reported": 0, "refused": 0}
     regions = sorted(REGIONS)

@@ -35,7 +35,6 @@ from web3.exceptions import TransactionNotFound, Web3RPCError
 from web3.types import TxParams, TxReceipt
 
 from gridmarket.chain import (
-    JOB_EVENTS,
     ChainError,
     EscrowClient,
     Sent,
@@ -43,7 +42,7 @@ from gridmarket.chain import (
     is_nonce_too_low,
     rpc_error_message,
 )
-from gridmarket.escrow import JobState, apply_event
+from gridmarket.escrow import JOB_EVENTS, JobState, apply_event
 from scheduler.chain.retry import (
     ChainUnavailableError,
     Deadline,

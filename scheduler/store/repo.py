@@ -29,7 +29,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from gridmarket.escrow import Job, JobState, Status, apply_event
+from gridmarket.escrow import JOB_EVENTS, Job, JobState, Status, apply_event
 from gridmarket.wire import JobSpec, NodeCapacityIn, ResultReport
 from scheduler.matching.reputation import (
     DEFAULT_POLICY,
@@ -60,18 +60,6 @@ __all__ = [
 OPEN_STATES = ("pending_spec", "queued", "leased", "verifying", "settling")
 LEASED_STATES = ("leased",)
 CHAIN_CURSOR = "escrow"
-JOB_EVENTS = frozenset(
-    {
-        "JobCreated",
-        "JobAssigned",
-        "JobUnassigned",
-        "ResultSubmitted",
-        "ResultRejected",
-        "JobReleased",
-        "JobRefunded",
-    }
-)
-"""Events that change a job's on-chain struct (others, like ProviderSlashed, only mention it)."""
 
 
 class StoreError(Exception):

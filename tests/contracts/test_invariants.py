@@ -51,7 +51,7 @@ from hypothesis.stateful import (
 
 from gridmarket.devstack.anvil import Anvil, dev_accounts
 from gridmarket.eip712 import sign_result
-from gridmarket.escrow import Job, JobState, Status, apply_event
+from gridmarket.escrow import JOB_EVENTS, Job, JobState, Status, apply_event
 
 from .conftest import params
 
@@ -77,17 +77,6 @@ GAS = hex(1_000_000)  # above any escrow call (settle on a first job is ~71k): n
 # two-step path (`submitResult`/`submitResultFor` then `release`/`claim`) commits the folded
 # struct. The machine checks a settled job's commitment against the assigned struct, exactly
 # (`committed`), so a change on either side shows up here.
-JOB_EVENTS = frozenset(
-    {
-        "JobCreated",
-        "JobAssigned",
-        "JobUnassigned",
-        "ResultSubmitted",
-        "ResultRejected",
-        "JobReleased",
-        "JobRefunded",
-    }
-)
 
 
 # ---------------------------------------------------------------------- bare JSON-RPC

@@ -8,20 +8,14 @@ stopped when the tests using them are done. If a part cannot start, the tests FA
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
 
 from gridmarket.devstack._process import ServiceError
 from gridmarket.devstack.grid import Grid, run_grid
-
-PG_ADMIN_URL = os.environ.get(
-    "GRIDMARKET_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
+from gridmarket.devstack.postgres import fresh_database
 
 FAST = {
     "heartbeat_interval_s": "1",
@@ -65,20 +59,11 @@ def grid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Grid]:
 @pytest.fixture
 def pg_database() -> Iterator[str]:
     """A fresh PostgreSQL database (the machine's server, trust auth), dropped afterwards."""
-    name = f"gm_e2e_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:
-        admin.dispose()
-        pytest.fail(f"PostgreSQL at {PG_ADMIN_URL} is not usable: {exc}", pytrace=False)
-    try:
-        yield f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        with fresh_database("gm_e2e") as url:
+            yield url
+    except ServiceError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture
