@@ -32,7 +32,7 @@ if _bin not in os.environ.get("PATH", "").split(os.pathsep):
 from gridmarket.chain import Deployment  # noqa: E402
 from gridmarket.deploy import EscrowParams, deploy_escrow  # noqa: E402
 from gridmarket.devstack._process import ServiceError  # noqa: E402
-from gridmarket.devstack.anvil import Anvil, DevnetError, dev_accounts  # noqa: E402
+from gridmarket.devstack.anvil import Anvil, DevnetError, DevRoles, dev_accounts  # noqa: E402
 from gridmarket.devstack.dockerd import Dockerd  # noqa: E402
 from gridmarket.devstack.images import BUSYBOX_IMAGE, ensure_busybox_image  # noqa: E402
 from gridmarket.devstack.ipfs import IpfsDaemon  # noqa: E402
@@ -105,7 +105,7 @@ def test_image(docker_client: docker.DockerClient) -> str:
 
 
 @dataclass(frozen=True)
-class Devnet:
+class Devnet(DevRoles):
     """A plain anvil (not Ape's managed one: ~7x faster per call) with the escrow deployed.
 
     Roles are anvil's dev accounts: 0 owner/deployer, 1 operator (the scheduler's key),
@@ -121,26 +121,6 @@ class Devnet:
     @property
     def url(self) -> str:
         return self.anvil.url
-
-    @property
-    def owner(self) -> LocalAccount:
-        return self.accounts[0]
-
-    @property
-    def operator(self) -> LocalAccount:
-        return self.accounts[1]
-
-    @property
-    def treasury(self) -> LocalAccount:
-        return self.accounts[2]
-
-    @property
-    def submitters(self) -> list[LocalAccount]:
-        return self.accounts[3:5]
-
-    @property
-    def providers(self) -> list[LocalAccount]:
-        return self.accounts[5:10]
 
 
 @pytest.fixture(scope="session")

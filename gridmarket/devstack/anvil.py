@@ -20,8 +20,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from gridmarket.devstack._process import ROOT, ManagedProcess, ServiceError
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
 
 __all__ = ["DEV_MNEMONIC", "Anvil", "DevnetError", "anvil_binary", "dev_accounts", "free_port"]
 
@@ -206,3 +210,34 @@ def dev_accounts(count: int = 10) -> list[str]:
         + bytes(Account.from_mnemonic(DEV_MNEMONIC, account_path=f"m/44'/60'/0'/0/{i}").key).hex()
         for i in range(count)
     ]
+
+
+class DevRoles:
+    """The project's roles over anvil's dev accounts (``accounts``, in mnemonic order): 0 owner
+    and deployer, 1 operator (the scheduler's key), 2 treasury, 3-4 submitters, 5-9 providers."""
+
+    accounts: list[LocalAccount]
+
+    @property
+    def owner(self) -> LocalAccount:
+        return self.accounts[0]
+
+    @property
+    def operator(self) -> LocalAccount:
+        return self.accounts[1]
+
+    @property
+    def treasury(self) -> LocalAccount:
+        return self.accounts[2]
+
+    @property
+    def submitters(self) -> list[LocalAccount]:
+        return self.accounts[3:5]
+
+    @property
+    def submitter(self) -> LocalAccount:
+        return self.accounts[3]
+
+    @property
+    def providers(self) -> list[LocalAccount]:
+        return self.accounts[5:10]

@@ -43,7 +43,7 @@ from gridmarket.deploy import EscrowParams, deploy_escrow
 from gridmarket.ipfs import IpfsStore
 
 from ._process import ROOT, ManagedProcess, ServiceError
-from .anvil import Anvil, dev_accounts, free_port
+from .anvil import Anvil, DevRoles, dev_accounts, free_port
 from .dockerd import Dockerd
 from .images import ensure_busybox_image
 from .ipfs import IpfsDaemon
@@ -105,7 +105,7 @@ class _PinnedIpfsDaemon(IpfsDaemon):
 
 
 @dataclass
-class Grid:
+class Grid(DevRoles):
     """A running grid; :func:`run_grid` builds and tears it down."""
 
     work: Path
@@ -126,22 +126,6 @@ class Grid:
     agents: list[AgentProcess] = field(default_factory=list)
     replicas: list[SchedulerProcess] = field(default_factory=list)
     """Scheduler replicas started by :func:`start_replica` (stopped with the grid)."""
-
-    @property
-    def operator(self) -> LocalAccount:
-        return self.accounts[1]
-
-    @property
-    def treasury(self) -> LocalAccount:
-        return self.accounts[2]
-
-    @property
-    def submitters(self) -> list[LocalAccount]:
-        return self.accounts[3:5]
-
-    @property
-    def providers(self) -> list[LocalAccount]:
-        return self.accounts[5:10]
 
     def api(self, path: str) -> Any:
         r = httpx.get(self.scheduler.url + path, timeout=10)

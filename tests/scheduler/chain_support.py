@@ -29,7 +29,7 @@ from web3 import Web3
 
 from gridmarket.chain import Deployment, EscrowClient, Event
 from gridmarket.deploy import EscrowParams, deploy_escrow
-from gridmarket.devstack.anvil import Anvil, dev_accounts
+from gridmarket.devstack.anvil import Anvil, DevRoles, dev_accounts
 from gridmarket.escrow import JobState
 
 
@@ -73,7 +73,7 @@ def rpc(w3: Web3, method: str, *params: Any) -> Any:
 
 
 @dataclass
-class OwnChain:
+class OwnChain(DevRoles):
     """A private anvil with a state file (restartable on the same port) and the escrow."""
 
     anvil: Anvil
@@ -84,18 +84,6 @@ class OwnChain:
     @property
     def url(self) -> str:
         return self.anvil.url
-
-    @property
-    def operator(self) -> LocalAccount:
-        return self.accounts[1]
-
-    @property
-    def submitter(self) -> LocalAccount:
-        return self.accounts[3]
-
-    @property
-    def providers(self) -> list[LocalAccount]:
-        return self.accounts[5:10]
 
     def client(self, url: str | None = None, timeout: float = 5) -> EscrowClient:
         return EscrowClient(make_w3(url or self.url, timeout), self.deployment)
