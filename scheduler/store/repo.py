@@ -500,10 +500,14 @@ class Store:
         with self.reader.connect() as conn:
             return [NodeRow.of(r) for r in conn.execute(q)]
 
-    def node_counts(self) -> dict[str, int]:
+    def _counts(self, column: Any) -> dict[str, int]:
+        """Rows per value of ``column`` (a state or status column)."""
         with self.reader.connect() as conn:
-            rows = conn.execute(select(nodes.c.status, func.count()).group_by(nodes.c.status))
-            return {str(s): int(n) for s, n in rows}
+            rows = conn.execute(select(column, func.count()).group_by(column))
+            return {str(value): int(n) for value, n in rows}
+
+    def node_counts(self) -> dict[str, int]:
+        return self._counts(nodes.c.status)
 
     def heartbeat(
         self, node_id: str, running: Sequence[str], lease_ttl: float
@@ -865,9 +869,7 @@ class Store:
             return [JobRow.of(r) for r in conn.execute(q)]
 
     def job_counts(self) -> dict[str, int]:
-        with self.reader.connect() as conn:
-            rows = conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state))
-            return {str(s): int(n) for s, n in rows}
+        return self._counts(jobs.c.state)
 
     def attempts_of(self, job_id: str) -> list[dict[str, Any]]:
         with self.reader.connect() as conn:
@@ -1285,9 +1287,7 @@ class Store:
             )
 
     def outbox_counts(self) -> dict[str, int]:
-        with self.reader.connect() as conn:
-            rows = conn.execute(select(outbox.c.status, func.count()).group_by(outbox.c.status))
-            return {str(s): int(n) for s, n in rows}
+        return self._counts(outbox.c.status)
 
     # ------------------------------------------------------------------ misc
     def ping(self) -> bool:
