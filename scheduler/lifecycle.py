@@ -1,0 +1,241 @@
+"""A job's life in the scheduler as plain data: its states, the events that move it, and the
+table of which event may move a job in which state, and to what.
+
+Pure: no I/O, no database. The store (``scheduler/store/``) persists what this table decides:
+before it writes a new state it asks :func:`step` (or, for a conditional SQL update, takes the
+states :func:`sources` names for its ``WHERE state IN (...)``); it never decides a transition
+on its own. docs/scheduler.md draws the same table (:func:`markdown_table`, checked by
+tests/scheduler/test_lifecycle.py).
+
+A new state (disputes, replicas, verification policies, reorg rollbacks) is a member of
+:class:`State`, its events members of :class:`Event`, and its moves rows of :data:`TABLE`.
+
+This is the scheduler's view of a job. The escrow's own state machine (``Funded -> Assigned ->
+Submitted -> Released``, the source of truth for money) lives in :mod:`gridmarket.escrow`; its
+events reach this table through :data:`CHAIN_EVENTS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = [
+    "CHAIN_EVENTS",
+    "FOLD_ONLY",
+    "OPEN",
+    "TABLE",
+    "Event",
+    "RefusedError",
+    "State",
+    "Transition",
+    "assign_refusal",
+    "markdown_table",
+    "on_requeue",
+    "sources",
+    "step",
+    "target",
+]
+
+
+class State(StrEnum):
+    """What the scheduler is doing about a job (``jobs.state``)."""
+
+    PENDING_SPEC = "pending_spec"
+    """Seen on-chain; its spec is being fetched from IPFS."""
+    QUEUED = "queued"
+    """Waiting for a node."""
+    LEASED = "leased"
+    """Running on a node, which renews the lease with heartbeats."""
+    VERIFYING = "verifying"
+    """The node reported an output; the verifier checks it."""
+    SETTLING = "settling"
+    """Verdict given; the outbox pays (settle/release) or rejects on-chain."""
+    RELEASED = "released"
+    """Paid on-chain. Final."""
+    REFUNDED = "refunded"
+    """Refunded to the submitter on-chain. Final."""
+    EXPIRED = "expired"
+    """The deadline passed before a result: the submitter can refund."""
+    FAILED = "failed"
+    """Given up: attempts used up, or an on-chain step refused for good."""
+    INVALID = "invalid"
+    """The spec is missing or malformed: the submitter can cancel."""
+
+
+class Event(StrEnum):
+    """What happens to a job. ``chain:`` events are the escrow's, folded by the watcher (or from
+    our own receipts); the others are the scheduler's own observations and decisions."""
+
+    CREATED = "chain:JobCreated"
+    SUBMITTED_ON_CHAIN = "chain:ResultSubmitted"
+    """The provider submitted its result on-chain itself."""
+    RELEASED_ON_CHAIN = "chain:JobReleased"
+    REFUNDED_ON_CHAIN = "chain:JobRefunded"
+    SPEC_FETCHED = "spec fetched"
+    SPEC_INVALID = "spec invalid"
+    LEASE_GRANTED = "lease granted"
+    """A dispatch round gave the job to a node with a free slot."""
+    LEASE_LOST = "lease lost"
+    """The lease ran out, or the node went offline."""
+    HANDED_BACK = "hand back"
+    """The node gave the job back unfinished (clean shutdown): no penalty."""
+    RESULT_REPORTED = "result reported"
+    """The node reported a successful run with an output CID."""
+    RUN_FAILED = "run failed"
+    """The node reported a failed run (exit code, timeout, OOM, ...)."""
+    ASSIGN_REFUSED = "assign refused"
+    """The on-chain assign reverted for a reason that may pass (the job goes to another node)."""
+    ASSIGN_REFUSED_FOR_GOOD = "assign refused for good"
+    """The on-chain assign reverted because of the job itself (deadline, status)."""
+    VERDICT_OK = "verdict ok"
+    VERDICT_BAD = "verdict bad"
+    PAID = "paid"
+    """The outbox's settle/release went through."""
+    REJECTED = "rejected"
+    """The outbox's reject went through: the provider is slashed, the job goes back."""
+    DEADLINE_PASSED = "deadline passed"
+    ATTEMPTS_USED_UP = "attempts used up"
+    GIVEN_UP = "given up"
+    """An on-chain step the job needs was refused for good."""
+
+
+CHAIN_EVENTS: dict[str, Event] = {
+    "JobCreated": Event.CREATED,
+    "ResultSubmitted": Event.SUBMITTED_ON_CHAIN,
+    "JobReleased": Event.RELEASED_ON_CHAIN,
+    "JobRefunded": Event.REFUNDED_ON_CHAIN,
+}
+"""Escrow events that move the scheduler's state, by their name on-chain."""
+
+FOLD_ONLY: frozenset[str] = frozenset({"JobAssigned", "JobUnassigned", "ResultRejected"})
+"""Escrow events that only update the job's on-chain struct: they follow steps the scheduler
+took itself (through the outbox), so its state has already moved."""
+
+OPEN: tuple[State, ...] = (
+    State.PENDING_SPEC,
+    State.QUEUED,
+    State.LEASED,
+    State.VERIFYING,
+    State.SETTLING,
+)
+"""States the scheduler still works on; the others are final for it."""
+
+_ALL = tuple(State)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One row: ``event`` moves a job in ``source`` (None: not yet known) to ``target``."""
+
+    source: State | None
+    event: Event
+    target: State
+    why: str
+
+
+def _rows(sources: Iterable[State], event: Event, target: State, why: str) -> list[Transition]:
+    return [Transition(s, event, target, why) for s in sources]
+
+
+S, E = State, Event
+TABLE: tuple[Transition, ...] = (
+    Transition(None, E.CREATED, S.PENDING_SPEC, "funded on-chain; fetch the spec"),
+    Transition(S.PENDING_SPEC, E.SPEC_FETCHED, S.QUEUED, "spec valid: wait for a node"),
+    Transition(S.PENDING_SPEC, E.SPEC_INVALID, S.INVALID, "the submitter can cancel"),
+    Transition(S.QUEUED, E.LEASE_GRANTED, S.LEASED, "outbox: assign on-chain"),
+    Transition(S.LEASED, E.RESULT_REPORTED, S.VERIFYING, "check the output"),
+    Transition(S.LEASED, E.SUBMITTED_ON_CHAIN, S.VERIFYING, "check it like a relayed result"),
+    Transition(S.LEASED, E.RUN_FAILED, S.QUEUED, "another node; the node loses reputation"),
+    Transition(S.LEASED, E.LEASE_LOST, S.QUEUED, "another node; the node loses reputation"),
+    Transition(S.LEASED, E.HANDED_BACK, S.QUEUED, "no penalty"),
+    Transition(S.LEASED, E.ASSIGN_REFUSED, S.QUEUED, "another node, no fault of this one"),
+    Transition(S.LEASED, E.ASSIGN_REFUSED_FOR_GOOD, S.FAILED, "the chain will not take it"),
+    Transition(S.VERIFYING, E.VERDICT_OK, S.SETTLING, "outbox: settle or release"),
+    Transition(S.VERIFYING, E.VERDICT_BAD, S.SETTLING, "outbox: reject (slash)"),
+    Transition(S.SETTLING, E.PAID, S.RELEASED, "the node gains reputation"),
+    Transition(S.SETTLING, E.REJECTED, S.QUEUED, "another node; the node loses reputation"),
+    Transition(
+        S.QUEUED, E.ATTEMPTS_USED_UP, S.FAILED, "outbox: unassign; the submitter can cancel"
+    ),
+    *_rows(
+        (S.PENDING_SPEC, S.QUEUED, S.LEASED),
+        E.DEADLINE_PASSED,
+        S.EXPIRED,
+        "the submitter can refund",
+    ),
+    *_rows(OPEN, E.GIVEN_UP, S.FAILED, "an on-chain step refused for good"),
+    *_rows(
+        [s for s in _ALL if s not in (S.RELEASED, S.REFUNDED)],
+        E.RELEASED_ON_CHAIN,
+        S.RELEASED,
+        "paid on-chain, by whoever sent it",
+    ),
+    *_rows(
+        [s for s in _ALL if s not in (S.RELEASED, S.REFUNDED)],
+        E.REFUNDED_ON_CHAIN,
+        S.REFUNDED,
+        "refunded on-chain",
+    ),
+)
+"""Every move a job can make. A pair (state, event) not in here is refused."""
+
+_BY_PAIR: dict[tuple[State | None, Event], Transition] = {}
+for _t in TABLE:
+    if (_t.source, _t.event) in _BY_PAIR:
+        raise AssertionError(f"two rows for {_t.source} + {_t.event}")
+    _BY_PAIR[(_t.source, _t.event)] = _t
+
+
+class RefusedError(ValueError):
+    """The table has no row for this (state, event)."""
+
+
+def target(state: State | str | None, event: Event) -> State | None:
+    """The state ``event`` moves a job in ``state`` to, or None when the table has no such row."""
+    t = _BY_PAIR.get((None if state is None else State(state), event))
+    return None if t is None else t.target
+
+
+def step(state: State | str | None, event: Event) -> State:
+    """Like :func:`target`, but a pair the table does not allow raises :class:`RefusedError`."""
+    new = target(state, event)
+    if new is None:
+        raise RefusedError(f"a job in state {state} cannot take event {event.value!r}")
+    return new
+
+
+def sources(event: Event) -> tuple[State, ...]:
+    """The states ``event`` may move a job from (for ``WHERE state IN (...)``), in table order."""
+    return tuple(t.source for t in TABLE if t.event is event and t.source is not None)
+
+
+def on_requeue(*, failures: int, max_attempts: int, deadline_passed: bool) -> Event | None:
+    """What a job meets on its way back to the queue: it fails when its failed attempts reach
+    ``max_attempts``, expires when its deadline has passed; None: it waits for a node."""
+    if failures >= max_attempts:
+        return Event.ATTEMPTS_USED_UP
+    if deadline_passed:
+        return Event.DEADLINE_PASSED
+    return None
+
+
+def assign_refusal(error: str) -> Event:
+    """Which refusal a reverted assign is: a revert about the job itself (its deadline, its
+    on-chain status) is for good; anything else may pass with another node."""
+    if "Deadline" in error or "Status" in error:
+        return Event.ASSIGN_REFUSED_FOR_GOOD
+    return Event.ASSIGN_REFUSED
+
+
+def markdown_table() -> str:
+    """The table for docs/scheduler.md: one line per (event, target), its source states joined."""
+    groups: dict[tuple[Event, State, str], list[str]] = {}
+    for t in TABLE:
+        key = (t.event, t.target, t.why)
+        groups.setdefault(key, []).append("(new)" if t.source is None else f"`{t.source}`")
+    lines = ["| from | event | to | what follows |", "| --- | --- | --- | --- |"]
+    for (event, to, why), froms in groups.items():
+        lines.append(f"| {', '.join(froms)} | {event.value} | `{to}` | {why} |")
+    return "\n".join(lines) + "\n"

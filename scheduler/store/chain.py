@@ -1,0 +1,149 @@
+"""The chain, folded in: the watcher's block cursor, and escrow events applied to jobs.
+
+The on-chain struct of each job (``chain_job``) is folded from escrow events in log order by
+:meth:`ChainStore.apply_chain_events` (the watcher) and :meth:`ChainStore.apply_sent` (our own
+receipts); ``chain_pos`` makes both idempotent. An event moves the job's scheduler state only
+where :mod:`scheduler.lifecycle` has a row for it (``CHAIN_EVENTS``); the others only update the
+struct.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, insert, select, update
+
+from gridmarket.escrow import JOB_EVENTS, apply_event
+from scheduler import lifecycle
+from scheduler.lifecycle import Event, State
+from scheduler.matching.reputation import Outcome
+
+from .jobs import JobStore
+from .rows import JobRow, job_to_json, pos_of
+from .tables import cursors, jobs
+
+__all__ = ["CHAIN_CURSOR", "ChainStore"]
+
+CHAIN_CURSOR = "escrow"
+
+
+class ChainStore(JobStore):
+    """The ``cursors`` table and the fold of escrow events into ``jobs``."""
+
+    def chain_cursor(self) -> int | None:
+        with self.reader.connect() as conn:
+            value = conn.execute(
+                select(cursors.c.block).where(cursors.c.name == CHAIN_CURSOR)
+            ).scalar()
+            return None if value is None else int(value)
+
+    def apply_chain_events(self, events: Sequence[Any], through_block: int) -> int:
+        """The watcher's sink: fold escrow events into jobs and move the cursor, atomically.
+
+        ``events`` are :class:`gridmarket.chain.Event` in log order. Events at or before a job's
+        ``chain_pos`` were applied already (by an earlier batch or by our own receipt) and are
+        skipped, so a repeated batch changes nothing. Returns the number of new jobs.
+        """
+        created = 0
+        with self.engine.begin() as conn:
+            for ev in events:
+                created += self._apply_event(conn, ev)
+            n = conn.execute(
+                update(cursors).where(cursors.c.name == CHAIN_CURSOR).values(block=through_block)
+            ).rowcount
+            if n == 0:
+                conn.execute(insert(cursors).values(name=CHAIN_CURSOR, block=through_block))
+            queued = conn.info.pop("queued", 0)
+        if queued:
+            self.on_queued(queued)
+        return created
+
+    def apply_sent(self, job_id: str, events: Sequence[Any]) -> None:
+        """Fold the events of our own mined transaction (before the watcher sees them)."""
+        with self.engine.begin() as conn:
+            for ev in events:
+                self._apply_event(conn, ev)
+            queued = conn.info.pop("queued", 0)
+        if queued:
+            self.on_queued(queued)
+
+    def _apply_event(self, conn: Connection, ev: Any) -> int:
+        args = ev.args
+        if ev.name not in JOB_EVENTS:
+            return 0
+        job_id = "0x" + bytes(args["jobId"]).hex()
+        pos = pos_of(ev.block, ev.log_index)
+        now = self.clock()
+        if ev.name == "JobCreated":
+            if conn.execute(select(jobs.c.job_id).where(jobs.c.job_id == job_id)).first():
+                return 0
+            state = apply_event(None, ev.name, args)
+            start = lifecycle.step(None, Event.CREATED).value
+            conn.execute(
+                insert(jobs).values(
+                    job_id=job_id,
+                    submitter=state.job.submitter,
+                    bounty_wei=str(state.job.bounty),
+                    deadline=state.job.deadline,
+                    fee_bps=state.job.fee_bps,
+                    salt="0x" + state.salt.hex(),
+                    spec_cid=state.spec_cid,
+                    spec=None,
+                    state=start,
+                    reason="fetching the job spec from IPFS",
+                    created_block=ev.block,
+                    created_at=now,
+                    updated_at=now,
+                    queued_at=None,
+                    chain_status=int(state.status),
+                    chain_job=job_to_json(state),
+                    chain_pos=pos,
+                    output_cid=None,
+                    node_id=None,
+                    attempt=0,
+                    lease_expires=None,
+                    excluded=[],
+                    failures=0,
+                    result=None,
+                )
+            )
+            self._audit(conn, "job", job_id, "created", tx=ev.tx_hash, block=ev.block)
+            return 1
+        row = conn.execute(select(jobs).where(jobs.c.job_id == job_id)).first()
+        if row is None:
+            return 0  # a job created before this scheduler's start block
+        job = JobRow.of(row)
+        if pos <= job.chain_pos:
+            return 0
+        new = apply_event(job.chain, ev.name, args)
+        values: dict[str, Any] = {
+            "chain_status": int(new.status),
+            "chain_job": job_to_json(new),
+            "chain_pos": pos,
+            "updated_at": now,
+        }
+        event = lifecycle.CHAIN_EVENTS.get(ev.name)
+        to = None if event is None else lifecycle.target(job.state, event)
+        if event is Event.RELEASED_ON_CHAIN:
+            values["output_cid"] = new.output_cid  # the struct's output, whatever our state
+        if to is None:
+            pass  # a step we took ourselves (assign, unassign, reject): the struct only
+        elif event is Event.REFUNDED_ON_CHAIN:
+            if job.state == State.LEASED and job.node_id:
+                self._free_slot(conn, job.node_id)
+                self._end_attempt(conn, job_id, job.attempt, "refunded", "submitter refunded")
+            values.update(state=to.value, reason="refunded to the submitter", node_id=None)
+        elif event is Event.RELEASED_ON_CHAIN:
+            if job.node_id is not None:
+                self._end_attempt(conn, job_id, job.attempt, "success", f"paid in {ev.tx_hash}")
+                self._free_slot(conn, job.node_id)
+                self._reputation(conn, job.node_id, Outcome.SUCCESS)
+            values.update(state=to.value, reason="paid", node_id=None, lease_expires=None)
+        elif event is Event.SUBMITTED_ON_CHAIN:
+            # the provider submitted on-chain itself: verify it like a relayed result
+            values.update(state=to.value, reason="verifying the result submitted on-chain")
+            values["output_cid"] = new.output_cid
+        conn.execute(update(jobs).where(jobs.c.job_id == job_id).values(**values))
+        self._audit(conn, "job", job_id, "chain:" + ev.name, tx=ev.tx_hash, block=ev.block)
+        return 0

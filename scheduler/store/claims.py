@@ -1,0 +1,169 @@
+"""Claims: one dispatch round leases queued jobs to waiting nodes, exactly once.
+
+On PostgreSQL the queued rows are taken ``FOR UPDATE SKIP LOCKED``; a job is leased only by
+``UPDATE ... WHERE state = 'queued'`` and a node's slot only by ``UPDATE ... WHERE running <
+slots``, so neither two nodes on one job nor two jobs on one node beyond its slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from sqlalchemy import Connection, insert, select, update
+
+from scheduler import lifecycle
+from scheduler.lifecycle import Event
+
+from .jobs import JobStore
+from .rows import Claim, ClaimedJob, JobRow
+from .tables import attempts, audit, jobs, nodes, outbox
+
+__all__ = ["ClaimStore"]
+
+_FROM = lifecycle.sources(Event.LEASE_GRANTED)[0].value  # queued
+_TO = lifecycle.step(_FROM, Event.LEASE_GRANTED).value  # leased
+
+
+class ClaimStore(JobStore):
+    """Dispatch rounds."""
+
+    def dispatch(
+        self,
+        decide: Callable[[list[JobRow]], list[Claim]],
+        *,
+        limit: int,
+        lease_ttl: float,
+        window: int | None = None,
+        wants_more: Callable[[], bool] = lambda: False,
+    ) -> list[ClaimedJob]:
+        """One dispatch round in one transaction: lock queued jobs, oldest first, let ``decide``
+        pick (job, node) pairs, and lease each pair whose node still has a free slot.
+
+        Jobs are read ``window`` at a time (default: all ``limit`` at once); after each window
+        the round goes on to the next only while ``wants_more()`` (nodes still wait) and fewer
+        than ``limit`` jobs were looked at. A round for a few waiting nodes thus reads a few
+        jobs, yet jobs that fit nobody at the head of the queue cannot starve the ones behind.
+
+        On PostgreSQL the queued rows are taken ``FOR UPDATE SKIP LOCKED``: a replica never sees
+        the jobs another replica is deciding on, so no job goes to two nodes. The node's slot
+        counter is taken with a conditional update, so no node runs more than its slots.
+        """
+        now = self.clock()
+        won: list[ClaimedJob] = []
+        new_attempts: list[dict[str, Any]] = []
+        new_outbox: list[dict[str, Any]] = []
+        new_audit: list[dict[str, Any]] = []
+        window = min(window or limit, limit)
+        with self.engine.begin() as conn:
+            offset = 0
+            while offset < limit:
+                q = (
+                    select(jobs)
+                    .where(jobs.c.state == _FROM)
+                    .order_by(jobs.c.queued_at, jobs.c.job_id)
+                    .limit(window)
+                    .offset(offset)
+                )
+                if self.postgres:
+                    q = q.with_for_update(skip_locked=True)
+                rows = [JobRow.of(r) for r in conn.execute(q)]
+                if not rows:
+                    break
+                batch = (new_attempts, new_outbox, new_audit)
+                by_id = {j.job_id: j for j in rows}
+                self._lease(conn, decide(rows), by_id, now, lease_ttl, won, *batch)
+                if len(rows) < window or not wants_more():
+                    break
+                offset += window
+            if won:  # one multi-row statement each (executemany)
+                conn.execute(insert(attempts), new_attempts)
+                conn.execute(insert(outbox), new_outbox)
+                conn.execute(insert(audit), new_audit)
+        return won
+
+    def _lease(
+        self,
+        conn: Connection,
+        claims: list[Claim],
+        by_id: dict[str, JobRow],
+        now: float,
+        lease_ttl: float,
+        won: list[ClaimedJob],
+        new_attempts: list[dict[str, Any]],
+        new_outbox: list[dict[str, Any]],
+        new_audit: list[dict[str, Any]],
+    ) -> None:
+        for claim in claims:
+            job = by_id[claim.job_id]
+            slot = conn.execute(
+                update(nodes)
+                .where(
+                    nodes.c.node_id == claim.node_id,
+                    nodes.c.status == "online",
+                    nodes.c.running < nodes.c.slots,
+                )
+                .values(running=nodes.c.running + 1)
+                .returning(nodes.c.wallet)
+            ).first()
+            if slot is None:
+                continue
+            attempt = max(job.attempt, job.chain.job.attempt) + 1
+            expires = now + lease_ttl
+            n = conn.execute(
+                update(jobs)
+                .where(jobs.c.job_id == job.job_id, jobs.c.state == _FROM)
+                .values(
+                    state=_TO,
+                    node_id=claim.node_id,
+                    attempt=attempt,
+                    lease_expires=expires,
+                    reason=f"running on {claim.node_id}",
+                    updated_at=now,
+                )
+            ).rowcount
+            if n != 1:  # cannot happen under the row lock; kept as a guard for SQLite
+                self._free_slot(conn, claim.node_id)
+                continue
+            wallet = str(slot[0])
+            new_attempts.append(
+                {
+                    "job_id": job.job_id,
+                    "attempt": attempt,
+                    "node_id": claim.node_id,
+                    "wallet": wallet,
+                    "started_at": now,
+                    "detail": "",
+                }
+            )
+            new_outbox.append(
+                {
+                    "job_id": job.job_id,
+                    "kind": "assign",
+                    "payload": {"provider": wallet, "attempt": attempt},
+                    "status": "pending",
+                    "tries": 0,
+                    "error": "",
+                    "created_at": now,
+                    "updated_at": now,
+                }
+            )
+            new_audit.append(
+                {
+                    "ts": now,
+                    "entity": "job",
+                    "entity_id": job.job_id,
+                    "event": _TO,
+                    "detail": {"node_id": claim.node_id, "attempt": attempt},
+                }
+            )
+            leased = replace(
+                job,
+                state=_TO,
+                node_id=claim.node_id,
+                attempt=attempt,
+                lease_expires=expires,
+                updated_at=now,
+            )
+            won.append(ClaimedJob(job=leased, node_id=claim.node_id, wallet=wallet))

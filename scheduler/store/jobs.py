@@ -1,0 +1,361 @@
+"""Jobs: reads, and the transitions that follow a job's spec, its results and its verdict.
+
+Every transition asks :mod:`scheduler.lifecycle` where the job goes, then writes that state in
+one transaction with its audit row (and the outbox row, attempt end, slot and reputation the
+move needs). A method whose move the table refuses changes nothing and returns the state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, func, select, update
+
+from gridmarket.escrow import Status
+from gridmarket.wire import JobSpec, ResultReport
+from scheduler import lifecycle
+from scheduler.lifecycle import Event, State
+from scheduler.matching.reputation import Outcome
+
+from .outbox import OutboxStore
+from .reputation import ReputationStore
+from .rows import ConflictError, JobRow, NotFoundError
+from .tables import jobs
+
+__all__ = ["JobStore"]
+
+
+class JobStore(ReputationStore, OutboxStore):
+    """The ``jobs`` table, apart from leases (``leases.py``, ``claims.py``) and the chain fold
+    (``chain.py``)."""
+
+    def _job(self, conn: Connection, job_id: str, *, lock: bool = False) -> JobRow:
+        q = select(jobs).where(jobs.c.job_id == job_id)
+        if lock and self.postgres:
+            q = q.with_for_update()
+        row = conn.execute(q).first()
+        if row is None:
+            raise NotFoundError(f"no job {job_id}")
+        return JobRow.of(row)
+
+    def _requeue(
+        self,
+        conn: Connection,
+        job: JobRow,
+        event: Event,
+        *,
+        exclude: bool,
+        reason: str,
+        failed: bool = False,
+    ) -> str:
+        """Put a job back in the queue after ``event`` (lease lost, failed run, rejected, ...),
+        or on to where the queue sends it (failed when its attempts are used up, expired when its
+        deadline has passed)."""
+        now = self.clock()
+        excluded = list(job.excluded)
+        if exclude and job.node_id and job.node_id not in excluded:
+            excluded.append(job.node_id)
+        failures = job.failures + (1 if failed else 0)
+        max_attempts = job.spec.max_attempts if job.spec else 1
+        queued = lifecycle.step(job.state, event)
+        then = lifecycle.on_requeue(
+            failures=failures, max_attempts=max_attempts, deadline_passed=now > job.deadline
+        )
+        state = queued.value if then is None else lifecycle.step(queued, then).value
+        why = reason
+        if then is Event.ATTEMPTS_USED_UP:
+            why = f"{reason}; {failures} failed attempts, no more tries"
+            self._outbox(conn, job.job_id, "unassign", {})
+        elif then is Event.DEADLINE_PASSED:
+            why = f"{reason}; deadline passed"
+        conn.execute(
+            update(jobs)
+            .where(jobs.c.job_id == job.job_id)
+            .values(
+                state=state,
+                reason=why,
+                node_id=None,
+                lease_expires=None,
+                excluded=excluded,
+                failures=failures,
+                queued_at=now if state == State.QUEUED else job.queued_at,
+                updated_at=now,
+            )
+        )
+        self._audit(conn, "job", job.job_id, state, reason=why, node_id=job.node_id)
+        return state
+
+    def pending_specs(self, limit: int = 32) -> list[JobRow]:
+        with self.reader.connect() as conn:
+            q = (
+                select(jobs)
+                .where(jobs.c.state == "pending_spec")
+                .order_by(jobs.c.created_at)
+                .limit(limit)
+            )
+            return [JobRow.of(r) for r in conn.execute(q)]
+
+    def set_spec(self, job_id: str, spec: JobSpec | None, reason: str = "") -> str:
+        """The job's spec was fetched: queue it, or mark it invalid with ``reason``."""
+        now = self.clock()
+        with self.engine.begin() as conn:
+            event = Event.SPEC_INVALID if spec is None else Event.SPEC_FETCHED
+            to = lifecycle.step(State.PENDING_SPEC, event).value
+            froms = [s.value for s in lifecycle.sources(event)]
+            if spec is None:
+                values: dict[str, Any] = {"state": to, "reason": reason}
+            else:
+                values = {
+                    "state": to,
+                    "spec": spec.model_dump(mode="json"),
+                    "reason": "waiting for a node",
+                    "queued_at": now,
+                }
+            n = conn.execute(
+                update(jobs)
+                .where(jobs.c.job_id == job_id, jobs.c.state.in_(froms))
+                .values(updated_at=now, **values)
+            ).rowcount
+            if n:
+                self._audit(conn, "job", job_id, str(values["state"]), reason=reason)
+        if n and spec is not None:
+            self.on_queued(1)
+        return str(values["state"]) if n else "unchanged"
+
+    def set_reason(self, job_id: str, reason: str) -> None:
+        """Why a queued job waits (the matching engine's explanation); no audit row."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(jobs)
+                .where(jobs.c.job_id == job_id, jobs.c.state == "queued")
+                .values(reason=reason)
+            )
+
+    def job(self, job_id: str) -> JobRow:
+        with self.reader.connect() as conn:
+            return self._job(conn, job_id)
+
+    def jobs(
+        self,
+        *,
+        state: str | None = None,
+        submitter: str | None = None,
+        node_id: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[JobRow]:
+        q = select(jobs).order_by(jobs.c.created_at.desc()).limit(limit).offset(offset)
+        if state is not None:
+            q = q.where(jobs.c.state == state)
+        if submitter is not None:
+            q = q.where(func.lower(jobs.c.submitter) == submitter.lower())
+        if node_id is not None:
+            q = q.where(jobs.c.node_id == node_id)
+        with self.reader.connect() as conn:
+            return [JobRow.of(r) for r in conn.execute(q)]
+
+    def job_counts(self) -> dict[str, int]:
+        return self._counts(jobs.c.state)
+
+    def record_result(self, job_id: str, node_id: str, report: ResultReport) -> str:
+        """A node reports the end of its run. Success -> ``verifying``; a failed run is
+        requeued elsewhere (or fails the job when its attempts are used up)."""
+        with self.engine.begin() as conn:
+            job = self._job(conn, job_id, lock=True)
+            if (
+                job.state == "verifying"
+                and job.node_id == node_id
+                and job.attempt == report.attempt
+                and job.result is None
+                and report.output_cid == job.output_cid
+            ):
+                # the node submitted this result on-chain itself and the watcher saw it first:
+                # keep the report (logs, exit code) for the submitter
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.job_id == job_id)
+                    .values(result=report.model_dump(mode="json"))
+                )
+                return job.state
+            if job.node_id != node_id or job.state != State.LEASED:
+                raise ConflictError(
+                    f"job {job_id} is not leased to node {node_id} (it is {job.state})"
+                )
+            if report.attempt != job.attempt:
+                raise ConflictError(
+                    f"attempt {report.attempt} is stale: the lease is attempt {job.attempt}"
+                )
+            result = report.model_dump(mode="json")
+            if report.output_cid is not None and report.reason.value == "succeeded":
+                to = lifecycle.step(job.state, Event.RESULT_REPORTED).value
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.job_id == job_id)
+                    .values(
+                        state=to,
+                        reason="verifying the output",
+                        result=result,
+                        output_cid=report.output_cid,
+                        lease_expires=None,
+                        updated_at=self.clock(),
+                    )
+                )
+                self._audit(conn, "job", job_id, to, output_cid=report.output_cid)
+                return to
+            self._end_attempt(conn, job_id, job.attempt, "failure", report.message)
+            self._free_slot(conn, node_id)
+            self._reputation(conn, node_id, Outcome.FAILURE)
+            conn.execute(update(jobs).where(jobs.c.job_id == job_id).values(result=result))
+            state = self._requeue(
+                conn,
+                job,
+                Event.RUN_FAILED,
+                exclude=True,
+                failed=True,
+                reason=f"attempt {job.attempt} failed on {node_id}: {report.reason.value}",
+            )
+        if state == "queued":
+            self.on_queued(1)
+        return state
+
+    def verifying(self, limit: int = 16) -> list[JobRow]:
+        with self.reader.connect() as conn:
+            q = (
+                select(jobs)
+                .where(jobs.c.state == "verifying")
+                .order_by(jobs.c.updated_at)
+                .limit(limit)
+            )
+            return [JobRow.of(r) for r in conn.execute(q)]
+
+    def verified(self, job_id: str, ok: bool, detail: str) -> str:
+        """Verification done. Good: settle on-chain (relayed) or release (submitted directly).
+        Bad: the result goes on-chain and is rejected (slash), then the job is requeued."""
+        with self.engine.begin() as conn:
+            job = self._job(conn, job_id, lock=True)
+            to = lifecycle.target(job.state, Event.VERDICT_OK if ok else Event.VERDICT_BAD)
+            if to is None:
+                return job.state
+            on_chain = job.chain.status is Status.SUBMITTED
+            result = job.result
+            if ok:
+                if on_chain:
+                    kind, payload = "release", {}
+                else:
+                    assert result is not None and result.signature is not None
+                    payload = {"output_cid": job.output_cid, "signature": result.signature}
+                    kind = "settle"
+                self._outbox(conn, job_id, kind, payload)
+                reason = f"verified ({detail}); paying the provider"
+            else:
+                if on_chain:
+                    kind, payload = "reject", {}
+                else:
+                    assert result is not None and result.signature is not None
+                    payload = {"output_cid": job.output_cid, "signature": result.signature}
+                    kind = "submit_reject"
+                self._outbox(conn, job_id, kind, payload)
+                reason = f"verification failed ({detail}); rejecting on-chain"
+            conn.execute(
+                update(jobs)
+                .where(jobs.c.job_id == job_id)
+                .values(state=to.value, reason=reason, updated_at=self.clock())
+            )
+            self._audit(conn, "job", job_id, "verified" if ok else "rejected", detail=detail)
+            return to.value
+
+    def settled(self, job_id: str, *, paid: bool, detail: str = "") -> str:
+        """The outbox finished a settle/release (``paid``) or a reject (not paid)."""
+        with self.engine.begin() as conn:
+            job = self._job(conn, job_id, lock=True)
+            node_id = job.node_id
+            to = lifecycle.target(job.state, Event.PAID if paid else Event.REJECTED)
+            if node_id is None or to is None:
+                return job.state
+            if paid:
+                self._end_attempt(conn, job_id, job.attempt, "success", detail)
+                self._free_slot(conn, node_id)
+                self._reputation(conn, node_id, Outcome.SUCCESS)
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.job_id == job_id)
+                    .values(state=to.value, reason="paid", node_id=None, updated_at=self.clock())
+                )
+                self._audit(conn, "job", job_id, to.value, node_id=node_id)
+                return to.value
+            self._end_attempt(conn, job_id, job.attempt, "rejected", detail)
+            self._free_slot(conn, node_id)
+            self._reputation(conn, node_id, Outcome.REJECTED)
+            state = self._requeue(
+                conn,
+                job,
+                Event.REJECTED,
+                exclude=True,
+                failed=True,
+                reason=f"result rejected: {detail}",
+            )
+        if state == "queued":
+            self.on_queued(1)
+        return state
+
+    def assign_failed(self, job_id: str, attempt: int, error: str) -> str:
+        """The on-chain assign of ``attempt`` reverted: end that lease (no fault of the node)."""
+        with self.engine.begin() as conn:
+            job = self._job(conn, job_id, lock=True)
+            event = lifecycle.assign_refusal(error)
+            if (
+                job.attempt != attempt
+                or lifecycle.target(job.state, event) is None
+                or job.node_id is None
+            ):
+                return job.state
+            self._end_attempt(conn, job_id, attempt, "assign_failed", error)
+            self._free_slot(conn, job.node_id)
+            conn.execute(
+                update(jobs).where(jobs.c.job_id == job_id).values(attempt=job.chain.job.attempt)
+            )
+            job = self._job(conn, job_id)
+            if event is Event.ASSIGN_REFUSED_FOR_GOOD:
+                to = lifecycle.step(job.state, event).value
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.job_id == job_id)
+                    .values(
+                        state=to,
+                        reason=f"on-chain assign refused: {error}",
+                        node_id=None,
+                        lease_expires=None,
+                        updated_at=self.clock(),
+                    )
+                )
+                self._audit(conn, "job", job_id, to, error=error)
+                return to
+            state = self._requeue(
+                conn, job, event, exclude=True, reason=f"on-chain assign refused: {error}"
+            )
+        if state == "queued":
+            self.on_queued(1)
+        return state
+
+    def fail_job(self, job_id: str, reason: str) -> None:
+        """Give up on an open job (an on-chain step was refused for good)."""
+        with self.engine.begin() as conn:
+            job = self._job(conn, job_id, lock=True)
+            to = lifecycle.target(job.state, Event.GIVEN_UP)
+            if to is None:
+                return
+            if job.node_id is not None:
+                self._end_attempt(conn, job_id, job.attempt, "failed", reason)
+                self._free_slot(conn, job.node_id)
+            conn.execute(
+                update(jobs)
+                .where(jobs.c.job_id == job_id)
+                .values(
+                    state=to.value,
+                    reason=reason,
+                    node_id=None,
+                    lease_expires=None,
+                    updated_at=self.clock(),
+                )
+            )
+            self._audit(conn, "job", job_id, to.value, reason=reason)

@@ -1,0 +1,137 @@
+"""Nodes: registration (with the wallet's replay-proof nonce), reads, and slot accounting."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import Connection, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from gridmarket.wire import NodeCapacityIn
+
+from .audit import AuditStore
+from .rows import NodeRow, NotFoundError, ReplayError, node_id_for
+from .tables import nodes, wallets
+
+__all__ = ["NodeStore"]
+
+
+class NodeStore(AuditStore):
+    """The ``nodes`` and ``wallets`` tables."""
+
+    def _node(self, conn: Connection, node_id: str, *, lock: bool = False) -> NodeRow:
+        q = select(nodes).where(nodes.c.node_id == node_id)
+        if lock and self.postgres:
+            q = q.with_for_update()
+        row = conn.execute(q).first()
+        if row is None:
+            raise NotFoundError(f"no node {node_id}")
+        return NodeRow.of(row)
+
+    def _free_slot(self, conn: Connection, node_id: str) -> None:
+        conn.execute(
+            update(nodes)
+            .where(nodes.c.node_id == node_id, nodes.c.running > 0)
+            .values(running=nodes.c.running - 1)
+        )
+
+    def register_node(
+        self,
+        *,
+        wallet: str,
+        name: str,
+        capacity: NodeCapacityIn,
+        tier: str,
+        agent_version: str,
+        nonce: int,
+    ) -> NodeRow:
+        """Record a verified registration; ReplayError if ``nonce`` is not above the last one."""
+        now = self.clock()
+        node_id = node_id_for(wallet, name)
+        cap = capacity.model_dump(mode="json")
+        with self.engine.begin() as conn:
+            last = conn.execute(
+                select(wallets.c.last_nonce).where(wallets.c.address == wallet)
+            ).scalar()
+            if last is not None and nonce <= last:
+                raise ReplayError(
+                    f"registration nonce {nonce} is not above {last}, the last one used by {wallet}"
+                )
+            if last is None:
+                try:
+                    with conn.begin_nested():
+                        conn.execute(
+                            insert(wallets).values(address=wallet, last_nonce=nonce, updated_at=now)
+                        )
+                except IntegrityError:
+                    raise ReplayError(f"concurrent registration for {wallet}") from None
+            else:
+                n = conn.execute(
+                    update(wallets)
+                    .where(wallets.c.address == wallet, wallets.c.last_nonce < nonce)
+                    .values(last_nonce=nonce, updated_at=now)
+                ).rowcount
+                if n != 1:
+                    raise ReplayError(f"registration nonce {nonce} already used by {wallet}")
+            values = {
+                "capacity": cap,
+                "tier": tier,
+                "region": capacity.region,
+                "slots": capacity.slots,
+                "status": "online",
+                "agent_version": agent_version,
+                "last_seen": now,
+            }
+            existing = conn.execute(
+                select(nodes.c.node_id).where(nodes.c.node_id == node_id)
+            ).first()
+            if existing is None:
+                conn.execute(
+                    insert(nodes).values(
+                        node_id=node_id,
+                        wallet=wallet,
+                        name=name,
+                        registered_at=now,
+                        running=0,
+                        rep_good=0.0,
+                        rep_bad=0.0,
+                        rep_at=now,
+                        rep_streak=0,
+                        rep_last_bad=None,
+                        jobs_done=0,
+                        jobs_failed=0,
+                        suspended=False,
+                        **values,
+                    )
+                )
+            else:
+                conn.execute(update(nodes).where(nodes.c.node_id == node_id).values(**values))
+            self._audit(conn, "node", node_id, "registered", wallet=wallet, capacity=cap)
+            return self._node(conn, node_id)
+
+    def node(self, node_id: str) -> NodeRow:
+        with self.reader.connect() as conn:
+            return self._node(conn, node_id)
+
+    def nodes(
+        self, *, status: str | None = None, limit: int = 1000, offset: int = 0
+    ) -> list[NodeRow]:
+        q = select(nodes).order_by(nodes.c.node_id).limit(limit).offset(offset)
+        if status is not None:
+            q = q.where(nodes.c.status == status)
+        with self.reader.connect() as conn:
+            return [NodeRow.of(r) for r in conn.execute(q)]
+
+    def node_counts(self) -> dict[str, int]:
+        return self._counts(nodes.c.status)
+
+    def touch_nodes(self, node_ids: Sequence[str]) -> None:
+        """Nodes seen alive now (long-polling): ``last_seen`` moves, nothing else."""
+        if not node_ids:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(nodes)
+                .where(nodes.c.node_id.in_(list(node_ids)), nodes.c.status == "online")
+                .values(last_seen=self.clock())
+            )
