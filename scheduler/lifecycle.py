@@ -157,7 +157,7 @@ TABLE: tuple[Transition, ...] = (
     Transition(S.SETTLING, E.PAID, S.RELEASED, "the node gains reputation"),
     Transition(S.SETTLING, E.REJECTED, S.QUEUED, "another node; the node loses reputation"),
     Transition(
-        S.QUEUED, E.ATTEMPTS_USED_UP, S.FAILED, "outbox: unassign; the submitter can cancel"
+        S.QUEUED, E.ATTEMPTS_USED_UP, S.FAILED, "(on a requeue) outbox: unassign; cancel at once"
     ),
     *_rows(
         (S.PENDING_SPEC, S.QUEUED, S.LEASED),
@@ -239,3 +239,7 @@ def markdown_table() -> str:
     for (event, to, why), froms in groups.items():
         lines.append(f"| {', '.join(froms)} | {event.value} | `{to}` | {why} |")
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # python -m scheduler.lifecycle: the table for docs/scheduler.md
+    print(markdown_table(), end="")
