@@ -13,20 +13,20 @@ from scheduler import __version__
 from scheduler.api import jobs, market, nodes, ops
 from scheduler.dispatch import Dispatcher
 from scheduler.heartbeats import HeartbeatBuffer
-from scheduler.service import Grid
+from scheduler.service import Replica
 from scheduler.settings import Settings
 from scheduler.store import ConflictError, NotFoundError
 
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings | None = None, *, grid: Grid | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, grid: Replica | None = None) -> FastAPI:
     """The scheduler app. ``grid`` (already built) is started with the app and stopped after."""
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        g = grid or Grid(settings)
+        g = grid or Replica(settings)
         g.start()
         dispatcher = Dispatcher(g.store, settings, chain_id=g.chain_id, escrow=g.escrow)
         g.store.on_queued = dispatcher.wake

@@ -10,12 +10,12 @@ from fastapi import Depends, HTTPException, Request, status
 
 from scheduler.auth import TokenError, verify
 from scheduler.dispatch import Dispatcher
-from scheduler.service import Grid
+from scheduler.service import Replica
 from scheduler.store import NodeRow, NotFoundError, Store
 
 
-async def grid(request: Request) -> Grid:
-    g: Grid = request.app.state.grid
+async def grid(request: Request) -> Replica:
+    g: Replica = request.app.state.grid
     return g
 
 
@@ -41,7 +41,7 @@ async def authenticated_node_id(request: Request, node_id: str) -> str:
             "missing Authorization: Bearer <node token> (register to get one)",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    g: Grid = request.app.state.grid
+    g: Replica = request.app.state.grid
     try:
         owner = verify(g.settings.token_secret.get_secret_value().encode(), token)
     except TokenError as exc:
@@ -68,7 +68,7 @@ async def authenticated_node(request: Request, node_id: str) -> NodeRow:
     hit = _nodes.get(node_id)
     if hit is not None and now - hit[0] < _NODE_CACHE_S:
         return hit[1]
-    g: Grid = request.app.state.grid
+    g: Replica = request.app.state.grid
     try:
         node = await asyncio.to_thread(g.store.node, node_id)
     except NotFoundError:
@@ -79,7 +79,7 @@ async def authenticated_node(request: Request, node_id: str) -> NodeRow:
     return node
 
 
-GridDep = Annotated[Grid, Depends(grid)]
+GridDep = Annotated[Replica, Depends(grid)]
 StoreDep = Annotated[Store, Depends(store)]
 DispatcherDep = Annotated[Dispatcher, Depends(dispatcher)]
 NodeDep = Annotated[NodeRow, Depends(authenticated_node)]

@@ -27,7 +27,7 @@ from gridmarket.wire import (
 )
 from scheduler.auth import issue
 from scheduler.dispatch import Dispatcher
-from scheduler.service import Grid
+from scheduler.service import Replica
 from scheduler.store import ConflictError, NodeRow, NotFoundError, ReplayError
 
 from .deps import DispatcherDep, GridDep, NodeDep, StoreDep
@@ -175,7 +175,7 @@ LONG_POLL_S = 5.0
 """Polls that waited at least this long are told to come back at once (no doubling)."""
 
 
-def _idle_advice(grid: Grid, dispatcher: Dispatcher, node: NodeRow, waited_s: float) -> float:
+def _idle_advice(grid: Replica, dispatcher: Dispatcher, node: NodeRow, waited_s: float) -> float:
     """When to ask again after an empty poll. A long poll (``waited_s`` >= 5 s) was the wait
     already: come back at once, so an idle node is always parked here and gets new work within
     milliseconds. Short polls back off: doubling with each empty poll in a row (with jitter, so

@@ -1,0 +1,294 @@
+"""The replica's background loops, each one pass at a time (``once``) run by :func:`run_loop`:
+
+- :func:`sweep` (every replica): silent nodes offline, expired leases and deadlines;
+- :class:`Watch` (leader): escrow events into the store;
+- :class:`OutboxLoop` (leader): pending on-chain steps, in order per job
+  (what each kind sends: ``outbox_rules.py``);
+- :class:`SpecFetcher` (leader): job specs from IPFS;
+- :class:`Verifier` (leader): reported outputs checked before payment.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from eth_account.signers.local import LocalAccount
+
+from gridmarket.chain import ChainError, Deployment, EscrowClient
+from gridmarket.cid import CidError, bytes_cid, params_for
+from gridmarket.ipfs import IpfsStore
+from gridmarket.wire import MAX_SPEC_BYTES, JobSpec, RunReason
+from scheduler.chain import ChainUnavailableError, ChainWatcher, TxOutcomeUnknownError, TxSender
+from scheduler.settings import Settings
+from scheduler.store import Store
+from scheduler.verify import verify_output
+
+from .outbox_rules import OutboxRules
+
+__all__ = [
+    "OutboxLoop",
+    "SpecFetcher",
+    "Verifier",
+    "Wakes",
+    "Watch",
+    "line",
+    "run_loop",
+    "sweep",
+]
+
+log = logging.getLogger(__name__)
+
+
+class Wakes:
+    """One event per loop name: a wake-up cuts that loop's idle wait short."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, threading.Event] = {}
+
+    def wake(self, name: str) -> None:
+        """Run loop ``name`` now instead of at its next period (a no-op for a loop that does not
+        run here). Safe from any thread."""
+        event = self._events.get(name)
+        if event is not None:
+            event.set()
+
+    def wait(self, name: str, period: float) -> None:
+        wake = self._events.setdefault(name, threading.Event())
+        wake.wait(period)
+        wake.clear()
+
+
+def run_loop(
+    name: str, fn: Callable[[], int], period: float, stop: threading.Event, wakes: Wakes
+) -> None:
+    """Run ``fn`` until stopped: at once again when it did work, after ``period`` when idle
+    (or when woken), with exponential backoff (and jitter) while it keeps failing."""
+    failures = 0
+    while not stop.is_set():
+        try:
+            did = fn()
+            failures = 0
+        except Exception as exc:
+            failures += 1
+            delay = min(30.0, 0.5 * 2 ** min(failures, 6)) * (0.5 + random.random() / 2)  # noqa: S311
+            log.warning("%s failed (%s); retrying in %.1f s", name, line(exc), delay)
+            stop.wait(delay)
+            continue
+        if not did:
+            wakes.wait(name, period)
+
+
+def sweep(store: Store, settings: Settings, stop: threading.Event) -> None:
+    """Every replica's sweeper: silent nodes, lost leases, passed deadlines."""
+    s = settings
+    # Nodes cannot reach a replica that is down. After a (re)start, give every node one full
+    # node timeout to check in before judging silences and leases: a restarted scheduler
+    # must not take running jobs away (and run them twice) for its own absence.
+    judge_from = time.monotonic() + s.node_timeout_s
+    while not stop.wait(s.sweep_interval_s):
+        if time.monotonic() >= judge_from:
+            gone = store.mark_offline(s.node_timeout_s)
+            if gone:
+                log.info("nodes offline (silent > %.0f s): %s", s.node_timeout_s, gone)
+            lost = store.expire_leases()
+            if lost:
+                log.info("leases expired, jobs requeued: %s", lost)
+        store.expire_deadlines()
+
+
+class Watch:
+    """The chain watcher's pass: new escrow events folded into the store with the cursor."""
+
+    def __init__(
+        self,
+        store: Store,
+        chain: EscrowClient,
+        deployment: Deployment,
+        settings: Settings,
+        on_created: Callable[[int], None],
+    ) -> None:
+        self.store = store
+        self.chain = chain
+        self.deployment = deployment
+        self.settings = settings
+        self.on_created = on_created
+        self._watcher: ChainWatcher | None = None
+
+    def once(self) -> int:
+        if self._watcher is None:
+            store = self.store
+
+            class _Cursor:
+                def load(self) -> int | None:
+                    return store.chain_cursor()
+
+            self._watcher = ChainWatcher(
+                self.chain,
+                _Cursor(),
+                self._sink,
+                confirmations=self.settings.confirmations,
+                start_block=self.deployment.block,
+            )
+        return self._watcher.poll_once()
+
+    def _sink(self, events: list[Any], through_block: int) -> None:
+        created = self.store.apply_chain_events(events, through_block)
+        if created:
+            self.on_created(created)
+
+
+class OutboxLoop:
+    """The outbox's pass: pending rows oldest first, each job's in order; a job whose row
+    failed waits for the next pass (its later rows depend on it)."""
+
+    def __init__(
+        self,
+        store: Store,
+        chain: EscrowClient,
+        operator: LocalAccount | None,
+        rules: OutboxRules,
+    ) -> None:
+        self.store = store
+        self.chain = chain
+        self.operator = operator
+        self.rules = rules
+        self._sender: TxSender | None = None
+
+    def once(self) -> int:
+        items = self.store.outbox_pending(limit=32)
+        if not items:
+            return 0
+        if self.operator is None:
+            raise RuntimeError("no operator_key configured: cannot send transactions")
+        if self._sender is None:
+            self._sender = TxSender(self.chain, self.operator)
+        done = 0
+        blocked: set[str] = set()
+        for item in items:
+            if item.job_id in blocked:
+                continue  # keep each job's transactions in order
+            try:
+                self.rules.send(self._sender, item)
+                done += 1
+            except (TxOutcomeUnknownError, ChainUnavailableError) as exc:
+                self.store.outbox_retry(item.id, line(exc))
+                blocked.add(item.job_id)
+                raise
+            except ChainError as exc:
+                reason = exc.reason or str(exc)
+                if not self._state_current(item.job_id):
+                    # our copy of the job is behind the chain (a transaction whose receipt we
+                    # missed): let the watcher catch up, then decide again
+                    self.store.outbox_retry(item.id, f"stale job state: {reason}")
+                    blocked.add(item.job_id)
+                    continue
+                log.warning(
+                    "outbox %s %s for %s refused: %s", item.id, item.kind, item.job_id, reason
+                )
+                self.store.outbox_finish(item.id, status="failed", error=reason)
+                self.rules.refused(item, reason)
+                done += 1
+            except Exception as exc:  # transient: RPC down, timeout
+                self.store.outbox_retry(item.id, line(exc))
+                blocked.add(item.job_id)
+                raise
+        return done
+
+    def _state_current(self, job_id: str) -> bool:
+        state = self.store.job(job_id).chain
+        return bool(self.chain.call("isCurrent", state.job_id, state.job.as_tuple()))
+
+
+class SpecFetcher:
+    """The spec fetcher's pass: each ``pending_spec`` job's spec from IPFS, queued or invalid."""
+
+    def __init__(self, store: Store, ipfs: IpfsStore) -> None:
+        self.store = store
+        self.ipfs = ipfs
+
+    def once(self) -> int:
+        jobs = self.store.pending_specs(limit=16)
+        for job in jobs:
+            spec, reason = self.fetch(job.spec_cid)
+            if spec is None and reason.startswith("retry:"):
+                if time.time() - job.created_at < 120:
+                    continue  # IPFS may be catching up; try again on the next pass
+                reason = reason.removeprefix("retry:")
+            state = self.store.set_spec(job.job_id, spec, reason)
+            log.info("job %s spec %s: %s", job.job_id, job.spec_cid, state if spec else reason)
+        return 0  # sleep a period between passes: specs wait on IPFS, not on us
+
+    def fetch(self, cid: str) -> tuple[JobSpec | None, str]:
+        """The job spec at ``cid``, or None and why (``retry:`` prefix: try again later)."""
+        try:
+            data = self.ipfs.cat(cid, max_bytes=MAX_SPEC_BYTES, timeout_s=5.0)
+        except ValueError as exc:
+            return None, f"job spec {cid} is unusable: {exc}"
+        except Exception as exc:
+            return None, f"retry:job spec {cid} not retrievable from IPFS: {line(exc)}"
+        try:
+            if not any(bytes_cid(data, p) == cid for p in params_for(cid)):
+                return None, f"job spec bytes do not hash to {cid}"
+        except CidError as exc:
+            return None, f"job spec CID {cid} is invalid: {exc}"
+        try:
+            return JobSpec.from_bytes(data), ""
+        except ValueError as exc:
+            return None, f"job spec {cid} is invalid: {line(exc)}"
+
+
+class Verifier:
+    """The verifier's pass: each ``verifying`` job's output checked (``scheduler/verify.py``),
+    the verdict handed to the store, the outbox woken to send it."""
+
+    def __init__(
+        self,
+        store: Store,
+        ipfs: IpfsStore,
+        settings: Settings,
+        count: Callable[[str], None],
+        wake_outbox: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.ipfs = ipfs
+        self.settings = settings
+        self.count = count
+        self.wake_outbox = wake_outbox
+
+    def once(self) -> int:
+        jobs = self.store.verifying(limit=4)
+        for job in jobs:
+            assert job.spec is not None
+            cid = job.output_cid or job.chain.output_cid
+            if cid is None:
+                self.store.verified(job.job_id, False, "no output CID")
+                continue
+            report = job.result
+            if report is not None and report.reason is not RunReason.SUCCEEDED:
+                self.store.verified(job.job_id, False, f"run ended with {report.reason.value}")
+                continue
+            work = Path(self.settings.work_dir)
+            work.mkdir(parents=True, exist_ok=True)
+            verdict = verify_output(
+                self.ipfs,
+                cid,
+                max_bytes=job.spec.limits.output_max_bytes,
+                timeout_s=self.settings.verify_timeout_s,
+                work_dir=work,
+            )
+            self.count("verified_ok" if verdict.ok else "verified_bad")
+            self.store.verified(job.job_id, verdict.ok, verdict.message)
+            self.wake_outbox()
+        return len(jobs)
+
+
+def line(exc: BaseException) -> str:
+    """An exception as one short line: its type and the first line of its message."""
+    text_ = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text_[0] if text_ else ''}"[:300]

@@ -1,0 +1,160 @@
+"""One scheduler replica: the store, the chain client, IPFS, and the background workers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+
+from gridmarket.chain import Deployment, EscrowClient
+from gridmarket.ipfs import IpfsStore
+from gridmarket.wire import checksum
+from scheduler.settings import Settings
+from scheduler.store import Store
+
+from .leader import LeaderLock
+from .loops import OutboxLoop, SpecFetcher, Verifier, Wakes, Watch, run_loop, sweep
+from .outbox_rules import OutboxRules
+
+__all__ = ["Replica", "Worker"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Worker:
+    name: str
+    fn: Callable[[threading.Event], None]
+    thread: threading.Thread | None = None
+
+
+class Replica:
+    """Owns the store, the chain client and the background workers of one replica."""
+
+    def __init__(self, settings: Settings, store: Store | None = None) -> None:
+        self.settings = settings
+        self.store = store or Store(settings.database_url)
+        self.deployment = Deployment.load(Path(settings.deployment_file))
+        self.chain = EscrowClient.connect(settings.rpc_url, self.deployment)
+        key = settings.operator_key
+        self.operator: LocalAccount | None = (
+            Account.from_key(key.get_secret_value()) if key is not None else None
+        )
+        self.operator_address = checksum(str(self.chain.call("operator")))
+        if self.operator is not None and self.operator.address != self.operator_address:
+            raise ValueError(
+                f"operator_key is for {self.operator.address}, but the escrow's operator is "
+                f"{self.operator_address}"
+            )
+        self.fee_bps = int(self.chain.call("feeBps"))
+        self.ipfs = IpfsStore(
+            settings.ipfs_api,
+            timeout=settings.ipfs_timeout_s,
+            resolve_timeout=settings.verify_timeout_s,
+        )
+        self.is_leader = False
+        self._stop = threading.Event()
+        self._workers: list[Worker] = []
+        self._leader = LeaderLock(self.store)
+        self._wakes = Wakes()
+        self.counters: dict[str, int] = {}
+        self.specs = SpecFetcher(self.store, self.ipfs)
+
+    @property
+    def chain_id(self) -> int:
+        return self.deployment.chain_id
+
+    @property
+    def escrow(self) -> str:
+        return self.deployment.escrow
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+    def wake(self, name: str) -> None:
+        """Run the leader loop ``name`` (specs, outbox, verifier) now instead of at its next
+        period; a no-op on a replica that does not lead. Safe from any thread."""
+        self._wakes.wake(name)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self.store.migrate()
+        cursor = self.store.chain_cursor()
+        head = int(self.chain.w3.eth.block_number)
+        if cursor is not None and cursor > head:
+            raise RuntimeError(
+                f"the database at {self.settings.database_url} has read the chain up to block "
+                f"{cursor}, but {self.settings.rpc_url} is at block {head}: it belongs to "
+                "another chain (a restarted devnet?). Use a fresh database."
+            )
+        self._workers = [
+            Worker("sweeper", lambda stop: sweep(self.store, self.settings, stop)),
+            Worker("leader", self._lead),
+        ]
+        for w in self._workers:
+            w.thread = threading.Thread(target=self._guard, args=(w,), name=w.name, daemon=True)
+            w.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for w in self._workers:
+            if w.thread is not None:
+                w.thread.join(timeout=10)
+        self._leader.close()
+        self.ipfs.close()
+        self.store.close()
+
+    def _guard(self, worker: Worker) -> None:
+        while not self._stop.is_set():
+            try:
+                worker.fn(self._stop)
+                return
+            except Exception:
+                log.exception("worker %s crashed; restarting in 1 s", worker.name)
+                self._stop.wait(1.0)
+
+    def _lead(self, stop: threading.Event) -> None:
+        """Wait for the leader's lock, then run the leader's loops until stopped."""
+        while not stop.is_set():
+            if not self._leader.try_lead():
+                stop.wait(2.0)
+                continue
+            self.is_leader = True
+            log.info(
+                "replica %s leads: chain watcher, outbox, specs, verifier", self.settings.replica_id
+            )
+            self._run_leader_loops(stop)
+            return
+
+    def _run_leader_loops(self, stop: threading.Event) -> None:
+        watch = Watch(self.store, self.chain, self.deployment, self.settings, self._created)
+        rules = OutboxRules(self.store, self.count)
+        outbox = OutboxLoop(self.store, self.chain, self.operator, rules)
+        verifier = Verifier(
+            self.store, self.ipfs, self.settings, self.count, lambda: self.wake("outbox")
+        )
+        loops: list[tuple[str, Callable[[], int], float]] = [
+            ("watcher", watch.once, self.settings.chain_poll_s),
+            ("outbox", outbox.once, 0.25),
+            ("specs", self.specs.once, 0.5),
+            ("verifier", verifier.once, 0.5),
+        ]
+        threads = [
+            threading.Thread(
+                target=run_loop, args=(name, fn, period, stop, self._wakes), name=name, daemon=True
+            )
+            for name, fn, period in loops
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def _created(self, n: int) -> None:
+        self.count("jobs_seen", n)
+        self.wake("specs")
