@@ -16,6 +16,9 @@ from alembic.migration import MigrationContext
 
 from gridmarket.chain import Event
 from gridmarket.wire import JobSpec, NodeCapacityIn, ResultReport, RunReason
+from scheduler import lifecycle
+from scheduler.lifecycle import Event as Event_
+from scheduler.lifecycle import State
 from scheduler.store import Claim, ConflictError, ReplayError, Store
 from scheduler.store.tables import metadata
 
@@ -190,6 +193,80 @@ def test_hand_back_requeues_without_penalty(store: Store) -> None:
     assert store.hand_back(jid(1), a) == "queued"
     job = store.job(jid(1))
     assert job.excluded == () and store.node(a).reputation.bad == 0
+
+
+def refunded(n: int, block: int) -> Event:
+    return Event(
+        name="JobRefunded",
+        args={"jobId": n.to_bytes(32, "big"), "submitter": SUBMITTER, "amount": 10**17},
+        block=block,
+        tx_hash="0x" + "cd" * 32,
+        log_index=0,
+    )
+
+
+def test_every_state_the_store_writes_is_a_row_of_the_lifecycle_table(store: Store) -> None:
+    """Walk jobs through the store's transitions; each state change must be one the table
+    allows, either directly or through the queue's follow-ups (attempts used up, deadline)."""
+    steps: set[tuple[str, str]] = set()
+
+    def do(job_id: str, fn: Any) -> None:
+        before = store.job(job_id).state
+        fn()
+        after = store.job(job_id).state
+        if after != before:
+            steps.add((before, after))
+
+    def lease(job_id: str, node_id: str) -> None:
+        pick = [j for j in store.jobs(state="queued") if j.job_id == job_id]
+        won = store.dispatch(
+            lambda rows: [Claim(job_id, node_id)] if pick else [], limit=8, lease_ttl=30.0
+        )
+        assert [c.job.job_id for c in won] == [job_id]
+
+    one, two, three, four = queue_jobs(store, 4)
+    a, b, c = (node(store, w) for w in WALLETS[:3])
+    do(one, lambda: lease(one, a))  # paid
+    do(one, lambda: store.record_result(one, a, ok_report(attempt=1)))
+    do(one, lambda: store.verified(one, True, "ok"))
+    do(one, lambda: store.settled(one, paid=True))
+    do(two, lambda: lease(two, b))  # rejected, handed back, refused for good
+    do(two, lambda: store.record_result(two, b, ok_report(attempt=1)))
+    do(two, lambda: store.verified(two, False, "bad"))
+    do(two, lambda: store.settled(two, paid=False))
+    do(two, lambda: lease(two, c))
+    do(two, lambda: store.hand_back(two, c))
+    do(two, lambda: lease(two, c))
+    attempt = store.job(two).attempt
+    do(two, lambda: store.assign_failed(two, attempt, "JobEscrowDeadlinePassed(1, 2)"))
+    do(three, lambda: store.fail_job(three, "settle refused on-chain"))  # given up
+    do(four, lambda: store.apply_chain_events([refunded(4, block=11)], through_block=11))
+    assert [store.job(j).state for j in (one, two, three, four)] == [
+        "released",
+        "failed",
+        "failed",
+        "refunded",
+    ]
+    queued = State.QUEUED
+    follow_ups = (Event_.ATTEMPTS_USED_UP, Event_.DEADLINE_PASSED)
+    via_queue = {lifecycle.target(queued, e) for e in follow_ups}
+    for before, after in steps:
+        direct = {lifecycle.target(before, e) for e in lifecycle.Event}
+        assert after in direct or (queued in direct and after in via_queue), (before, after)
+    assert len(steps) == 9, steps
+
+
+def test_a_move_the_table_refuses_changes_nothing(store: Store) -> None:
+    queue_jobs(store, 1)
+    a = node(store)
+    take(store, a)
+    assert store.settled(jid(1), paid=True) == "leased"  # not settling: nothing to pay
+    assert store.verified(jid(1), True, "ok") == "leased"
+    job = store.job(jid(1))
+    assert (job.state, job.node_id) == ("leased", a)
+    assert store.node(a).running == 1 and store.node(a).jobs_done == 0
+    with pytest.raises(ConflictError, match="not leased"):
+        store.hand_back(jid(1), node(store, WALLETS[1]))
 
 
 def test_concurrent_claims_across_two_replicas_are_exactly_once(db_url: str) -> None:
