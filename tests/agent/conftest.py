@@ -12,7 +12,7 @@ import pytest
 from agent.executors.docker import DockerExecutor
 from agent.executors.wasm import WasmExecutor
 from agent.storage.ipfs import IpfsStorage
-from gridmarket.devstack.ipfs import IpfsDaemon
+from devstack.ipfs import IpfsDaemon
 
 warnings.filterwarnings("ignore", message="The 'strict' parameter", category=FutureWarning)
 

@@ -34,13 +34,13 @@ from agent.config import AgentConfig, load_config
 from agent.daemon import Agent, build_agent
 from agent.keystore import create_keystore
 from agent.storage.ipfs import IpfsStorage
+from devstack.anvil import free_port
+from devstack.dockerd import Dockerd
+from devstack.ipfs import IpfsDaemon
+from devstack.scheduler import SchedulerProcess
 from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.cid import path_cid
 from gridmarket.deploy import EscrowParams, deploy_escrow
-from gridmarket.devstack.anvil import free_port
-from gridmarket.devstack.dockerd import Dockerd
-from gridmarket.devstack.ipfs import IpfsDaemon
-from gridmarket.devstack.scheduler import SchedulerProcess
 from gridmarket.escrow import Status
 from gridmarket.wire import API, ExecutorKind, JobSpec
 from tests.agent import wat

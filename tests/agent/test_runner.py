@@ -25,8 +25,8 @@ from agent.executors.docker import DockerExecutor
 from agent.executors.wasm import WasmExecutor
 from agent.runner import IpfsProbe, JobRunner, decode_tail, limits_for
 from agent.storage.ipfs import IpfsStorage
+from devstack.ipfs import IpfsDaemon
 from gridmarket.cid import bytes_cid, path_cid
-from gridmarket.devstack.ipfs import IpfsDaemon
 from gridmarket.eip712 import recover_result_signer
 from gridmarket.wire import MAX_LOG_CHARS, Assignment, ExecutorKind, JobSpec, RunReason
 from tests.agent import wat

@@ -14,9 +14,9 @@ from multiformats import CID
 from agent.errors import DatasetTooLargeError, DatasetVerificationError, StorageError
 from agent.storage import Storage
 from agent.storage.ipfs import IpfsStorage
+from devstack.ipfs import IpfsDaemon
 from gridmarket import cid as cidlib
 from gridmarket.cid import V0, normalize_cid, path_cid
-from gridmarket.devstack.ipfs import IpfsDaemon
 
 
 def _add_bytes(client: ipfshttpclient.Client, data: bytes, **kwargs: object) -> str:

@@ -23,12 +23,12 @@ import httpx
 import pytest
 from eth_account.signers.local import LocalAccount
 
+from devstack._process import ROOT, ManagedProcess, ServiceError
+from devstack.anvil import free_port
+from devstack.ipfs import IpfsDaemon
+from devstack.scheduler import SchedulerProcess
 from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.deploy import EscrowParams, deploy_escrow
-from gridmarket.devstack._process import ROOT, ManagedProcess, ServiceError
-from gridmarket.devstack.anvil import free_port
-from gridmarket.devstack.ipfs import IpfsDaemon
-from gridmarket.devstack.scheduler import SchedulerProcess
 from tests.agent import wat
 from tests.conftest import Devnet
 

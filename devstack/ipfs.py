@@ -18,16 +18,16 @@ import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 
-from gridmarket.devstack._process import ROOT, ManagedProcess, ServiceError, log_tail, pid_alive
+from devstack._process import ROOT, ManagedProcess, Service, ServiceError, log_tail, pid_alive
 
 __all__ = ["IpfsDaemon", "ServiceError"]
 
 _LOCALHOST_ANY_PORT = "/ip4/127.0.0.1/tcp/0"
 
 
-class IpfsDaemon:
+class IpfsDaemon(Service):
     """A js-ipfs daemon owned by this process; a context manager (``stop`` on exit)."""
 
     def __init__(
@@ -47,7 +47,6 @@ class IpfsDaemon:
         self.node = node
         self.start_timeout = start_timeout
         self._pidfile = self.work_dir / "ipfs.pid"
-        self._proc: ManagedProcess | None = None
         self.api_addr = ""
         """Multiaddr of the RPC API, e.g. ``/ip4/127.0.0.1/tcp/41234/http`` (ipfshttpclient)."""
         self.api_url = ""
@@ -55,7 +54,7 @@ class IpfsDaemon:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> IpfsDaemon:
+    def start(self) -> Self:
         if self._proc is not None:
             return self
         node = shutil.which(self.node)
@@ -69,42 +68,22 @@ class IpfsDaemon:
         if not (self.repo / "config").is_file():
             self._init(node, env)
         self._configure()
-        self._proc = ManagedProcess(
+        proc = ManagedProcess(
             "js-ipfs daemon",
             [node, str(self.cli), "daemon", "--offline", "--enable-preload=false"],
             self.log_path,
             env=env,
             cwd=self.work_dir,
         )
-        try:
-            self._proc.start()
-            self._pidfile.write_text(str(self._proc.pid))
-            self._proc.wait_ready(self._ready, self.start_timeout)
-        except ServiceError:
-            self.stop()
-            raise
+        self._launch(
+            proc, self._ready, self.start_timeout, lambda pid: self._pidfile.write_text(str(pid))
+        )
         return self
 
     def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.stop()
-            self._proc = None
+        super().stop()
         self._pidfile.unlink(missing_ok=True)
         (self.repo / "api").unlink(missing_ok=True)
-
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.running()
-
-    def __enter__(self) -> IpfsDaemon:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # ------------------------------------------------------------------ steps
 
