@@ -150,7 +150,7 @@ def _password(config: AgentConfig, *, confirm: bool = False) -> str:
 
 
 def _account(config: AgentConfig) -> LocalAccount:
-    from agent.keystore import load_account
+    from gridmarket.keystore import load_account
 
     return load_account(config.keystore, _password(config))
 
@@ -200,7 +200,7 @@ def init(
     force: Annotated[bool, typer.Option(help="replace an existing keystore")] = False,
 ) -> None:
     """Create a new wallet key (or import one) into an encrypted keystore (mode 0600)."""
-    from agent.keystore import create_keystore
+    from gridmarket.keystore import create_keystore
 
     _setup_logging(_opts(ctx).verbose, default=logging.WARNING)
     config = _config(ctx, keystore=keystore)
@@ -232,7 +232,7 @@ def init(
 
 
 def _detect_payload(config: AgentConfig) -> dict[str, Any]:
-    from agent.daemon import usable_executors
+    from agent.capacity import usable_executors
     from agent.hardware import detect_hardware
 
     report = detect_hardware(config.work_dir)
@@ -375,9 +375,9 @@ def _metadata_cid(config: AgentConfig, metadata: bytes) -> str:
         folder.mkdir()
         (folder / "node.json").write_bytes(metadata)
         try:
-            from agent.storage.ipfs import IpfsStorage
+            from agent.storage.ipfs import AgentIpfsStore
 
-            with IpfsStorage(config.ipfs_api, timeout=30) as storage:
+            with AgentIpfsStore(config.ipfs_api, timeout=30) as storage:
                 return storage.add_dir(folder)
         except AgentError as exc:
             log.warning("metadata not added to IPFS (%s); registering its CID anyway", exc)
@@ -401,8 +401,8 @@ def register(
     ] = None,
 ) -> None:
     """Sign this node's registration and send it to the scheduler; print the node id."""
-    from agent.client import SchedulerClient, agent_version
-    from agent.daemon import node_capacity, usable_executors
+    from agent.capacity import node_capacity, usable_executors
+    from agent.client import NodeSession, agent_version
     from agent.hardware import detect_hardware
 
     _setup_logging(_opts(ctx).verbose, default=logging.WARNING)
@@ -433,7 +433,7 @@ def register(
         ).encode()
         tx = _stake_on_chain(config, account, wei, metadata)
         typer.echo(f"registered on-chain with {stake} ETH staked (tx {tx})")
-    with SchedulerClient(
+    with NodeSession(
         config.scheduler_url,
         account,
         name=config.name,
@@ -493,7 +493,7 @@ def run(
     # httpcore imports trio whenever it is installed (eth-ape's dependencies install it): 3.4 MB
     # of RSS the daemon never uses (it is synchronous). Refuse the import in this process only.
     sys.modules.setdefault("trio", None)  # type: ignore[arg-type]
-    from agent.daemon import build_agent
+    from agent.assembly import build_agent
 
     config = _config(ctx, scheduler_url=scheduler_url, region=region, slots=slots)
     steps = None

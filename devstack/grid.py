@@ -272,7 +272,7 @@ def start_agent(
     home.mkdir(parents=True, exist_ok=True)
     keystore = home / "keystore.json"
     if not keystore.exists():
-        from agent.keystore import create_keystore
+        from gridmarket.keystore import create_keystore
 
         create_keystore(
             keystore,

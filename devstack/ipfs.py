@@ -1,7 +1,7 @@
 """Start and stop a local, offline js-ipfs daemon (npm ``ipfs@0.66.1``) speaking the Kubo RPC API.
 
     with IpfsDaemon(work_dir).start() as ipfs:
-        storage = IpfsStorage(ipfs.api_addr)
+        storage = AgentIpfsStore(ipfs.api_addr)
 
 The repository lives in ``<work_dir>/repo`` (initialised once, reused by later starts), the log in
 ``<work_dir>/ipfs.log``. The daemon listens on 127.0.0.1 only, on ports the OS picks, with no

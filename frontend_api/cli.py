@@ -78,8 +78,9 @@ def friendly(fn: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        from gridmarket.keystore import KeystoreError
+
         from .jobfile import JobFileError
-        from .keystore import KeystoreError
 
         try:
             return fn(*args, **kwargs)
@@ -167,13 +168,13 @@ def _password(opts: Options, confirm: bool = False) -> str:
 
 
 def _account(opts: Options) -> Any:
-    from .keystore import load_account
+    from gridmarket.keystore import load_account
 
     return load_account(opts.keystore, _password(opts))
 
 
 def _address(opts: Options) -> str:
-    from .keystore import keystore_address
+    from gridmarket.keystore import keystore_address
 
     return keystore_address(opts.keystore)
 
@@ -245,7 +246,7 @@ def init(
     force: Annotated[bool, typer.Option(help="replace an existing keystore")] = False,
 ) -> None:
     """Create your wallet's encrypted keystore; print its address (fund it to submit jobs)."""
-    from .keystore import create_keystore
+    from gridmarket.keystore import create_keystore
 
     opts = _opts(ctx)
     key = None

@@ -170,7 +170,7 @@ def frontend_stack(
     )
     frontend.start()
 
-    from agent.keystore import create_keystore  # the provider's tool, used as a provider would
+    from gridmarket.keystore import create_keystore  # the provider's tool, used as a provider would
 
     keystore = tmp / "agent-keystore.json"
     create_keystore(keystore, AGENT_PASSWORD, private_key=bytes(provider.key), iterations=2**10)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from frontend_api.keystore import create_keystore, keystore_address
 from gridmarket.cid import path_cid
+from gridmarket.keystore import create_keystore, keystore_address
 from tests.frontend.conftest import FrontendStack
 
 ROOT = Path(__file__).resolve().parents[2]
