@@ -38,11 +38,11 @@ from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
 from gridmarket.tiers import vram_class
+from gridmarket.wire import ExecutorKind
 
 from .models import (
     ClaimError,
     DuplicateNodeError,
-    Executor,
     Gate,
     JobRequirements,
     NodeCapacity,
@@ -102,7 +102,7 @@ class NodeLike(Protocol):
     @property
     def price(self) -> int: ...
     @property
-    def executors(self) -> frozenset[Executor]: ...
+    def executors(self) -> frozenset[ExecutorKind]: ...
     @property
     def model(self) -> str: ...
     @property
@@ -132,7 +132,7 @@ class NodeView:
     node_id: str
     region: str
     price: int
-    executors: frozenset[Executor]
+    executors: frozenset[ExecutorKind]
     model: str
     vram_mib: int
     speed: float
@@ -345,7 +345,7 @@ class _Node:
         )
 
 
-_BucketKey = tuple[Executor, str | None, int, int, str, float, int, int, int]
+_BucketKey = tuple[ExecutorKind, str | None, int, int, str, float, int, int, int]
 
 
 class _Bucket:
@@ -387,7 +387,7 @@ class _Bucket:
 class _Shape(NamedTuple):
     """The part of a job that decides which buckets can hold its match, and in what order."""
 
-    executor: Executor
+    executor: ExecutorKind
     region: str | None
     gpu_count: int
     vclass: int
@@ -467,13 +467,13 @@ class MatchingEngine:
         self._nodes: dict[str, _Node] = {}
         self._claims: dict[str, _Node] = {}  # job id -> node
         self._buckets: dict[_BucketKey, _Bucket] = {}
-        self._regional: dict[Executor, list[_Bucket]] = {e: [] for e in Executor}
-        self._pooled: dict[Executor, list[_Bucket]] = {e: [] for e in Executor}
+        self._regional: dict[ExecutorKind, list[_Bucket]] = {e: [] for e in ExecutorKind}
+        self._pooled: dict[ExecutorKind, list[_Bucket]] = {e: [] for e in ExecutorKind}
         self._shapes: OrderedDict[_Shape, _Candidates] = OrderedDict()
         self._n_banned = 0
         self._n_full = 0
         self._n_indexed = 0
-        self._n_by_executor: dict[Executor, int] = dict.fromkeys(Executor, 0)
+        self._n_by_executor: dict[ExecutorKind, int] = dict.fromkeys(ExecutorKind, 0)
 
     # ----------------------------------------------------------------- registry
     def __len__(self) -> int:

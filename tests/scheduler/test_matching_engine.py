@@ -11,7 +11,7 @@ import pytest
 from scheduler.matching import (
     ClaimError,
     DuplicateNodeError,
-    Executor,
+    ExecutorKind,
     Gate,
     JobRequirements,
     Match,
@@ -51,7 +51,7 @@ def why(engine: MatchingEngine, requirements: JobRequirements) -> Gate | None:
 GATE_CASES: list[tuple[Gate, dict[str, Any], dict[str, Any]]] = [
     (Gate.REPUTATION, {"reputation": 0.1}, {}),
     (Gate.REPUTATION, {"suspended": True}, {}),
-    (Gate.EXECUTOR, {"executors": frozenset({Executor.WASM})}, {}),
+    (Gate.EXECUTOR, {"executors": frozenset({ExecutorKind.WASM})}, {}),
     (Gate.REGION, {"region": "eu-west"}, {"region": "us"}),
     (Gate.GPU_COUNT, {"model": None}, {}),
     (Gate.CPU_CORES, {"cpu_cores": 2}, {}),
@@ -276,7 +276,7 @@ def test_ban_line_is_configurable() -> None:
 # --------------------------------------------------------------------------- why not
 def test_why_not_counts_each_node_under_its_first_failed_gate() -> None:
     engine = engine_with(
-        node("wasm-only", executors=frozenset({Executor.WASM})),
+        node("wasm-only", executors=frozenset({ExecutorKind.WASM})),
         node("small-1", "rtx-3060"),
         node("small-2", "rtx-3060"),
         node("small-3", "rtx-3060", price_floor_wei_per_hour=10_000),  # VRAM comes first
