@@ -15,22 +15,23 @@ traceback (``-v`` logs the traceback as well).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from agent.config import AgentConfig, ConfigError, load_config
 from agent.errors import AgentError
+from gridmarket.cmdline import command_app, one_line, prompt_password, root_options
+from gridmarket.cmdline import friendly as cmdline_friendly
 from gridmarket.keystore import KeystoreError
 
 if TYPE_CHECKING:
@@ -44,19 +45,13 @@ __all__ = ["app", "main"]
 
 log = logging.getLogger("agent")
 
-app = typer.Typer(
-    name="gridmarket-agent",
-    help="GridMarket provider agent: run sandboxed jobs for the marketplace and get paid.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+app = command_app(
+    "gridmarket-agent",
+    "GridMarket provider agent: run sandboxed jobs for the marketplace and get paid.",
 )
 
 NODE_FILE = "node.json"
 """Written under ``work_dir`` after each registration: what ``status`` needs to find the node."""
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
 class CliError(AgentError):
@@ -70,44 +65,13 @@ class _Options:
 
 
 def _opts(ctx: typer.Context) -> _Options:
-    obj = ctx.find_root().obj
-    return obj if isinstance(obj, _Options) else _Options(None, False)
+    return root_options(ctx, _Options) or _Options(None, False)
 
 
 # --------------------------------------------------------------------------- plumbing
 
-
-def _fail(message: str, code: int = 1) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
-
-
-def friendly(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn any failure of a command into one line on stderr and exit status 1."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort, SystemExit):
-            raise
-        except KeyboardInterrupt:
-            typer.echo("interrupted", err=True)
-            raise typer.Exit(130) from None
-        except (AgentError, KeystoreError) as exc:
-            log.debug("command failed", exc_info=True)
-            _fail(_one_line(exc))
-        except Exception as exc:  # anything else: still one line, the traceback only with -v
-            log.debug("command failed", exc_info=True)
-            _fail(f"{type(exc).__name__}: {_one_line(exc)}")
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    return wrapper
+friendly = cmdline_friendly(lambda: (AgentError, KeystoreError), log)
+"""Any failure of a command: one line on stderr, exit status 1 (the traceback with ``-v``)."""
 
 
 def _setup_logging(verbose: bool, *, default: int, console: Console | None = None) -> None:
@@ -140,13 +104,13 @@ def _password(config: AgentConfig, *, confirm: bool = False) -> str:
     password = config.read_password()
     if password is not None:
         return password
-    if not sys.stdin.isatty():
+    password = prompt_password(confirm=confirm)
+    if password is None:
         raise ConfigError(
             "no keystore password: set GRIDMARKET_AGENT_PASSWORD or password_file "
             "(GRIDMARKET_AGENT_PASSWORD_FILE), or run on a terminal to be asked"
         )
-    value: str = typer.prompt("Keystore password", hide_input=True, confirmation_prompt=confirm)
-    return value
+    return password
 
 
 def _account(config: AgentConfig) -> LocalAccount:
@@ -356,10 +320,10 @@ def _stake_on_chain(config: AgentConfig, account: LocalAccount, wei: int, metada
         escrow = EscrowClient.connect(config.rpc_url, Deployment.load(config.deployment))
         sent = escrow.send(account, "registerProvider", cid, value=wei)
     except ChainError as exc:
-        raise CliError(f"on-chain registration failed: {_one_line(exc)}") from None
+        raise CliError(f"on-chain registration failed: {one_line(exc)}") from None
     except Exception as exc:  # the RPC node unreachable, and web3's other transport errors
         raise CliError(
-            f"on-chain registration failed ({config.rpc_url}): {_one_line(exc)}"
+            f"on-chain registration failed ({config.rpc_url}): {one_line(exc)}"
         ) from None
     return sent.tx_hash
 
@@ -552,7 +516,7 @@ def status(
             "run `gridmarket-agent register` or `gridmarket-agent run`"
         ) from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CliError(f"{path} is unreadable: {_one_line(exc)}") from None
+        raise CliError(f"{path} is unreadable: {one_line(exc)}") from None
     url = config.scheduler_url + API.NODE.format(node_id=node_id)
     try:
         response = httpx.get(url, timeout=config.request_timeout_s)
