@@ -1,7 +1,7 @@
 """The submitter CLI (``python -m frontend_api.submitter_cli``, the ``gridmarket`` console
-script) from a terminal against the real stack: init a keystore, submit the WASM example until Released, then
-status, logs, get (verified), jobs; cancel and withdraw; and bad job files refused with the
-field named before anything is uploaded or funded.
+script) from a terminal against the real stack: init a keystore, submit the WASM example until
+Released, then status, logs, get (verified), jobs; cancel and withdraw; and bad job files
+refused with the field named before anything is uploaded or funded.
 """
 
 from __future__ import annotations
