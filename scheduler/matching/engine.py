@@ -461,9 +461,21 @@ class MatchingEngine:
     several slots takes several jobs while it has free resources for them.
     """
 
-    def __init__(self, *, ban_below: float = DEFAULT_BAN_BELOW, max_shapes: int = 4096) -> None:
+    def __init__(
+        self,
+        *,
+        ban_below: float = DEFAULT_BAN_BELOW,
+        max_shapes: int = 4096,
+        compact_after: int = 1024,
+    ) -> None:
+        """``compact_after``: empty buckets (nodes moved on, left) are dropped, with the shape
+        cache, once there are more than this many and they are over half of all buckets, so
+        a long-lived engine does not accumulate them; the cost is amortised over the moves
+        that emptied them."""
         self.ban_below = ban_below
         self._max_shapes = max_shapes
+        self._compact_after = compact_after
+        self._n_empty = 0  # buckets with no entries (created empty, or emptied)
         self._nodes: dict[str, _Node] = {}
         self._claims: dict[str, _Node] = {}  # job id -> node
         self._buckets: dict[_BucketKey, _Bucket] = {}
@@ -698,6 +710,7 @@ class MatchingEngine:
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = _Bucket(key)
+            self._n_empty += 1
             pool = self._pooled if bucket.region is None else self._regional
             pool[bucket.executor].append(bucket)
             for shape, candidates in self._shapes.items():
@@ -734,6 +747,8 @@ class MatchingEngine:
                     dclass,
                 )
                 bucket = self._bucket(key)
+                if not bucket.entries:
+                    self._n_empty -= 1
                 bisect.insort(bucket.entries, entry)
                 node.entries.append((bucket, entry))
 
@@ -749,13 +764,19 @@ class MatchingEngine:
                 i = bisect.bisect_left(entries, entry)
                 assert entries[i] is entry
                 del entries[i]
+                if not entries:
+                    self._n_empty += 1
                 if bucket.region is not None:
                     self._n_by_executor[bucket.executor] -= 1
             node.entries.clear()
         node.state = _NEW
+        if self._n_empty > self._compact_after and 2 * self._n_empty > len(self._buckets):
+            self.compact()
 
     def compact(self) -> int:
-        """Drop empty buckets and the shape cache; returns how many buckets were dropped."""
+        """Drop empty buckets and the shape cache; returns how many buckets were dropped.
+
+        Runs by itself as buckets empty (``compact_after``); callable at any time."""
         empty = [key for key, b in self._buckets.items() if not b.entries]
         for key in empty:
             del self._buckets[key]
@@ -763,6 +784,7 @@ class MatchingEngine:
             for executor, buckets in pool.items():
                 pool[executor] = [b for b in buckets if b.entries]
         self._shapes.clear()
+        self._n_empty = 0
         return len(empty)
 
     def stats(self) -> dict[str, int]:
@@ -774,5 +796,6 @@ class MatchingEngine:
             "banned": self._n_banned,
             "claims": len(self._claims),
             "buckets": len(self._buckets),
+            "empty_buckets": self._n_empty,
             "cached_shapes": len(self._shapes),
         }
