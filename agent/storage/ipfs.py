@@ -15,7 +15,8 @@ __all__ = ["MAX_DEPTH", "AgentIpfsStore"]
 
 
 class AgentIpfsStore(IpfsStore):
-    """:class:`agent.storage.Storage` on an IPFS daemon; a context manager (closes the client)."""
+    """:class:`agent.storage.Storage` on an IPFS daemon: the shared :class:`IpfsStore`, raising
+    the agent's errors; a context manager (closes the client)."""
 
     error = StorageError
     too_large_error = DatasetTooLargeError
