@@ -13,7 +13,7 @@ from agent.client import Backoff, NodeSession
 from agent.config import AgentConfig
 from agent.daemon import Agent
 from agent.runner import IpfsProbe, JobRunner, StepReporter
-from gridmarket.wire import ExecutorKind, RegisterResponse, ResultReport
+from gridmarket.wire import ExecutorKind, NodeCapacityIn, RegisterResponse, ResultReport
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from agent.hardware import HardwareReport
     from agent.storage.ipfs import AgentIpfsStore
 
-__all__ = ["build_agent", "build_runner", "executor_owner"]
+__all__ = ["build_agent", "build_runner", "executor_owner", "node_session"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,22 @@ def build_runner(
     )
 
 
+def node_session(
+    config: AgentConfig, account: LocalAccount, capacity: Callable[[], NodeCapacityIn]
+) -> NodeSession:
+    """The node's session with the scheduler at ``config.scheduler_url``."""
+    from agent.client import agent_version
+
+    return NodeSession(
+        config.scheduler_url,
+        account,
+        name=config.name,
+        capacity=capacity,
+        agent_version=agent_version(),
+        timeout_s=config.request_timeout_s,
+    )
+
+
 def executor_owner(config: AgentConfig, account: LocalAccount) -> str:
     """The label value marking this agent's containers (wallet and node name): several agents
     may share one Docker engine, and each removes only its own leftovers."""
@@ -94,7 +110,6 @@ def build_agent(
     on_registered: Callable[[RegisterResponse], None] | None = None,
 ) -> Agent:
     """The daemon for ``config``: detects hardware and executors, wires client and runner."""
-    from agent.client import agent_version
     from agent.hardware import detect_hardware
 
     kinds, notes = usable_executors(config)
@@ -102,15 +117,7 @@ def build_agent(
         log.warning("%s: serving %s jobs only", note, " and ".join(kinds))
     if report is None:
         report = detect_hardware(config.work_dir)
-    capacity = node_capacity(config, report, kinds)
-    client = NodeSession(
-        config.scheduler_url,
-        account,
-        name=config.name,
-        capacity=capacity,
-        agent_version=agent_version(),
-        timeout_s=config.request_timeout_s,
-    )
+    client = node_session(config, account, node_capacity(config, report, kinds))
     runner = build_runner(config, account, kinds, steps=steps)
     return Agent(
         client,

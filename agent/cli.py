@@ -365,8 +365,9 @@ def register(
     ] = None,
 ) -> None:
     """Sign this node's registration and send it to the scheduler; print the node id."""
+    from agent.assembly import node_session
     from agent.capacity import node_capacity, usable_executors
-    from agent.client import NodeSession, agent_version
+    from agent.client import agent_version
     from agent.hardware import detect_hardware
 
     _setup_logging(_opts(ctx).verbose, default=logging.WARNING)
@@ -397,14 +398,7 @@ def register(
         ).encode()
         tx = _stake_on_chain(config, account, wei, metadata)
         typer.echo(f"registered on-chain with {stake} ETH staked (tx {tx})")
-    with NodeSession(
-        config.scheduler_url,
-        account,
-        name=config.name,
-        capacity=capacity,
-        agent_version=agent_version(),
-        timeout_s=config.request_timeout_s,
-    ) as client:
+    with node_session(config, account, capacity) as client:
         registration = client.register()
     _save_node(config, registration, account.address)
     typer.echo(registration.node_id)

@@ -187,6 +187,23 @@ class Service:
         self.stop()
 
 
+def clear_stale_pidfile(pidfile: Path, what: str) -> None:
+    """Remove ``pidfile`` when the process it names is gone; ServiceError when it still runs
+    (``what`` names it in the message: ``"a dockerd (pid 12) already uses ..."``)."""
+    if not pidfile.exists():
+        return
+    try:
+        pid = int(pidfile.read_text().strip() or 0)
+    except ValueError:
+        pid = 0
+    if pid and pid_alive(pid):
+        raise ServiceError(
+            f"{what} (pid {pid}) already uses {pidfile}: stop it (kill {pid}) or use another "
+            "work dir"
+        )
+    pidfile.unlink()
+
+
 def pid_alive(pid: int) -> bool:
     """True when ``pid`` runs; a zombie (exited, never reaped by its new parent) is not alive."""
     try:

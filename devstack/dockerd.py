@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Self
 
-from devstack._process import ManagedProcess, Service, ServiceError, pid_alive
+from devstack._process import ManagedProcess, Service, ServiceError, clear_stale_pidfile
 
 __all__ = ["Dockerd", "ServiceError", "ping"]
 
@@ -118,15 +118,5 @@ class Dockerd(Service):
     # ------------------------------------------------------------------ steps
 
     def _clear_stale_state(self) -> None:
-        if self.pidfile.exists():
-            try:
-                pid = int(self.pidfile.read_text().strip() or 0)
-            except ValueError:
-                pid = 0
-            if pid and pid_alive(pid):
-                raise ServiceError(
-                    f"a dockerd (pid {pid}) already uses {self.pidfile}: "
-                    f"stop it (kill {pid}) or use another work dir"
-                )
-            self.pidfile.unlink()
+        clear_stale_pidfile(self.pidfile, "a dockerd")
         self.socket_path.unlink(missing_ok=True)

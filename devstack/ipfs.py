@@ -20,7 +20,14 @@ import urllib.request
 from pathlib import Path
 from typing import Self
 
-from devstack._process import ROOT, ManagedProcess, Service, ServiceError, log_tail, pid_alive
+from devstack._process import (
+    ROOT,
+    ManagedProcess,
+    Service,
+    ServiceError,
+    clear_stale_pidfile,
+    log_tail,
+)
 
 __all__ = ["IpfsDaemon", "ServiceError"]
 
@@ -97,17 +104,7 @@ class IpfsDaemon(Service):
         return env
 
     def _clear_stale_state(self) -> None:
-        if self._pidfile.exists():
-            try:
-                pid = int(self._pidfile.read_text().strip() or 0)
-            except ValueError:
-                pid = 0
-            if pid and pid_alive(pid):
-                raise ServiceError(
-                    f"a js-ipfs daemon (pid {pid}) already runs on {self.repo}: "
-                    f"stop it (kill {pid}) or use another work dir"
-                )
-            self._pidfile.unlink()
+        clear_stale_pidfile(self._pidfile, "a js-ipfs daemon")
         # A daemon that died keeps its lock (a directory) for 20 s and its api file for ever.
         lock = self.repo / "repo.lock"
         if lock.is_dir():
