@@ -25,8 +25,6 @@ MAX_WEI = 2**96 - 1
 """The largest amount the escrow stores: bounties, stakes and payouts are uint96 wei."""
 MAX_TIMESTAMP = 2**40 - 1
 """The latest time the escrow stores: deadlines are uint40 Unix seconds."""
-MAX_CID_LENGTH = 128
-"""JobEscrow.MAX_CID_LENGTH: the longest spec or output CID it accepts."""
 JOB_EVENTS = frozenset(
     {
         "JobCreated",
