@@ -1,1 +1,19 @@
-"""agent package."""
+"""The provider's node agent (``gridmarket-agent``): detects the hardware, registers the node with
+a message signed by the provider's wallet, long-polls the scheduler for work, runs each job
+sandboxed and reports a signed result.
+
+In the order a node starts and a job runs:
+
+- :mod:`agent.cli`: the command line (init, detect, register, run, status).
+- :mod:`agent.config`: one ``AgentConfig`` from a file, ``GRIDMARKET_AGENT_*`` and flags.
+- :mod:`agent.hardware`: GPUs (NVML, nvidia-smi), CPU, RAM, disk.
+- :mod:`agent.capacity`: which executors can run here, and the capacity the node offers.
+- :mod:`agent.assembly`: the executor factories, the runner and the daemon put together.
+- :mod:`agent.client`: :class:`~agent.client.NodeSession`, the node's session with the
+  scheduler (signed registration, token, heartbeats, next job, results), with backoff.
+- :mod:`agent.daemon`: the pull loop, heartbeats, result delivery and clean shutdown.
+- :mod:`agent.runner`: one job: fetch, execute, upload, sign, report.
+- :mod:`agent.executors` (Docker, WASM) and :mod:`agent.storage` (IPFS): the adapters.
+- :mod:`agent.onchain`: submitting a result from the node's own wallet; :mod:`agent.errors`:
+  the agent's exception tree.
+"""

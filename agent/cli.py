@@ -15,22 +15,23 @@ traceback (``-v`` logs the traceback as well).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from agent.config import AgentConfig, ConfigError, load_config
 from agent.errors import AgentError
+from gridmarket.cmdline import command_app, one_line, prompt_password, root_options
+from gridmarket.cmdline import friendly as cmdline_friendly
 from gridmarket.keystore import KeystoreError
 
 if TYPE_CHECKING:
@@ -44,19 +45,13 @@ __all__ = ["app", "main"]
 
 log = logging.getLogger("agent")
 
-app = typer.Typer(
-    name="gridmarket-agent",
-    help="GridMarket provider agent: run sandboxed jobs for the marketplace and get paid.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+app = command_app(
+    "gridmarket-agent",
+    "GridMarket provider agent: run sandboxed jobs for the marketplace and get paid.",
 )
 
 NODE_FILE = "node.json"
 """Written under ``work_dir`` after each registration: what ``status`` needs to find the node."""
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
 class CliError(AgentError):
@@ -70,44 +65,13 @@ class _Options:
 
 
 def _opts(ctx: typer.Context) -> _Options:
-    obj = ctx.find_root().obj
-    return obj if isinstance(obj, _Options) else _Options(None, False)
+    return root_options(ctx, _Options) or _Options(None, False)
 
 
 # --------------------------------------------------------------------------- plumbing
 
-
-def _fail(message: str, code: int = 1) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
-
-
-def friendly(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn any failure of a command into one line on stderr and exit status 1."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort, SystemExit):
-            raise
-        except KeyboardInterrupt:
-            typer.echo("interrupted", err=True)
-            raise typer.Exit(130) from None
-        except (AgentError, KeystoreError) as exc:
-            log.debug("command failed", exc_info=True)
-            _fail(_one_line(exc))
-        except Exception as exc:  # anything else: still one line, the traceback only with -v
-            log.debug("command failed", exc_info=True)
-            _fail(f"{type(exc).__name__}: {_one_line(exc)}")
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    return wrapper
+friendly = cmdline_friendly(lambda: (AgentError, KeystoreError), log)
+"""Any failure of a command: one line on stderr, exit status 1 (the traceback with ``-v``)."""
 
 
 def _setup_logging(verbose: bool, *, default: int, console: Console | None = None) -> None:
@@ -140,17 +104,17 @@ def _password(config: AgentConfig, *, confirm: bool = False) -> str:
     password = config.read_password()
     if password is not None:
         return password
-    if not sys.stdin.isatty():
+    password = prompt_password(confirm=confirm)
+    if password is None:
         raise ConfigError(
             "no keystore password: set GRIDMARKET_AGENT_PASSWORD or password_file "
             "(GRIDMARKET_AGENT_PASSWORD_FILE), or run on a terminal to be asked"
         )
-    value: str = typer.prompt("Keystore password", hide_input=True, confirmation_prompt=confirm)
-    return value
+    return password
 
 
 def _account(config: AgentConfig) -> LocalAccount:
-    from agent.keystore import load_account
+    from gridmarket.keystore import load_account
 
     return load_account(config.keystore, _password(config))
 
@@ -200,7 +164,7 @@ def init(
     force: Annotated[bool, typer.Option(help="replace an existing keystore")] = False,
 ) -> None:
     """Create a new wallet key (or import one) into an encrypted keystore (mode 0600)."""
-    from agent.keystore import create_keystore
+    from gridmarket.keystore import create_keystore
 
     _setup_logging(_opts(ctx).verbose, default=logging.WARNING)
     config = _config(ctx, keystore=keystore)
@@ -232,7 +196,7 @@ def init(
 
 
 def _detect_payload(config: AgentConfig) -> dict[str, Any]:
-    from agent.daemon import usable_executors
+    from agent.capacity import usable_executors
     from agent.hardware import detect_hardware
 
     report = detect_hardware(config.work_dir)
@@ -356,10 +320,10 @@ def _stake_on_chain(config: AgentConfig, account: LocalAccount, wei: int, metada
         escrow = EscrowClient.connect(config.rpc_url, Deployment.load(config.deployment))
         sent = escrow.send(account, "registerProvider", cid, value=wei)
     except ChainError as exc:
-        raise CliError(f"on-chain registration failed: {_one_line(exc)}") from None
+        raise CliError(f"on-chain registration failed: {one_line(exc)}") from None
     except Exception as exc:  # the RPC node unreachable, and web3's other transport errors
         raise CliError(
-            f"on-chain registration failed ({config.rpc_url}): {_one_line(exc)}"
+            f"on-chain registration failed ({config.rpc_url}): {one_line(exc)}"
         ) from None
     return sent.tx_hash
 
@@ -375,9 +339,9 @@ def _metadata_cid(config: AgentConfig, metadata: bytes) -> str:
         folder.mkdir()
         (folder / "node.json").write_bytes(metadata)
         try:
-            from agent.storage.ipfs import IpfsStorage
+            from agent.storage.ipfs import AgentIpfsStore
 
-            with IpfsStorage(config.ipfs_api, timeout=30) as storage:
+            with AgentIpfsStore(config.ipfs_api, timeout=30) as storage:
                 return storage.add_dir(folder)
         except AgentError as exc:
             log.warning("metadata not added to IPFS (%s); registering its CID anyway", exc)
@@ -401,8 +365,9 @@ def register(
     ] = None,
 ) -> None:
     """Sign this node's registration and send it to the scheduler; print the node id."""
-    from agent.client import SchedulerClient, agent_version
-    from agent.daemon import node_capacity, usable_executors
+    from agent.assembly import node_session
+    from agent.capacity import node_capacity, usable_executors
+    from agent.client import agent_version
     from agent.hardware import detect_hardware
 
     _setup_logging(_opts(ctx).verbose, default=logging.WARNING)
@@ -433,14 +398,7 @@ def register(
         ).encode()
         tx = _stake_on_chain(config, account, wei, metadata)
         typer.echo(f"registered on-chain with {stake} ETH staked (tx {tx})")
-    with SchedulerClient(
-        config.scheduler_url,
-        account,
-        name=config.name,
-        capacity=capacity,
-        agent_version=agent_version(),
-        timeout_s=config.request_timeout_s,
-    ) as client:
+    with node_session(config, account, capacity) as client:
         registration = client.register()
     _save_node(config, registration, account.address)
     typer.echo(registration.node_id)
@@ -493,7 +451,7 @@ def run(
     # httpcore imports trio whenever it is installed (eth-ape's dependencies install it): 3.4 MB
     # of RSS the daemon never uses (it is synchronous). Refuse the import in this process only.
     sys.modules.setdefault("trio", None)  # type: ignore[arg-type]
-    from agent.daemon import build_agent
+    from agent.assembly import build_agent
 
     config = _config(ctx, scheduler_url=scheduler_url, region=region, slots=slots)
     steps = None
@@ -552,7 +510,7 @@ def status(
             "run `gridmarket-agent register` or `gridmarket-agent run`"
         ) from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CliError(f"{path} is unreadable: {_one_line(exc)}") from None
+        raise CliError(f"{path} is unreadable: {one_line(exc)}") from None
     url = config.scheduler_url + API.NODE.format(node_id=node_id)
     try:
         response = httpx.get(url, timeout=config.request_timeout_s)

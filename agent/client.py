@@ -1,4 +1,4 @@
-"""The agent's side of the scheduler API (:mod:`gridmarket.wire`): :class:`SchedulerClient`.
+"""The agent's side of the scheduler API (:mod:`gridmarket.wire`): :class:`NodeSession`.
 
 One synchronous ``httpx`` client, safe to share between the daemon's threads. The node
 registers with a registration signed by its wallet (EIP-712, :func:`gridmarket.wire.
@@ -7,7 +7,7 @@ sign_registration`) and then sends ``Authorization: Bearer <token>``; when the t
 
 Failures are mapped onto three exceptions, so callers decide by type, not by status code:
 
-    SchedulerError (AgentError)
+    NodeSessionError (AgentError)
     ├── SchedulerUnavailableError (ConnectionError)   unreachable, timed out, 5xx, 429: retry later
     └── SchedulerRejectedError (ValueError)           4xx: retrying the same request will not help
         └── SchedulerAuthError                        401/403 even with a fresh registration
@@ -47,9 +47,9 @@ from gridmarket.wire import (
 
 __all__ = [
     "Backoff",
+    "NodeSession",
+    "NodeSessionError",
     "SchedulerAuthError",
-    "SchedulerClient",
-    "SchedulerError",
     "SchedulerRejectedError",
     "SchedulerUnavailableError",
     "agent_version",
@@ -71,11 +71,11 @@ DEFAULT_RETRY_AFTER_S = 1.0
 # --------------------------------------------------------------------------- errors
 
 
-class SchedulerError(AgentError):
+class NodeSessionError(AgentError):
     """The scheduler could not be reached, refused a request, or answered nonsense."""
 
 
-class SchedulerUnavailableError(SchedulerError, ConnectionError):
+class SchedulerUnavailableError(NodeSessionError, ConnectionError):
     """Transport error, timeout, 5xx or 429: the same request may work later.
 
     ``retry_after`` is the server's ``Retry-After`` in seconds, when it sent one.
@@ -86,7 +86,7 @@ class SchedulerUnavailableError(SchedulerError, ConnectionError):
         self.retry_after = retry_after
 
 
-class SchedulerRejectedError(SchedulerError, ValueError):
+class SchedulerRejectedError(NodeSessionError, ValueError):
     """A 4xx answer: the scheduler understood and refused. ``detail`` is its own words."""
 
     def __init__(self, message: str, status: int, detail: str) -> None:
@@ -199,7 +199,7 @@ def agent_version() -> str:
 CapacitySource = NodeCapacityIn | Callable[[], NodeCapacityIn]
 
 
-class SchedulerClient:
+class NodeSession:
     """Talks to one scheduler as one node (``account`` + ``name`` + ``capacity``).
 
     ``capacity`` may be a callable, evaluated at each (re-)registration so a node reports its
@@ -243,7 +243,7 @@ class SchedulerClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> SchedulerClient:
+    def __enter__(self) -> NodeSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -260,7 +260,7 @@ class SchedulerClient:
     def node_id(self) -> str:
         reg = self._registration
         if reg is None:
-            raise SchedulerError("this node is not registered yet")
+            raise NodeSessionError("this node is not registered yet")
         return reg.node_id
 
     def capacity(self) -> NodeCapacityIn:
@@ -341,17 +341,6 @@ class SchedulerClient:
         """Give a job back unrun (shutdown): the scheduler reassigns it."""
         self._authed("POST", API.HAND_BACK, job_id=job_id, what=f"hand-back of {job_id}")
 
-    def node_status(self) -> dict[str, Any]:
-        """``GET /v1/nodes/{id}``: what the scheduler knows about this node, as it says it."""
-        response = self._authed("GET", API.NODE, what="node status")
-        try:
-            data = response.json()
-        except ValueError:
-            raise SchedulerError("the scheduler's node status is not JSON") from None
-        if not isinstance(data, dict):
-            raise SchedulerError("the scheduler's node status is not a JSON object")
-        return data
-
     # ------------------------------------------------------------------ plumbing
 
     def _authed(
@@ -411,7 +400,7 @@ class SchedulerClient:
         try:
             return model.model_validate_json(response.content)
         except ValidationError as exc:
-            raise SchedulerError(
+            raise NodeSessionError(
                 f"the scheduler's {what} answer is not a valid {model.__name__}: "
                 f"{exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}"
             ) from None

@@ -14,7 +14,7 @@ Threads (all waiting on events or sockets, never spinning):
                4xx refusal, e.g. the job was reassigned meanwhile, discards it).
 
 Outages: scheduler errors (unreachable, 5xx) back off with full jitter and resume; an expired
-token re-registers (:class:`agent.client.SchedulerClient`); while the local IPFS daemon does not
+token re-registers (:class:`agent.client.NodeSession`); while the local IPFS daemon does not
 answer the agent takes no new work. Jobs whose results are not yet delivered stay in the
 heartbeat's running list, so their leases survive a scheduler restart.
 
@@ -34,279 +34,24 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from agent.client import (
     Backoff,
-    SchedulerClient,
-    SchedulerError,
+    NodeSession,
+    NodeSessionError,
     SchedulerRejectedError,
     SchedulerUnavailableError,
     retry_call,
 )
-from agent.config import AgentConfig, ConfigError
-from agent.runner import IpfsProbe, JobRunner, StepReporter
-from gridmarket.wire import (
-    Assignment,
-    ExecutorKind,
-    GpuGroup,
-    NodeCapacityIn,
-    RegisterResponse,
-    ResultReport,
-    RunReason,
-)
+from agent.runner import JobRunner
+from gridmarket.wire import Assignment, RegisterResponse, ResultReport, RunReason
 
-if TYPE_CHECKING:
-    from eth_account.signers.local import LocalAccount
-
-    from agent.executors.base import Executor
-    from agent.hardware import HardwareReport
-    from agent.storage.ipfs import IpfsStorage
-
-__all__ = [
-    "Agent",
-    "build_agent",
-    "build_runner",
-    "node_capacity",
-    "usable_executors",
-]
+__all__ = ["Agent"]
 
 log = logging.getLogger(__name__)
 
 MAX_RUNNING_REPORTED = 64  # HeartbeatRequest.running
-
-
-# --------------------------------------------------------------------------- assembly
-
-
-def usable_executors(config: AgentConfig) -> tuple[list[ExecutorKind], list[str]]:
-    """The executors this node can serve now, and a note per one it cannot.
-
-    ``config.executors`` unset means "Docker if its engine answers, and WASM". Docker is
-    probed with a ping (5 s timeout); WASM needs only the ``wasmtime`` package. Raises
-    :class:`ConfigError` when nothing is left to serve.
-    """
-    wanted = config.executors or [ExecutorKind.DOCKER, ExecutorKind.WASM]
-    kinds: list[ExecutorKind] = []
-    notes: list[str] = []
-    for kind in wanted:
-        problem = _docker_problem(config) if kind is ExecutorKind.DOCKER else _wasm_problem()
-        if problem is None:
-            kinds.append(kind)
-        else:
-            notes.append(f"{kind} unavailable: {problem}")
-    if not kinds:
-        raise ConfigError("no executor can run here: " + "; ".join(notes))
-    return kinds, notes
-
-
-DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
-
-
-def _docker_problem(config: AgentConfig) -> str | None:
-    """Why the Docker engine cannot be used, or None. A plain ``GET /_ping`` over httpx (the
-    docker SDK and ``requests`` cost ~6 MB of RSS: they load only when a Docker job runs)."""
-    import httpx
-
-    host = config.docker_host or DEFAULT_DOCKER_HOST
-    parts = urlsplit(host)
-    if parts.scheme == "ssh":
-        return _docker_sdk_problem(host)
-    transport: httpx.HTTPTransport | None = None
-    if parts.scheme == "unix":
-        transport = httpx.HTTPTransport(uds=parts.path)
-        url = "http://docker/_ping"
-    else:
-        scheme = "https" if parts.scheme == "https" else "http"
-        url = f"{scheme}://{parts.netloc}/_ping"
-    try:
-        with httpx.Client(transport=transport, timeout=5, verify=False) as client:  # noqa: S501
-            response = client.get(url)
-    except httpx.HTTPError as exc:
-        return f"no Docker engine answers at {host} ({_root_cause(exc)})"
-    if response.status_code != 200:
-        return f"the Docker engine at {host} answered {response.status_code} to a ping"
-    return None
-
-
-def _docker_sdk_problem(host: str) -> str | None:
-    try:
-        import docker
-
-        client = docker.DockerClient(base_url=host, timeout=5)
-        try:
-            client.ping()
-        finally:
-            client.close()
-    except Exception as exc:  # docker's, paramiko's and OS errors alike
-        return f"no Docker engine answers at {host} ({_root_cause(exc)})"
-    return None
-
-
-def _root_cause(exc: BaseException) -> str:
-    """The innermost cause of a wrapped error, in a few words."""
-    seen = exc
-    for _ in range(20):  # chains are short; never loop on a cyclic one
-        inner = seen.__cause__ or seen.__context__
-        if inner is None:
-            break
-        seen = next((a for a in inner.args if isinstance(a, OSError)), inner)
-    if isinstance(seen, OSError) and seen.strerror:
-        return seen.strerror
-    return _line(seen)
-
-
-def _wasm_problem() -> str | None:
-    import importlib.util
-
-    if importlib.util.find_spec("wasmtime") is None:  # pragma: no cover - a dependency
-        return "the wasmtime package is not installed"
-    return None
-
-
-def node_capacity(
-    config: AgentConfig, report: HardwareReport, executors: list[ExecutorKind]
-) -> Callable[[], NodeCapacityIn]:
-    """What this node offers, as a function: free disk is measured again at each call.
-
-    One GPU model per node (the wire's rule): the largest group of identical GPUs is offered.
-    """
-    gpu: GpuGroup | None = None
-    if report.gpu_groups:
-        group = report.gpu_groups[0]
-        name = next((g.name for g in report.gpus if g.tier.key == group.tier_key), "")
-        gpu = GpuGroup(
-            model=group.tier_key, name=name[:128], vram_mib=group.vram_mib, count=group.count
-        )
-        if len(report.gpu_groups) > 1:
-            log.warning(
-                "this machine has several GPU models; offering only %d x %s",
-                group.count,
-                group.tier_key,
-            )
-    region = config.require_region()
-    cores = config.cpu_cores or report.cpu_logical_cores
-    ram = config.ram_mib or report.ram_mib
-
-    def capacity() -> NodeCapacityIn:
-        return NodeCapacityIn(
-            gpu=gpu,
-            cpu_cores=cores,
-            ram_mib=ram,
-            disk_mib=_free_disk_mib(config.work_dir),
-            region=region,
-            price_floor_wei_per_hour=config.price_floor_wei_per_hour,
-            executors=list(executors),
-            slots=config.slots,
-        )
-
-    capacity()  # validate now: a bad value is a configuration error, not a registration one
-    return capacity
-
-
-def _free_disk_mib(path: Path) -> int:
-    import psutil
-
-    path = path.absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return int(psutil.disk_usage(str(path)).free) // (1024 * 1024)
-
-
-def build_runner(
-    config: AgentConfig,
-    account: LocalAccount,
-    executors: list[ExecutorKind],
-    *,
-    steps: StepReporter | None = None,
-) -> JobRunner:
-    """A :class:`JobRunner` whose adapters (IPFS client, docker SDK, wasmtime) load lazily."""
-
-    def storage() -> IpfsStorage:
-        from agent.storage.ipfs import IpfsStorage
-
-        return IpfsStorage(config.ipfs_api)
-
-    def docker_executor() -> Executor:
-        from agent.executors.docker import DockerExecutor
-
-        return DockerExecutor(docker_host=config.docker_host)
-
-    def wasm_executor() -> Executor:
-        from agent.executors.wasm import WasmExecutor
-
-        return WasmExecutor()
-
-    factories: dict[ExecutorKind, Callable[[], Executor]] = {
-        ExecutorKind.DOCKER: docker_executor,
-        ExecutorKind.WASM: wasm_executor,
-    }
-    return JobRunner(
-        account,
-        storage=storage,  # IpfsStorage is its own context manager
-        executors={k: factories[k] for k in executors},
-        work_dir=config.work_dir,
-        max_dataset_bytes=config.max_dataset_bytes,
-        max_module_bytes=config.max_module_bytes,
-        storage_alive=IpfsProbe(config.ipfs_url),
-        steps=steps,
-    )
-
-
-def build_agent(
-    config: AgentConfig,
-    account: LocalAccount,
-    *,
-    report: HardwareReport | None = None,
-    steps: StepReporter | None = None,
-    on_registered: Callable[[RegisterResponse], None] | None = None,
-) -> Agent:
-    """The daemon for ``config``: detects hardware and executors, wires client and runner."""
-    from agent.client import agent_version
-    from agent.hardware import detect_hardware
-
-    kinds, notes = usable_executors(config)
-    for note in notes:
-        log.warning("%s: serving %s jobs only", note, " and ".join(kinds))
-    if report is None:
-        report = detect_hardware(config.work_dir)
-    capacity = node_capacity(config, report, kinds)
-    client = SchedulerClient(
-        config.scheduler_url,
-        account,
-        name=config.name,
-        capacity=capacity,
-        agent_version=agent_version(),
-        timeout_s=config.request_timeout_s,
-    )
-    runner = build_runner(config, account, kinds, steps=steps)
-    return Agent(
-        client,
-        runner,
-        slots=config.slots,
-        poll_wait_s=config.poll_wait_s,
-        heartbeat_interval_s=config.heartbeat_interval_s,
-        stop_grace_s=config.stop_grace_s,
-        report_flush_s=config.report_flush_s,
-        backoff=lambda: Backoff(config.backoff_base_s, config.backoff_cap_s),
-        storage_alive=IpfsProbe(config.ipfs_url),
-        on_registered=on_registered,
-        submit_on_chain=_on_chain(config, account),
-    )
-
-
-def _on_chain(
-    config: AgentConfig, account: LocalAccount
-) -> Callable[[str, ResultReport], str | None] | None:
-    if not config.submit_on_chain:
-        return None
-    from agent.onchain import OnChainSubmitter
-
-    assert config.rpc_url is not None and config.deployment is not None
-    return OnChainSubmitter(config.rpc_url, config.deployment, account).submit
 
 
 # --------------------------------------------------------------------------- the daemon
@@ -330,7 +75,7 @@ class Agent:
 
     def __init__(
         self,
-        client: SchedulerClient,
+        client: NodeSession,
         runner: JobRunner,
         *,
         slots: int = 1,
@@ -497,7 +242,7 @@ class Agent:
                     self._reregister()
                 self._pause(backoff, exc)
                 continue
-            except SchedulerError as exc:
+            except NodeSessionError as exc:
                 self._pause(backoff, exc)
                 continue
             backoff.reset()
@@ -536,7 +281,7 @@ class Agent:
     def _reregister(self) -> None:
         try:
             self.client.register()
-        except SchedulerError as exc:
+        except NodeSessionError as exc:
             log.warning("registering again failed: %s", exc)
 
     def _start(self, assignment: Assignment) -> None:
@@ -586,7 +331,7 @@ class Agent:
                 deadline=deadline,
                 what=f"hand-back of {_short(job_id)}",
             )
-        except SchedulerError as exc:
+        except NodeSessionError as exc:
             log.warning("job %s: hand-back failed (%s); its lease will expire", _short(job_id), exc)
             return
         with self._lock:
@@ -616,7 +361,7 @@ class Agent:
                 continue
             except SchedulerRejectedError as exc:
                 log.warning("job %s: the scheduler refused the result: %s", _short(job_id), exc)
-            except SchedulerError as exc:
+            except NodeSessionError as exc:
                 log.warning("job %s: result sent, odd answer: %s", _short(job_id), exc)
             else:
                 log.info(
@@ -666,7 +411,7 @@ class Agent:
                 log.warning("heartbeat refused: %s", exc)
                 interval = min(self._interval(), max(0.5, backoff.next_delay()))
                 continue
-            except SchedulerError as exc:
+            except NodeSessionError as exc:
                 log.warning("heartbeat failed: %s", exc)
                 interval = min(self._interval(), max(0.5, backoff.next_delay()))
                 continue

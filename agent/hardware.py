@@ -39,7 +39,7 @@ from agent.errors import AgentError
 from gridmarket.tiers import Tier, classify_gpu
 
 __all__ = [
-    "GpuGroup",
+    "DetectedGpuGroup",
     "GpuInfo",
     "GpuProbe",
     "GpuProbeError",
@@ -121,8 +121,10 @@ class GpuInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuGroup:
-    """Identical GPUs of one node: what the scheduler registers as one capacity entry."""
+class DetectedGpuGroup:
+    """Identical GPUs this machine has, as detected (not yet validated): the largest group
+    becomes the node's offer on the wire, a :class:`gridmarket.wire.GpuGroup`
+    (:func:`agent.capacity.node_capacity`)."""
 
     tier_key: str
     vram_mib: int
@@ -146,10 +148,10 @@ class HardwareReport:
     arch: str
 
     @property
-    def gpu_groups(self) -> tuple[GpuGroup, ...]:
+    def gpu_groups(self) -> tuple[DetectedGpuGroup, ...]:
         """GPUs grouped by (tier, VRAM), largest group first."""
         counts = Counter((g.tier.key, g.vram_mib) for g in self.gpus)
-        groups = [GpuGroup(key, vram, n) for (key, vram), n in counts.items()]
+        groups = [DetectedGpuGroup(key, vram, n) for (key, vram), n in counts.items()]
         return tuple(sorted(groups, key=lambda g: (-g.count, -g.vram_mib, g.tier_key)))
 
     def to_dict(self) -> dict[str, object]:

@@ -164,11 +164,14 @@ class JobRunner:
         storage_wait_s: float = 60.0,
         steps: StepReporter | None = None,
         backoff: Callable[[], Backoff] = Backoff,
+        remove_leftovers: Callable[[], int] | None = None,
     ) -> None:
         """``storage`` opens the content store for one job; ``executors`` build an executor per
         kind on first use (so a WASM-only node never imports the docker SDK). ``storage_alive``
         says whether the store's daemon answers at all: it tells "IPFS is down" (wait, then
-        ``agent_error``) from "this dataset cannot be had" (``dataset_error``)."""
+        ``agent_error``) from "this dataset cannot be had" (``dataset_error``).
+        ``remove_leftovers`` removes what a crashed run left in an executor's engine (the Docker
+        executor's containers) and says how many; :meth:`clean_leftovers` calls it."""
         self.account = account
         self._storage = storage
         self._factories = dict(executors)
@@ -181,6 +184,7 @@ class JobRunner:
         self.storage_wait_s = storage_wait_s
         self.steps: StepReporter = steps or LogSteps()
         self._backoff = backoff
+        self._remove_leftovers = remove_leftovers
 
     @property
     def kinds(self) -> frozenset[ExecutorKind]:
@@ -190,7 +194,13 @@ class JobRunner:
     # ------------------------------------------------------------------ public
 
     def clean_leftovers(self) -> int:
-        """Remove job directories a crashed run left (unmounting a stale ``/output``)."""
+        """At start: remove what a crashed run left, its executors' leftovers (containers:
+        ``remove_leftovers``) and then its job directories (unmounting a stale ``/output``);
+        returns how many job directories."""
+        if self._remove_leftovers is not None:
+            containers = self._remove_leftovers()
+            if containers:
+                log.info("removed %d containers left by a previous run", containers)
         if not self.jobs_dir.is_dir():
             return 0
         removed = 0

@@ -18,12 +18,12 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
+from devstack.anvil import Anvil, dev_accounts, free_port
+from devstack.postgres import fresh_database
+from devstack.providers import new_providers
+from devstack.scheduler import SchedulerProcess
 from gridmarket.chain import Deployment, EscrowClient, Event
 from gridmarket.deploy import EscrowParams, deploy_escrow
-from gridmarket.devstack.anvil import Anvil, dev_accounts, free_port
-from gridmarket.devstack.postgres import fresh_database
-from gridmarket.devstack.providers import new_providers
-from gridmarket.devstack.scheduler import SchedulerProcess
 from gridmarket.wire import (
     API,
     JobSpec,

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/e2e.py            # --jobs 24 --agents 3 --work .run/bench-e2e
 
-Starts the grid of ``make demo`` (:func:`gridmarket.devstack.grid.run_grid`: anvil + escrow,
+Starts the grid of ``make demo`` (:func:`devstack.grid.run_grid`: anvil + escrow,
 js-ipfs, dockerd, a scheduler process, 3 agent processes, each with its own wallet), warms
 every agent up (one Docker and one WASM job each: the first job of a kind loads the docker SDK
 or wasmtime), then funds ``--jobs`` jobs one at a time, alternating Docker and WASM, each when
@@ -42,9 +42,10 @@ import wasmtime
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from devstack.grid import LocalGrid as Grid  # noqa: E402
+from devstack.grid import run_grid  # noqa: E402
+from devstack.images import BUSYBOX_IMAGE  # noqa: E402
 from gridmarket.chain import EscrowClient  # noqa: E402
-from gridmarket.devstack.grid import Grid, run_grid  # noqa: E402
-from gridmarket.devstack.images import BUSYBOX_IMAGE  # noqa: E402
 from gridmarket.wire import API, JobSpec  # noqa: E402
 
 BOUNTY = 10**16

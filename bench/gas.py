@@ -22,9 +22,9 @@ from rich.console import Console
 from rich.table import Table
 from web3 import Web3
 
+from devstack.anvil import Anvil, dev_accounts
 from gridmarket.chain import EscrowClient
 from gridmarket.deploy import EscrowParams, deploy_escrow
-from gridmarket.devstack.anvil import Anvil, dev_accounts
 from gridmarket.eip712 import sign_result
 
 BASELINE = 472_870

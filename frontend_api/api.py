@@ -22,6 +22,7 @@ from starlette.datastructures import UploadFile
 
 from gridmarket.escrow import job_id as compute_job_id
 from gridmarket.tiers import REGIONS, TIERS
+from gridmarket.wire import QuoteRequest
 
 from .backend import Backend, dumps
 from .format import parse_eth
@@ -30,10 +31,11 @@ from .forms import (
     FieldError,
     PrepareJobRequest,
     ProviderSignup,
-    QuoteRequest,
     RelayRequest,
     check_job,
+    check_quote,
     field_error,
+    quote_fits,
 )
 from .index import NotFoundError, hexstr
 from .scheduler import SchedulerError
@@ -254,9 +256,9 @@ async def fleet(b: BackendDep) -> dict[str, Any]:
 async def quote(body: QuoteRequest, b: BackendDep) -> dict[str, Any]:
     """The scheduler's quote for these resources (by tier, with the fee), and the online nodes
     that offer them."""
-    body.check()
+    check_quote(body)
     try:
-        answer = await b.scheduler.quote(body.scheduler_body())
+        answer = await b.scheduler.quote(body.model_dump(mode="json", exclude_none=True))
     except SchedulerError as exc:
         if 400 <= exc.status < 500:
             raise FieldError("resources", str(exc).removeprefix("scheduler: ")) from None
@@ -268,7 +270,7 @@ async def quote(body: QuoteRequest, b: BackendDep) -> dict[str, Any]:
     fits = [
         {k: n.get(k) for k in ("node_id", "name", "wallet", "tier", "region", "reputation")}
         for n in nodes
-        if body.fits(n)
+        if quote_fits(body, n)
     ]
     answer["providers"] = fits
     answer["provider_count"] = len(fits)

@@ -18,6 +18,7 @@ from typing import Any
 from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.escrow import JobState, Status
 from gridmarket.ipfs import IpfsStore
+from gridmarket.wire import MAX_SPEC_BYTES
 
 from .index import ChainEvent, ChainIndex, NotFoundError, hexstr, jsonable
 from .scheduler import SchedulerClient, SchedulerError
@@ -91,7 +92,7 @@ class Backend:
             return cached
         try:
             with self.ipfs() as store:
-                data = store.cat(spec_cid, max_bytes=64 * 1024, timeout_s=5)
+                data = store.cat(spec_cid, max_bytes=MAX_SPEC_BYTES, timeout_s=5)
             spec = json.loads(data)
         except (OSError, ValueError):
             return None

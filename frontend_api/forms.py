@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gridmarket.tiers import REGIONS, TIERS
-from gridmarket.wire import ExecutorKind, JobSpec
+from gridmarket.escrow import MAX_TIMESTAMP, MAX_WEI
+from gridmarket.wire import MAX_SPEC_BYTES, JobSpec, QuoteRequest
 
 from .format import parse_eth
 from .values import parse_address, parse_bytes32
@@ -107,8 +107,8 @@ def check_job(req: PrepareJobRequest, *, chain_now: int, params: dict[str, Any])
         spec = JobSpec.model_validate(req.spec)
     except ValidationError as exc:
         raise spec_error(exc) from None
-    if len(spec.to_bytes()) > 64 * 1024:
-        raise FieldError("spec", "the job spec is larger than 64 KiB")
+    if len(spec.to_bytes()) > MAX_SPEC_BYTES:
+        raise FieldError("spec", f"the job spec is larger than {MAX_SPEC_BYTES} bytes")
 
     if (req.bounty_wei is None) == (req.bounty_eth is None):
         raise FieldError("bounty_eth", "give the bounty once: bounty_eth or bounty_wei")
@@ -129,8 +129,8 @@ def check_job(req: PrepareJobRequest, *, chain_now: int, params: dict[str, Any])
         raise FieldError(
             bounty_field, f"the bounty must be at least {min_bounty} wei (the escrow's minimum)"
         )
-    if bounty >= 2**96:
-        raise FieldError(bounty_field, "the bounty must be below 2**96 wei")
+    if bounty > MAX_WEI:
+        raise FieldError(bounty_field, f"the bounty must be at most {MAX_WEI} wei (uint96)")
 
     if req.deadline is not None and req.ttl_s is not None:
         raise FieldError("deadline", "give deadline or ttl_s, not both")
@@ -140,7 +140,7 @@ def check_job(req: PrepareJobRequest, *, chain_now: int, params: dict[str, Any])
     else:
         deadline = chain_now + int(req.ttl_s if req.ttl_s is not None else 86400)
     earliest = chain_now + int(params.get("min_duration", 0)) + DEADLINE_MARGIN_S
-    latest = chain_now + int(params.get("max_duration", 2**39))
+    latest = min(chain_now + int(params.get("max_duration", MAX_TIMESTAMP)), MAX_TIMESTAMP)
     if deadline < earliest:
         raise FieldError(
             deadline_field,
@@ -168,68 +168,36 @@ def check_job(req: PrepareJobRequest, *, chain_now: int, params: dict[str, Any])
     return CheckedJob(sender=sender, spec=spec, bounty_wei=bounty, deadline=deadline, salt=salt)
 
 
-class QuoteRequest(BaseModel):
-    """``POST /api/quote``: the resources of a job, for a price and the nodes that could run it."""
+def check_quote(req: QuoteRequest) -> None:
+    """Names the bad field (:class:`FieldError`) before the scheduler is asked."""
+    problem = req.problem()
+    if problem is not None:
+        raise FieldError(*problem)
 
-    model_config = ConfigDict(extra="forbid")
 
-    executor: ExecutorKind = ExecutorKind.DOCKER
-    region: str | None = Field(None, max_length=32)
-    gpu_count: int = Field(0, ge=0, le=16)
-    min_vram_mib: int = Field(0, ge=0, le=1024 * 1024)
-    gpu_models: list[str] | None = Field(None, max_length=32)
-    cpu_cores: int = Field(1, ge=1, le=512)
-    ram_mib: int = Field(512, ge=16)
-    disk_mib: int = Field(0, ge=0)
-    duration_s: int = Field(600, ge=1, le=30 * 24 * 3600)
-
-    def check(self) -> None:
-        """Names the bad field (:class:`FieldError`) before the scheduler is asked."""
-        if self.region is not None and self.region not in REGIONS:
-            raise FieldError(
-                "region", f"{self.region!r} is unknown; use one of {', '.join(sorted(REGIONS))}"
-            )
-        unknown = [m for m in self.gpu_models or [] if m not in TIERS]
-        if unknown:
-            raise FieldError("gpu_models", f"unknown GPU tiers {unknown}")
-        if self.gpu_count == 0 and (self.min_vram_mib or self.gpu_models):
-            raise FieldError("gpu_count", "min_vram_mib and gpu_models need gpu_count > 0")
-
-    def scheduler_body(self) -> dict[str, Any]:
-        """The scheduler's ``/v1/quote`` request for these resources."""
-        body: dict[str, Any] = {
-            "region": self.region or "us",
-            "gpu_count": self.gpu_count,
-            "min_vram_mib": self.min_vram_mib,
-            "duration_s": self.duration_s,
-        }
-        if self.gpu_models:
-            body["tiers"] = self.gpu_models
-        return body
-
-    def fits(self, node: dict[str, Any]) -> bool:
-        """Whether ``node`` (a scheduler ``/v1/nodes`` entry) is online and offers these
-        resources: an indication for the submitter; the scheduler's matching decides."""
-        cap = node.get("capacity") or {}
-        if node.get("status") != "online" or node.get("excluded"):
+def quote_fits(req: QuoteRequest, node: dict[str, Any]) -> bool:
+    """Whether ``node`` (a scheduler ``/v1/nodes`` entry) is online and offers these
+    resources: an indication for the submitter; the scheduler's matching decides."""
+    cap = node.get("capacity") or {}
+    if node.get("status") != "online" or node.get("excluded"):
+        return False
+    if req.executor.value not in (cap.get("executors") or []):
+        return False
+    if req.region and node.get("region") != req.region:
+        return False
+    if int(cap.get("cpu_cores", 0)) < req.cpu_cores:
+        return False
+    if int(cap.get("ram_mib", 0)) < req.ram_mib or int(cap.get("disk_mib", 0)) < req.disk_mib:
+        return False
+    if req.gpu_count:
+        gpu = cap.get("gpu") or {}
+        if int(gpu.get("count", 0)) < req.gpu_count:
             return False
-        if self.executor.value not in (cap.get("executors") or []):
+        if int(gpu.get("vram_mib", 0)) < req.min_vram_mib:
             return False
-        if self.region and node.get("region") != self.region:
+        if req.gpu_models and node.get("tier") not in req.gpu_models:
             return False
-        if int(cap.get("cpu_cores", 0)) < self.cpu_cores:
-            return False
-        if int(cap.get("ram_mib", 0)) < self.ram_mib or int(cap.get("disk_mib", 0)) < self.disk_mib:
-            return False
-        if self.gpu_count:
-            gpu = cap.get("gpu") or {}
-            if int(gpu.get("count", 0)) < self.gpu_count:
-                return False
-            if int(gpu.get("vram_mib", 0)) < self.min_vram_mib:
-                return False
-            if self.gpu_models and node.get("tier") not in self.gpu_models:
-                return False
-        return True
+    return True
 
 
 class AddressRequest(BaseModel):

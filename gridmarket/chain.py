@@ -27,7 +27,7 @@ from web3._utils.events import get_event_data
 from web3.exceptions import ContractCustomError, ContractLogicError, Web3RPCError
 from web3.types import LogReceipt, TxParams, TxReceipt
 
-from gridmarket.escrow import JOB_EVENTS, Job, JobState, apply_event
+from gridmarket.escrow import JOB_EVENTS, JobState, apply_event
 
 
 class ChainError(RuntimeError):
@@ -314,9 +314,6 @@ class EscrowClient:
     # ------------------------------------------------------------------ reads
     def balance_of(self, account: str) -> int:
         return int(self.call("balanceOf", account))
-
-    def job_struct(self, job: Job) -> tuple[Any, ...]:
-        return job.as_tuple()
 
     def decode_logs(self, logs: Iterable[LogReceipt]) -> list[Event]:
         out: list[Event] = []

@@ -20,6 +20,11 @@ ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
 ZERO_HASH = b"\x00" * 32
 JOB_ABI_TYPES = ("address", "uint96", "address", "uint40", "uint40", "uint16", "uint16", "bytes32")
 MAX_FEE_BPS = 2000
+"""JobEscrow.MAX_FEE_BPS: the platform fee is capped at 20 %."""
+MAX_WEI = 2**96 - 1
+"""The largest amount the escrow stores: bounties, stakes and payouts are uint96 wei."""
+MAX_TIMESTAMP = 2**40 - 1
+"""The latest time the escrow stores: deadlines are uint40 Unix seconds."""
 JOB_EVENTS = frozenset(
     {
         "JobCreated",

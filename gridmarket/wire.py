@@ -19,7 +19,7 @@ import hashlib
 import json
 import re
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from eth_account import Account
 from eth_account.messages import encode_typed_data
@@ -36,6 +36,8 @@ from pydantic import (
 
 from gridmarket.cid import CidError, normalize_cid
 from gridmarket.eip712 import DOMAIN_TYPE
+from gridmarket.escrow import MAX_WEI
+from gridmarket.tiers import REGIONS, TIERS
 
 __all__ = [
     "API",
@@ -51,6 +53,7 @@ __all__ = [
     "JobSpec",
     "NodeCapacityIn",
     "NodeRegistration",
+    "QuoteRequest",
     "RegisterRequest",
     "RegisterResponse",
     "ResultAck",
@@ -102,7 +105,7 @@ HexBytes32 = Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{64}$")]
 HexSignature = Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{130}$")]
 Region = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,31}$")]
 NodeName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
-Wei = Annotated[int, Field(ge=0, lt=2**96)]
+Wei = Annotated[int, Field(ge=0, le=MAX_WEI)]
 LogTail = Annotated[str, StringConstraints(strip_whitespace=False, max_length=MAX_LOG_CHARS)]
 """Log text is kept as the job wrote it (the models strip other strings)."""
 
@@ -236,6 +239,49 @@ class JobSpec(BaseModel):
         if len(data) > MAX_SPEC_BYTES:
             raise ValueError(f"job spec is {len(data)} bytes, more than {MAX_SPEC_BYTES}")
         return cls.model_validate_json(data)
+
+
+class QuoteRequest(BaseModel):
+    """What a job would cost: ``POST /v1/quote`` at the scheduler (a price per GPU tier) and
+    ``POST /api/quote`` at the front end, which passes it on and adds the online nodes that
+    could run it. The fields are a job spec's ``executor``, ``resources`` and a duration.
+
+    ``region`` None asks for any region; prices are then quoted for :attr:`PRICE_REGION`.
+    ``gpu_models`` (tier keys) limits the quote to those tiers.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    PRICE_REGION: ClassVar[str] = "us"
+
+    executor: ExecutorKind = ExecutorKind.DOCKER
+    region: str | None = Field(None, max_length=32)
+    gpu_count: int = Field(0, ge=0, le=16)
+    min_vram_mib: int = Field(0, ge=0, le=1024 * 1024)
+    gpu_models: list[str] | None = Field(None, max_length=32)
+    cpu_cores: int = Field(1, ge=1, le=512)
+    ram_mib: int = Field(512, ge=16, le=8 * 1024 * 1024)
+    disk_mib: int = Field(0, ge=0, le=64 * 1024 * 1024)
+    duration_s: int = Field(3600, ge=1, le=30 * 24 * 3600)
+    ceiling_wei_per_hour: Wei | None = None
+
+    def problem(self) -> tuple[str, str] | None:
+        """The first field the models cannot check alone, and what is wrong with it; None
+        when the request is good."""
+        if self.region is not None and self.region not in REGIONS:
+            known = ", ".join(sorted(REGIONS))
+            return "region", f"{self.region!r} is unknown; use one of {known}"
+        unknown = [m for m in self.gpu_models or [] if m not in TIERS]
+        if unknown:
+            return "gpu_models", f"unknown GPU tiers {unknown}"
+        if self.gpu_count == 0 and (self.min_vram_mib or self.gpu_models):
+            return "gpu_count", "min_vram_mib and gpu_models need gpu_count > 0"
+        return None
+
+    @property
+    def price_region(self) -> str:
+        """The region prices are quoted for."""
+        return self.region or self.PRICE_REGION
 
 
 def offered_price_wei_per_hour(bounty_wei: int, spec: JobSpec) -> int:

@@ -30,8 +30,8 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gridmarket.devstack.grid import Grid, run_grid  # noqa: E402
-from gridmarket.devstack.images import BUSYBOX_IMAGE  # noqa: E402
+from devstack.grid import LocalGrid, run_grid  # noqa: E402
+from devstack.images import BUSYBOX_IMAGE  # noqa: E402
 from gridmarket.escrow import Status  # noqa: E402
 from gridmarket.wire import JobSpec  # noqa: E402
 
@@ -49,7 +49,7 @@ FINAL = {"released", "failed", "invalid", "refunded", "expired"}
 console = Console()
 
 
-def specs(grid: Grid, dataset_cid: str, module_cid: str) -> list[JobSpec]:
+def specs(grid: LocalGrid, dataset_cid: str, module_cid: str) -> list[JobSpec]:
     jobs = [
         JobSpec.model_validate(
             {
@@ -119,7 +119,7 @@ def main() -> int:
             grid_cm.__exit__(None, None, None)
 
 
-def demo(grid: Grid, args: argparse.Namespace, started: float) -> int:
+def demo(grid: LocalGrid, args: argparse.Namespace, started: float) -> int:
     console.log(f"[bold]{grid.docker_note}[/]")
     console.log(f"grid up in {time.monotonic() - started:.1f} s")
     for key, value in grid.describe().items():
@@ -159,7 +159,7 @@ def demo(grid: Grid, args: argparse.Namespace, started: float) -> int:
     return report(grid, jobs)
 
 
-def report(grid: Grid, jobs: dict[str, dict[str, str]]) -> int:
+def report(grid: LocalGrid, jobs: dict[str, dict[str, str]]) -> int:
     ok = True
     payouts = {
         "0x" + bytes(e.args["jobId"]).hex(): e

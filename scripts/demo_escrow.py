@@ -23,9 +23,9 @@ from web3 import Web3
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from devstack.anvil import Anvil, dev_accounts
 from gridmarket.chain import EscrowClient, Sent
 from gridmarket.deploy import EscrowParams, deploy_escrow
-from gridmarket.devstack.anvil import Anvil, dev_accounts
 from gridmarket.eip712 import sign_result
 from gridmarket.escrow import Status
 

@@ -38,7 +38,7 @@ def _alive(pid: int) -> bool:
 
 def serve(agents: int) -> int:
     """The background process: run the grid until SIGTERM."""
-    from gridmarket.devstack.grid import run_grid
+    from devstack.grid import run_grid
 
     stop = False
 

@@ -63,7 +63,7 @@ fi
 
 # ---------------------------------------------------------------- local services
 # dockerd (Debian docker.io) and the busybox rootfs for the local test image; js-ipfs came with
-# `npm ci` above. The process managers in gridmarket/devstack start them on demand.
+# `npm ci` above. The process managers in devstack start them on demand.
 bash scripts/setup_services.sh
 
 say "ready (.venv, node_modules, offline solc 0.8.37, anvil, js-ipfs, dockerd)"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # System packages for the agent's real local services (docs/platform.md, "IPFS and Docker"):
-#   - Debian's docker.io, for dockerd (started by hand by gridmarket/devstack/dockerd.py);
+#   - Debian's docker.io, for dockerd (started by hand by devstack/dockerd.py);
 #   - Debian's busybox-static .deb, cached under .cache/debs/, the rootfs of the local test image
-#     (built on demand by gridmarket/devstack/images.py: no registry is ever contacted);
+#     (built on demand by devstack/images.py: no registry is ever contacted);
 #   - Debian's chromium, the browser of the front end's tests (driven by npm playwright-core:
 #     its own browser download cannot work offline).
 # js-ipfs is an npm dependency (package.json), installed by `npm ci` in scripts/setup.sh.

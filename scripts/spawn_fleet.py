@@ -33,10 +33,10 @@ from web3 import Web3
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from devstack.anvil import dev_accounts  # noqa: E402
+from devstack.images import BUSYBOX_IMAGE  # noqa: E402
+from devstack.providers import new_providers  # noqa: E402
 from gridmarket.chain import Deployment, EscrowClient  # noqa: E402
-from gridmarket.devstack.anvil import dev_accounts  # noqa: E402
-from gridmarket.devstack.images import BUSYBOX_IMAGE  # noqa: E402
-from gridmarket.devstack.providers import new_providers  # noqa: E402
 from gridmarket.eip712 import sign_result  # noqa: E402
 from gridmarket.ipfs import IpfsStore  # noqa: E402
 from gridmarket.tiers import REGIONS, TIERS  # noqa: E402

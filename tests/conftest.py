@@ -29,13 +29,13 @@ _bin = str(ROOT / "node_modules" / ".bin")
 if _bin not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = _bin + os.pathsep + os.environ.get("PATH", "")
 
+from devstack._process import ServiceError  # noqa: E402
+from devstack.anvil import Anvil, DevnetError, DevRoles, dev_accounts  # noqa: E402
+from devstack.dockerd import Dockerd  # noqa: E402
+from devstack.images import BUSYBOX_IMAGE, ensure_busybox_image  # noqa: E402
+from devstack.ipfs import IpfsDaemon  # noqa: E402
 from gridmarket.chain import Deployment  # noqa: E402
 from gridmarket.deploy import EscrowParams, deploy_escrow  # noqa: E402
-from gridmarket.devstack._process import ServiceError  # noqa: E402
-from gridmarket.devstack.anvil import Anvil, DevnetError, DevRoles, dev_accounts  # noqa: E402
-from gridmarket.devstack.dockerd import Dockerd  # noqa: E402
-from gridmarket.devstack.images import BUSYBOX_IMAGE, ensure_busybox_image  # noqa: E402
-from gridmarket.devstack.ipfs import IpfsDaemon  # noqa: E402
 
 warnings.filterwarnings("ignore", message="The 'strict' parameter", category=FutureWarning)
 

@@ -40,6 +40,7 @@ from agent.executors.base import ExecutionResult, ExecutionSpec, Reason, TailBuf
 log = logging.getLogger(__name__)
 
 LABEL = "org.gridmarket.executor"
+OWNER_LABEL = "org.gridmarket.owner"  # which agent started it (several may share one engine)
 _WAIT_SLICE_S = 1.0  # wait() in slices so cancellation and the watchdog are noticed quickly
 
 
@@ -55,8 +56,10 @@ class DockerExecutor:
         docker_host: str | None = None,
         user: str = "65534:65534",
         output_mode: OutputMode = OutputMode.AUTO,
+        owner: str = "",
     ) -> None:
-        """``client`` or ``docker_host`` (``unix:///path``) picks the engine, else DOCKER_HOST."""
+        """``client`` or ``docker_host`` (``unix:///path``) picks the engine, else DOCKER_HOST.
+        ``owner`` labels this agent's containers (:func:`agent.assembly.executor_owner`)."""
         if client is None:
             client = docker.DockerClient(base_url=docker_host) if docker_host else docker.from_env()
         self.client = client
@@ -68,13 +71,16 @@ class DockerExecutor:
         self.user = user
         self._owner = (int(uid), int(gid))
         self.output_mode = output_mode
+        self.owner = owner
 
     # ------------------------------------------------------------------ public
 
     def remove_leftovers(self) -> int:
-        """Remove containers a previous agent run left behind (crash); returns how many."""
+        """Remove the containers a previous run of this agent (same ``owner``) left behind (a
+        crash, a SIGKILL); returns how many. Other agents' containers on the engine stay."""
         removed = 0
-        for container in self.client.containers.list(all=True, filters={"label": LABEL}):
+        labels = [LABEL, f"{OWNER_LABEL}={self.owner}"]
+        for container in self.client.containers.list(all=True, filters={"label": labels}):
             with contextlib.suppress(docker.errors.NotFound):
                 container.remove(force=True, v=True)
                 removed += 1
@@ -156,7 +162,7 @@ class DockerExecutor:
             "environment": dict(spec.env),
             "user": self.user,
             "hostname": "job",
-            "labels": {LABEL: self.name},
+            "labels": {LABEL: self.name, OWNER_LABEL: self.owner},
             "network_disabled": True,
             "network_mode": "none",
             "read_only": True,

@@ -11,11 +11,12 @@ from __future__ import annotations
 from agent.errors import DatasetTooLargeError, DatasetVerificationError, StorageError
 from gridmarket.ipfs import MAX_DEPTH, IpfsStore
 
-__all__ = ["MAX_DEPTH", "IpfsStorage"]
+__all__ = ["MAX_DEPTH", "AgentIpfsStore"]
 
 
-class IpfsStorage(IpfsStore):
-    """:class:`agent.storage.Storage` on an IPFS daemon; a context manager (closes the client)."""
+class AgentIpfsStore(IpfsStore):
+    """:class:`agent.storage.Storage` on an IPFS daemon: the shared :class:`IpfsStore`, raising
+    the agent's errors; a context manager (closes the client)."""
 
     error = StorageError
     too_large_error = DatasetTooLargeError

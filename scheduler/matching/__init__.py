@@ -1,6 +1,8 @@
 """Matching: hard gates and best-fit ranking over an index of node capacity, plus reputation
 and quotes. Pure code, no I/O (see docs/matching.md)."""
 
+from gridmarket.wire import ExecutorKind
+
 from .engine import (
     DEFAULT_BAN_BELOW,
     Match,
@@ -17,7 +19,6 @@ from .engine import (
 from .models import (
     ClaimError,
     DuplicateNodeError,
-    Executor,
     Gate,
     GpuSpec,
     JobRequirements,
@@ -26,6 +27,10 @@ from .models import (
     UnknownJobError,
     UnknownNodeError,
 )
+
+# The old name of ExecutorKind, kept only while scheduler/dispatch.py and bench/matching.py
+# (other owners' files) still import it: remove it with their one-line import change.
+Executor = ExecutorKind
 
 __all__ = [
     "DEFAULT_BAN_BELOW",

@@ -38,11 +38,11 @@ from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
 from gridmarket.tiers import vram_class
+from gridmarket.wire import ExecutorKind
 
 from .models import (
     ClaimError,
     DuplicateNodeError,
-    Executor,
     Gate,
     JobRequirements,
     NodeCapacity,
@@ -102,7 +102,7 @@ class NodeLike(Protocol):
     @property
     def price(self) -> int: ...
     @property
-    def executors(self) -> frozenset[Executor]: ...
+    def executors(self) -> frozenset[ExecutorKind]: ...
     @property
     def model(self) -> str: ...
     @property
@@ -132,7 +132,7 @@ class NodeView:
     node_id: str
     region: str
     price: int
-    executors: frozenset[Executor]
+    executors: frozenset[ExecutorKind]
     model: str
     vram_mib: int
     speed: float
@@ -345,7 +345,7 @@ class _Node:
         )
 
 
-_BucketKey = tuple[Executor, str | None, int, int, str, float, int, int, int]
+_BucketKey = tuple[ExecutorKind, str | None, int, int, str, float, int, int, int]
 
 
 class _Bucket:
@@ -387,7 +387,7 @@ class _Bucket:
 class _Shape(NamedTuple):
     """The part of a job that decides which buckets can hold its match, and in what order."""
 
-    executor: Executor
+    executor: ExecutorKind
     region: str | None
     gpu_count: int
     vclass: int
@@ -461,19 +461,31 @@ class MatchingEngine:
     several slots takes several jobs while it has free resources for them.
     """
 
-    def __init__(self, *, ban_below: float = DEFAULT_BAN_BELOW, max_shapes: int = 4096) -> None:
+    def __init__(
+        self,
+        *,
+        ban_below: float = DEFAULT_BAN_BELOW,
+        max_shapes: int = 4096,
+        compact_after: int = 1024,
+    ) -> None:
+        """``compact_after``: empty buckets (nodes moved on, left) are dropped, with the shape
+        cache, once there are more than this many and they are over half of all buckets, so
+        a long-lived engine does not accumulate them; the cost is amortised over the moves
+        that emptied them."""
         self.ban_below = ban_below
         self._max_shapes = max_shapes
+        self._compact_after = compact_after
+        self._n_empty = 0  # buckets with no entries (created empty, or emptied)
         self._nodes: dict[str, _Node] = {}
         self._claims: dict[str, _Node] = {}  # job id -> node
         self._buckets: dict[_BucketKey, _Bucket] = {}
-        self._regional: dict[Executor, list[_Bucket]] = {e: [] for e in Executor}
-        self._pooled: dict[Executor, list[_Bucket]] = {e: [] for e in Executor}
+        self._regional: dict[ExecutorKind, list[_Bucket]] = {e: [] for e in ExecutorKind}
+        self._pooled: dict[ExecutorKind, list[_Bucket]] = {e: [] for e in ExecutorKind}
         self._shapes: OrderedDict[_Shape, _Candidates] = OrderedDict()
         self._n_banned = 0
         self._n_full = 0
         self._n_indexed = 0
-        self._n_by_executor: dict[Executor, int] = dict.fromkeys(Executor, 0)
+        self._n_by_executor: dict[ExecutorKind, int] = dict.fromkeys(ExecutorKind, 0)
 
     # ----------------------------------------------------------------- registry
     def __len__(self) -> int:
@@ -698,6 +710,7 @@ class MatchingEngine:
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = _Bucket(key)
+            self._n_empty += 1
             pool = self._pooled if bucket.region is None else self._regional
             pool[bucket.executor].append(bucket)
             for shape, candidates in self._shapes.items():
@@ -734,6 +747,8 @@ class MatchingEngine:
                     dclass,
                 )
                 bucket = self._bucket(key)
+                if not bucket.entries:
+                    self._n_empty -= 1
                 bisect.insort(bucket.entries, entry)
                 node.entries.append((bucket, entry))
 
@@ -749,13 +764,19 @@ class MatchingEngine:
                 i = bisect.bisect_left(entries, entry)
                 assert entries[i] is entry
                 del entries[i]
+                if not entries:
+                    self._n_empty += 1
                 if bucket.region is not None:
                     self._n_by_executor[bucket.executor] -= 1
             node.entries.clear()
         node.state = _NEW
+        if self._n_empty > self._compact_after and 2 * self._n_empty > len(self._buckets):
+            self.compact()
 
     def compact(self) -> int:
-        """Drop empty buckets and the shape cache; returns how many buckets were dropped."""
+        """Drop empty buckets and the shape cache; returns how many buckets were dropped.
+
+        Runs by itself as buckets empty (``compact_after``); callable at any time."""
         empty = [key for key, b in self._buckets.items() if not b.entries]
         for key in empty:
             del self._buckets[key]
@@ -763,6 +784,7 @@ class MatchingEngine:
             for executor, buckets in pool.items():
                 pool[executor] = [b for b in buckets if b.entries]
         self._shapes.clear()
+        self._n_empty = 0
         return len(empty)
 
     def stats(self) -> dict[str, int]:
@@ -774,5 +796,6 @@ class MatchingEngine:
             "banned": self._n_banned,
             "claims": len(self._claims),
             "buckets": len(self._buckets),
+            "empty_buckets": self._n_empty,
             "cached_shapes": len(self._shapes),
         }

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gridmarket.tiers import CPU_ONLY, Tier
+from gridmarket.wire import ExecutorKind
 
 __all__ = [
     "ClaimError",
     "DuplicateNodeError",
-    "Executor",
     "Gate",
     "GpuSpec",
     "JobRequirements",
@@ -48,13 +48,6 @@ class DuplicateNodeError(MatchingError, ValueError):
 
 class ClaimError(MatchingError, ValueError):
     """The node cannot take the job (a gate fails, or the job is already placed)."""
-
-
-class Executor(StrEnum):
-    """How a job's code runs on the node."""
-
-    DOCKER = "docker"
-    WASM = "wasm"
 
 
 class Gate(StrEnum):
@@ -120,7 +113,7 @@ class NodeCapacity:
     ram_mib: int
     disk_mib: int
     gpu: GpuSpec | None = None
-    executors: frozenset[Executor] = frozenset({Executor.DOCKER})
+    executors: frozenset[ExecutorKind] = frozenset({ExecutorKind.DOCKER})
     slots: int = 1
     reputation: float = 0.5
     suspended: bool = False
@@ -166,7 +159,7 @@ class JobRequirements:
     """
 
     job_id: str
-    executor: Executor = Executor.DOCKER
+    executor: ExecutorKind = ExecutorKind.DOCKER
     gpu_count: int = 0
     min_vram_mib: int = 0
     gpu_models: frozenset[str] | None = None

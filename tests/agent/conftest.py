@@ -11,15 +11,15 @@ import pytest
 
 from agent.executors.docker import DockerExecutor
 from agent.executors.wasm import WasmExecutor
-from agent.storage.ipfs import IpfsStorage
-from gridmarket.devstack.ipfs import IpfsDaemon
+from agent.storage.ipfs import AgentIpfsStore
+from devstack.ipfs import IpfsDaemon
 
 warnings.filterwarnings("ignore", message="The 'strict' parameter", category=FutureWarning)
 
 
 @pytest.fixture
-def storage(ipfs_daemon: IpfsDaemon) -> Iterator[IpfsStorage]:
-    with IpfsStorage(ipfs_daemon.api_addr, resolve_timeout=5) as storage:
+def storage(ipfs_daemon: IpfsDaemon) -> Iterator[AgentIpfsStore]:
+    with AgentIpfsStore(ipfs_daemon.api_addr, resolve_timeout=5) as storage:
         yield storage
 
 

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 
 from agent.cli import app
 from agent.config import ConfigError, load_config, multiaddr_to_url
-from agent.keystore import KeystoreError, create_keystore, keystore_address, load_account
-from gridmarket.devstack.dockerd import Dockerd
+from devstack.dockerd import Dockerd
+from gridmarket.keystore import KeystoreError, create_keystore, keystore_address, load_account
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "0x" + "3c" * 32

@@ -1,4 +1,4 @@
-"""Backoff maths (full jitter) and SchedulerClient's failure paths.
+"""Backoff maths (full jitter) and NodeSession's failure paths.
 
 Failure paths (expired tokens, 4xx/5xx bodies, a dead server) are driven through a small
 ``httpx.MockTransport`` standing in for the scheduler, the one I/O seam of the client; the happy
@@ -22,9 +22,9 @@ from eth_account.signers.local import LocalAccount
 
 from agent.client import (
     Backoff,
+    NodeSession,
+    NodeSessionError,
     SchedulerAuthError,
-    SchedulerClient,
-    SchedulerError,
     SchedulerRejectedError,
     SchedulerUnavailableError,
     full_jitter_delay,
@@ -182,8 +182,8 @@ def fake() -> FakeScheduler:
 
 
 @pytest.fixture
-def client(fake: FakeScheduler) -> SchedulerClient:
-    return SchedulerClient(
+def client(fake: FakeScheduler) -> NodeSession:
+    return NodeSession(
         "http://scheduler.test",
         ACCOUNT,
         name="node-a",
@@ -194,7 +194,7 @@ def client(fake: FakeScheduler) -> SchedulerClient:
 
 
 def test_registration_is_signed_fresh_and_short_lived(
-    client: SchedulerClient, fake: FakeScheduler
+    client: NodeSession, fake: FakeScheduler
 ) -> None:
     client.register()
     client.register()
@@ -209,7 +209,7 @@ def test_registration_is_signed_fresh_and_short_lived(
 
 
 def test_expired_token_registers_again_and_retries(
-    client: SchedulerClient, fake: FakeScheduler
+    client: NodeSession, fake: FakeScheduler
 ) -> None:
     seen: list[str] = []
 
@@ -226,14 +226,14 @@ def test_expired_token_registers_again_and_retries(
     assert seen == ["Bearer token-1", "Bearer token-2"]
 
 
-def test_token_refused_twice_is_an_auth_error(client: SchedulerClient, fake: FakeScheduler) -> None:
+def test_token_refused_twice_is_an_auth_error(client: NodeSession, fake: FakeScheduler) -> None:
     fake.tokens_refused = 2
     with pytest.raises(SchedulerAuthError, match="register again") as info:
         client.heartbeat([])
     assert info.value.status == 401
 
 
-def test_4xx_detail_becomes_the_message(client: SchedulerClient, fake: FakeScheduler) -> None:
+def test_4xx_detail_becomes_the_message(client: NodeSession, fake: FakeScheduler) -> None:
     fake.handler = lambda r: httpx.Response(409, json={"detail": "job 0x12 is not leased"})
     with pytest.raises(SchedulerRejectedError) as info:
         client.hand_back("0x12")
@@ -247,7 +247,7 @@ def test_4xx_detail_becomes_the_message(client: SchedulerClient, fake: FakeSched
 
 
 def test_5xx_and_429_are_unavailable_with_retry_after(
-    client: SchedulerClient, fake: FakeScheduler
+    client: NodeSession, fake: FakeScheduler
 ) -> None:
     fake.handler = lambda r: httpx.Response(503, json={"detail": "chain unavailable"})
     with pytest.raises(SchedulerUnavailableError, match="chain unavailable") as info:
@@ -260,20 +260,18 @@ def test_5xx_and_429_are_unavailable_with_retry_after(
 
 
 def test_unreachable_scheduler_is_unavailable() -> None:
-    client = SchedulerClient(
-        "http://127.0.0.1:9", ACCOUNT, name="n", capacity=CAPACITY, timeout_s=2
-    )
+    client = NodeSession("http://127.0.0.1:9", ACCOUNT, name="n", capacity=CAPACITY, timeout_s=2)
     with pytest.raises(SchedulerUnavailableError, match="unreachable"):
         client.info()
 
 
-def test_garbage_answer_is_a_scheduler_error(client: SchedulerClient, fake: FakeScheduler) -> None:
+def test_garbage_answer_is_a_scheduler_error(client: NodeSession, fake: FakeScheduler) -> None:
     fake.handler = lambda r: httpx.Response(200, json={"leases": "no"})
-    with pytest.raises(SchedulerError, match="not a valid HeartbeatResponse"):
+    with pytest.raises(NodeSessionError, match="not a valid HeartbeatResponse"):
         client.heartbeat([])
 
 
-def test_next_job_assignment_or_retry_after(client: SchedulerClient, fake: FakeScheduler) -> None:
+def test_next_job_assignment_or_retry_after(client: NodeSession, fake: FakeScheduler) -> None:
     spec = JobSpec(executor=ExecutorKind.WASM, module_cid=bytes_cid(b"module"))
     assignment: dict[str, Any] = {
         "job_id": "0x" + "11" * 32,

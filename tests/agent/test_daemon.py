@@ -11,6 +11,7 @@ with a fresh escrow, the js-ipfs daemon and dockerd: nothing is mocked.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,23 +26,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import docker
 import httpx
 import ipfshttpclient
 import pytest
+from docker.models.containers import Container
 from eth_account.signers.local import LocalAccount
 
+from agent.assembly import build_agent, executor_owner
 from agent.config import AgentConfig, load_config
-from agent.daemon import Agent, build_agent
-from agent.keystore import create_keystore
-from agent.storage.ipfs import IpfsStorage
+from agent.daemon import Agent
+from agent.executors.docker import LABEL, OWNER_LABEL
+from agent.storage.ipfs import AgentIpfsStore
+from devstack.anvil import free_port
+from devstack.dockerd import Dockerd
+from devstack.ipfs import IpfsDaemon
+from devstack.scheduler import SchedulerProcess
 from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.cid import path_cid
 from gridmarket.deploy import EscrowParams, deploy_escrow
-from gridmarket.devstack.anvil import free_port
-from gridmarket.devstack.dockerd import Dockerd
-from gridmarket.devstack.ipfs import IpfsDaemon
-from gridmarket.devstack.scheduler import SchedulerProcess
 from gridmarket.escrow import Status
+from gridmarket.keystore import create_keystore
 from gridmarket.wire import API, ExecutorKind, JobSpec
 from tests.agent import wat
 from tests.conftest import Devnet
@@ -197,7 +202,7 @@ def start_agent(config: AgentConfig, account: LocalAccount) -> tuple[Agent, thre
     return agent, thread
 
 
-def dataset(storage: IpfsStorage, tmp: Path) -> str:
+def dataset(storage: AgentIpfsStore, tmp: Path) -> str:
     folder = tmp / f"dataset-{secrets.token_hex(3)}"
     folder.mkdir()
     (folder / "data.txt").write_text("hello gridmarket\n")
@@ -221,7 +226,7 @@ def docker_job(image: str, script: str, **fields: Any) -> JobSpec:
 
 
 def test_register_stake_status_and_serve_docker_and_wasm_jobs(
-    stack: Stack, storage: IpfsStorage, test_image: str, tmp_path: Path
+    stack: Stack, storage: AgentIpfsStore, test_image: str, tmp_path: Path
 ) -> None:
     # register: on-chain (registerProvider + stake) and with the scheduler
     done = agent_cli(stack, "register", "--stake", "0.05")
@@ -265,6 +270,39 @@ def test_register_stake_status_and_serve_docker_and_wasm_jobs(
         thread.join(60)
     assert not thread.is_alive()
     assert not any((config.work_dir / "jobs").iterdir())  # every job dir removed
+
+
+def test_start_removes_this_agents_leftover_containers_only(
+    stack: Stack, docker_client: docker.DockerClient, test_image: str
+) -> None:
+    """A crashed run's containers (labelled with this agent's owner) go at start; another
+    agent's on the same engine, and containers that are not the agent's, stay."""
+    stack.escrow.send(stack.provider, "registerProvider", "bafkreiagenttest", value=10**17)
+    config = stack.config()
+
+    def container(labels: dict[str, str]) -> Container:
+        return docker_client.containers.run(
+            test_image, ["sleep", "300"], detach=True, network_mode="none", labels=labels
+        )
+
+    own = container({LABEL: "docker", OWNER_LABEL: executor_owner(config, stack.provider)})
+    others = [
+        container({LABEL: "docker", OWNER_LABEL: f"{stack.devnet.providers[1].address}/b"}),
+        container({}),
+    ]
+    try:
+        own.reload()
+        assert own.status == "running"  # a live leftover: removed by force
+        agent, thread = start_agent(config, stack.provider)
+        agent.stop()
+        thread.join(60)
+        left = {c.id for c in docker_client.containers.list(all=True)}
+        assert own.id not in left
+        assert all(c.id in left for c in others)
+    finally:
+        for c in [own, *others]:
+            with contextlib.suppress(docker.errors.NotFound):
+                c.remove(force=True)
 
 
 def test_sigterm_hands_back_the_running_job_and_exits_zero(stack: Stack, test_image: str) -> None:
@@ -321,7 +359,7 @@ def test_result_survives_a_scheduler_crash(
 
 
 def test_submit_on_chain_from_the_nodes_own_wallet(
-    stack: Stack, storage: IpfsStorage, test_image: str, tmp_path: Path
+    stack: Stack, storage: AgentIpfsStore, test_image: str, tmp_path: Path
 ) -> None:
     """``submit_on_chain``: the node sends ``submitResult`` itself; the scheduler still verifies
     the output and releases the pay (no relayed signature needed)."""

@@ -1,4 +1,4 @@
-"""gridmarket.devstack: services that fail say why and where the log is; restarts recover."""
+"""devstack: services that fail say why and where the log is; restarts recover."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import docker
 import pytest
 
-from gridmarket.devstack._process import ServiceError
-from gridmarket.devstack.anvil import Anvil, DevnetError
-from gridmarket.devstack.dockerd import Dockerd
-from gridmarket.devstack.images import BUSYBOX_IMAGE, ensure_busybox_image
-from gridmarket.devstack.ipfs import IpfsDaemon
+from devstack._process import ServiceError
+from devstack.anvil import Anvil, DevnetError
+from devstack.dockerd import Dockerd
+from devstack.images import BUSYBOX_IMAGE, ensure_busybox_image
+from devstack.ipfs import IpfsDaemon
 
 
 def _fake(tmp_path: Path, name: str, body: str) -> str:

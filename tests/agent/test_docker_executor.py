@@ -12,7 +12,7 @@ import pytest
 from agent.errors import GpuUnavailableError, ImageNotFoundError, InvalidSpecError
 from agent.executors import ExecutionSpec, Limits, OutputMode, Reason
 from agent.executors.docker import LABEL, DockerExecutor
-from agent.storage.ipfs import IpfsStorage
+from agent.storage.ipfs import AgentIpfsStore
 from gridmarket.cid import path_cid
 
 SH = "/bin/sh"
@@ -25,7 +25,7 @@ def spec(image: str, script: str, **limits: object) -> ExecutionSpec:
 def test_happy_path_input_to_output_to_ipfs(
     docker_executor: DockerExecutor,
     test_image: str,
-    storage: IpfsStorage,
+    storage: AgentIpfsStore,
     tmp_path: Path,
 ) -> None:
     """Dataset from IPFS -> /input -> job -> /output -> IPFS, and the CID recomputes."""

@@ -17,7 +17,7 @@ import pytest
 
 from agent.executors import ExecutionResult, ExecutionSpec, Limits, OutputMode, Reason
 from agent.executors.docker import LABEL, DockerExecutor
-from gridmarket.devstack.dockerd import Dockerd
+from devstack.dockerd import Dockerd
 
 KiB, MiB = 1024, 1024 * 1024
 

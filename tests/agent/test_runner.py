@@ -24,9 +24,9 @@ from agent.config import multiaddr_to_url
 from agent.executors.docker import DockerExecutor
 from agent.executors.wasm import WasmExecutor
 from agent.runner import IpfsProbe, JobRunner, decode_tail, limits_for
-from agent.storage.ipfs import IpfsStorage
+from agent.storage.ipfs import AgentIpfsStore
+from devstack.ipfs import IpfsDaemon
 from gridmarket.cid import bytes_cid, path_cid
-from gridmarket.devstack.ipfs import IpfsDaemon
 from gridmarket.eip712 import recover_result_signer
 from gridmarket.wire import MAX_LOG_CHARS, Assignment, ExecutorKind, JobSpec, RunReason
 from tests.agent import wat
@@ -52,7 +52,7 @@ def runner(
 ) -> JobRunner:
     return JobRunner(
         account,
-        storage=lambda: IpfsStorage(ipfs_daemon.api_addr, resolve_timeout=2),
+        storage=lambda: AgentIpfsStore(ipfs_daemon.api_addr, resolve_timeout=2),
         executors={
             ExecutorKind.DOCKER: lambda: DockerExecutor(docker_client),
             ExecutorKind.WASM: WasmExecutor,
@@ -64,7 +64,7 @@ def runner(
 
 
 @pytest.fixture
-def dataset_cid(storage: IpfsStorage, tmp_path: Path) -> str:
+def dataset_cid(storage: AgentIpfsStore, tmp_path: Path) -> str:
     data = tmp_path / "dataset"
     data.mkdir()
     (data / "data.txt").write_text("hello gridmarket\n")
@@ -113,7 +113,7 @@ def test_docker_job_with_dataset_is_uploaded_and_signed(
     account: LocalAccount,
     test_image: str,
     dataset_cid: str,
-    storage: IpfsStorage,
+    storage: AgentIpfsStore,
     tmp_path: Path,
 ) -> None:
     spec = docker_spec(
@@ -277,7 +277,7 @@ def test_executor_this_node_does_not_serve(
 ) -> None:
     wasm_only = JobRunner(
         account,
-        storage=lambda: IpfsStorage(ipfs_daemon.api_addr),
+        storage=lambda: AgentIpfsStore(ipfs_daemon.api_addr),
         executors={ExecutorKind.WASM: WasmExecutor},
         work_dir=tmp_path,
     )
@@ -292,7 +292,7 @@ def test_ipfs_daemon_down_is_an_agent_error(
     dead = "/ip4/127.0.0.1/tcp/9/http"  # discard port: nothing listens
     runner = JobRunner(
         account,
-        storage=lambda: IpfsStorage(dead, timeout=2),
+        storage=lambda: AgentIpfsStore(dead, timeout=2),
         executors={ExecutorKind.DOCKER: lambda: DockerExecutor(docker_client)},
         work_dir=tmp_path,
         storage_alive=IpfsProbe(multiaddr_to_url(dead), timeout_s=1),

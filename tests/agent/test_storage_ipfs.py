@@ -1,4 +1,4 @@
-"""IpfsStorage against the real js-ipfs daemon: verified fetch, capped size, checked add."""
+"""AgentIpfsStore against the real js-ipfs daemon: verified fetch, capped size, checked add."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from multiformats import CID
 
 from agent.errors import DatasetTooLargeError, DatasetVerificationError, StorageError
 from agent.storage import Storage
-from agent.storage.ipfs import IpfsStorage
+from agent.storage.ipfs import AgentIpfsStore
+from devstack.ipfs import IpfsDaemon
 from gridmarket import cid as cidlib
 from gridmarket.cid import V0, normalize_cid, path_cid
-from gridmarket.devstack.ipfs import IpfsDaemon
 
 
 def _add_bytes(client: ipfshttpclient.Client, data: bytes, **kwargs: object) -> str:
@@ -32,12 +32,12 @@ def _tree(root: Path) -> Path:
     return root
 
 
-def test_is_a_storage(storage: IpfsStorage) -> None:
-    assert isinstance(storage, IpfsStorage)
+def test_is_a_storage(storage: AgentIpfsStore) -> None:
+    assert isinstance(storage, AgentIpfsStore)
     _: Storage = storage  # mypy checks the protocol
 
 
-def test_add_dir_then_fetch_round_trip(storage: IpfsStorage, tmp_path: Path) -> None:
+def test_add_dir_then_fetch_round_trip(storage: AgentIpfsStore, tmp_path: Path) -> None:
     tree = _tree(tmp_path / "out")
     root = storage.add_dir(tree)
     assert root.startswith("bafy") and root == path_cid(tree)
@@ -52,7 +52,7 @@ def test_add_dir_then_fetch_round_trip(storage: IpfsStorage, tmp_path: Path) -> 
 
 
 def test_fetch_single_file_cids_v0_and_v1(
-    storage: IpfsStorage, ipfs_client: ipfshttpclient.Client, tmp_path: Path
+    storage: AgentIpfsStore, ipfs_client: ipfshttpclient.Client, tmp_path: Path
 ) -> None:
     data = random.Random(2).randbytes(300_000)
     for i, kwargs in enumerate([{}, {"cid_version": 1, "raw_leaves": True}, {"cid_version": 1}]):
@@ -62,13 +62,13 @@ def test_fetch_single_file_cids_v0_and_v1(
         assert path.read_bytes() == data
 
 
-def test_add_empty_dir(storage: IpfsStorage, tmp_path: Path) -> None:
+def test_add_empty_dir(storage: AgentIpfsStore, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     assert storage.add_dir(empty) == path_cid(empty)
 
 
-def test_add_refuses_symlinks(storage: IpfsStorage, tmp_path: Path) -> None:
+def test_add_refuses_symlinks(storage: AgentIpfsStore, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "shadow").symlink_to("/etc/shadow")
@@ -77,7 +77,7 @@ def test_add_refuses_symlinks(storage: IpfsStorage, tmp_path: Path) -> None:
 
 
 def test_oversized_file_is_refused_before_download(
-    storage: IpfsStorage, ipfs_client: ipfshttpclient.Client, tmp_path: Path
+    storage: AgentIpfsStore, ipfs_client: ipfshttpclient.Client, tmp_path: Path
 ) -> None:
     cid = _add_bytes(ipfs_client, b"x" * 10_001, cid_version=1, raw_leaves=True)
     dest = tmp_path / "in"
@@ -87,7 +87,7 @@ def test_oversized_file_is_refused_before_download(
 
 
 def test_oversized_directory_is_cut_off_while_streaming(
-    storage: IpfsStorage, tmp_path: Path
+    storage: AgentIpfsStore, tmp_path: Path
 ) -> None:
     root = storage.add_dir(_tree(tmp_path / "tree"))
     dest = tmp_path / "in"
@@ -97,7 +97,7 @@ def test_oversized_directory_is_cut_off_while_streaming(
 
 
 def test_tampered_block_is_detected(
-    storage: IpfsStorage,
+    storage: AgentIpfsStore,
     ipfs_client: ipfshttpclient.Client,
     ipfs_daemon: IpfsDaemon,
     tmp_path: Path,
@@ -120,7 +120,7 @@ def test_tampered_block_is_detected(
 
 @pytest.mark.parametrize("name", ["..", "a/b"])
 def test_unsafe_names_in_a_crafted_directory(
-    storage: IpfsStorage, ipfs_client: ipfshttpclient.Client, tmp_path: Path, name: str
+    storage: AgentIpfsStore, ipfs_client: ipfshttpclient.Client, tmp_path: Path, name: str
 ) -> None:
     """A hand-made dag-pb directory whose link would write outside the job's input dir."""
     leaf = bytes(CID.decode(_add_bytes(ipfs_client, b"pwned", cid_version=1, raw_leaves=True)))
@@ -136,7 +136,7 @@ def test_unsafe_names_in_a_crafted_directory(
 def test_unknown_cid_times_out_clearly(ipfs_daemon: IpfsDaemon, tmp_path: Path) -> None:
     missing = cidlib.bytes_cid(b"nobody ever added this " + random.randbytes(16), V0)
     with (
-        IpfsStorage(ipfs_daemon.api_addr, resolve_timeout=1) as storage,
+        AgentIpfsStore(ipfs_daemon.api_addr, resolve_timeout=1) as storage,
         pytest.raises(StorageError, match="timed out"),
     ):
         storage.fetch(missing, tmp_path / "in", max_bytes=1000)
@@ -144,12 +144,12 @@ def test_unknown_cid_times_out_clearly(ipfs_daemon: IpfsDaemon, tmp_path: Path) 
 
 def test_unreachable_daemon(tmp_path: Path) -> None:
     with (
-        IpfsStorage("/ip4/127.0.0.1/tcp/9/http") as storage,
+        AgentIpfsStore("/ip4/127.0.0.1/tcp/9/http") as storage,
         pytest.raises(StorageError, match="unreachable"),
     ):
         storage.fetch(cidlib.bytes_cid(b"x"), tmp_path / "in", max_bytes=10)
 
 
-def test_not_a_cid(storage: IpfsStorage, tmp_path: Path) -> None:
+def test_not_a_cid(storage: AgentIpfsStore, tmp_path: Path) -> None:
     with pytest.raises(DatasetVerificationError, match="not a CID"):
         storage.fetch("../../etc/passwd", tmp_path / "in", max_bytes=10)

@@ -11,7 +11,7 @@ import pytest
 from agent.errors import InvalidSpecError, WorkloadError
 from agent.executors import ExecutionResult, ExecutionSpec, Limits, OutputMode, Reason
 from agent.executors.wasm import WasmExecutor
-from agent.storage.ipfs import IpfsStorage
+from agent.storage.ipfs import AgentIpfsStore
 from gridmarket.cid import path_cid
 from tests.agent import wat
 
@@ -26,7 +26,7 @@ def run(
 
 
 def test_happy_path(
-    wasm_executor: WasmExecutor, job: tuple[Path, Path], storage: IpfsStorage
+    wasm_executor: WasmExecutor, job: tuple[Path, Path], storage: AgentIpfsStore
 ) -> None:
     result = run(wasm_executor, wat.UPPERCASE, job)
     assert result.ok, result

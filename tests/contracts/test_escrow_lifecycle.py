@@ -9,6 +9,7 @@ from typing import Any
 import ape
 import pytest
 from eth_account import Account
+from eth_utils.crypto import keccak
 
 from gridmarket.eip712 import recover_result_signer, sign_result
 from gridmarket.escrow import Status, cid_digest, commitment, job_id
@@ -40,6 +41,20 @@ def sign(escrow: Any, chain: Any, signer: Any, state: Any, cid: str = OUTPUT, **
     )
 
 
+def stored_commitment(chain: Any, escrow: Any, jid: bytes) -> int:
+    """The word the contract stores for job ``jid``, read from its storage: the one slot of a
+    ``bytes32``-keyed mapping (``keccak256(jid . p)`` for the mapping's slot ``p``) that holds
+    anything. Fails when none or several do."""
+    words = set()
+    for p in range(64):
+        slot = int.from_bytes(keccak(jid + p.to_bytes(32, "big")), "big")
+        word = int.from_bytes(bytes(chain.provider.get_storage(escrow.address, slot)), "big")
+        if word:
+            words.add(word)
+    assert len(words) == 1, f"job {jid.hex()}: {len(words)} storage words"
+    return words.pop()
+
+
 # ------------------------------------------------------------------------- deployment
 def test_deploy_refuses_fee_above_cap(
     project: Any, owner: Any, operator: Any, treasury: Any
@@ -54,7 +69,9 @@ def test_deploy_refuses_zero_operator(project: Any, owner: Any, treasury: Any) -
 
 
 # ------------------------------------------------------------------------- createJob
-def test_create_locks_bounty_and_emits_everything(book: Book, escrow: Any, submitter: Any) -> None:
+def test_create_locks_bounty_and_emits_everything(
+    book: Book, escrow: Any, chain: Any, submitter: Any
+) -> None:
     salt = os.urandom(32)
     before = escrow.balance
     state = book.create(submitter, salt=salt)
@@ -65,9 +82,11 @@ def test_create_locks_bounty_and_emits_everything(book: Book, escrow: Any, submi
     assert escrow.balance == before + BOUNTY
     assert escrow.statusOf(state.job_id) == Status.FUNDED
     assert escrow.isCurrent(state.job_id, state.job.as_tuple())
-    # the Python commitment is the contract's storage word
-    assert escrow.isCurrent(state.job_id, state.job.as_tuple())
-    assert commitment(state.job, Status.FUNDED) & 0xFF == Status.FUNDED
+    assert not escrow.isCurrent(state.job_id, replace(state.job, bounty=BOUNTY - 1).as_tuple())
+    # the Python commitment is the contract's storage word, status byte included
+    stored = stored_commitment(chain, escrow, state.job_id)
+    assert stored == commitment(state.job, Status.FUNDED)
+    assert stored & 0xFF == Status.FUNDED
 
 
 def test_create_rejects_small_bounty(book: Book, escrow: Any, submitter: Any) -> None:

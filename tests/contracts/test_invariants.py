@@ -49,7 +49,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from gridmarket.devstack.anvil import Anvil, dev_accounts
+from devstack.anvil import Anvil, dev_accounts
 from gridmarket.eip712 import sign_result
 from gridmarket.escrow import JOB_EVENTS, Job, JobState, Status, apply_event
 

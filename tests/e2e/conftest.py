@@ -1,4 +1,4 @@
-"""The grids of the end-to-end tests: :func:`gridmarket.devstack.grid.run_grid` with short
+"""The grids of the end-to-end tests: :func:`devstack.grid.run_grid` with short
 liveness timings, so that a dead agent or a silent scheduler is noticed in seconds.
 
 A grid is anvil + escrow, a js-ipfs daemon, dockerd, a scheduler process and three agent
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gridmarket.devstack._process import ServiceError
-from gridmarket.devstack.grid import Grid, run_grid
-from gridmarket.devstack.postgres import fresh_database
+from devstack._process import ServiceError
+from devstack.grid import LocalGrid, run_grid
+from devstack.postgres import fresh_database
 
 FAST = {
     "heartbeat_interval_s": "1",
@@ -31,7 +31,7 @@ FAST = {
 is offline, a lease not renewed for 5 s is lost, an unreachable output is rejected after 4 s."""
 
 
-def _grid(work: Path, agents: int = 3, **overrides: str) -> Iterator[Grid]:
+def _grid(work: Path, agents: int = 3, **overrides: str) -> Iterator[LocalGrid]:
     try:
         cm = run_grid(
             work,
@@ -51,7 +51,7 @@ def _grid(work: Path, agents: int = 3, **overrides: str) -> Iterator[Grid]:
 
 
 @pytest.fixture(scope="class")
-def grid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Grid]:
+def grid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGrid]:
     """One SQLite grid shared by a class of tests that leave it whole (agents restarted...)."""
     yield from _grid(tmp_path_factory.mktemp("grid"))
 
@@ -67,7 +67,7 @@ def pg_database() -> Iterator[str]:
 
 
 @pytest.fixture
-def pg_grid(tmp_path_factory: pytest.TempPathFactory, pg_database: str) -> Iterator[Grid]:
+def pg_grid(tmp_path_factory: pytest.TempPathFactory, pg_database: str) -> Iterator[LocalGrid]:
     """A grid whose scheduler runs on PostgreSQL, with no agents yet: the test adds replicas
     (``start_replica``) and agents (``start_agent``) where it wants them."""
     yield from _grid(tmp_path_factory.mktemp("pg-grid"), agents=0, database_url=pg_database)

@@ -2,7 +2,7 @@
 scheduler's API (which may be down for a while), read their on-chain record, count money, and
 drive a cheating provider over the scheduler's HTTP wire protocol.
 
-Everything here talks to the real grid of :mod:`gridmarket.devstack.grid`; nothing is mocked.
+Everything here talks to the real grid of :mod:`devstack.grid`; nothing is mocked.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import wasmtime
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
+from devstack.grid import AgentProcess, LocalGrid
+from devstack.images import BUSYBOX_IMAGE
 from gridmarket.chain import Event
 from gridmarket.cid import bytes_cid
-from gridmarket.devstack.grid import AgentProcess, Grid
-from gridmarket.devstack.images import BUSYBOX_IMAGE
 from gridmarket.eip712 import sign_result
 from gridmarket.escrow import JobState
 from gridmarket.wire import (
@@ -88,7 +88,7 @@ class Inputs:
     module_cid: str
 
 
-def add_inputs(grid: Grid) -> Inputs:
+def add_inputs(grid: LocalGrid) -> Inputs:
     dataset = grid.ipfs.add_dir(DATASET)
     module = grid.ipfs.add_bytes(bytes(wasmtime.wat2wasm(CSVSTATS.read_text())))
     return Inputs(dataset, module)
@@ -110,17 +110,17 @@ class Funded:
         return bytes.fromhex(self.job_id[2:])
 
 
-def chain_now(grid: Grid) -> int:
+def chain_now(grid: LocalGrid) -> int:
     return int(grid.w3.eth.get_block("latest")["timestamp"])
 
 
-def add_spec(grid: Grid, spec: JobSpec) -> str:
+def add_spec(grid: LocalGrid, spec: JobSpec) -> str:
     """Put the spec on IPFS (what a submitter does before funding)."""
     return grid.ipfs.add_bytes(spec.to_bytes())
 
 
 def fund(
-    grid: Grid,
+    grid: LocalGrid,
     spec: JobSpec,
     *,
     submitter: LocalAccount | None = None,
@@ -136,7 +136,7 @@ def fund(
     return Funded("0x" + state.job_id.hex(), spec, who, bounty, sent.tx_hash, sent.block)
 
 
-def job_view(grid: Grid, job_id: str) -> dict[str, Any] | None:
+def job_view(grid: LocalGrid, job_id: str) -> dict[str, Any] | None:
     """GET /v1/jobs/{id}; None while the scheduler does not know it or does not answer."""
     try:
         r = httpx.get(grid.scheduler.url + API.JOB.format(job_id=job_id), timeout=5)
@@ -161,7 +161,7 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float, every: float =
 
 
 def wait_job(
-    grid: Grid, job: Funded | str, states: Iterable[str], timeout: float = 60
+    grid: LocalGrid, job: Funded | str, states: Iterable[str], timeout: float = 60
 ) -> dict[str, Any]:
     """Until the scheduler reports the job in one of ``states``; the last view otherwise."""
     job_id = job if isinstance(job, str) else job.job_id
@@ -193,7 +193,7 @@ def wait_log(agent: AgentProcess, text: str, timeout: float = 30) -> None:
     )
 
 
-def agent_of(grid: Grid, node_id: str) -> AgentProcess:
+def agent_of(grid: LocalGrid, node_id: str) -> AgentProcess:
     for a in grid.agents:
         if a.node_id == node_id:
             return a
@@ -203,7 +203,7 @@ def agent_of(grid: Grid, node_id: str) -> AgentProcess:
 # --------------------------------------------------------------------------- chain
 
 
-def job_events(grid: Grid, job: Funded) -> list[Event]:
+def job_events(grid: LocalGrid, job: Funded) -> list[Event]:
     """Every escrow event about the job, ProviderSlashed included, in chain order."""
     return [
         e
@@ -216,11 +216,11 @@ def names(events: Iterable[Event]) -> list[str]:
     return [e.name for e in events]
 
 
-def job_state(grid: Grid, job: Funded) -> JobState:
+def job_state(grid: LocalGrid, job: Funded) -> JobState:
     return grid.escrow.job_state(job.id_bytes)
 
 
-def assert_paid_once(grid: Grid, job: Funded, provider: str | None = None) -> Event:
+def assert_paid_once(grid: LocalGrid, job: Funded, provider: str | None = None) -> Event:
     """Exactly one JobReleased for the job, paying bounty minus the fee (to ``provider``)."""
     events = job_events(grid, job)
     released = [e for e in events if e.name == "JobReleased"]
@@ -262,7 +262,7 @@ class Money:
         return out
 
 
-def money(grid: Grid) -> Money:
+def money(grid: LocalGrid) -> Money:
     """balanceOf of every dev account, every provider's stake, accrued fees, the ETH held."""
     addrs = [a.address for a in grid.accounts]
     provs = grid.providers
@@ -274,7 +274,7 @@ def money(grid: Grid) -> Money:
     )
 
 
-def fetch_output(grid: Grid, cid: str, dest: Path) -> dict[str, str]:
+def fetch_output(grid: LocalGrid, cid: str, dest: Path) -> dict[str, str]:
     """The output's files (verified against the CID by the fetch), name -> text."""
     path = grid.ipfs.fetch(cid, dest, 1 << 20)
     return {str(f.relative_to(path)): f.read_text() for f in sorted(path.rglob("*")) if f.is_file()}
@@ -288,7 +288,7 @@ class WireProvider:
     """A provider node that speaks the scheduler's wire protocol itself (as the agent does),
     here to cheat: it takes a job and reports an output CID it never produced."""
 
-    grid: Grid
+    grid: LocalGrid
     account: LocalAccount
     name: str
     capacity: NodeCapacityIn

@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
+from devstack.grid import PROVIDER_STAKE, LocalGrid, start_agent, start_replica, wait_nodes
+from devstack.images import BUSYBOX_IMAGE
 from gridmarket.chain import ChainError
-from gridmarket.devstack.grid import PROVIDER_STAKE, Grid, start_agent, start_replica, wait_nodes
-from gridmarket.devstack.images import BUSYBOX_IMAGE
 from gridmarket.wire import JobSpec, NodeCapacityIn
 
 from .support import (
@@ -64,7 +64,7 @@ def sleeper(name: str, seconds: int) -> JobSpec:
     return docker_spec(name, f"sleep {seconds}; echo {name} > /output/done.txt")
 
 
-def wait_running(grid: Grid, job: Funded) -> Any:
+def wait_running(grid: LocalGrid, job: Funded) -> Any:
     """Until the job is leased and its container runs on an agent; that agent."""
     view = wait_job(grid, job, {"leased"}, 30)
     agent = agent_of(grid, view["node_id"])
@@ -73,7 +73,7 @@ def wait_running(grid: Grid, job: Funded) -> Any:
     return agent
 
 
-def wait_online(grid: Grid, count: int = 3) -> None:
+def wait_online(grid: LocalGrid, count: int = 3) -> None:
     """Until every agent's node is online at the scheduler (after a restart)."""
 
     def online() -> bool:
@@ -92,7 +92,7 @@ def single_attempt(view: dict[str, Any]) -> str:
     return str(attempts[0]["node_id"])
 
 
-def payouts(grid: Grid, paid: list[tuple[Funded, str]]) -> dict[str, int]:
+def payouts(grid: LocalGrid, paid: list[tuple[Funded, str]]) -> dict[str, int]:
     """The exact escrow changes of jobs paid to the given node ids (nothing else moved)."""
     by_wallet: Counter[str] = Counter()
     for _, node_id in paid:
@@ -104,12 +104,14 @@ def payouts(grid: Grid, paid: list[tuple[Funded, str]]) -> dict[str, int]:
 
 
 @pytest.fixture(scope="class")
-def inputs(grid: Grid) -> Inputs:
+def inputs(grid: LocalGrid) -> Inputs:
     return add_inputs(grid)
 
 
 class TestOneGrid:
-    def test_happy_path_docker_and_wasm(self, grid: Grid, inputs: Inputs, tmp_path: Path) -> None:
+    def test_happy_path_docker_and_wasm(
+        self, grid: LocalGrid, inputs: Inputs, tmp_path: Path
+    ) -> None:
         before = money(grid)
         docker = fund(grid, docker_spec("count lines", COUNT_LINES, dataset_cid=inputs.dataset_cid))
         wasm = fund(grid, wasm_spec("csv stats", inputs.module_cid, inputs.dataset_cid))
@@ -135,7 +137,7 @@ class TestOneGrid:
         assert docker_out == {"lines.txt": "401\n"}
         assert wasm_out == {"stats.txt": "bytes=8856\nlines=401\nfields=1604\n"}
 
-    def test_agent_killed_mid_job_is_reassigned_and_paid_once(self, grid: Grid) -> None:
+    def test_agent_killed_mid_job_is_reassigned_and_paid_once(self, grid: LocalGrid) -> None:
         before = money(grid)
         job = fund(grid, sleeper("killed-mid-job", 4))
         first = wait_running(grid, job)
@@ -166,7 +168,9 @@ class TestOneGrid:
         grid.restart_agent(first)  # same wallet and name: the same node comes back
         wait_online(grid)
 
-    def test_scheduler_killed_and_restarted_mid_flight(self, grid: Grid, inputs: Inputs) -> None:
+    def test_scheduler_killed_and_restarted_mid_flight(
+        self, grid: LocalGrid, inputs: Inputs
+    ) -> None:
         before = money(grid)
         running = fund(grid, sleeper("through-the-restart", 9))  # still running at the restart
         agent = wait_running(grid, running)
@@ -196,7 +200,7 @@ class TestOneGrid:
         wait_online(grid)
 
     def test_forged_output_cid_is_rejected_slashed_and_done_elsewhere(
-        self, grid: Grid, inputs: Inputs
+        self, grid: LocalGrid, inputs: Inputs
     ) -> None:
         account = grid.providers[4]  # not one of the agents' wallets
         grid.escrow.send(account, "registerProvider", "bafkreie2echeater", value=PROVIDER_STAKE)
@@ -259,7 +263,7 @@ class TestOneGrid:
         assert node["jobs_failed"] == 1 and node["jobs_done"] == 0
 
     def test_ipfs_then_chain_down_for_a_while_work_resumes(
-        self, grid: Grid, inputs: Inputs
+        self, grid: LocalGrid, inputs: Inputs
     ) -> None:
         before = money(grid)
         # IPFS stops while a job runs (it cannot upload its output) and while another job is
@@ -308,7 +312,7 @@ class TestOneGrid:
         assert before.delta(money(grid)) == payouts(grid, paid)
         wait_online(grid)
 
-    def test_no_capable_provider_submitter_refunds_without_operator(self, grid: Grid) -> None:
+    def test_no_capable_provider_submitter_refunds_without_operator(self, grid: LocalGrid) -> None:
         spec = JobSpec.model_validate(
             {
                 "name": "needs-a-gpu",
@@ -351,7 +355,7 @@ class TestOneGrid:
         assert view["attempts"] == []
 
 
-def test_two_scheduler_replicas_on_postgresql(pg_grid: Grid) -> None:
+def test_two_scheduler_replicas_on_postgresql(pg_grid: LocalGrid) -> None:
     grid = pg_grid
     replica = start_replica(grid)
     start_agent(grid, 0, name="agent-eu", region="eu-west")  # the first replica

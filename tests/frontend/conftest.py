@@ -23,12 +23,12 @@ import httpx
 import pytest
 from eth_account.signers.local import LocalAccount
 
+from devstack._process import ROOT, ManagedProcess, ServiceError
+from devstack.anvil import free_port
+from devstack.ipfs import IpfsDaemon
+from devstack.scheduler import SchedulerProcess
 from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.deploy import EscrowParams, deploy_escrow
-from gridmarket.devstack._process import ROOT, ManagedProcess, ServiceError
-from gridmarket.devstack.anvil import free_port
-from gridmarket.devstack.ipfs import IpfsDaemon
-from gridmarket.devstack.scheduler import SchedulerProcess
 from tests.agent import wat
 from tests.conftest import Devnet
 
@@ -170,7 +170,7 @@ def frontend_stack(
     )
     frontend.start()
 
-    from agent.keystore import create_keystore  # the provider's tool, used as a provider would
+    from gridmarket.keystore import create_keystore  # the provider's tool, used as a provider would
 
     keystore = tmp / "agent-keystore.json"
     create_keystore(keystore, AGENT_PASSWORD, private_key=bytes(provider.key), iterations=2**10)

@@ -413,10 +413,10 @@ def test_job_stream_pushes_state_changes(stack: FrontendStack) -> None:
 def test_the_explorer_keeps_working_while_the_scheduler_is_down(stack: FrontendStack) -> None:
     from fastapi.testclient import TestClient
 
+    from devstack.anvil import free_port
     from frontend_api.app import create_app
     from frontend_api.settings import Settings
     from gridmarket.chain import ChainError
-    from gridmarket.devstack.anvil import free_port
 
     settings = Settings(
         scheduler_url=f"http://127.0.0.1:{free_port()}",  # nothing listens there

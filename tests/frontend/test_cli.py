@@ -1,7 +1,7 @@
-"""The submitter CLI (``python -m frontend_api.cli``, the ``gridmarket`` console script) from a
-terminal against the real stack: init a keystore, submit the WASM example until Released, then
-status, logs, get (verified), jobs; cancel and withdraw; and bad job files refused with the
-field named before anything is uploaded or funded.
+"""The submitter CLI (``python -m frontend_api.submitter_cli``, the ``gridmarket`` console
+script) from a terminal against the real stack: init a keystore, submit the WASM example until
+Released, then status, logs, get (verified), jobs; cancel and withdraw; and bad job files
+refused with the field named before anything is uploaded or funded.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from frontend_api.keystore import create_keystore, keystore_address
 from gridmarket.cid import path_cid
+from gridmarket.keystore import create_keystore, keystore_address
 from tests.frontend.conftest import FrontendStack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def gm(stack: FrontendStack, home: Path, *args: str) -> subprocess.CompletedProc
         }
     )
     return subprocess.run(
-        [sys.executable, "-m", "frontend_api.cli", *args],
+        [sys.executable, "-m", "frontend_api.submitter_cli", *args],
         capture_output=True,
         text=True,
         cwd=home,
@@ -69,7 +69,7 @@ def test_init_creates_or_imports_a_keystore_and_never_overwrites_one(
     assert imported.returncode == 0, imported.stderr
     assert imported.stdout.strip().splitlines()[-1] == stack.submitter.address
     wrong = subprocess.run(
-        [sys.executable, "-m", "frontend_api.cli", "--url", stack.frontend_url,
+        [sys.executable, "-m", "frontend_api.submitter_cli", "--url", stack.frontend_url,
          "--keystore", str(tmp_path / "submitter.json"), "withdraw"],
         capture_output=True, text=True, timeout=60, check=False,
         env={**os.environ, "GRIDMARKET_PASSWORD": "not-it"},
@@ -113,7 +113,7 @@ def test_submit_the_wasm_example_until_released_then_status_logs_get_and_jobs(
 
     direct = home / "direct"
     got = subprocess.run(
-        [sys.executable, "-m", "frontend_api.cli", "--ipfs-api", stack.ipfs_api, "get",
+        [sys.executable, "-m", "frontend_api.submitter_cli", "--ipfs-api", stack.ipfs_api, "get",
          view["output_cid"], "-o", str(direct)],
         capture_output=True, text=True, cwd=home, timeout=60, check=False,
     )  # fmt: skip

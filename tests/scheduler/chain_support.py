@@ -27,9 +27,9 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
+from devstack.anvil import Anvil, DevRoles, dev_accounts
 from gridmarket.chain import Deployment, EscrowClient, Event
 from gridmarket.deploy import EscrowParams, deploy_escrow
-from gridmarket.devstack.anvil import Anvil, DevRoles, dev_accounts
 from gridmarket.escrow import JobState
 
 

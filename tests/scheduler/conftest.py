@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gridmarket.devstack._process import ServiceError
-from gridmarket.devstack.postgres import fresh_database
+from devstack._process import ServiceError
+from devstack.postgres import fresh_database
 
 
 def _pg_database() -> Iterator[str]:

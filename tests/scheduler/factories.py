@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gridmarket.tiers import TIERS
-from scheduler.matching import Executor, GpuSpec, JobRequirements, NodeCapacity
+from scheduler.matching import ExecutorKind, GpuSpec, JobRequirements, NodeCapacity
 
 GIB = 1024
 REPORTED_VRAM = {"rtx-4090": 24564, "rtx-3090": 24576, "rtx-4070": 12282, "rtx-3060": 12288}
@@ -25,7 +25,7 @@ def node(node_id: str, model: str | None = "rtx-4090", count: int = 1, **kw: Any
         "ram_mib": 32 * GIB,
         "disk_mib": 500 * GIB,
         "gpu": None if model is None else gpus(model, count),
-        "executors": frozenset({Executor.DOCKER, Executor.WASM}),
+        "executors": frozenset({ExecutorKind.DOCKER, ExecutorKind.WASM}),
         "slots": 1,
         "reputation": 0.9,
     }

@@ -17,9 +17,9 @@ import httpx
 import uvicorn
 from eth_account.signers.local import LocalAccount
 
+from devstack.anvil import free_port
 from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.deploy import EscrowParams, deploy_escrow
-from gridmarket.devstack.anvil import free_port
 from gridmarket.eip712 import sign_result
 from gridmarket.wire import (
     API,

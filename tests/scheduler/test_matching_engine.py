@@ -11,7 +11,7 @@ import pytest
 from scheduler.matching import (
     ClaimError,
     DuplicateNodeError,
-    Executor,
+    ExecutorKind,
     Gate,
     JobRequirements,
     Match,
@@ -21,6 +21,7 @@ from scheduler.matching import (
     UnknownJobError,
     UnknownNodeError,
     first_failed_gate,
+    reference_match,
 )
 
 from .factories import GIB, job, node
@@ -51,7 +52,7 @@ def why(engine: MatchingEngine, requirements: JobRequirements) -> Gate | None:
 GATE_CASES: list[tuple[Gate, dict[str, Any], dict[str, Any]]] = [
     (Gate.REPUTATION, {"reputation": 0.1}, {}),
     (Gate.REPUTATION, {"suspended": True}, {}),
-    (Gate.EXECUTOR, {"executors": frozenset({Executor.WASM})}, {}),
+    (Gate.EXECUTOR, {"executors": frozenset({ExecutorKind.WASM})}, {}),
     (Gate.REGION, {"region": "eu-west"}, {"region": "us"}),
     (Gate.GPU_COUNT, {"model": None}, {}),
     (Gate.CPU_CORES, {"cpu_cores": 2}, {}),
@@ -276,7 +277,7 @@ def test_ban_line_is_configurable() -> None:
 # --------------------------------------------------------------------------- why not
 def test_why_not_counts_each_node_under_its_first_failed_gate() -> None:
     engine = engine_with(
-        node("wasm-only", executors=frozenset({Executor.WASM})),
+        node("wasm-only", executors=frozenset({ExecutorKind.WASM})),
         node("small-1", "rtx-3060"),
         node("small-2", "rtx-3060"),
         node("small-3", "rtx-3060", price_floor_wei_per_hour=10_000),  # VRAM comes first
@@ -337,3 +338,37 @@ def test_exact_amounts_inside_the_jobs_own_class() -> None:
     engine = engine_with(node("a", disk_mib=300 * GIB), node("b", disk_mib=450 * GIB))
     assert chosen(engine, job(disk_mib=400 * GIB)) == "b"  # class 200-500 GiB
     assert why(engine, job(disk_mib=460 * GIB)) is Gate.DISK
+
+
+# --------------------------------------------------------------------------- long-lived index
+
+
+def moving(step: int, node_id: str = "mover") -> NodeCapacity:
+    """A node whose free resources move to another bucket at each step (35 distinct ones), with
+    at most 16 cores."""
+    return node(node_id, cpu_cores=2 ** (step % 5), ram_mib=GIB * 2 ** (step % 7 + 1))
+
+
+@pytest.mark.parametrize("compact_after", [8, 10**9])
+def test_empty_buckets_are_dropped_as_nodes_move(compact_after: int) -> None:
+    engine = MatchingEngine(compact_after=compact_after)
+    engine.add_node(node("still", cpu_cores=64, ram_mib=256 * GIB))
+    engine.add_node(moving(0))
+    live = engine.stats()["buckets"]  # 2 nodes x 2 executors x (region, pooled)
+    assert live == 8 and engine.stats()["empty_buckets"] == 0
+    for step in range(1, 200):
+        engine.update_node(moving(step))
+        stats = engine.stats()
+        assert stats["buckets"] - stats["empty_buckets"] == live
+        big = job(f"j{step}", cpu_cores=32)  # only "still" has that many
+        assert chosen(engine, big) == "still"
+        small = job(f"k{step}", cpu_cores=1, ram_mib=GIB)
+        assert chosen(engine, small) == reference_match(engine.nodes(), small)
+    if compact_after == 8:  # bounded: at most compact_after empty ones at any time
+        assert engine.stats()["empty_buckets"] <= 8
+    else:  # never compacted: every bucket the mover passed through is still there
+        assert engine.stats()["empty_buckets"] >= 30 * 4
+    empty = engine.stats()["empty_buckets"]
+    assert engine.compact() == empty
+    assert engine.stats()["buckets"] == live and engine.stats()["empty_buckets"] == 0
+    assert chosen(engine, job("after", cpu_cores=32)) == "still"

@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from gridmarket.tiers import TIERS
 from scheduler.matching import (
-    Executor,
+    ExecutorKind,
     GpuSpec,
     JobRequirements,
     Match,
@@ -40,9 +40,9 @@ GPU_CHOICES = [
     ("a100-80gb", 81920),
 ]
 EXECUTOR_SETS = [
-    frozenset({Executor.DOCKER}),
-    frozenset({Executor.WASM}),
-    frozenset({Executor.DOCKER, Executor.WASM}),
+    frozenset({ExecutorKind.DOCKER}),
+    frozenset({ExecutorKind.WASM}),
+    frozenset({ExecutorKind.DOCKER, ExecutorKind.WASM}),
 ]
 
 
@@ -73,7 +73,9 @@ def jobs(draw: st.DrawFn) -> JobRequirements:
     g = draw(st.sampled_from([0, 0, 1, 1, 2, 4]))
     return JobRequirements(
         job_id=f"j{draw(st.integers(0, 10_000))}",
-        executor=draw(st.sampled_from([Executor.DOCKER, Executor.DOCKER, Executor.WASM])),
+        executor=draw(
+            st.sampled_from([ExecutorKind.DOCKER, ExecutorKind.DOCKER, ExecutorKind.WASM])
+        ),
         gpu_count=g,
         min_vram_mib=draw(st.sampled_from([0, 8 * GIB, 12 * GIB, 12285, 20 * GIB, 24570]))
         if g

@@ -18,8 +18,8 @@ import ipfshttpclient
 import pytest
 from multiformats import CID, multihash
 
+from devstack.ipfs import IpfsDaemon
 from gridmarket.cid import V0, bytes_cid, normalize_cid, path_cid
-from gridmarket.devstack.ipfs import IpfsDaemon
 from gridmarket.ipfs import IpfsStore
 from scheduler.verify import Verdict, VerdictCode, verify_output
 

@@ -1,16 +1,17 @@
-"""The whole grid on one machine: anvil + escrow, the js-ipfs daemon, dockerd (when it can run),
-a scheduler replica, the web front end (when installed), and a fleet of real provider agents,
-each with its own wallet. Used by ``make demo``, ``make up`` and the end-to-end tests.
+"""The whole grid on one machine (:class:`LocalGrid`): anvil + escrow, the js-ipfs daemon,
+dockerd (when it can run), a scheduler replica, the web front end (when installed), and a fleet
+of real provider agents, each with its own wallet. Used by ``make demo``, ``make up`` and the
+end-to-end tests.
 
 Everything binds to 127.0.0.1. Roles are anvil's dev accounts: 0 deployer/owner, 1 operator
 (the scheduler's key), 2 treasury, 3-4 submitters, 5-9 providers.
 
 Fault injection for the end-to-end tests (tests/e2e), all keeping addresses and state so that
-the other parts only see an outage: :meth:`Grid.kill_agent` / :meth:`Grid.restart_agent`,
-:meth:`Grid.restart_scheduler` (same database, port and token secret), :meth:`Grid.stop_ipfs` /
-:meth:`Grid.start_ipfs` (same repo and API port), :meth:`Grid.stop_chain` /
-:meth:`Grid.start_chain` (anvil's state file, same port), and :func:`start_replica` (another
-scheduler on the same settings, for PostgreSQL).
+the other parts only see an outage: :meth:`LocalGrid.kill_agent` and
+:meth:`LocalGrid.restart_agent`, :meth:`LocalGrid.restart_scheduler` (same database, port and
+token secret), :meth:`LocalGrid.stop_ipfs` and :meth:`LocalGrid.start_ipfs` (same repo and API
+port), :meth:`LocalGrid.stop_chain` and :meth:`LocalGrid.start_chain` (anvil's state file, same
+port), and :func:`start_replica` (another scheduler on the same settings, for PostgreSQL).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import docker
 import httpx
@@ -88,7 +89,7 @@ class _PinnedIpfsDaemon(IpfsDaemon):
 
     api_port: int | None = None
 
-    def start(self) -> IpfsDaemon:
+    def start(self) -> Self:
         super().start()
         if self.api_port is None and self.api_addr:
             self.api_port = int(self.api_addr.split("/")[4])
@@ -105,7 +106,7 @@ class _PinnedIpfsDaemon(IpfsDaemon):
 
 
 @dataclass
-class Grid(DevRoles):
+class LocalGrid(DevRoles):
     """A running grid; :func:`run_grid` builds and tears it down."""
 
     work: Path
@@ -256,7 +257,7 @@ def _frontend(work: Path, env: dict[str, str]) -> tuple[ManagedProcess | None, s
 
 
 def start_agent(
-    grid: Grid,
+    grid: LocalGrid,
     index: int,
     *,
     name: str,
@@ -271,7 +272,7 @@ def start_agent(
     home.mkdir(parents=True, exist_ok=True)
     keystore = home / "keystore.json"
     if not keystore.exists():
-        from agent.keystore import create_keystore
+        from gridmarket.keystore import create_keystore
 
         create_keystore(
             keystore,
@@ -314,7 +315,7 @@ def start_agent(
     return agent
 
 
-def start_replica(grid: Grid, name: str = "scheduler-b") -> SchedulerProcess:
+def start_replica(grid: LocalGrid, name: str = "scheduler-b") -> SchedulerProcess:
     """Another scheduler replica with the grid's settings (database, token secret, chain) on
     a new port; stopped with the grid. Only meaningful when the database is PostgreSQL."""
     replica = SchedulerProcess(
@@ -325,7 +326,7 @@ def start_replica(grid: Grid, name: str = "scheduler-b") -> SchedulerProcess:
     return replica
 
 
-def wait_nodes(grid: Grid, count: int, timeout: float = 60) -> None:
+def wait_nodes(grid: LocalGrid, count: int, timeout: float = 60) -> None:
     """Until ``count`` nodes are online at the scheduler."""
     deadline = time.monotonic() + timeout
     online = 0
@@ -348,7 +349,7 @@ def run_grid(
     with_frontend: bool = True,
     scheduler_overrides: dict[str, str] | None = None,
     on_step: Callable[[str], None] = lambda s: None,
-) -> Iterator[Grid]:
+) -> Iterator[LocalGrid]:
     """Start everything under ``work`` (logs there too); stop it all when the block ends."""
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -402,7 +403,7 @@ def run_grid(
         settings.update(scheduler_overrides or {})
         scheduler = SchedulerProcess(work, free_port(), settings, log_level="info")
         scheduler.start()
-        grid_ref: list[Grid] = []
+        grid_ref: list[LocalGrid] = []
 
         def stop_schedulers() -> None:  # the current ones: restart_scheduler replaces it
             current = grid_ref[0].scheduler if grid_ref else scheduler
@@ -424,7 +425,7 @@ def run_grid(
             )
             if frontend is not None:
                 stack.callback(frontend.stop)
-        grid = Grid(
+        grid = LocalGrid(
             work=work,
             anvil=anvil,
             w3=w3,

@@ -18,9 +18,9 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 
-from gridmarket.devstack._process import ManagedProcess, ServiceError, pid_alive
+from devstack._process import ManagedProcess, Service, ServiceError, clear_stale_pidfile
 
 __all__ = ["Dockerd", "ServiceError", "ping"]
 
@@ -41,8 +41,10 @@ def ping(socket_path: str | os.PathLike[str], timeout: float = 2.0) -> bool:
     return len(status) > 1 and status[1] == b"200"
 
 
-class Dockerd:
+class Dockerd(Service):
     """A dockerd owned by this process; a context manager (``stop`` on exit)."""
+
+    stop_timeout = 30.0  # dockerd stops its containers and containerd on SIGTERM (10 s each)
 
     def __init__(
         self,
@@ -65,7 +67,6 @@ class Dockerd:
         self._owns_run_dir = False
         self.socket_path = run_dir / "docker.sock"
         self.pidfile = run_dir / "docker.pid"
-        self._proc: ManagedProcess | None = None
 
     @property
     def host(self) -> str:
@@ -74,7 +75,7 @@ class Dockerd:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> Dockerd:
+    def start(self) -> Self:
         if self._proc is not None:
             return self
         binary = shutil.which(self.dockerd)
@@ -104,50 +105,18 @@ class Dockerd:
             "--storage-driver=overlay2",
             "--log-level=warn",
         ]  # fmt: skip
-        self._proc = ManagedProcess("dockerd", argv, self.log_path, cwd=self.work_dir)
-        try:
-            self._proc.start()
-            self._proc.wait_ready(lambda: ping(self.socket_path), self.start_timeout)
-        except ServiceError:
-            self.stop()
-            raise
+        proc = ManagedProcess("dockerd", argv, self.log_path, cwd=self.work_dir)
+        self._launch(proc, lambda: ping(self.socket_path), self.start_timeout)
         return self
 
     def stop(self) -> None:
-        if self._proc is not None:
-            # dockerd stops its containers and its containerd on SIGTERM (10 s per container).
-            self._proc.stop(timeout=30.0)
-            self._proc = None
+        super().stop()
         if self._short_run_dir and self._owns_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
             self._owns_run_dir = False
 
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.running()
-
-    def __enter__(self) -> Dockerd:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     # ------------------------------------------------------------------ steps
 
     def _clear_stale_state(self) -> None:
-        if self.pidfile.exists():
-            try:
-                pid = int(self.pidfile.read_text().strip() or 0)
-            except ValueError:
-                pid = 0
-            if pid and pid_alive(pid):
-                raise ServiceError(
-                    f"a dockerd (pid {pid}) already uses {self.pidfile}: "
-                    f"stop it (kill {pid}) or use another work dir"
-                )
-            self.pidfile.unlink()
+        clear_stale_pidfile(self.pidfile, "a dockerd")
         self.socket_path.unlink(missing_ok=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from gridmarket.devstack._process import ROOT, ServiceError
+from devstack._process import ROOT, ServiceError
 
 __all__ = ["BUSYBOX_IMAGE", "busybox_deb", "ensure_busybox_image"]
 

@@ -18,40 +18,35 @@ with status 1.
 
 from __future__ import annotations
 
-import functools
 import io
 import json
+import logging
 import os
 import shutil
-import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import Annotated, Any
 
 import httpx
 import typer
 
+from gridmarket.cmdline import command_app, prompt_password, root_options
+from gridmarket.cmdline import friendly as cmdline_friendly
+
 from .format import ago, eth, short, when
 
-app = typer.Typer(
-    name="gridmarket",
-    help="GridMarket submitter: fund GPU jobs from your wallet, follow them, get the outputs.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+app = command_app(
+    "gridmarket",
+    "GridMarket submitter: fund GPU jobs from your wallet, follow them, get the outputs.",
 )
 
 DEFAULT_URL = "http://127.0.0.1:8800"
 DEFAULT_KEYSTORE = Path("~/.gridmarket/submitter.json")
 FINAL_STATES = frozenset({"released", "refunded", "failed", "invalid", "expired"})
 CREATE_JOB_SIGNATURE = "createJob(bytes32,string,uint40)"
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
 class CliError(RuntimeError):
@@ -67,27 +62,22 @@ class Options:
 
 
 def _opts(ctx: typer.Context) -> Options:
-    obj = ctx.find_root().obj
-    if not isinstance(obj, Options):
+    opts = root_options(ctx, Options)
+    if opts is None:
         raise CliError("internal: options missing")
-    return obj
+    return opts
 
 
-def friendly(fn: Callable[P, R]) -> Callable[P, R]:
-    """Report :class:`CliError` (and the library errors it stands for) as one line, exit 1."""
+def _expected_errors() -> tuple[type[Exception], ...]:
+    from gridmarket.keystore import KeystoreError
 
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        from .jobfile import JobFileError
-        from .keystore import KeystoreError
+    from .jobfile import JobFileError
 
-        try:
-            return fn(*args, **kwargs)
-        except (CliError, JobFileError, KeystoreError) as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from None
+    return (CliError, JobFileError, KeystoreError)
 
-    return wrapper
+
+friendly = cmdline_friendly(_expected_errors, logging.getLogger(__name__))
+"""Any failure of a command: one line on stderr, exit status 1."""
 
 
 @app.callback()
@@ -160,20 +150,20 @@ def _password(opts: Options, confirm: bool = False) -> str:
             return opts.password_file.read_text(encoding="utf-8").rstrip("\r\n")
         except OSError as exc:
             raise CliError(f"cannot read the password file {opts.password_file}: {exc}") from None
-    if not sys.stdin.isatty():
+    password = prompt_password(confirm=confirm)
+    if password is None:
         raise CliError("no password: set GRIDMARKET_PASSWORD or --password-file")
-    password: str = typer.prompt("keystore password", hide_input=True, confirmation_prompt=confirm)
     return password
 
 
 def _account(opts: Options) -> Any:
-    from .keystore import load_account
+    from gridmarket.keystore import load_account
 
     return load_account(opts.keystore, _password(opts))
 
 
 def _address(opts: Options) -> str:
-    from .keystore import keystore_address
+    from gridmarket.keystore import keystore_address
 
     return keystore_address(opts.keystore)
 
@@ -245,7 +235,7 @@ def init(
     force: Annotated[bool, typer.Option(help="replace an existing keystore")] = False,
 ) -> None:
     """Create your wallet's encrypted keystore; print its address (fund it to submit jobs)."""
-    from .keystore import create_keystore
+    from gridmarket.keystore import create_keystore
 
     opts = _opts(ctx)
     key = None

@@ -4,7 +4,7 @@
         w3 = Web3(Web3.HTTPProvider(anvil.url))
 
 The process handling (own process group, log file, readiness probe, SIGTERM then SIGKILL) is
-:class:`gridmarket.devstack._process.ManagedProcess`, shared with the IPFS and Docker managers.
+:class:`devstack._process.Service`, shared with the IPFS, Docker and scheduler managers.
 A stopped Anvil can be started again: it keeps its port, and with ``state_file`` its chain
 (anvil writes the state on SIGTERM and loads it at start).
 """
@@ -19,10 +19,9 @@ import socket
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
-from gridmarket.devstack._process import ROOT, ManagedProcess, ServiceError
+from devstack._process import ROOT, ManagedProcess, Service, ServiceError
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -57,7 +56,7 @@ def anvil_binary() -> str:
 
 
 @dataclass
-class Anvil:
+class Anvil(Service):
     """An anvil process on 127.0.0.1; a context manager (``stop`` on exit).
 
     ``port`` 0 picks a free port at the first start; later starts reuse it. Without
@@ -83,15 +82,7 @@ class Anvil:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    @property
-    def pid(self) -> int | None:
-        """The process id while it runs."""
-        return self._proc.pid if self._proc is not None else None
-
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.running()
-
-    def start(self, timeout: float = 20.0) -> Anvil:
+    def start(self, timeout: float = 20.0) -> Self:
         """Start anvil and wait until it listens and answers ``eth_chainId``; a no-op when it runs.
 
         Raises :class:`DevnetError` (anvil missing, exited, or not ready within ``timeout`` s).
@@ -127,25 +118,12 @@ class Anvil:
 
     def stop(self) -> None:
         """SIGTERM anvil (it writes ``state_file``), SIGKILL after 15 s; a no-op when stopped."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            proc.stop()
+        super().stop()
         if self._temp_log is not None:
             self._temp_log.unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 self._temp_log.parent.rmdir()
             self._temp_log = None
-
-    def __enter__(self) -> Anvil:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # ------------------------------------------------------------------ steps
 

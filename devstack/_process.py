@@ -1,4 +1,5 @@
-"""A child process with a log file, a readiness probe and a clean stop: shared by the managers."""
+"""A child process with a log file, a readiness probe and a clean stop (:class:`ManagedProcess`),
+and the base of every service manager of the dev stack (:class:`Service`)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 log = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 """The repository root (node_modules/, tools/, .cache/ live there)."""
 
 
@@ -125,6 +128,80 @@ class ManagedProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
         log.info("%s stopped (exit code %s)", self.name, proc.returncode)
+
+
+class Service:
+    """A local service run as one :class:`ManagedProcess`; a context manager (``start`` on
+    entry, ``stop`` on exit). Subclasses build the process and its readiness probe in ``start``
+    and hand them to :meth:`_launch`; a stopped service can be started again."""
+
+    _proc: ManagedProcess | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The process id while it runs."""
+        return self._proc.pid if self._proc is not None else None
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.running()
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop the process (SIGTERM, then SIGKILL after ``stop_timeout``); a no-op when stopped."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.stop(self.stop_timeout)
+
+    stop_timeout: float = 15.0
+
+    def _launch(
+        self,
+        proc: ManagedProcess,
+        probe: Callable[[], bool],
+        timeout: float,
+        started: Callable[[int], object] | None = None,
+    ) -> None:
+        """Start ``proc`` (``started`` gets its pid), wait until ``probe`` says it is ready; on
+        failure :meth:`stop` (which also clears what the subclass set up) and re-raise."""
+        self._proc = proc
+        try:
+            proc.start()
+            if started is not None and proc.pid is not None:
+                started(proc.pid)
+            proc.wait_ready(probe, timeout)
+        except ServiceError:
+            self.stop()
+            raise
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def clear_stale_pidfile(pidfile: Path, what: str) -> None:
+    """Remove ``pidfile`` when the process it names is gone; ServiceError when it still runs
+    (``what`` names it in the message: ``"a dockerd (pid 12) already uses ..."``)."""
+    if not pidfile.exists():
+        return
+    try:
+        pid = int(pidfile.read_text().strip() or 0)
+    except ValueError:
+        pid = 0
+    if pid and pid_alive(pid):
+        raise ServiceError(
+            f"{what} (pid {pid}) already uses {pidfile}: stop it (kill {pid}) or use another "
+            "work dir"
+        )
+    pidfile.unlink()
 
 
 def pid_alive(pid: int) -> bool:

@@ -1,7 +1,7 @@
 """Start and stop a local, offline js-ipfs daemon (npm ``ipfs@0.66.1``) speaking the Kubo RPC API.
 
     with IpfsDaemon(work_dir).start() as ipfs:
-        storage = IpfsStorage(ipfs.api_addr)
+        storage = AgentIpfsStore(ipfs.api_addr)
 
 The repository lives in ``<work_dir>/repo`` (initialised once, reused by later starts), the log in
 ``<work_dir>/ipfs.log``. The daemon listens on 127.0.0.1 only, on ports the OS picks, with no
@@ -18,16 +18,23 @@ import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 
-from gridmarket.devstack._process import ROOT, ManagedProcess, ServiceError, log_tail, pid_alive
+from devstack._process import (
+    ROOT,
+    ManagedProcess,
+    Service,
+    ServiceError,
+    clear_stale_pidfile,
+    log_tail,
+)
 
 __all__ = ["IpfsDaemon", "ServiceError"]
 
 _LOCALHOST_ANY_PORT = "/ip4/127.0.0.1/tcp/0"
 
 
-class IpfsDaemon:
+class IpfsDaemon(Service):
     """A js-ipfs daemon owned by this process; a context manager (``stop`` on exit)."""
 
     def __init__(
@@ -47,7 +54,6 @@ class IpfsDaemon:
         self.node = node
         self.start_timeout = start_timeout
         self._pidfile = self.work_dir / "ipfs.pid"
-        self._proc: ManagedProcess | None = None
         self.api_addr = ""
         """Multiaddr of the RPC API, e.g. ``/ip4/127.0.0.1/tcp/41234/http`` (ipfshttpclient)."""
         self.api_url = ""
@@ -55,7 +61,7 @@ class IpfsDaemon:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> IpfsDaemon:
+    def start(self) -> Self:
         if self._proc is not None:
             return self
         node = shutil.which(self.node)
@@ -69,42 +75,22 @@ class IpfsDaemon:
         if not (self.repo / "config").is_file():
             self._init(node, env)
         self._configure()
-        self._proc = ManagedProcess(
+        proc = ManagedProcess(
             "js-ipfs daemon",
             [node, str(self.cli), "daemon", "--offline", "--enable-preload=false"],
             self.log_path,
             env=env,
             cwd=self.work_dir,
         )
-        try:
-            self._proc.start()
-            self._pidfile.write_text(str(self._proc.pid))
-            self._proc.wait_ready(self._ready, self.start_timeout)
-        except ServiceError:
-            self.stop()
-            raise
+        self._launch(
+            proc, self._ready, self.start_timeout, lambda pid: self._pidfile.write_text(str(pid))
+        )
         return self
 
     def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.stop()
-            self._proc = None
+        super().stop()
         self._pidfile.unlink(missing_ok=True)
         (self.repo / "api").unlink(missing_ok=True)
-
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.running()
-
-    def __enter__(self) -> IpfsDaemon:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # ------------------------------------------------------------------ steps
 
@@ -118,17 +104,7 @@ class IpfsDaemon:
         return env
 
     def _clear_stale_state(self) -> None:
-        if self._pidfile.exists():
-            try:
-                pid = int(self._pidfile.read_text().strip() or 0)
-            except ValueError:
-                pid = 0
-            if pid and pid_alive(pid):
-                raise ServiceError(
-                    f"a js-ipfs daemon (pid {pid}) already runs on {self.repo}: "
-                    f"stop it (kill {pid}) or use another work dir"
-                )
-            self._pidfile.unlink()
+        clear_stale_pidfile(self._pidfile, "a js-ipfs daemon")
         # A daemon that died keeps its lock (a directory) for 20 s and its api file for ever.
         lock = self.repo / "repo.lock"
         if lock.is_dir():

@@ -1,0 +1,145 @@
+"""The agent put together: the executor factories and the job runner, the scheduler session,
+and the daemon (:func:`build_agent`), from the configuration and the provider's wallet."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from agent.capacity import node_capacity, usable_executors
+from agent.client import Backoff, NodeSession
+from agent.config import AgentConfig
+from agent.daemon import Agent
+from agent.runner import IpfsProbe, JobRunner, StepReporter
+from gridmarket.wire import ExecutorKind, NodeCapacityIn, RegisterResponse, ResultReport
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from agent.executors.base import Executor
+    from agent.executors.docker import DockerExecutor
+    from agent.hardware import HardwareReport
+    from agent.storage.ipfs import AgentIpfsStore
+
+__all__ = ["build_agent", "build_runner", "executor_owner", "node_session"]
+
+log = logging.getLogger(__name__)
+
+
+def build_runner(
+    config: AgentConfig,
+    account: LocalAccount,
+    executors: list[ExecutorKind],
+    *,
+    steps: StepReporter | None = None,
+) -> JobRunner:
+    """A :class:`JobRunner` whose adapters (IPFS client, docker SDK, wasmtime) load lazily.
+
+    When it serves Docker jobs, its start-up (:meth:`JobRunner.clean_leftovers`) also removes
+    the containers an earlier run of this agent left in the engine (a crash, a SIGKILL): the
+    docker SDK then loads at start.
+    """
+
+    def storage() -> AgentIpfsStore:
+        from agent.storage.ipfs import AgentIpfsStore
+
+        return AgentIpfsStore(config.ipfs_api)
+
+    @functools.cache  # one engine client: the runner's and the start-up clean-up's
+    def docker_executor() -> DockerExecutor:
+        from agent.executors.docker import DockerExecutor
+
+        return DockerExecutor(docker_host=config.docker_host, owner=executor_owner(config, account))
+
+    def wasm_executor() -> Executor:
+        from agent.executors.wasm import WasmExecutor
+
+        return WasmExecutor()
+
+    factories: dict[ExecutorKind, Callable[[], Executor]] = {
+        ExecutorKind.DOCKER: docker_executor,
+        ExecutorKind.WASM: wasm_executor,
+    }
+    return JobRunner(
+        account,
+        storage=storage,  # AgentIpfsStore is its own context manager
+        executors={k: factories[k] for k in executors},
+        work_dir=config.work_dir,
+        max_dataset_bytes=config.max_dataset_bytes,
+        max_module_bytes=config.max_module_bytes,
+        storage_alive=IpfsProbe(config.ipfs_url),
+        steps=steps,
+        remove_leftovers=(
+            (lambda: docker_executor().remove_leftovers())
+            if ExecutorKind.DOCKER in executors
+            else None
+        ),
+    )
+
+
+def node_session(
+    config: AgentConfig, account: LocalAccount, capacity: Callable[[], NodeCapacityIn]
+) -> NodeSession:
+    """The node's session with the scheduler at ``config.scheduler_url``."""
+    from agent.client import agent_version
+
+    return NodeSession(
+        config.scheduler_url,
+        account,
+        name=config.name,
+        capacity=capacity,
+        agent_version=agent_version(),
+        timeout_s=config.request_timeout_s,
+    )
+
+
+def executor_owner(config: AgentConfig, account: LocalAccount) -> str:
+    """The label value marking this agent's containers (wallet and node name): several agents
+    may share one Docker engine, and each removes only its own leftovers."""
+    return f"{account.address.lower()}/{config.name}"
+
+
+def build_agent(
+    config: AgentConfig,
+    account: LocalAccount,
+    *,
+    report: HardwareReport | None = None,
+    steps: StepReporter | None = None,
+    on_registered: Callable[[RegisterResponse], None] | None = None,
+) -> Agent:
+    """The daemon for ``config``: detects hardware and executors, wires client and runner."""
+    from agent.hardware import detect_hardware
+
+    kinds, notes = usable_executors(config)
+    for note in notes:
+        log.warning("%s: serving %s jobs only", note, " and ".join(kinds))
+    if report is None:
+        report = detect_hardware(config.work_dir)
+    client = node_session(config, account, node_capacity(config, report, kinds))
+    runner = build_runner(config, account, kinds, steps=steps)
+    return Agent(
+        client,
+        runner,
+        slots=config.slots,
+        poll_wait_s=config.poll_wait_s,
+        heartbeat_interval_s=config.heartbeat_interval_s,
+        stop_grace_s=config.stop_grace_s,
+        report_flush_s=config.report_flush_s,
+        backoff=lambda: Backoff(config.backoff_base_s, config.backoff_cap_s),
+        storage_alive=IpfsProbe(config.ipfs_url),
+        on_registered=on_registered,
+        submit_on_chain=_on_chain(config, account),
+    )
+
+
+def _on_chain(
+    config: AgentConfig, account: LocalAccount
+) -> Callable[[str, ResultReport], str | None] | None:
+    if not config.submit_on_chain:
+        return None
+    from agent.onchain import OnChainSubmitter
+
+    assert config.rpc_url is not None and config.deployment is not None
+    return OnChainSubmitter(config.rpc_url, config.deployment, account).submit

@@ -1,5 +1,0 @@
-"""The provider's wallet key: :mod:`gridmarket.keystore`, shared with the submitter CLI."""
-
-from gridmarket.keystore import KeystoreError, create_keystore, keystore_address, load_account
-
-__all__ = ["KeystoreError", "create_keystore", "keystore_address", "load_account"]
