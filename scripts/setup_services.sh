@@ -61,4 +61,33 @@ if ! compgen -G "$DEBS/busybox-static_*.deb" >/dev/null; then
   fi
 fi
 
-say "ready (dockerd: $(command -v dockerd), busybox: $(ls "$DEBS"/busybox-static_*.deb), chromium)"
+# ---------------------------------------------------------------- PostgreSQL (store tests, replicas)
+# The store and replica tests need a PostgreSQL server on 127.0.0.1:5432 that lets the local
+# `postgres` role in without a password (GRIDMARKET_PG_ADMIN_URL points elsewhere). When none
+# answers there, install Debian's `postgresql`, make sure a cluster exists, let `postgres` in
+# from 127.0.0.1 only (trust: a development machine's loopback, never a server's), and start it.
+pg_up() { (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; }
+if [ -z "${GRIDMARKET_PG_ADMIN_URL:-}" ] && ! pg_up; then
+  if ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null; then
+    say "apt-get install postgresql (no server answers on 127.0.0.1:5432; ~30 s)"
+    apt_install postgresql
+  fi
+  pgver=$(ls /usr/lib/postgresql | sort -V | tail -n 1)
+  if ! pg_lsclusters -h 2>/dev/null | awk '{print $1}' | grep -qx "$pgver"; then
+    say "pg_createcluster $pgver main"
+    "${SUDO[@]}" pg_createcluster "$pgver" main >/dev/null
+  fi
+  pgcluster=$(pg_lsclusters -h | awk -v v="$pgver" '$1 == v {print $2; exit}')
+  hba=/etc/postgresql/$pgver/$pgcluster/pg_hba.conf
+  if ! "${SUDO[@]}" grep -qE '^host\s+all\s+postgres\s+127\.0\.0\.1/32\s+trust' "$hba"; then
+    say "pg_hba.conf: trust the postgres role from 127.0.0.1 (loopback only)"
+    "${SUDO[@]}" sed -i '0,/^[^#]/s//host all postgres 127.0.0.1\/32 trust\n&/' "$hba"
+  fi
+  say "starting PostgreSQL $pgver/$pgcluster"
+  "${SUDO[@]}" pg_ctlcluster --skip-systemctl-redirect "$pgver" "$pgcluster" start \
+    || "${SUDO[@]}" pg_ctlcluster --skip-systemctl-redirect "$pgver" "$pgcluster" reload
+  for _ in $(seq 50); do pg_up && break; sleep 0.2; done
+  pg_up || die "PostgreSQL $pgver/$pgcluster did not start listening on 127.0.0.1:5432"
+fi
+
+say "ready (dockerd: $(command -v dockerd), busybox: $(ls "$DEBS"/busybox-static_*.deb), chromium, PostgreSQL)"
