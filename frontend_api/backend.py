@@ -177,6 +177,7 @@ class Backend:
                 "spec_cid": state.spec_cid,
                 "salt": hexstr(state.salt),
                 "output_cid": state.output_cid,
+                "problem": state.problem,
                 "events": [e.to_json() for e in events],
             }
             # What the contract allows now (JobEscrow.cancel / refund / release preconditions);
@@ -298,6 +299,7 @@ def job_summary(state: JobState) -> dict[str, Any]:
         "deadline": job.deadline,
         "spec_cid": state.spec_cid,
         "output_cid": state.output_cid,
+        "problem": state.problem,
     }
 
 

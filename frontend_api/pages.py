@@ -144,7 +144,7 @@ async def job_page(job_id: str, request: Request, b: BackendDep) -> Response:
         # Just sent: the page waits for JobCreated (the stream picks it up).
         view = {"job_id": jid, "missing": "waiting for the job to appear on-chain"}
     spec = None
-    if view.get("spec_cid"):
+    if view.get("spec_cid") and not (view.get("chain") or {}).get("problem"):
         sched = view.get("scheduler") or {}
         spec = sched.get("spec") or await asyncio.to_thread(b.spec_of, view["spec_cid"])
     return render(request, b, "job.html", view=view, spec=spec)
