@@ -19,6 +19,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gridmarket.chain import ChainError
+from gridmarket.http_guard import GuardLimits, RequestGuard
 from gridmarket.ipfs import IpfsError
 
 from . import __version__, api, pages
@@ -31,6 +32,21 @@ from .txs import TxError
 from .web import HERE, error_body, wants_html
 
 log = logging.getLogger(__name__)
+
+
+def guard_limits(settings: Settings) -> GuardLimits:
+    """Body caps (uploads get ``upload_max_bytes`` plus room for the multipart framing), strict
+    JSON, and a rate per client on everything but static files and the health check."""
+    uploads = settings.upload_max_bytes + 65536
+    return GuardLimits(
+        max_body_bytes=settings.max_body_bytes,
+        body_limits={"/api/uploads/": uploads, **settings.body_limits},
+        rate_per_s=settings.rate_limit_per_s,
+        burst=settings.rate_limit_burst,
+        exempt_clients=frozenset(settings.rate_limit_exempt),
+        rate_limited=lambda path: not path.startswith(("/static/", "/healthz")),
+        settings_hint="GRIDMARKET_FRONTEND_MAX_BODY_BYTES / _BODY_LIMITS / _UPLOAD_MAX_BYTES",
+    )
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -62,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openapi_url="/api/openapi.json",
         redoc_url=None,
     )
+    app.add_middleware(RequestGuard, limits=guard_limits(settings))
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     app.include_router(api.router)
     app.include_router(pages.router)
