@@ -38,6 +38,7 @@ from .forms import (
 from .index import NotFoundError, hexstr
 from .scheduler import SchedulerError
 from .values import parse_address, parse_bytes32
+from .waits import client_of
 from .web import env
 
 router = APIRouter(prefix="/api", tags=["api"])
@@ -177,8 +178,17 @@ async def job_stream(job_id: str, request: Request, b: BackendDep) -> StreamingR
     changes, ``end`` once it can no longer change. The scheduler and the chain are polled every
     ``stream_poll_s``."""
     jid = _job_id(job_id)
+    client = client_of(request)
+    b.waits.acquire(client)  # a stream is a waiting request: released when it ends
 
     async def events() -> AsyncIterator[str]:
+        try:
+            async for chunk in _events():
+                yield chunk
+        finally:
+            b.waits.release(client)
+
+    async def _events() -> AsyncIterator[str]:
         started = time.monotonic()
         last = ""
         template = env.get_template("_job_live.html")
@@ -380,10 +390,22 @@ async def prepare_provider(req: ProviderSignup, b: BackendDep) -> dict[str, Any]
 
 
 @router.post("/tx/relay")
-async def relay(req: RelayRequest, b: BackendDep) -> dict[str, Any]:
+async def relay(req: RelayRequest, request: Request, b: BackendDep) -> dict[str, Any]:
     """Relay a signed raw transaction to the escrow (refused, with the reason, when it is for
-    another contract or chain, or would revert); with ``wait_s``, wait for its receipt."""
-    result = await asyncio.to_thread(b.txs.relay, req.raw_tx, wait_s=req.wait_s)
+    another contract or chain, or would revert); with ``wait_s``, wait for its receipt (on the
+    event loop, counted against the client's cap on waiting requests)."""
+    result = await asyncio.to_thread(b.txs.relay, req.raw_tx)
+    if req.wait_s > 0:
+        async with b.waits.slot(client_of(request)):
+            deadline = time.monotonic() + req.wait_s
+            while True:
+                mined = await asyncio.to_thread(b.txs.receipt_of, result["tx_hash"])
+                if mined is not None:
+                    result.update(mined)
+                    break
+                if time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(0.2)
     if result.get("block") is not None:
         await b.refresh(force=True)
     return result

@@ -9,7 +9,7 @@ request, so the explorer keeps working while they are down.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -83,9 +83,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api.router)
     app.include_router(pages.router)
 
-    def answer(request: Request, status: int, detail: str, field: str | None = None) -> Response:
+    def answer(
+        request: Request,
+        status: int,
+        detail: str,
+        field: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Response:
         if wants_html(request) and hasattr(request.app.state, "backend"):
-            return pages.render(
+            page = pages.render(
                 request,
                 request.app.state.backend,
                 "error.html",
@@ -94,7 +100,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 detail=detail,
                 field=field,
             )
-        return JSONResponse(error_body(detail, field), status_code=status)
+            page.headers.update(headers or {})
+            return page
+        return JSONResponse(error_body(detail, field), status_code=status, headers=headers)
 
     @app.exception_handler(FieldError)
     async def _field(request: Request, exc: FieldError) -> Response:
@@ -139,7 +147,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        return answer(request, exc.status_code, str(exc.detail))
+        return answer(request, exc.status_code, str(exc.detail), headers=exc.headers)
 
     @app.get("/healthz", include_in_schema=False)
     async def health() -> dict[str, object]:

@@ -23,11 +23,14 @@ from .index import ChainEvent, ChainIndex, NotFoundError, hexstr, jsonable
 from .scheduler import SchedulerClient, SchedulerError
 from .settings import Settings
 from .txs import TxBuilder
+from .waits import Waits
 
 TERMINAL_STATES = frozenset({"released", "refunded", "failed", "invalid", "expired"})
 """Scheduler states after which a job's page stops changing (with the chain's terminal ones)."""
 
 SPEC_CACHE_MAX = 512
+SPEC_MISS_RETRY_S = 30.0
+"""A spec that could not be fetched is not asked for again for this long."""
 
 
 class Backend:
@@ -50,8 +53,11 @@ class Backend:
         self.cache_dir = Path(tempfile.mkdtemp(prefix="gridmarket-frontend-"))
         self._fetch_locks: dict[str, threading.Lock] = {}
         self._fetch_lock = threading.Lock()
+        self.waits = Waits(settings.wait_threads, settings.waits_per_client)
+        self._spec_misses: dict[str, float] = {}  # spec CID -> monotonic time to retry after
 
     async def aclose(self) -> None:
+        self.waits.close()
         await self.scheduler.aclose()
         shutil.rmtree(self.cache_dir, ignore_errors=True)
 
@@ -89,13 +95,18 @@ class Backend:
         cached = self._spec_cache.get(spec_cid)
         if cached is not None:
             return cached
+        if self._spec_misses.get(spec_cid, 0.0) > time.monotonic():
+            return None  # failed a moment ago: do not make every page view wait again
         try:
             with self.ipfs() as store:
                 data = store.cat(spec_cid, max_bytes=64 * 1024, timeout_s=5)
             spec = json.loads(data)
         except (OSError, ValueError):
-            return None
+            spec = None
         if not isinstance(spec, dict):
+            if len(self._spec_misses) >= SPEC_CACHE_MAX:
+                self._spec_misses.clear()
+            self._spec_misses[spec_cid] = time.monotonic() + SPEC_MISS_RETRY_S
             return None
         if len(self._spec_cache) >= SPEC_CACHE_MAX:
             self._spec_cache.clear()

@@ -26,6 +26,7 @@ from .forms import FieldError
 from .index import NotFoundError, hexstr
 from .scheduler import SchedulerError
 from .values import parse_bytes32
+from .waits import client_of
 from .web import templates
 
 router = APIRouter(include_in_schema=False)
@@ -146,7 +147,9 @@ async def job_page(job_id: str, request: Request, b: BackendDep) -> Response:
     spec = None
     if view.get("spec_cid") and not (view.get("chain") or {}).get("problem"):
         sched = view.get("scheduler") or {}
-        spec = sched.get("spec") or await asyncio.to_thread(b.spec_of, view["spec_cid"])
+        spec = sched.get("spec") or await b.waits.run(
+            client_of(request), b.spec_of, view["spec_cid"]
+        )
     return render(request, b, "job.html", view=view, spec=spec)
 
 
@@ -200,9 +203,9 @@ def _cid(value: str) -> str:
         raise FieldError("cid", f"{value!r} is not a CID: {exc}") from None
 
 
-async def _tree(b: Backend, cid: str) -> Path:
+async def _tree(b: Backend, cid: str, request: Request) -> Path:
     try:
-        return await asyncio.to_thread(b.fetch_tree, cid)
+        return await b.waits.run(client_of(request), b.fetch_tree, cid)
     except ContentTooLargeError as exc:
         raise HTTPException(413, str(exc)) from None
     except ContentVerificationError as exc:
@@ -269,11 +272,11 @@ async def ipfs_root(
     page, as JSON (``?format=json``) or as one tar file (``?archive=tar``). The ``X-Ipfs-Kind``
     header says which (``file``/``directory``)."""
     cid = _cid(cid)
-    target = await _tree(b, cid)
+    target = await _tree(b, cid, request)
     if target.is_file():
         return _serve_file(target, cid, "file")
     if archive == "tar":
-        tar = await asyncio.to_thread(_tar, target)
+        tar = await b.waits.run(client_of(request), _tar, target)
         return FileResponse(
             tar,
             media_type="application/x-tar",
@@ -291,7 +294,7 @@ async def ipfs_root(
 async def ipfs_path(cid: str, path: str, request: Request, b: BackendDep) -> Response:
     """A file (or sub-directory listing) inside a directory CID, from the verified tree."""
     cid = _cid(cid)
-    root = await _tree(b, cid)
+    root = await _tree(b, cid, request)
     if root.is_file():
         raise HTTPException(404, f"{cid} is a file, not a directory")
     target = (root / path).resolve()
