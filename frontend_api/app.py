@@ -27,6 +27,7 @@ from .backend import Backend
 from .forms import FieldError
 from .index import NotFoundError
 from .scheduler import SchedulerError
+from .security import BrowserGuard
 from .settings import Settings
 from .txs import TxError
 from .web import HERE, error_body, wants_html
@@ -77,6 +78,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url="/api/docs",
         openapi_url="/api/openapi.json",
         redoc_url=None,
+    )
+    app.add_middleware(
+        BrowserGuard, public_base_url=settings.public_base_url, docs_enabled=settings.docs_enabled
     )
     app.add_middleware(RequestGuard, limits=guard_limits(settings))
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")

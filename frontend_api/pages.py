@@ -43,6 +43,7 @@ def render(request: Request, b: Backend, name: str, status_code: int = 200, **ct
         "explorer_url": b.settings.explorer_url,
         "scheduler_url": b.settings.scheduler_url,
         "path": request.url.path,
+        "csp_nonce": getattr(request.state, "csp_nonce", ""),
     }
     return templates.TemplateResponse(request, name, {**base, **ctx}, status_code=status_code)
 

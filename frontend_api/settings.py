@@ -37,6 +37,13 @@ class Settings(BaseSettings):
     upload_max_bytes: int = Field(256 * 1024**2, ge=1, description="dataset or module upload cap")
     download_max_bytes: int = Field(1024**3, ge=1, description="cap on what the IPFS proxy serves")
 
+    download_cache_bytes: int = Field(
+        2 * 1024**3, ge=1, description="disk budget of the IPFS proxy's cache (LRU eviction)"
+    )
+    public_base_url: str | None = Field(
+        None, description="the site's public URL (https://host): redirects and origin checks"
+    )
+    docs_enabled: bool = Field(True, description="serve /api/docs and /api/openapi.json")
     wait_threads: int = Field(
         64, ge=1, description="threads for blocking waits (IPFS reads), apart from page work"
     )
@@ -65,7 +72,7 @@ class Settings(BaseSettings):
             raise ValueError(f"must be an http(s) URL, got {value!r}")
         return value.rstrip("/")
 
-    @field_validator("explorer_url")
+    @field_validator("explorer_url", "public_base_url")
     @classmethod
     def _optional_url(cls, value: str | None) -> str | None:
         if not value:

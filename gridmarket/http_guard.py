@@ -155,7 +155,7 @@ class RequestGuard:
             wait = self.buckets.take(client)
             if wait > 0:
                 retry = max(1, math.ceil(wait))
-                await _answer(
+                await answer(
                     send,
                     429,
                     f"too many requests from {client}: at most {limits.rate_per_s:g} per "
@@ -170,10 +170,10 @@ class RequestGuard:
             try:
                 declared = int(length)
             except ValueError:
-                await _answer(send, 400, "Content-Length is not a number")
+                await answer(send, 400, "Content-Length is not a number")
                 return
             if declared > limit:
-                await _answer(send, 413, self._too_large(path, limit, declared, exact=True))
+                await answer(send, 413, self._too_large(path, limit, declared, exact=True))
                 return
         if scope.get("method") in ("GET", "HEAD", "OPTIONS", "DELETE") and length is None:
             await self.app(scope, receive, send)
@@ -181,7 +181,7 @@ class RequestGuard:
         if _is_json(headers.get(b"content-type")):
             body = await _read_body(receive, limit)
             if body is None:
-                await _answer(send, 413, self._too_large(path, limit, None))
+                await answer(send, 413, self._too_large(path, limit, None))
                 return
             if body:
                 if len(body) > limits.thread_over_bytes:
@@ -189,7 +189,7 @@ class RequestGuard:
                 else:
                     problem = check_json(body)
                 if problem is not None:
-                    await _answer(send, 400, problem)
+                    await answer(send, 400, problem)
                     return
             await self.app(scope, _replay(body, receive), send)
             return
@@ -222,7 +222,7 @@ class RequestGuard:
         except BodyTooLargeError as exc:
             if started:
                 raise
-            await _answer(send, 413, str(exc.detail))
+            await answer(send, 413, str(exc.detail))
 
     def _too_large(self, path: str, limit: int, seen: int | None, *, exact: bool = False) -> str:
         size = "" if seen is None else f" ({seen}{'' if exact else '+'} bytes)"
@@ -276,7 +276,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _answer(
+async def answer(
     send: Send, status: int, detail: str, headers: Sequence[tuple[bytes, bytes]] = ()
 ) -> None:
     body = json.dumps({"detail": detail}).encode()

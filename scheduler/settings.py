@@ -73,3 +73,9 @@ class Settings(BaseSettings):
         default_factory=lambda: ["127.0.0.1", "::1"],
         description="client addresses never rate-limited (the local front end, benches)",
     )
+
+    # what only operators should see (docs/operator.md)
+    docs_enabled: bool = Field(True, description="serve /docs, /redoc and /openapi.json")
+    metrics_token: SecretStr | None = Field(
+        None, description="when set, /metrics needs 'Authorization: Bearer <token>'"
+    )

@@ -164,3 +164,32 @@ def test_unauthenticated_endpoints_are_rate_limited_per_client(
         assert heartbeat.status_code == 401
         time.sleep(1.2)  # refilled at 2 per second
         assert httpx.get(s.url + API.INFO, timeout=5).status_code == 200
+
+
+def test_docs_off_and_metrics_behind_a_token(
+    tmp_path: Path, devnet: Devnet, ipfs_daemon: Any
+) -> None:
+    deployment, _ = fresh_escrow(devnet)
+    with scheduler(
+        tmp_path,
+        deployment,
+        devnet,
+        ipfs_daemon.api_addr,
+        docs_enabled=False,
+        metrics_token="metrics-s3cret",
+    ) as s:
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            r = httpx.get(s.url + path, timeout=5)
+            assert r.status_code == 404 and "turned off" in r.json()["detail"], path
+        assert httpx.get(s.url + API.METRICS, timeout=5).status_code == 401
+        wrong = {"authorization": "Bearer nope"}
+        assert httpx.get(s.url + API.METRICS, headers=wrong, timeout=5).status_code == 401
+        right = {"authorization": "Bearer metrics-s3cret"}
+        r = httpx.get(s.url + API.METRICS, headers=right, timeout=5)
+        assert r.status_code == 200 and r.text
+        assert httpx.get(s.url + API.INFO, timeout=5).status_code == 200
+
+
+def test_docs_and_metrics_open_by_default(server: Server) -> None:
+    assert httpx.get(server.url + "/openapi.json", timeout=5).status_code == 200
+    assert httpx.get(server.url + API.METRICS, timeout=5).status_code == 200
