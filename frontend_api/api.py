@@ -64,6 +64,13 @@ def _address(value: str | None, name: str) -> str | None:
         raise field_error(exc, name) from None
 
 
+def _required_address(value: str | None, name: str) -> str:
+    address = _address(value, name)
+    if address is None:
+        raise FieldError(name, "an address is required (0x and 40 hex digits)")
+    return address
+
+
 def _job_id(value: str) -> str:
     try:
         return hexstr(parse_bytes32(value, "job_id"))
@@ -133,8 +140,7 @@ async def payouts(
 async def address(address: str, b: BackendDep) -> dict[str, Any]:
     """Earned, withdrawn, balance (``balanceOf``), stake (``providerOf``), slashes, jobs, nodes
     and events of one address."""
-    addr = _address(address, "address")
-    assert addr is not None
+    addr = _required_address(address, "address")
     await b.refresh()
     return await b.address_view(addr)
 
@@ -337,8 +343,7 @@ async def prepare_job_action(
     if action not in ("cancel", "refund", "release"):
         raise HTTPException(404, f"no action {action!r}: use cancel, refund or release")
     jid = _job_id(job_id)
-    sender = _address(req.sender, "from")
-    assert sender is not None
+    sender = _required_address(req.sender, "from")
     await b.refresh(force=True)
     found = b.chain_job(jid)
     if found is None:
@@ -351,8 +356,7 @@ async def prepare_job_action(
 @router.post("/withdraw/prepare")
 async def prepare_withdraw(req: AddressRequest, b: BackendDep) -> dict[str, Any]:
     """``withdraw()`` of ``from``'s whole balance, as an unsigned transaction."""
-    sender = _address(req.sender, "from")
-    assert sender is not None
+    sender = _required_address(req.sender, "from")
     balance = await asyncio.to_thread(b.escrow.call, "balanceOf", sender)
     if int(balance) == 0:
         raise FieldError("from", f"{sender} has nothing to withdraw (balance 0)")
@@ -366,8 +370,7 @@ async def prepare_provider(req: ProviderSignup, b: BackendDep) -> dict[str, Any]
     the stake as value, for the provider's wallet to sign."""
     from gridmarket.cid import bytes_cid
 
-    sender = _address(req.sender, "from")
-    assert sender is not None
+    sender = _required_address(req.sender, "from")
     try:
         stake = parse_eth(str(req.stake_eth), "stake_eth")
     except ValueError as exc:

@@ -20,7 +20,7 @@ from gridmarket.ipfs import ContentTooLargeError, ContentVerificationError, Ipfs
 from gridmarket.tiers import REGIONS, TIERS
 
 from . import svg
-from .api import BackendDep, _address, _job_id
+from .api import BackendDep, _address, _job_id, _required_address
 from .backend import Backend, job_summary
 from .forms import FieldError
 from .index import NotFoundError, hexstr
@@ -103,8 +103,7 @@ async def payouts_page(
 
 @router.get("/address/{address}", response_class=HTMLResponse)
 async def address_page(address: str, request: Request, b: BackendDep) -> Response:
-    addr = _address(address, "address")
-    assert addr is not None
+    addr = _required_address(address, "address")
     await b.refresh()
     view = await b.address_view(addr)
     rows = b.index.payouts(provider=addr)
