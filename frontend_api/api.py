@@ -40,6 +40,7 @@ from .forms import (
 from .index import NotFoundError, hexstr
 from .scheduler import SchedulerError
 from .values import parse_address, parse_bytes32
+from .waits import client_of
 from .web import env
 
 router = APIRouter(prefix="/api", tags=["api"])
@@ -63,6 +64,13 @@ def _address(value: str | None, name: str) -> str | None:
         return parse_address(value, name)
     except ValueError as exc:
         raise field_error(exc, name) from None
+
+
+def _required_address(value: str | None, name: str) -> str:
+    address = _address(value, name)
+    if address is None:
+        raise FieldError(name, "an address is required (0x and 40 hex digits)")
+    return address
 
 
 def _job_id(value: str) -> str:
@@ -134,8 +142,7 @@ async def payouts(
 async def address(address: str, b: BackendDep) -> dict[str, Any]:
     """Earned, withdrawn, balance (``balanceOf``), stake (``providerOf``), slashes, jobs, nodes
     and events of one address."""
-    addr = _address(address, "address")
-    assert addr is not None
+    addr = _required_address(address, "address")
     await b.refresh()
     return await b.address_view(addr)
 
@@ -179,8 +186,17 @@ async def job_stream(job_id: str, request: Request, b: BackendDep) -> StreamingR
     changes, ``end`` once it can no longer change. The scheduler and the chain are polled every
     ``stream_poll_s``."""
     jid = _job_id(job_id)
+    client = client_of(request)
+    b.waits.acquire(client)  # a stream is a waiting request: released when it ends
 
     async def events() -> AsyncIterator[str]:
+        try:
+            async for chunk in _events():
+                yield chunk
+        finally:
+            b.waits.release(client)
+
+    async def _events() -> AsyncIterator[str]:
         started = time.monotonic()
         last = ""
         template = env.get_template("_job_live.html")
@@ -329,8 +345,7 @@ async def prepare_job_action(
     if action not in ("cancel", "refund", "release"):
         raise HTTPException(404, f"no action {action!r}: use cancel, refund or release")
     jid = _job_id(job_id)
-    sender = _address(req.sender, "from")
-    assert sender is not None
+    sender = _required_address(req.sender, "from")
     await b.refresh(force=True)
     found = b.chain_job(jid)
     if found is None:
@@ -343,8 +358,7 @@ async def prepare_job_action(
 @router.post("/withdraw/prepare")
 async def prepare_withdraw(req: AddressRequest, b: BackendDep) -> dict[str, Any]:
     """``withdraw()`` of ``from``'s whole balance, as an unsigned transaction."""
-    sender = _address(req.sender, "from")
-    assert sender is not None
+    sender = _required_address(req.sender, "from")
     balance = await asyncio.to_thread(b.escrow.call, "balanceOf", sender)
     if int(balance) == 0:
         raise FieldError("from", f"{sender} has nothing to withdraw (balance 0)")
@@ -358,8 +372,7 @@ async def prepare_provider(req: ProviderSignup, b: BackendDep) -> dict[str, Any]
     the stake as value, for the provider's wallet to sign."""
     from gridmarket.cid import bytes_cid
 
-    sender = _address(req.sender, "from")
-    assert sender is not None
+    sender = _required_address(req.sender, "from")
     try:
         stake = parse_eth(str(req.stake_eth), "stake_eth")
     except ValueError as exc:
@@ -382,10 +395,22 @@ async def prepare_provider(req: ProviderSignup, b: BackendDep) -> dict[str, Any]
 
 
 @router.post("/tx/relay")
-async def relay(req: RelayRequest, b: BackendDep) -> dict[str, Any]:
+async def relay(req: RelayRequest, request: Request, b: BackendDep) -> dict[str, Any]:
     """Relay a signed raw transaction to the escrow (refused, with the reason, when it is for
-    another contract or chain, or would revert); with ``wait_s``, wait for its receipt."""
-    result = await asyncio.to_thread(b.txs.relay, req.raw_tx, wait_s=req.wait_s)
+    another contract or chain, or would revert); with ``wait_s``, wait for its receipt (on the
+    event loop, counted against the client's cap on waiting requests)."""
+    result = await asyncio.to_thread(b.txs.relay, req.raw_tx)
+    if req.wait_s > 0:
+        async with b.waits.slot(client_of(request)):
+            deadline = time.monotonic() + req.wait_s
+            while True:
+                mined = await asyncio.to_thread(b.txs.receipt_of, result["tx_hash"])
+                if mined is not None:
+                    result.update(mined)
+                    break
+                if time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(0.2)
     if result.get("block") is not None:
         await b.refresh(force=True)
     return result

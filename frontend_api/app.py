@@ -9,7 +9,7 @@ request, so the explorer keeps working while they are down.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -19,6 +19,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gridmarket.chain import ChainError
+from gridmarket.http_guard import GuardLimits, RequestGuard
 from gridmarket.ipfs import IpfsError
 
 from . import __version__, api, pages
@@ -26,11 +27,27 @@ from .backend import Backend
 from .forms import FieldError
 from .index import NotFoundError
 from .scheduler import SchedulerError
+from .security import BrowserGuard
 from .settings import Settings
 from .txs import TxError
 from .web import HERE, error_body, wants_html
 
 log = logging.getLogger(__name__)
+
+
+def guard_limits(settings: Settings) -> GuardLimits:
+    """Body caps (uploads get ``upload_max_bytes`` plus room for the multipart framing), strict
+    JSON, and a rate per client on everything but static files and the health check."""
+    uploads = settings.upload_max_bytes + 65536
+    return GuardLimits(
+        max_body_bytes=settings.max_body_bytes,
+        body_limits={"/api/uploads/": uploads, **settings.body_limits},
+        rate_per_s=settings.rate_limit_per_s,
+        burst=settings.rate_limit_burst,
+        exempt_clients=frozenset(settings.rate_limit_exempt),
+        rate_limited=lambda path: not path.startswith(("/static/", "/healthz")),
+        settings_hint="GRIDMARKET_FRONTEND_MAX_BODY_BYTES / _BODY_LIMITS / _UPLOAD_MAX_BYTES",
+    )
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -62,13 +79,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openapi_url="/api/openapi.json",
         redoc_url=None,
     )
+    app.add_middleware(
+        BrowserGuard, public_base_url=settings.public_base_url, docs_enabled=settings.docs_enabled
+    )
+    app.add_middleware(RequestGuard, limits=guard_limits(settings))
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     app.include_router(api.router)
     app.include_router(pages.router)
 
-    def answer(request: Request, status: int, detail: str, field: str | None = None) -> Response:
+    def answer(
+        request: Request,
+        status: int,
+        detail: str,
+        field: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Response:
         if wants_html(request) and hasattr(request.app.state, "backend"):
-            return pages.render(
+            page = pages.render(
                 request,
                 request.app.state.backend,
                 "error.html",
@@ -77,7 +104,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 detail=detail,
                 field=field,
             )
-        return JSONResponse(error_body(detail, field), status_code=status)
+            page.headers.update(headers or {})
+            return page
+        return JSONResponse(error_body(detail, field), status_code=status, headers=headers)
 
     @app.exception_handler(FieldError)
     async def _field(request: Request, exc: FieldError) -> Response:
@@ -122,7 +151,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        return answer(request, exc.status_code, str(exc.detail))
+        return answer(request, exc.status_code, str(exc.detail), headers=exc.headers)
 
     @app.get("/healthz", include_in_schema=False)
     async def health() -> dict[str, object]:

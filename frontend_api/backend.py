@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +26,18 @@ from .index import ChainEvent, ChainIndex, NotFoundError, hexstr, jsonable
 from .scheduler import SchedulerClient, SchedulerError
 from .settings import Settings
 from .txs import TxBuilder
+from .waits import Waits
 
 TERMINAL_STATES = frozenset({"released", "refunded", "failed", "invalid", "expired"})
 """Scheduler states after which a job's page stops changing (with the chain's terminal ones)."""
 
 SPEC_CACHE_MAX = 512
+log = logging.getLogger(__name__)
+
+CACHE_GRACE_S = 30.0
+"""An IPFS cache entry used this recently is not evicted."""
+SPEC_MISS_RETRY_S = 30.0
+"""A spec that could not be fetched is not asked for again for this long."""
 
 
 class Backend:
@@ -51,8 +60,13 @@ class Backend:
         self.cache_dir = Path(tempfile.mkdtemp(prefix="gridmarket-frontend-"))
         self._fetch_locks: dict[str, threading.Lock] = {}
         self._fetch_lock = threading.Lock()
+        self.waits = Waits(settings.wait_threads, settings.waits_per_client)
+        # the IPFS proxy's cache: CID -> (bytes on disk, last use), least recently used first
+        self._cached: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        self._spec_misses: dict[str, float] = {}  # spec CID -> monotonic time to retry after
 
     async def aclose(self) -> None:
+        self.waits.close()
         await self.scheduler.aclose()
         shutil.rmtree(self.cache_dir, ignore_errors=True)
 
@@ -90,13 +104,18 @@ class Backend:
         cached = self._spec_cache.get(spec_cid)
         if cached is not None:
             return cached
+        if self._spec_misses.get(spec_cid, 0.0) > time.monotonic():
+            return None  # failed a moment ago: do not make every page view wait again
         try:
             with self.ipfs() as store:
                 data = store.cat(spec_cid, max_bytes=MAX_SPEC_BYTES, timeout_s=5)
             spec = json.loads(data)
         except (OSError, ValueError):
-            return None
+            spec = None
         if not isinstance(spec, dict):
+            if len(self._spec_misses) >= SPEC_CACHE_MAX:
+                self._spec_misses.clear()
+            self._spec_misses[spec_cid] = time.monotonic() + SPEC_MISS_RETRY_S
             return None
         if len(self._spec_cache) >= SPEC_CACHE_MAX:
             self._spec_cache.clear()
@@ -112,6 +131,9 @@ class Backend:
             dest = self.cache_dir / cid
             done = dest / ".complete"
             if done.exists():
+                with self._fetch_lock:
+                    size = self._cached.pop(cid, (0, 0.0))[0]
+                    self._cached[cid] = (size, time.monotonic())
                 return Path(done.read_text())
             staging = self.cache_dir / f".{cid}.{threading.get_ident()}"
             shutil.rmtree(staging, ignore_errors=True)
@@ -126,7 +148,42 @@ class Backend:
                 raise
             target = dest / got.relative_to(staging)
             done.write_text(str(target))
-            return target
+        self._account_cache(cid, dest)
+        return target
+
+    def _account_cache(self, cid: str, dest: Path) -> None:
+        """Count ``dest`` in the cache and evict the least recently used entries past the
+        budget (``download_cache_bytes``). Entries used in the last ``CACHE_GRACE_S`` are kept
+        (they may be being served): the budget can be passed for that long."""
+        size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
+        now = time.monotonic()
+        evict: list[str] = []
+        with self._fetch_lock:
+            self._cached.pop(cid, None)
+            self._cached[cid] = (size, now)
+            total = sum(s for s, _ in self._cached.values())
+            for old, (old_size, used) in list(self._cached.items()):
+                if total <= self.settings.download_cache_bytes:
+                    break
+                if old == cid or now - used < CACHE_GRACE_S:
+                    continue
+                del self._cached[old]
+                total -= old_size
+                evict.append(old)
+        for old in evict:
+            lock = self._fetch_locks.get(old)
+            if lock is None or not lock.acquire(blocking=False):
+                continue  # being fetched again right now: leave it
+            try:
+                shutil.rmtree(self.cache_dir / old, ignore_errors=True)
+            finally:
+                lock.release()
+            log.info("IPFS cache: evicted %s (budget %d bytes)", old, total)
+
+    def cache_usage(self) -> tuple[int, int]:
+        """(entries, bytes) in the IPFS proxy's cache."""
+        with self._fetch_lock:
+            return len(self._cached), sum(s for s, _ in self._cached.values())
 
     # ------------------------------------------------------------------ views
     async def scheduler_job(self, job_id: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -178,6 +235,7 @@ class Backend:
                 "spec_cid": state.spec_cid,
                 "salt": hexstr(state.salt),
                 "output_cid": state.output_cid,
+                "problem": state.problem,
                 "events": [e.to_json() for e in events],
             }
             # What the contract allows now (JobEscrow.cancel / refund / release preconditions);
@@ -299,6 +357,7 @@ def job_summary(state: JobState) -> dict[str, Any]:
         "deadline": job.deadline,
         "spec_cid": state.spec_cid,
         "output_cid": state.output_cid,
+        "problem": state.problem,
     }
 
 

@@ -28,7 +28,7 @@ from eth_utils.address import is_hex_address, to_checksum_address
 from hexbytes import HexBytes
 
 from gridmarket.chain import EscrowClient, Event
-from gridmarket.escrow import JOB_EVENTS, JobState, Status, apply_event
+from gridmarket.escrow import JOB_EVENTS, JobState, Status, apply_event, decode_text
 
 WEI_FIELDS = frozenset({"bounty", "payout", "fee", "amount", "slashed", "totalStake"})
 """Event arguments that are wei: JSON carries them as decimal strings (JavaScript numbers lose
@@ -51,6 +51,8 @@ def jsonable(value: Any, name: str = "") -> Any:
     """An event or call value made JSON-ready: bytes as 0x hex, wei as decimal strings."""
     if isinstance(value, bytes | bytearray | HexBytes):
         return hexstr(bytes(value))
+    if isinstance(value, str):
+        return str(value)  # an InvalidText as its plain text
     if isinstance(value, bool):
         return value
     if isinstance(value, int):
@@ -73,6 +75,8 @@ class ChainEvent:
     time: int
     tx_hash: str
     log_index: int
+    problems: dict[str, str] = field(default_factory=dict)
+    """String arguments that did not decode (field -> why): see :class:`gridmarket.chain.Event`."""
 
     @property
     def job_id(self) -> str | None:
@@ -87,6 +91,7 @@ class ChainEvent:
             "time": self.time,
             "tx_hash": self.tx_hash,
             "log_index": self.log_index,
+            "problems": dict(self.problems),
         }
 
 
@@ -132,6 +137,8 @@ class AddressStats:
     staked: int = 0
     """Current stake according to the last ``Staked``/``Unstaked`` event (slashes subtracted)."""
     registered: bool = False
+    metadata_problem: str | None = None
+    """Why its last registration's metadata CID is unusable (it did not decode); None if fine."""
     funded: int = 0
     """Bounties it locked as a submitter."""
     jobs_funded: int = 0
@@ -152,6 +159,7 @@ class AddressStats:
             "slash_credits_wei": str(self.slash_credits),
             "staked_wei": str(self.staked),
             "registered": self.registered,
+            "metadata_problem": self.metadata_problem,
             "funded_wei": str(self.funded),
             "jobs_funded": self.jobs_funded,
             "paid_out_wei": str(self.paid_out),
@@ -323,6 +331,7 @@ class ChainIndex:
             time=self._block_time(raw.block),
             tx_hash=raw.tx_hash,
             log_index=raw.log_index,
+            problems=dict(raw.problems),
         )
         self._events.append(event)
         args = event.args
@@ -381,7 +390,10 @@ class ChainIndex:
             b = self._stats(to_checksum_address(args["beneficiary"]))
             b.slash_credits += int(args["amount"])
         elif name == "ProviderRegistered":
-            self._stats(to_checksum_address(args["provider"])).registered = True
+            s = self._stats(to_checksum_address(args["provider"]))
+            s.registered = True
+            problem = event.problems.get("metadataCid")
+            s.metadata_problem = f"metadataCid {problem}" if problem else None
         elif name in ("Staked", "Unstaked"):
             self._stats(to_checksum_address(args["provider"])).staked = int(args["totalStake"])
         elif name == "FeesCollected":
@@ -521,10 +533,15 @@ class ChainIndex:
             abi = self._selectors.get(data[:4])
             if abi is not None:
                 function = str(abi["name"])
-                try:
-                    values = abi_decode([_abi_type(i) for i in abi["inputs"]], data[4:])
+                try:  # strings as bytes, decoded like event strings: calldata is hostile too
+                    types = [
+                        "bytes" if i["type"] == "string" else _abi_type(i) for i in abi["inputs"]
+                    ]
+                    values = abi_decode(types, data[4:])
                     inputs = {
                         i["name"] or f"arg{n}": _named(i, v)
+                        if i["type"] != "string"
+                        else decode_text(i["name"] or f"arg{n}", v)
                         for n, (i, v) in enumerate(zip(abi["inputs"], values, strict=True))
                     }
                 except Exception:  # malformed calldata: show the name only
@@ -547,7 +564,14 @@ class ChainIndex:
             for n, raw in enumerate(self.escrow.decode_logs(receipt["logs"])):
                 events.append(
                     ChainEvent(
-                        n, raw.name, dict(raw.args), raw.block, when, raw.tx_hash, raw.log_index
+                        n,
+                        raw.name,
+                        dict(raw.args),
+                        raw.block,
+                        when,
+                        raw.tx_hash,
+                        raw.log_index,
+                        dict(raw.problems),
                     )
                 )
         return TxView(

@@ -20,12 +20,13 @@ from gridmarket.ipfs import ContentTooLargeError, ContentVerificationError, Ipfs
 from gridmarket.tiers import REGIONS, TIERS
 
 from . import svg
-from .api import BackendDep, _address, _job_id
+from .api import BackendDep, _address, _job_id, _required_address
 from .backend import Backend, job_summary
 from .forms import FieldError
 from .index import NotFoundError, hexstr
 from .scheduler import SchedulerError
 from .values import parse_bytes32
+from .waits import client_of
 from .web import templates
 
 router = APIRouter(include_in_schema=False)
@@ -42,6 +43,7 @@ def render(request: Request, b: Backend, name: str, status_code: int = 200, **ct
         "explorer_url": b.settings.explorer_url,
         "scheduler_url": b.settings.scheduler_url,
         "path": request.url.path,
+        "csp_nonce": getattr(request.state, "csp_nonce", ""),
     }
     return templates.TemplateResponse(request, name, {**base, **ctx}, status_code=status_code)
 
@@ -101,8 +103,7 @@ async def payouts_page(
 
 @router.get("/address/{address}", response_class=HTMLResponse)
 async def address_page(address: str, request: Request, b: BackendDep) -> Response:
-    addr = _address(address, "address")
-    assert addr is not None
+    addr = _required_address(address, "address")
     await b.refresh()
     view = await b.address_view(addr)
     rows = b.index.payouts(provider=addr)
@@ -144,9 +145,11 @@ async def job_page(job_id: str, request: Request, b: BackendDep) -> Response:
         # Just sent: the page waits for JobCreated (the stream picks it up).
         view = {"job_id": jid, "missing": "waiting for the job to appear on-chain"}
     spec = None
-    if view.get("spec_cid"):
+    if view.get("spec_cid") and not (view.get("chain") or {}).get("problem"):
         sched = view.get("scheduler") or {}
-        spec = sched.get("spec") or await asyncio.to_thread(b.spec_of, view["spec_cid"])
+        spec = sched.get("spec") or await b.waits.run(
+            client_of(request), b.spec_of, view["spec_cid"]
+        )
     return render(request, b, "job.html", view=view, spec=spec)
 
 
@@ -200,9 +203,9 @@ def _cid(value: str) -> str:
         raise FieldError("cid", f"{value!r} is not a CID: {exc}") from None
 
 
-async def _tree(b: Backend, cid: str) -> Path:
+async def _tree(b: Backend, cid: str, request: Request) -> Path:
     try:
-        return await asyncio.to_thread(b.fetch_tree, cid)
+        return await b.waits.run(client_of(request), b.fetch_tree, cid)
     except ContentTooLargeError as exc:
         raise HTTPException(413, str(exc)) from None
     except ContentVerificationError as exc:
@@ -269,11 +272,11 @@ async def ipfs_root(
     page, as JSON (``?format=json``) or as one tar file (``?archive=tar``). The ``X-Ipfs-Kind``
     header says which (``file``/``directory``)."""
     cid = _cid(cid)
-    target = await _tree(b, cid)
+    target = await _tree(b, cid, request)
     if target.is_file():
         return _serve_file(target, cid, "file")
     if archive == "tar":
-        tar = await asyncio.to_thread(_tar, target)
+        tar = await b.waits.run(client_of(request), _tar, target)
         return FileResponse(
             tar,
             media_type="application/x-tar",
@@ -291,7 +294,7 @@ async def ipfs_root(
 async def ipfs_path(cid: str, path: str, request: Request, b: BackendDep) -> Response:
     """A file (or sub-directory listing) inside a directory CID, from the verified tree."""
     cid = _cid(cid)
-    root = await _tree(b, cid)
+    root = await _tree(b, cid, request)
     if root.is_file():
         raise HTTPException(404, f"{cid} is a file, not a directory")
     target = (root / path).resolve()

@@ -37,6 +37,34 @@ class Settings(BaseSettings):
     upload_max_bytes: int = Field(256 * 1024**2, ge=1, description="dataset or module upload cap")
     download_max_bytes: int = Field(1024**3, ge=1, description="cap on what the IPFS proxy serves")
 
+    download_cache_bytes: int = Field(
+        2 * 1024**3, ge=1, description="disk budget of the IPFS proxy's cache (LRU eviction)"
+    )
+    public_base_url: str | None = Field(
+        None, description="the site's public URL (https://host): redirects and origin checks"
+    )
+    docs_enabled: bool = Field(True, description="serve /api/docs and /api/openapi.json")
+    wait_threads: int = Field(
+        64, ge=1, description="threads for blocking waits (IPFS reads), apart from page work"
+    )
+    waits_per_client: int = Field(
+        8, ge=1, description="waiting requests (IPFS, receipts, streams) per client at once"
+    )
+
+    # request limits (gridmarket/http_guard.py; docs/operator.md)
+    max_body_bytes: int = Field(
+        1024**2, ge=1, description="request body cap (413 past it); uploads: upload_max_bytes"
+    )
+    body_limits: dict[str, int] = Field(
+        default_factory=dict, description="path prefix -> body cap in bytes, over the above"
+    )
+    rate_limit_per_s: float = Field(20.0, ge=0, description="requests per second per client")
+    rate_limit_burst: int = Field(120, ge=1, description="bucket size of the per-client limit")
+    rate_limit_exempt: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1", "::1"],
+        description="client addresses never rate-limited",
+    )
+
     @field_validator("scheduler_url", "rpc_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
@@ -44,7 +72,7 @@ class Settings(BaseSettings):
             raise ValueError(f"must be an http(s) URL, got {value!r}")
         return value.rstrip("/")
 
-    @field_validator("explorer_url")
+    @field_validator("explorer_url", "public_base_url")
     @classmethod
     def _optional_url(cls, value: str | None) -> str | None:
         if not value:

@@ -19,7 +19,13 @@ from eth_account.typed_transactions.typed_transaction import TypedTransaction
 from eth_typing import ChecksumAddress
 from eth_utils.address import to_checksum_address
 from hexbytes import HexBytes
-from web3.exceptions import ContractCustomError, ContractLogicError, TimeExhausted, Web3RPCError
+from web3.exceptions import (
+    ContractCustomError,
+    ContractLogicError,
+    TimeExhausted,
+    TransactionNotFound,
+    Web3RPCError,
+)
 from web3.types import TxParams
 
 from gridmarket.chain import EscrowClient, rpc_error_message
@@ -173,10 +179,26 @@ class TxBuilder:
                 )
             except TimeExhausted:
                 return out
-            out["status"] = "success" if receipt["status"] == 1 else "reverted"
-            out["block"] = int(receipt["blockNumber"])
-            out["events"] = [
-                ChainEvent(n, e.name, dict(e.args), e.block, 0, e.tx_hash, e.log_index).to_json()
-                for n, e in enumerate(self.escrow.decode_logs(receipt["logs"]))
-            ]
+            out.update(self.receipt_view(receipt))
         return out
+
+    def receipt_of(self, tx_hash: str) -> dict[str, Any] | None:
+        """Status, block and decoded escrow events of a mined transaction; None while it is
+        not mined (one quick RPC call: callers wait between calls without holding a thread)."""
+        try:
+            receipt = self.w3.eth.get_transaction_receipt(HexBytes(tx_hash))
+        except TransactionNotFound:
+            return None
+        return self.receipt_view(receipt)
+
+    def receipt_view(self, receipt: Any) -> dict[str, Any]:
+        return {
+            "status": "success" if receipt["status"] == 1 else "reverted",
+            "block": int(receipt["blockNumber"]),
+            "events": [
+                ChainEvent(
+                    n, e.name, dict(e.args), e.block, 0, e.tx_hash, e.log_index, dict(e.problems)
+                ).to_json()
+                for n, e in enumerate(self.escrow.decode_logs(receipt["logs"]))
+            ],
+        }

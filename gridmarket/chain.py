@@ -8,6 +8,7 @@ per-account nonce cache, so no node-side unlocked accounts are needed.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -23,11 +24,12 @@ from eth_utils.abi import event_abi_to_log_topic, function_abi_to_4byte_selector
 from eth_utils.address import to_checksum_address
 from hexbytes import HexBytes
 from web3 import Web3
-from web3._utils.events import get_event_data
 from web3.exceptions import ContractCustomError, ContractLogicError, Web3RPCError
 from web3.types import LogReceipt, TxParams, TxReceipt
 
-from gridmarket.escrow import JOB_EVENTS, JobState, apply_event
+from gridmarket.escrow import JOB_EVENTS, InvalidText, JobState, apply_event, decode_text
+
+log = logging.getLogger(__name__)
 
 
 class ChainError(RuntimeError):
@@ -84,13 +86,22 @@ class Deployment:
 
 @dataclass(frozen=True)
 class Event:
-    """A decoded escrow event with where it happened."""
+    """A decoded escrow event with where it happened.
+
+    ``problems`` names each ``string`` argument that did not decode to a usable value (field ->
+    why); such an argument is a :class:`gridmarket.escrow.InvalidText` in ``args``.
+    """
 
     name: str
     args: dict[str, Any]
     block: int
     tx_hash: str
     log_index: int
+    problems: dict[str, str] = field(default_factory=dict)
+
+
+class UndecodableLogError(ValueError):
+    """A log of the escrow's address that does not decode as the event its topic names."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +147,8 @@ class EscrowClient:
         }
         self._nonces: dict[str, int] = {}
         self._lock = threading.Lock()
+        self.undecodable_logs = 0
+        """Logs of the escrow that could not be decoded at all and were skipped (each logged)."""
 
     @classmethod
     def connect(cls, rpc_url: str, deployment: Deployment, timeout: float = 30) -> EscrowClient:
@@ -316,24 +329,79 @@ class EscrowClient:
         return int(self.call("balanceOf", account))
 
     def decode_logs(self, logs: Iterable[LogReceipt]) -> list[Event]:
+        """The escrow's events among ``logs``, each log decoded on its own.
+
+        Event data is hostile: the contract accepts any bytes as a ``string``. A string argument
+        that does not decode to a usable value becomes an :class:`~gridmarket.escrow.InvalidText`
+        and is named in :attr:`Event.problems`; a log that does not decode at all is skipped,
+        logged and counted in :attr:`undecodable_logs`. Neither stops the other logs.
+        """
         out: list[Event] = []
-        for log in logs:
-            if to_checksum_address(log["address"]) != self.address or not log["topics"]:
-                continue
-            abi = self._events.get(bytes(log["topics"][0]))
-            if abi is None:
-                continue
-            data = get_event_data(self.w3.codec, abi, log)
-            out.append(
-                Event(
-                    name=str(data["event"]),
-                    args=dict(data["args"]),
-                    block=int(data["blockNumber"]),
-                    tx_hash="0x" + bytes(HexBytes(data["transactionHash"])).hex(),
-                    log_index=int(data["logIndex"]),
+        for entry in logs:
+            try:
+                event = self.decode_log(entry)
+            except Exception as exc:
+                with self._lock:
+                    self.undecodable_logs += 1
+                log.error(
+                    "skipping an escrow log that does not decode (tx %s, log %s): %s",
+                    _hex_or(entry, "transactionHash"),
+                    entry.get("logIndex"),
+                    _short(repr(exc)),
                 )
-            )
+                continue
+            if event is not None:
+                out.append(event)
         return out
+
+    def decode_log(self, entry: LogReceipt) -> Event | None:
+        """One log as an escrow :class:`Event`; None if it is another contract's or an unknown
+        topic's. Raises :class:`UndecodableLogError` when it does not decode as its event."""
+        if to_checksum_address(entry["address"]) != self.address or not entry["topics"]:
+            return None
+        abi = self._events.get(bytes(entry["topics"][0]))
+        if abi is None:
+            return None
+        inputs = abi["inputs"]
+        indexed = [i for i in inputs if i.get("indexed")]
+        plain = [i for i in inputs if not i.get("indexed")]
+        topics = entry["topics"][1:]
+        if len(topics) != len(indexed):
+            raise UndecodableLogError(
+                f"{abi['name']}: {len(topics)} topics for {len(indexed)} indexed arguments"
+            )
+        args: dict[str, Any] = {}
+        problems: dict[str, str] = {}
+        try:
+            for param, topic in zip(indexed, topics, strict=True):
+                kind = str(param["type"])
+                if kind in ("string", "bytes") or kind.endswith("]") or kind.startswith("tuple"):
+                    args[param["name"]] = bytes(topic)  # a dynamic value's topic is its hash
+                else:
+                    (args[param["name"]],) = abi_decode([kind], bytes(topic))
+            # strings are read as bytes: eth_abi would raise on invalid UTF-8
+            types = ["bytes" if p["type"] == "string" else _abi_type(p) for p in plain]
+            values = abi_decode(types, bytes(HexBytes(entry["data"])))
+        except Exception as exc:
+            raise UndecodableLogError(f"{abi['name']}: {exc}") from exc
+        for param, value in zip(plain, values, strict=True):
+            name = str(param["name"])
+            if param["type"] == "string":
+                value = decode_text(name, value)
+                if isinstance(value, InvalidText):
+                    problems[name] = value.problem
+            args[name] = value
+        for param in inputs:
+            if param["type"] == "address":
+                args[param["name"]] = to_checksum_address(args[param["name"]])
+        return Event(
+            name=str(abi["name"]),
+            args=args,
+            block=int(entry["blockNumber"]),
+            tx_hash="0x" + bytes(HexBytes(entry["transactionHash"])).hex(),
+            log_index=int(entry["logIndex"]),
+            problems=problems,
+        )
 
     def events(
         self, from_block: int, to_block: int | str = "latest", topics: Sequence[Any] | None = None
@@ -386,6 +454,17 @@ def _abi_type(param: dict[str, Any]) -> str:
         inner = ",".join(_abi_type(c) for c in param["components"])
         return f"({inner}){kind[len('tuple') :]}"
     return kind
+
+
+def _hex_or(entry: Any, key: str) -> str:
+    try:
+        return "0x" + bytes(HexBytes(entry[key])).hex()
+    except Exception:
+        return "?"
+
+
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _fmt(value: Any) -> str:

@@ -40,6 +40,66 @@ JOB_EVENTS = frozenset(
 ProviderSlashed, only mention a job."""
 
 
+MAX_TEXT_BYTES = 128
+"""The longest string an escrow event may carry (``JobEscrow.MAX_CID_LENGTH``): longer ones are
+decoded as :class:`InvalidText`, whatever the contract that emitted them allowed."""
+
+
+class InvalidText(str):
+    """A ``string`` event argument that does not hold a usable value (not UTF-8, empty, over
+    :data:`MAX_TEXT_BYTES`, or not the printable ASCII every CID is spelled in).
+
+    The chain accepts any bytes, so readers must not trust them. The decoder
+    (:meth:`gridmarket.chain.EscrowClient.decode_logs`) puts one of these where the string would
+    be: its text, ``invalid <field>: <problem>``, is at most 128 characters and can never be
+    fetched as a CID, and :attr:`raw` keeps the bytes the contract hashed (a result's digest is
+    ``keccak256(raw)``, needed to call the contract about that job again).
+    """
+
+    raw: bytes
+    field: str
+    problem: str
+
+    def __new__(cls, field: str, raw: bytes, problem: str) -> InvalidText:
+        self = super().__new__(cls, f"invalid {field}: {problem}"[:MAX_TEXT_BYTES])
+        self.raw = bytes(raw)
+        self.field = field
+        self.problem = problem
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (InvalidText, (self.field, self.raw, self.problem))
+
+
+def text_problem(raw: bytes) -> str | None:
+    """Why ``raw`` (a ``string`` event argument) is not a usable CID-like text; None if it is."""
+    if not raw:
+        return "empty"
+    if len(raw) > MAX_TEXT_BYTES:
+        return f"{len(raw)} bytes, over the {MAX_TEXT_BYTES}-byte limit"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+    for i, ch in enumerate(text):
+        if not "!" <= ch <= "~":
+            return f"character U+{ord(ch):04X} at {i} (a CID is printable ASCII)"
+    return None
+
+
+def decode_text(field: str, raw: bytes) -> str:
+    """``raw`` as text, or an :class:`InvalidText` saying why it is not usable."""
+    problem = text_problem(raw)
+    return raw.decode("utf-8") if problem is None else InvalidText(field, raw, problem)
+
+
+def text_digest(value: str) -> bytes:
+    """keccak256 of the bytes the contract saw for a decoded string argument."""
+    if isinstance(value, InvalidText):
+        return keccak(value.raw)
+    return cid_digest(value)
+
+
 class Status(IntEnum):
     """Mirror of ``IJobEscrow.Status``."""
 
@@ -125,6 +185,21 @@ class JobState:
     spec_cid: str
     salt: bytes
     output_cid: str | None = None
+    spec_problem: str | None = None
+    """Why ``spec_cid`` is unusable (it did not decode: see :class:`InvalidText`); the job can
+    never run."""
+    output_problem: str | None = None
+    """Why ``output_cid`` is unusable (it did not decode); the result can never verify."""
+
+    @property
+    def problem(self) -> str | None:
+        """What makes this job invalid as its events say, naming the field; None if nothing."""
+        parts = [
+            f"{name} {why}"
+            for name, why in (("specCid", self.spec_problem), ("outputCid", self.output_problem))
+            if why
+        ]
+        return "; ".join(parts) or None
 
 
 class EventOrderError(ValueError):
@@ -146,12 +221,14 @@ def apply_event(state: JobState | None, name: str, args: Mapping[str, Any]) -> J
             deadline=int(args["deadline"]),
             fee_bps=int(args["feeBps"]),
         )
+        spec = args["specCid"]
         return JobState(
             job_id=bytes(args["jobId"]),
             job=job,
             status=Status.FUNDED,
-            spec_cid=str(args["specCid"]),
+            spec_cid=str(spec),
             salt=bytes(args["salt"]),
+            spec_problem=spec.problem if isinstance(spec, InvalidText) else None,
         )
     if state is None:
         raise EventOrderError(f"{name} before JobCreated")
@@ -165,13 +242,17 @@ def apply_event(state: JobState | None, name: str, args: Mapping[str, Any]) -> J
         return replace(state, job=replace(job, provider=ZERO_ADDRESS), status=Status.FUNDED)
     if name == "ResultSubmitted":
         _expect(state, name, Status.ASSIGNED)
-        cid = str(args["outputCid"])
-        job = replace(job, submitted_at=int(args["submittedAt"]), result_digest=cid_digest(cid))
-        return replace(state, job=job, status=Status.SUBMITTED, output_cid=cid)
+        cid = args["outputCid"]
+        digest = text_digest(cid)
+        job = replace(job, submitted_at=int(args["submittedAt"]), result_digest=digest)
+        problem = cid.problem if isinstance(cid, InvalidText) else None
+        return replace(
+            state, job=job, status=Status.SUBMITTED, output_cid=str(cid), output_problem=problem
+        )
     if name == "ResultRejected":
         _expect(state, name, Status.SUBMITTED)
         job = replace(job, provider=ZERO_ADDRESS, submitted_at=0, result_digest=ZERO_HASH)
-        return replace(state, job=job, status=Status.FUNDED, output_cid=None)
+        return replace(state, job=job, status=Status.FUNDED, output_cid=None, output_problem=None)
     if name == "JobReleased":
         _expect(state, name, Status.SUBMITTED)
         return replace(state, status=Status.RELEASED)

@@ -29,6 +29,8 @@ warnings.filterwarnings("ignore", message="The 'strict' parameter", category=Fut
 
 _DIR, _FILE = 1, 2  # `ls` link types
 MAX_DEPTH = 64
+MAX_NAME_BYTES = 255
+"""The longest entry name a directory may hold (what file systems allow)."""
 
 
 class IpfsError(OSError):
@@ -227,12 +229,25 @@ class IpfsStore:
         )
         target.mkdir(mode=0o755, exist_ok=depth == 0)
         target.chmod(0o755)
+        seen: set[str] = set()
         for link in listing["Objects"][0].get("Links") or []:
             name = str(link.get("Name", ""))
             if not name or name in (".", "..") or "/" in name or "\0" in name:
                 raise self.verification_error(
                     f"{self.noun} {budget.cid} holds an unsafe entry name {name!r}"
                 )
+            if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+                raise self.verification_error(
+                    f"{self.noun} {budget.cid} holds an entry name of "
+                    f"{len(name.encode('utf-8', 'surrogateescape'))} bytes, over the "
+                    f"{MAX_NAME_BYTES}-byte limit of file names: {name[:40]!r}..."
+                )
+            if name in seen:
+                raise self.verification_error(
+                    f"{self.noun} {budget.cid} holds two entries named {name[:80]!r} in one "
+                    "directory"
+                )
+            seen.add(name)
             child, kind = str(link["Hash"]), int(link.get("Type", -1))
             if kind == _DIR:
                 budget.add_entry()

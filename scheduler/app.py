@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from scheduler import __version__
 from scheduler.api import jobs, market, nodes, ops
+from scheduler.api.guard import install_guard
 from scheduler.dispatch import Dispatcher
 from scheduler.heartbeats import HeartbeatBuffer
 from scheduler.service import Replica
@@ -52,6 +53,7 @@ def create_app(settings: Settings | None = None, *, grid: Replica | None = None)
         summary="Matches on-chain funded jobs to provider nodes; verifies results; relays pay.",
         lifespan=lifespan,
     )
+    install_guard(app, settings)
     app.include_router(ops.router)
     app.include_router(nodes.router)
     app.include_router(jobs.router)

@@ -58,3 +58,24 @@ class Settings(BaseSettings):
 
     # market
     base_rate_wei_per_hour: int = Field(10**14, ge=0)
+
+    # request limits (gridmarket/http_guard.py; docs/operator.md)
+    max_body_bytes: int = Field(1024**2, ge=1, description="request body cap (413 past it)")
+    body_limits: dict[str, int] = Field(
+        default_factory=lambda: {"/v1/quote": 64 * 1024, "/v1/nodes/register": 64 * 1024},
+        description="path prefix -> body cap in bytes, over max_body_bytes",
+    )
+    rate_limit_per_s: float = Field(
+        20.0, ge=0, description="unauthenticated requests per second per client; 0: no limit"
+    )
+    rate_limit_burst: int = Field(60, ge=1, description="bucket size of the per-client limit")
+    rate_limit_exempt: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1", "::1"],
+        description="client addresses never rate-limited (the local front end, benches)",
+    )
+
+    # what only operators should see (docs/operator.md)
+    docs_enabled: bool = Field(True, description="serve /docs, /redoc and /openapi.json")
+    metrics_token: SecretStr | None = Field(
+        None, description="when set, /metrics needs 'Authorization: Bearer <token>'"
+    )

@@ -9,6 +9,12 @@ crash it starts again from what :meth:`CursorStore.load` says, so a batch whose 
 happen is delivered again. A sink must therefore upsert by ``(tx_hash, log_index)``
 (docs/scheduler-chain.md).
 
+Event data is hostile (the contract takes any bytes as a string): the client decodes each log on
+its own, hands over a string that does not decode as an
+:class:`~gridmarket.escrow.InvalidText` (the job it creates can never be fetched, so it ends
+``invalid`` with a reason naming the field) and skips a log that does not decode at all, logged
+and counted in :attr:`WatcherStatus.logs_skipped`. No event can stop the watcher.
+
 Chain reorganisations deeper than ``confirmations`` are not handled: choose ``confirmations`` at
 least as deep as the chain's practical finality (0 is right for anvil and other instant-finality
 devnets).
@@ -53,6 +59,8 @@ class WatcherStatus:
     consecutive_failures: int
     last_error: str | None
     last_success_at: float | None  # time.time() of the last successful poll
+    logs_skipped: int = 0  # escrow logs that did not decode at all (each logged), client-wide
+    invalid_fields: int = 0  # event strings that did not decode, delivered as InvalidText
 
     @property
     def lag_blocks(self) -> int | None:
@@ -219,6 +227,8 @@ class ChainWatcher:
             self._status,
             cursor=last,
             events_delivered=self._status.events_delivered + len(events),
+            logs_skipped=self.client.undecodable_logs,
+            invalid_fields=self._status.invalid_fields + sum(len(e.problems) for e in events),
         )
         return len(events), last >= target
 

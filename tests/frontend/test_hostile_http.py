@@ -1,0 +1,179 @@
+"""Hostile HTTP against the front end of the real stack (tests/frontend/conftest.py): bodies
+over their cap and JSON that Python would accept but the app must not (NaN, Infinity, lone
+surrogates) are refused with 413 and 400; requests that wait on IPFS do not hold the threads
+pages need, and one client's waiting requests are capped."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+
+import httpx
+import pytest
+
+from frontend_api import backend as backend_module
+from frontend_api.backend import Backend
+from frontend_api.settings import Settings
+from gridmarket.cid import bytes_cid
+from tests.frontend.conftest import FrontendStack
+
+JSON = {"content-type": "application/json"}
+
+
+def test_oversized_bodies_and_bad_json_are_refused(stack: FrontendStack) -> None:
+    big = b"[" + b"1," * (2 * 1024**2) + b"1]"
+    r = stack.post("/api/quote", content=big, headers=JSON)
+    assert r.status_code == 413
+    assert "over the 1048576-byte limit for /api/quote" in r.json()["detail"]
+    for body, problem in (
+        (b'{"spec": {"resources": {"cpu_cores": NaN}}}', "NaN is not a JSON number"),
+        (b'{"bounty_wei": Infinity}', "Infinity is not a JSON number"),
+        (b'{"from": "\\udfff"}', "lone UTF-16 surrogate"),
+    ):
+        for path in ("/api/quote", "/api/jobs/prepare"):
+            r = stack.post(path, content=body, headers=JSON)
+            assert r.status_code == 400 and problem in r.json()["detail"], (path, r.text)
+
+
+def test_waiting_requests_do_not_hold_the_page_threads(stack: FrontendStack) -> None:
+    """More IPFS reads of CIDs nobody has than the default thread pool holds (6 on 2 cores):
+    pages still answer fast, and a client past its cap of waiting requests gets 429."""
+    per_client = 8
+    missing = [bytes_cid(os.urandom(32)) for _ in range(per_client + 1)]
+    codes: list[int] = []
+
+    def read(cid: str) -> None:
+        codes.append(httpx.get(f"{stack.frontend_url}/ipfs/{cid}", timeout=90).status_code)
+
+    threads = [threading.Thread(target=read, args=(cid,)) for cid in missing[:per_client]]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1.5)  # all of them are waiting on IPFS now
+        over = stack.get(f"/ipfs/{missing[-1]}")
+        assert over.status_code == 429, over.text
+        assert "at most 8 at once" in over.json()["detail"]
+        assert over.headers["retry-after"] == "2"
+        times = []
+        for path in ("/jobs", "/api/info", "/payouts", "/api/jobs", "/"):
+            t0 = time.perf_counter()
+            r = stack.get(path, headers={"accept": "text/html"})
+            times.append(time.perf_counter() - t0)
+            assert r.status_code == 200, (path, r.text[:300])
+        assert max(times) < 2.0, times
+        assert not codes  # the reads are still waiting
+    finally:
+        for t in threads:
+            t.join(timeout=90)
+    assert len(codes) == per_client and set(codes) <= {502, 504}, codes
+
+
+def test_pages_carry_security_headers(stack: FrontendStack) -> None:
+    r = stack.get("/jobs", headers={"accept": "text/html"})
+    assert r.status_code == 200
+    csp = r.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in csp and "object-src 'none'" in csp
+    nonce = csp.split("'nonce-", 1)[1].split("'", 1)[0]
+    assert f'<script nonce="{nonce}">' in r.text  # the inline script may run, no other
+    assert r.headers["x-frame-options"] == "DENY"
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert r.headers["referrer-policy"] == "same-origin"
+    other = stack.get("/jobs", headers={"accept": "text/html"})
+    assert other.headers["content-security-policy"] != csp  # a fresh nonce per answer
+    api = stack.get("/api/info")
+    assert api.headers["x-frame-options"] == "DENY"
+
+
+def test_cross_origin_uploads_are_refused_and_host_is_not_reflected(stack: FrontendStack) -> None:
+    files = {"file": ("m.wasm", stack.wasm_module.read_bytes())}
+    for headers in (
+        {"origin": "http://evil.example"},
+        {"sec-fetch-site": "cross-site"},
+        {"sec-fetch-site": "same-site", "origin": stack.frontend_url},
+        {"origin": "null"},
+    ):
+        r = stack.post("/api/uploads/module", files=files, headers=headers)
+        assert r.status_code == 403, (headers, r.text)
+        assert "refused" in r.json()["detail"]
+    same = {"origin": stack.frontend_url, "sec-fetch-site": "same-origin"}
+    assert stack.post("/api/uploads/module", files=files, headers=same).status_code == 200
+    # a trailing-slash redirect does not send the browser to the Host it was given
+    r = httpx.get(
+        stack.frontend_url + "/jobs/",
+        headers={"host": "evil.example", "accept": "text/html"},
+        follow_redirects=False,
+        timeout=10,
+    )
+    assert r.status_code in (307, 308), r.status_code
+    assert r.headers["location"] == "/jobs"
+
+
+def _put_block(stack: FrontendStack, data: bytes, fmt: str) -> str:
+    r = httpx.post(
+        f"{stack.ipfs_url}/api/v0/block/put",
+        params={"format": fmt, "mhtype": "sha2-256", "cid-version": 1},
+        files={"file": ("block", data)},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    key: str = r.json()["Key"]
+    return key
+
+
+def test_hostile_directory_entries_are_a_clear_error_not_a_500(stack: FrontendStack) -> None:
+    """Directories whose entries no file system can hold: a 300-character name, two entries
+    with one name. The proxy answers 502 naming the problem."""
+    from multiformats import CID
+
+    from gridmarket import cid as cidlib
+
+    leaf = b"hello\n"
+    leaf_cid = _put_block(stack, leaf, "raw")
+    raw = bytes(CID.decode(leaf_cid))
+    for links, problem in (
+        ([(raw, "x" * 300, len(leaf))], "over the 255-byte limit"),
+        ([(raw, "same.txt", len(leaf)), (raw, "same.txt", len(leaf))], "two entries named"),
+    ):
+        block = cidlib._dag_pb(cidlib._unixfs(cidlib._DIRECTORY), links)
+        directory = _put_block(stack, block, "dag-pb")
+        r = stack.get(f"/ipfs/{directory}?format=json")
+        assert r.status_code == 502, r.text
+        assert problem in r.json()["detail"]
+
+
+def test_the_download_cache_stays_within_its_budget(
+    stack: FrontendStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Backend (what the app builds) against the stack's IPFS, with a 3000-byte budget:
+    fetching a third 1200-byte file evicts the least recently used one from disk."""
+    monkeypatch.setattr(backend_module, "CACHE_GRACE_S", 0.0)
+    settings = Settings(
+        scheduler_url=stack.scheduler.url,
+        rpc_url=stack.devnet.url,
+        deployment_file=stack.deployment_file,
+        ipfs_api=stack.ipfs_api,
+        download_cache_bytes=3000,
+    )
+    b = Backend(settings)
+    try:
+        cids = []
+        for i in range(3):
+            r = stack.post(
+                "/api/uploads/module", files={"file": ("m", b"\0asm" + bytes([i]) * 1196)}
+            )
+            assert r.status_code == 200, r.text
+            cids.append(r.json()["cid"])
+        first = b.fetch_tree(cids[0])
+        b.fetch_tree(cids[1])
+        assert b.fetch_tree(cids[0]) == first  # a hit: now the most recently used
+        b.fetch_tree(cids[2])
+        entries, used = b.cache_usage()  # the files plus each entry's small marker file
+        assert entries == 2 and 2400 <= used <= 3000
+        assert (b.cache_dir / cids[0]).exists() and not (b.cache_dir / cids[1]).exists()
+        assert b.fetch_tree(cids[1]).read_bytes()[:4] == b"\0asm"  # fetched again when asked
+        assert b.cache_usage()[1] <= 3000
+    finally:
+        b.waits.close()
+        shutil.rmtree(b.cache_dir, ignore_errors=True)
