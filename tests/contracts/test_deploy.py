@@ -78,14 +78,20 @@ def test_dry_run_on_a_sepolia_chain_id(
     out = tmp_path / "sepolia.json"
     run = _ape_run(
         [
-            "--network", "ethereum:sepolia:node",
-            "--account", "deployer",
+            "--network",
+            "ethereum:sepolia:node",
+            "--account",
+            "deployer",
             "--yes",
-            "--operator", OPERATOR,
-            "--treasury", TREASURY,
-            "--fee-bps", "300",
-            "--out", str(out),
-        ],  # fmt: skip
+            "--operator",
+            OPERATOR,
+            "--treasury",
+            TREASURY,
+            "--fee-bps",
+            "300",
+            "--out",
+            str(out),
+        ],
         {
             "APE_DATA_FOLDER": str(ape_data),
             "APE_ACCOUNTS_deployer_PASSPHRASE": PASSPHRASE,
@@ -115,8 +121,16 @@ def test_dry_run_on_a_sepolia_chain_id(
 def test_public_network_without_an_account_is_refused(sepolia_anvil: Anvil, tmp_path: Path) -> None:
     out = tmp_path / "sepolia.json"
     run = _ape_run(
-        ["--network", "ethereum:sepolia:node", "--operator", OPERATOR, "--treasury", TREASURY,
-         "--out", str(out)],  # fmt: skip
+        [
+            "--network",
+            "ethereum:sepolia:node",
+            "--operator",
+            OPERATOR,
+            "--treasury",
+            TREASURY,
+            "--out",
+            str(out),
+        ],
         {
             "APE_DATA_FOLDER": str(tmp_path / "empty-ape"),
             "GRIDMARKET_SEPOLIA_RPC_URL": sepolia_anvil.url,
@@ -126,9 +140,12 @@ def test_public_network_without_an_account_is_refused(sepolia_anvil: Anvil, tmp_
     assert run.returncode != 0
     assert "--account ALIAS" in run.stdout + run.stderr
     assert not out.exists()
-    assert Web3(Web3.HTTPProvider(sepolia_anvil.url)).eth.get_transaction_count(
-        Account.from_key(KEYS[0]).address
-    ) == 0
+    assert (
+        Web3(Web3.HTTPProvider(sepolia_anvil.url)).eth.get_transaction_count(
+            Account.from_key(KEYS[0]).address
+        )
+        == 0
+    )
 
 
 def test_local_network_with_test_accounts(tmp_path: Path) -> None:

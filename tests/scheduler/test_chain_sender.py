@@ -240,7 +240,8 @@ def test_revert_in_a_mined_transaction_is_decoded(own_chain: OwnChain) -> None:
     state = create_job(client, own_chain.submitter)
     nonce = nonce_of(client, own_chain.operator)
     rpc(client.w3, "evm_setAutomine", False)
-    # The submitter's cancel goes into the pool first; the assign is estimated on the latest
+    # The submitter's cancel goes into the pool first, paying a higher tip than the sender's
+    # EIP-1559 default so the block orders it first; the assign is estimated on the latest
     # block (still Funded) and follows it into the same block.
     client_submitter = own_chain.client()
     params = client_submitter.prepare(
@@ -250,7 +251,7 @@ def test_revert_in_a_mined_transaction_is_decoded(own_chain: OwnChain) -> None:
         own_chain.submitter,
         params,
         nonce=client.w3.eth.get_transaction_count(own_chain.submitter.address, "pending"),
-        gas_price=client.w3.eth.gas_price,
+        gas_price=100 * 10**9,
     )
     client.w3.eth.send_raw_transaction(signed.raw_transaction)
     outcome: list[Any] = []
