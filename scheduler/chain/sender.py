@@ -35,11 +35,12 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
 from eth_account.signers.local import LocalAccount
+from eth_utils.address import to_checksum_address
 from hexbytes import HexBytes
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from web3.exceptions import TransactionNotFound, Web3RPCError
@@ -323,6 +324,14 @@ class TxSender:
     def send(self, fn_name: str, *args: Any, value: int = 0) -> Sent:
         """Send ``fn_name(*args)`` from the operator key and wait for it to be mined."""
         deadline = Deadline(self.retry.deadline_s)
+        if not self._seq.adopted:
+            # First send of this process: what an earlier one left in flight is settled before
+            # anything is estimated, so a step it already sent is seen on-chain (and refused by
+            # the estimate) instead of being sent again behind it.
+            with self._seq.lock:
+                if not self._seq.adopted:
+                    self._adopt_in_flight(fn_name)
+                    self._seq.adopted = True
         for rebuild in range(_MAX_REBUILDS + 1):
             params = self._retrying(
                 f"{fn_name}: estimate",
@@ -464,9 +473,6 @@ class TxSender:
         """
         with self._seq.lock:
             try:
-                if not self._seq.adopted:
-                    self._adopt_in_flight(fn_name)
-                    self._seq.adopted = True
                 tx = self._broadcast_locked(fn_name, params, fees, deadline)
             except BaseException:
                 self._seq.next = None
@@ -744,8 +750,17 @@ class TxSender:
         """
         w3 = self.client.w3
         address = self.account.address
-        mined = int(w3.eth.get_transaction_count(address, "latest"))
-        pending = int(w3.eth.get_transaction_count(address, "pending"))
+        deadline = Deadline(self.retry.deadline_s)
+
+        def count(block: str) -> int:
+            return self._retrying(
+                f"{fn_name}: in-flight check",
+                deadline,
+                lambda: int(w3.eth.get_transaction_count(address, cast(Any, block))),
+            )
+
+        mined = count("latest")
+        pending = count("pending")
         if pending <= mined:
             return
         log.warning(
@@ -757,7 +772,7 @@ class TxSender:
             mined,
             pending - 1,
         )
-        pool = self._pool_of(address)
+        pool = self._retrying(f"{fn_name}: txpool", deadline, lambda: self._pool_of(address))
         for nonce in range(mined, pending):
             found = pool.get(nonce)
             if found is None:
@@ -771,7 +786,7 @@ class TxSender:
             )
             params: TxParams = {
                 "from": address,
-                "to": found["to"],
+                "to": to_checksum_address(found["to"]),
                 "value": cast(Any, _quantity(found.get("value"))),
                 "data": HexBytes(found.get("input") or "0x"),
                 "gas": _quantity(found["gas"]),
@@ -782,7 +797,7 @@ class TxSender:
                 continue  # another transaction took the nonce: nothing of ours to wait for
             self._count_mined("in_flight", receipt)
         deadline = Deadline(self.receipt_timeout_s)
-        while int(w3.eth.get_transaction_count(address, "latest")) < pending:
+        while count("latest") < pending:
             if deadline.expired:
                 raise TxOutcomeUnknownError(
                     f"{fn_name}: transactions of {address} up to nonce {pending - 1} are still "
@@ -800,19 +815,19 @@ class TxSender:
             if is_transient(exc):
                 raise
             answer = {}
-        result = answer.get("result") if isinstance(answer, dict) else None
-        if not isinstance(result, dict):
+        result = answer.get("result") if isinstance(answer, Mapping) else None
+        if not isinstance(result, Mapping):
             log.warning("the node has no txpool_content: pending transactions are not replaced")
             return {}
         out: dict[int, dict[str, Any]] = {}
         for section in ("pending", "queued"):
             by_sender = result.get(section) or {}
             for sender, txs in by_sender.items():
-                if str(sender).lower() != address.lower() or not isinstance(txs, dict):
+                if str(sender).lower() != address.lower() or not isinstance(txs, Mapping):
                     continue
                 for nonce, tx in txs.items():
-                    if isinstance(tx, dict) and "hash" in tx:
-                        out[int(nonce)] = tx
+                    if isinstance(tx, Mapping) and "hash" in tx:
+                        out[int(nonce)] = dict(tx)
         return out
 
     def _receipt(self, tx_hash: str) -> TxReceipt | None:
