@@ -172,7 +172,9 @@ class _NonceSequence:
 
     lock: threading.Lock
     next: int | None = None
-    adopted: bool = False  # in-flight transactions of an earlier process have been settled
+    # Transactions of this process broadcast and not yet settled (mined, or given up on).
+    waiting: int = 0
+    count_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 _SEQUENCES: dict[tuple[str, int, str], _NonceSequence] = {}
@@ -324,14 +326,14 @@ class TxSender:
     def send(self, fn_name: str, *args: Any, value: int = 0) -> Sent:
         """Send ``fn_name(*args)`` from the operator key and wait for it to be mined."""
         deadline = Deadline(self.retry.deadline_s)
-        if not self._seq.adopted:
-            # First send of this process: what an earlier one left in flight is settled before
-            # anything is estimated, so a step it already sent is seen on-chain (and refused by
-            # the estimate) instead of being sent again behind it.
+        if self._seq.waiting == 0:
+            # Nothing of ours in flight, yet the account may have pending transactions: an
+            # earlier process's (a restart), or ours given up on (TxOutcomeUnknownError). They
+            # are settled before anything is estimated, so a step already sent is seen on-chain
+            # (and refused by the estimate) instead of being sent again behind it.
             with self._seq.lock:
-                if not self._seq.adopted:
+                if self._seq.waiting == 0:
                     self._adopt_in_flight(fn_name)
-                    self._seq.adopted = True
         for rebuild in range(_MAX_REBUILDS + 1):
             params = self._retrying(
                 f"{fn_name}: estimate",
@@ -344,6 +346,7 @@ class TxSender:
             try:
                 receipt = self._await_receipt(fn_name, sent, params)
             except _NonceTakenError:
+                self._settled()
                 log.warning(
                     "%s: tx %s (nonce %d) vanished and another transaction took its nonce; "
                     "building it again (%d/%d)",
@@ -355,6 +358,10 @@ class TxSender:
                 )
                 self.resync()
                 continue
+            except BaseException:
+                self._settled()
+                raise
+            self._settled()
             self._count_mined(fn_name, receipt)
             # Mined: decode it (a revert is replayed on its block to name the error; that read
             # gets a fresh deadline, since the transaction itself is settled).
@@ -478,7 +485,14 @@ class TxSender:
                 self._seq.next = None
                 raise
             self._seq.next = tx.nonce + 1
+            with self._seq.count_lock:
+                self._seq.waiting += 1
             return tx
+
+    def _settled(self) -> None:
+        """One of this process's transactions is no longer awaited."""
+        with self._seq.count_lock:
+            self._seq.waiting -= 1
 
     def _pending_nonce(self, fn_name: str, deadline: Deadline) -> int:
         return self._retrying(
