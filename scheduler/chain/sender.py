@@ -662,7 +662,11 @@ class TxSender:
                             _M_STUCK.inc()
                             stuck_counted = True
                         if params is not None:
-                            versions.append(self._replace(fn_name, params, latest))
+                            new = self._replace(fn_name, params, latest)
+                            if new.tx_hash == latest.tx_hash:  # at the cap: wait again
+                                versions[-1] = new
+                            else:
+                                versions.append(new)
                             last_check = time.monotonic()
                     if failures or time.monotonic() - last_check >= self.pool_check_s:
                         # Not mined yet, and a while passed (or the node was away: it may have
@@ -708,13 +712,13 @@ class TxSender:
         counted, and its wait starts again."""
         deadline = Deadline(self.retry.deadline_s)
         try:
-            max_fee, tip = self._fees(fn_name, deadline)
+            asked_max, asked_tip = self._fees(fn_name, deadline)
         except FeeCapExceededError:
-            max_fee, tip = 0, 0
-        max_fee = max(bumped(old.max_fee), max_fee)
-        tip = max(bumped(old.tip), tip)
+            asked_max, asked_tip = 0, 0
         cap = self.fees.max_fee_per_gas
-        if max_fee > cap or tip > max_fee:
+        max_fee = min(max(bumped(old.max_fee), asked_max), cap)
+        tip = min(max(bumped(old.tip), asked_tip), max_fee)
+        if max_fee < bumped(old.max_fee) or tip < bumped(old.tip):
             _M_CAPPED.inc()
             log.warning(
                 "%s: tx %s (nonce %d) not mined after %.0fs at maxFeePerGas %d; a replacement "
@@ -724,7 +728,7 @@ class TxSender:
                 old.nonce,
                 time.monotonic() - old.sent_at,
                 old.max_fee,
-                max_fee,
+                bumped(old.max_fee),
                 cap,
             )
             return replace(old, sent_at=time.monotonic())

@@ -735,3 +735,49 @@ def test_fee_policy_refuses_nonsense() -> None:
     with pytest.raises(ValueError, match="replace_after_s"):
         FeePolicy(replace_after_s=0)
     assert bumped(8) == 10 and bumped(10**9) >= 10**9 * 1.125
+
+
+def test_stuck_transaction_at_the_cap_waits_instead_of_overpaying(
+    own_chain: OwnChain, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = own_chain.client()
+    provider = own_chain.providers[0]
+    ensure_provider(client, provider, 2 * own_chain.params.min_stake)
+    state = create_job(client, own_chain.submitter)
+    nonce = nonce_of(client, own_chain.operator)
+    base = int(client.w3.eth.get_block("latest")["baseFeePerGas"])
+    cap = base + 10**9  # below base x 2 + tip: the first offer is the cap itself
+    sender = TxSender(
+        client,
+        own_chain.operator,
+        retry=FAST,
+        pool_check_s=0.2,
+        fees=FeePolicy(max_fee_per_gas=cap, priority_fee=10**9, replace_after_s=0.3),
+    )
+    capped = metric("gridmarket_tx_fee_cap_hits_total")
+    replaced = metric("gridmarket_tx_replacements_total")
+    rpc(client.w3, "evm_setAutomine", False)
+    try:
+        outcome: list[Any] = []
+        worker = threading.Thread(
+            target=lambda: outcome.append(_capture(sender.assign, state, provider.address))
+        )
+        worker.start()
+        wait_until(lambda: pooled(client, own_chain.operator, nonce) is not None, what="in pool")
+        first = pooled(client, own_chain.operator, nonce)
+        assert first is not None and int(first["maxFeePerGas"], 16) == cap
+        make_dearer(client, than=cap)
+        wait_until(
+            lambda: metric("gridmarket_tx_fee_cap_hits_total") > capped, what="a refused bump"
+        )
+        assert pooled(client, own_chain.operator, nonce) == first  # not replaced
+        rpc(client.w3, "anvil_setNextBlockBaseFeePerGas", hex(base))
+        rpc(client.w3, "evm_mine")
+        worker.join(15)
+    finally:
+        rpc(client.w3, "evm_setAutomine", True)
+    (sent,) = outcome
+    assert isinstance(sent, Sent), sent
+    assert sent.tx_hash == first["hash"]
+    assert metric("gridmarket_tx_replacements_total") == replaced
+    assert f"above the cap max_fee_per_gas={cap}: waiting at the cap" in caplog.text
