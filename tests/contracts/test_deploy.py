@@ -4,7 +4,9 @@ calls itself Sepolia (chain id 11155111). Each run is a real `ape` subprocess.""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -181,3 +183,44 @@ def test_artifacts_exported_from_apes_compile() -> None:
     assert exported["JobEscrow"] == artifacts["JobEscrow"]
     manifest = load_artifacts(ROOT / ".build" / "__local__.json")
     assert manifest["JobEscrow"].bytecode == artifacts["JobEscrow"].bytecode
+
+
+def test_installed_package_reads_the_exported_artifacts(tmp_path: Path) -> None:
+    """Installed without the source tree (no contracts/, no ape-config.yaml beside it), the
+    package reads its package-data copy of Ape's output and never tries to compile."""
+    load_artifacts()  # a source checkout: makes sure the export is current
+    site = tmp_path / "site"
+    shutil.copytree(
+        ROOT / "gridmarket", site / "gridmarket", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    code = (
+        "import gridmarket.build as b, json, sys; a = b.load_artifacts(); "
+        "print(json.dumps([b.__file__, sorted(a), a['JobEscrow'].bytecode[:40]]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(site), "PATH": "/nonexistent"},  # no `ape` either
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    path, names, head = json.loads(done.stdout)
+    assert path.startswith(str(site))
+    assert names == ["JobEscrow"]
+    assert head == load_artifacts()["JobEscrow"].bytecode[:40]
+    # without the export it says what to do
+    (site / "gridmarket" / "_compiled" / "contracts.json").unlink()
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(site)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "no compiled contracts at" in done.stderr and "ape compile" in done.stderr
