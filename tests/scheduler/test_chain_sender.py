@@ -668,10 +668,14 @@ def test_base_fee_above_the_cap_sends_nothing(
     assert tx["type"] == 2 and int(tx["maxFeePerGas"]) <= cap
 
 
-def test_restart_settles_in_flight_transactions_before_sending(own_chain: OwnChain) -> None:
+@pytest.mark.parametrize("restart", [True, False], ids=["new-process", "same-process"])
+def test_restart_settles_in_flight_transactions_before_sending(
+    own_chain: OwnChain, restart: bool
+) -> None:
     """A scheduler stopped with an assign in the pool: the restarted one finds it there, replaces
     it when it is stuck, and only then estimates the step again, which the chain now refuses:
-    the assignment is made once, and nothing is queued behind the stuck nonce."""
+    the assignment is made once, and nothing is queued behind the stuck nonce. The same holds in
+    one process after the wait ended in TxOutcomeUnknownError (the outbox retries the row)."""
     client = own_chain.client()
     provider = own_chain.providers[0]
     ensure_provider(client, provider, 2 * own_chain.params.min_stake)
@@ -691,7 +695,8 @@ def test_restart_settles_in_flight_transactions_before_sending(own_chain: OwnCha
             first.assign(state, provider.address)  # the process "dies" waiting
         old = pooled(client, own_chain.operator, nonce)
         assert old is not None and old["hash"] == excinfo.value.tx_hash
-        sender_module._SEQUENCES.clear()  # a new process: no nonce state carried over
+        if restart:
+            sender_module._SEQUENCES.clear()  # a new process: no nonce state carried over
         restarted = TxSender(
             own_chain.client(), own_chain.operator, retry=FAST, pool_check_s=0.2, fees=fees
         )
