@@ -1,6 +1,7 @@
 """`ape run deploy` end to end: the local network with Ape's test accounts, and the public-testnet
 path (an imported Ape account, the RPC URL from the environment) rehearsed against an anvil that
-calls itself Sepolia (chain id 11155111). Each run is a real `ape` subprocess."""
+calls itself Sepolia (chain id 11155111) or Base Sepolia (84532). Each run is a real `ape`
+subprocess; the installed-package read of the artifacts is checked in a subprocess too."""
 
 from __future__ import annotations
 
@@ -42,11 +43,32 @@ def _ape_run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProces
     )
 
 
+# network, chain id, the env var ape-config.yaml reads its RPC URL from, the explorer
+PUBLIC = {
+    "sepolia": (
+        "ethereum:sepolia:node",
+        11155111,
+        "GRIDMARKET_SEPOLIA_RPC_URL",
+        "https://sepolia.etherscan.io",
+    ),
+    "base-sepolia": (
+        "base:sepolia:node",
+        84532,
+        "GRIDMARKET_BASE_SEPOLIA_RPC_URL",
+        "https://sepolia.basescan.org",
+    ),
+}
+
+
+def _public_anvil(chain_id: int, tmp_path: Path) -> Anvil:
+    # Ape waits for 2 confirmations on these networks: blocks must keep coming, as on the real
+    # chain, so this anvil mines one a second.
+    return Anvil(chain_id=chain_id, block_time=1, log_file=tmp_path / "anvil.log").start()
+
+
 @pytest.fixture
 def sepolia_anvil(tmp_path: Path) -> Iterator[Anvil]:
-    # Ape waits for 2 confirmations on sepolia: blocks must keep coming, as on the real chain.
-    anvil = Anvil(chain_id=11155111, block_time=1, log_file=tmp_path / "anvil.log")
-    anvil.start()
+    anvil = _public_anvil(11155111, tmp_path)
     yield anvil
     anvil.stop()
 
@@ -74,14 +96,27 @@ def ape_data(tmp_path: Path) -> Path:
     return folder
 
 
-def test_dry_run_on_a_sepolia_chain_id(
-    sepolia_anvil: Anvil, ape_data: Path, tmp_path: Path
+@pytest.mark.parametrize("name", PUBLIC)
+def test_dry_run_on_a_public_chain_id(name: str, ape_data: Path, tmp_path: Path) -> None:
+    network, chain_id, url_var, explorer = PUBLIC[name]
+    with _public_anvil(chain_id, tmp_path) as anvil:
+        _dry_run(network, chain_id, url_var, explorer, anvil, ape_data, tmp_path)
+
+
+def _dry_run(
+    network: str,
+    chain_id: int,
+    url_var: str,
+    explorer: str,
+    anvil: Anvil,
+    ape_data: Path,
+    tmp_path: Path,
 ) -> None:
-    out = tmp_path / "sepolia.json"
+    out = tmp_path / "deployment.json"
     run = _ape_run(
         [
             "--network",
-            "ethereum:sepolia:node",
+            network,
             "--account",
             "deployer",
             "--yes",
@@ -97,21 +132,21 @@ def test_dry_run_on_a_sepolia_chain_id(
         {
             "APE_DATA_FOLDER": str(ape_data),
             "APE_ACCOUNTS_deployer_PASSPHRASE": PASSPHRASE,
-            "GRIDMARKET_SEPOLIA_RPC_URL": sepolia_anvil.url,
+            url_var: anvil.url,
         },
     )
     assert run.returncode == 0, run.stdout + run.stderr
     deployment = Deployment.load(out)
-    assert deployment.chain_id == 11155111
+    assert deployment.chain_id == chain_id
     assert deployment.rpc_url is None  # a public RPC URL may carry an API key
     assert deployment.params["fee_bps"] == 300
-    assert f"https://sepolia.etherscan.io/address/{deployment.escrow}" in run.stdout
+    assert f"{explorer}/address/{deployment.escrow}" in run.stdout
     # the contract answers, through the same client the services use
-    client = EscrowClient.connect(sepolia_anvil.url, deployment)
+    client = EscrowClient.connect(anvil.url, deployment)
     assert Web3.to_checksum_address(client.call("operator")) == OPERATOR
     assert Web3.to_checksum_address(client.call("treasury")) == TREASURY
     assert client.call("feeBps") == 300
-    w3 = Web3(Web3.HTTPProvider(sepolia_anvil.url))
+    w3 = Web3(Web3.HTTPProvider(anvil.url))
     deployer = Account.from_key(KEYS[0]).address
     assert w3.eth.get_transaction_count(deployer) == 1  # one transaction: the deployment
     # Ape's artifacts are the product's artifacts: the deployed code is what load_artifacts has
