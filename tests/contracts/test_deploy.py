@@ -259,3 +259,25 @@ def test_installed_package_reads_the_exported_artifacts(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     assert "no compiled contracts at" in done.stderr and "ape compile" in done.stderr
+
+
+def test_gridmarket_deploy_cli_deploys_the_same_artifacts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gridmarket.deploy import main
+
+    with Anvil(log_file=tmp_path / "anvil.log") as anvil:
+        out = tmp_path / "cli.json"
+        monkeypatch.delenv("GRIDMARKET_DEPLOYER_KEY", raising=False)
+        argv = ["--rpc-url", anvil.url, "--out", str(out), "--operator", OPERATOR]
+        argv += ["--treasury", TREASURY]
+        assert main(argv) == 2  # no key: refused, nothing written
+        assert "GRIDMARKET_DEPLOYER_KEY" in capsys.readouterr().err
+        assert not out.exists()
+        monkeypatch.setenv("GRIDMARKET_DEPLOYER_KEY", KEYS[0])
+        assert main(argv) == 0
+        deployment = Deployment.load(out)
+        code = Web3(Web3.HTTPProvider(anvil.url)).eth.get_code(deployment.escrow)
+        assert len(code) > 0
+        assert deployment.abi == load_artifacts()["JobEscrow"].abi
+        assert "explorer" not in capsys.readouterr().out  # chain 31337: none
