@@ -1,29 +1,45 @@
-"""Compile the contracts with py-solc-x and the offline npm compiler (tools/solc).
+"""The contracts' ABIs and creation bytecode, from Ape's compile: the one compile pipeline.
 
-Ape compiles the same sources for the tests; both read the compiler settings from
-``ape-config.yaml`` so the deployed bytecode is the bytecode that was tested. Results are cached
-in ``.build/gridmarket-artifacts.json`` keyed by a hash of the sources and settings.
+Ape (ape-solidity driving py-solc-x with the offline npm compiler, ``$SOLCX_BINARY_PATH``,
+settings in ``ape-config.yaml``) compiles ``contracts/`` into its project manifest,
+``.build/__local__.json``. The tests, ``ape run deploy`` and :func:`load_artifacts` all read
+that output, so the deployed bytecode is the bytecode that was tested.
+
+Where the artifacts come from:
+
+- **source checkout** (``contracts/`` and ``ape-config.yaml`` next to the package): Ape's
+  manifest. If it is missing, or its sources differ from the files on disk, ``ape compile`` is
+  run first. The deployable contracts are then exported to ``gridmarket/_compiled/contracts.json``
+  (package data: a wheel built afterwards carries them).
+- **installed package** (no source tree): the exported ``gridmarket/_compiled/contracts.json``.
+- **an explicit path** (``load_artifacts(path)``): an Ape manifest or an exported file.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+__all__ = ["EXPORTED", "Artifact", "BuildError", "load_artifacts"]
 
-ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = Path(__file__).resolve().parent
+ROOT = PACKAGE.parent
 CONTRACTS_DIR = ROOT / "contracts"
-CACHE = ROOT / ".build" / "gridmarket-artifacts.json"
-SOLC_DIR = ROOT / "tools" / "solc"
+APE_MANIFEST = ROOT / ".build" / "__local__.json"
+EXPORTED = PACKAGE / "_compiled" / "contracts.json"
+# Contracts under contracts/test/ exist for the tests only and are never exported.
+_TEST_DIR = "contracts/test/"
 
 
 class BuildError(RuntimeError):
-    """The contracts could not be compiled (the message carries the compiler's errors)."""
+    """The contracts' artifacts could not be found or compiled (the message says why)."""
 
 
 @dataclass(frozen=True)
@@ -33,67 +49,110 @@ class Artifact:
     bytecode: str
 
 
-def _settings() -> tuple[str, dict[str, Any]]:
-    config = yaml.safe_load((ROOT / "ape-config.yaml").read_text())["solidity"]
-    settings: dict[str, Any] = {
-        "optimizer": {
-            "enabled": bool(config.get("optimize", True)),
-            "runs": int(config.get("optimization_runs", 200)),
-        },
-        "evmVersion": config.get("evm_version", "prague"),
-        "outputSelection": {"*": {"*": ["abi", "evm.bytecode.object"]}},
+def load_artifacts(path: Path | None = None) -> dict[str, Artifact]:
+    """Every deployable contract (not interfaces, not test helpers) by name.
+
+    ``path``: an Ape manifest or an exported ``contracts.json``; by default the source tree's
+    Ape manifest (compiled first if stale) or, for an installed package, the exported copy.
+    """
+    if path is not None:
+        return _read(path)
+    if _is_source_checkout():
+        if _stale(APE_MANIFEST):
+            _ape_compile()
+            if _stale(APE_MANIFEST):
+                raise BuildError(
+                    f"`ape compile` ran but {APE_MANIFEST} still does not match contracts/"
+                )
+        artifacts = _read(APE_MANIFEST)
+        _export(artifacts)
+        return artifacts
+    if not EXPORTED.exists():
+        raise BuildError(
+            f"no compiled contracts at {EXPORTED}: build the package from a source checkout "
+            "after `ape compile` (the export is written by gridmarket.build.load_artifacts)"
+        )
+    return _read(EXPORTED)
+
+
+def _is_source_checkout() -> bool:
+    return CONTRACTS_DIR.is_dir() and (ROOT / "ape-config.yaml").is_file()
+
+
+def _sources_on_disk() -> dict[str, str]:
+    return {
+        str(f.relative_to(ROOT)): f.read_text()
+        for f in sorted(CONTRACTS_DIR.rglob("*.sol"))
+        if f.is_file()
     }
-    if config.get("via_ir"):
-        settings["viaIR"] = True
-    return str(config["version"]), settings
 
 
-def _sources(include_tests: bool) -> dict[str, dict[str, str]]:
-    files = sorted(CONTRACTS_DIR.rglob("*.sol"))
-    if not include_tests:
-        files = [f for f in files if "test" not in f.relative_to(CONTRACTS_DIR).parts[:-1]]
-    return {f"contracts/{f.relative_to(CONTRACTS_DIR)}": {"content": f.read_text()} for f in files}
-
-
-def compile_contracts(*, include_tests: bool = False) -> dict[str, Artifact]:
-    """Compile every contract under ``contracts/`` and return its ABI and creation bytecode."""
-    version, settings = _settings()
-    sources = _sources(include_tests)
-    key = hashlib.sha256(json.dumps([version, settings, sources], sort_keys=True).encode())
-    if CACHE.exists():
-        cached = json.loads(CACHE.read_text())
-        if cached.get("key") == key.hexdigest():
-            return {n: Artifact(n, a["abi"], a["bytecode"]) for n, a in cached["out"].items()}
-
-    import solcx  # the only importer of py-solc-x
-
-    binary = Path(os.environ.get("SOLCX_BINARY_PATH", SOLC_DIR)) / f"solc-v{version}"
-    if not binary.exists():
-        raise BuildError(f"no compiler at {binary}: run `make setup` (scripts/setup.sh)")
+def _stale(manifest: Path) -> bool:
+    """Whether ``manifest`` is missing or was compiled from other sources than those on disk."""
     try:
-        result = solcx.compile_standard(
-            {"language": "Solidity", "sources": sources, "settings": settings},
-            base_path=str(ROOT),
-            solc_binary=str(binary),
+        sources = json.loads(manifest.read_text()).get("sources") or {}
+    except (OSError, ValueError):
+        return True
+    compiled = {sid: (src or {}).get("content") for sid, src in sources.items()}
+    return compiled != _sources_on_disk()
+
+
+def _ape_compile() -> None:
+    """Run ``ape compile`` in the source tree (the same command ``make compile`` runs)."""
+    ape = shutil.which("ape") or str(Path(sys.executable).with_name("ape"))
+    env = dict(os.environ)
+    env.setdefault("SOLCX_BINARY_PATH", str(ROOT / "tools" / "solc"))
+    bin_dir = str(ROOT / "node_modules" / ".bin")
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    try:
+        done = subprocess.run(
+            [ape, "compile"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
         )
-    except solcx.exceptions.SolcError as exc:
-        raise BuildError(str(exc)) from exc
-    errors = [e for e in result.get("errors", []) if e.get("severity") == "error"]
-    if errors:
-        raise BuildError("\n".join(e.get("formattedMessage", str(e)) for e in errors))
-    out: dict[str, Artifact] = {}
-    for contracts in result["contracts"].values():
-        for name, data in contracts.items():
-            code = data["evm"]["bytecode"]["object"]
-            if code:  # skip interfaces and abstract contracts
-                out[name] = Artifact(name, data["abi"], "0x" + code)
-    CACHE.parent.mkdir(parents=True, exist_ok=True)
-    CACHE.write_text(
-        json.dumps(
-            {
-                "key": key.hexdigest(),
-                "out": {n: {"abi": a.abi, "bytecode": a.bytecode} for n, a in out.items()},
-            }
-        )
-    )
-    return out
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"`ape compile` could not run ({ape}): {exc}") from exc
+    if done.returncode != 0:
+        raise BuildError(f"`ape compile` failed:\n{done.stdout[-4000:]}{done.stderr[-4000:]}")
+
+
+def _read(path: Path) -> dict[str, Artifact]:
+    try:
+        body = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BuildError(f"no compiled contracts at {path}") from None
+    except (OSError, ValueError) as exc:
+        raise BuildError(f"{path} is not readable JSON: {exc}") from exc
+    try:
+        if "contractTypes" in body:  # an Ape manifest
+            out: dict[str, Artifact] = {}
+            for name, ct in body["contractTypes"].items():
+                code = (ct.get("deploymentBytecode") or {}).get("bytecode")
+                if not code or code == "0x" or str(ct.get("sourceId", "")).startswith(_TEST_DIR):
+                    continue  # interfaces, abstract contracts, test helpers
+                out[name] = Artifact(name, list(ct["abi"]), str(code))
+            return out
+        return {
+            name: Artifact(name, list(a["abi"]), str(a["bytecode"]))
+            for name, a in body["contracts"].items()
+        }
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise BuildError(f"{path} is neither an Ape manifest nor an export: {exc!r}") from exc
+
+
+def _export(artifacts: dict[str, Artifact]) -> None:
+    body = {
+        "source": "ape compile (.build/__local__.json)",
+        "contracts": {n: {"abi": a.abi, "bytecode": a.bytecode} for n, a in artifacts.items()},
+    }
+    text = json.dumps(body, indent=1, sort_keys=True) + "\n"
+    if EXPORTED.exists() and EXPORTED.read_text() == text:
+        return
+    EXPORTED.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=EXPORTED.parent, delete=False) as tmp:
+        tmp.write(text)
+    os.replace(tmp.name, EXPORTED)

@@ -1,5 +1,9 @@
 """Deploy JobEscrow to any JSON-RPC chain and write the deployment file.
 
+The operator's way is ``ape run deploy --network ...`` (scripts/deploy.py, an Ape account, docs/
+operator.md); this module is the library the devnet, the tests and the benchmarks deploy with, and
+a key-from-the-environment CLI. Both deploy Ape's compile output (gridmarket/build.py).
+
     gridmarket-deploy --rpc-url http://127.0.0.1:8545 --out deployments/local.json \
         --operator 0x... --treasury 0x...            # key from $GRIDMARKET_DEPLOYER_KEY
 
@@ -20,7 +24,7 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
-from gridmarket.build import compile_contracts
+from gridmarket.build import load_artifacts
 from gridmarket.chain import ChainError, Deployment
 
 
@@ -54,9 +58,31 @@ class EscrowParams:
         )
 
 
+# Block explorers of the public chains this project documents (docs/operator.md).
+EXPLORERS: dict[int, tuple[str, str]] = {
+    11155111: ("Sepolia", "https://sepolia.etherscan.io"),
+    84532: ("Base Sepolia", "https://sepolia.basescan.org"),
+    1: ("Ethereum", "https://etherscan.io"),
+    8453: ("Base", "https://basescan.org"),
+}
+
+
+def explorer_lines(chain_id: int, address: str, tx_hash: str | None) -> list[str]:
+    """Lines linking the contract (and its deploy transaction) on the chain's explorer; none for
+    a chain without a known explorer (a local devnet)."""
+    known = EXPLORERS.get(chain_id)
+    if known is None:
+        return []
+    name, base = known
+    lines = [f"{name} explorer: {base}/address/{address}"]
+    if tx_hash:
+        lines.append(f"deploy transaction: {base}/tx/{tx_hash}")
+    return lines
+
+
 def deploy_escrow(w3: Web3, deployer: LocalAccount, params: EscrowParams) -> Deployment:
     """Deploy JobEscrow from ``deployer`` and return its deployment record."""
-    artifact = compile_contracts()["JobEscrow"]
+    artifact = load_artifacts()["JobEscrow"]
     factory = w3.eth.contract(abi=artifact.abi, bytecode=artifact.bytecode)
     tx = factory.constructor(params.as_tuple()).build_transaction(
         {

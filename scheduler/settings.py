@@ -30,6 +30,12 @@ class Settings(BaseSettings):
     confirmations: int = Field(0, ge=0, le=64)
     chain_poll_s: float = Field(0.5, gt=0)
     require_stake: bool = True
+    # operator transactions (scheduler.chain.FeePolicy; docs/scheduler-chain.md, "Fees")
+    max_fee_per_gas_wei: int = Field(200 * 10**9, gt=0)
+    priority_fee_wei: int | None = Field(None, ge=0)
+    base_fee_multiplier: float = Field(2.0, ge=1)
+    tx_replace_after_s: float = Field(90.0, gt=0)
+    tx_receipt_timeout_s: float = Field(600.0, gt=0)
 
     # IPFS
     ipfs_api: str = "/ip4/127.0.0.1/tcp/5001/http"

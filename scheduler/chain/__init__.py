@@ -4,7 +4,13 @@ protocols taken here (docs/scheduler-chain.md)."""
 
 from gridmarket.chain import ChainError, Event, Sent
 from scheduler.chain.retry import ChainUnavailableError, RetryPolicy, is_transient
-from scheduler.chain.sender import TxOutcomeUnknownError, TxSender, apply_sent
+from scheduler.chain.sender import (
+    FeeCapExceededError,
+    FeePolicy,
+    TxOutcomeUnknownError,
+    TxSender,
+    apply_sent,
+)
 from scheduler.chain.watcher import ChainWatcher, CursorStore, EventSink, WatcherStatus
 
 __all__ = [
@@ -14,6 +20,8 @@ __all__ = [
     "CursorStore",
     "Event",
     "EventSink",
+    "FeeCapExceededError",
+    "FeePolicy",
     "RetryPolicy",
     "Sent",
     "TxOutcomeUnknownError",

@@ -17,6 +17,16 @@ Guarantees (docs/scheduler-chain.md):
   transaction is built only when the node proves the old one can never be mined (its nonce was
   consumed by another transaction). Independently, the contract refuses a stale job struct
   (``JobEscrowJobMismatch``), so even a rebuilt transaction cannot apply a transition twice.
+- **EIP-1559 fees under a cap** (:class:`FeePolicy`): ``maxFeePerGas`` = base fee x multiplier +
+  tip, never above ``max_fee_per_gas``; when the base fee alone is above the cap nothing is sent
+  (:class:`FeeCapExceededError`, retried later). A transaction not mined within
+  ``replace_after_s`` is **replaced**: the same nonce, the same call, both fees raised by at least
+  12.5% (what nodes require of a replacement); only one of the versions can be mined.
+- **A restart with transactions in flight**: before its first nonce, the sender waits for the
+  account's pending transactions (found in the node's pool), replacing them if they are stuck,
+  so a restarted scheduler never queues new work behind, or duplicates, what it sent before.
+- **What it spends** is counted in :data:`REGISTRY` (Prometheus): gas, fees in wei,
+  replacements, stuck transactions, fee-cap refusals, transactions in flight.
 """
 
 from __future__ import annotations
@@ -25,12 +35,14 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar, cast
 
 from eth_account.signers.local import LocalAccount
+from eth_utils.address import to_checksum_address
 from hexbytes import HexBytes
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from web3.exceptions import TransactionNotFound, Web3RPCError
 from web3.types import TxParams, TxReceipt
 
@@ -76,6 +88,76 @@ class TxOutcomeUnknownError(ChainError):
         self.nonce = nonce
 
 
+class FeeCapExceededError(ChainUnavailableError):
+    """The chain's base fee is above ``FeePolicy.max_fee_per_gas``: nothing was sent; try later
+    (a :class:`ChainUnavailableError`, so callers that retry outages retry this too)."""
+
+
+@dataclass(frozen=True)
+class FeePolicy:
+    """How the sender prices its EIP-1559 transactions (docs/scheduler-chain.md, "Fees").
+
+    ``max_fee_per_gas``: the cap in wei; no transaction (or replacement) offers more.
+    ``priority_fee``: the tip in wei; ``None`` asks the node (``eth_maxPriorityFeePerGas``).
+    ``base_fee_multiplier``: headroom over the latest base fee (2: six full blocks in a row).
+    ``replace_after_s``: a transaction not mined this long is replaced with higher fees.
+    """
+
+    max_fee_per_gas: int = 200 * 10**9
+    priority_fee: int | None = None
+    base_fee_multiplier: float = 2.0
+    replace_after_s: float = 90.0
+
+    def __post_init__(self) -> None:
+        if self.max_fee_per_gas <= 0:
+            raise ValueError(f"max_fee_per_gas must be > 0, got {self.max_fee_per_gas}")
+        if self.priority_fee is not None and not 0 <= self.priority_fee <= self.max_fee_per_gas:
+            raise ValueError(
+                f"priority_fee must be within [0, max_fee_per_gas], got {self.priority_fee}"
+            )
+        if self.base_fee_multiplier < 1:
+            raise ValueError(f"base_fee_multiplier must be >= 1, got {self.base_fee_multiplier}")
+        if self.replace_after_s <= 0:
+            raise ValueError(f"replace_after_s must be > 0, got {self.replace_after_s}")
+
+
+def bumped(fee: int) -> int:
+    """``fee`` raised by at least 12.5% (geth asks +10%, others +12.5%), and by at least 1 wei."""
+    return fee + fee // 8 + 1
+
+
+# Prometheus: what the operator key spends. Exposed by the scheduler's /metrics.
+REGISTRY = CollectorRegistry()
+_M_SENT = Counter(
+    "gridmarket_tx_sent", "Transactions broadcast (not replacements)", ["fn"], registry=REGISTRY
+)
+_M_MINED = Counter(
+    "gridmarket_tx_mined", "Transactions mined, by outcome", ["fn", "status"], registry=REGISTRY
+)
+_M_GAS = Counter("gridmarket_tx_gas_used", "Gas used by mined transactions", registry=REGISTRY)
+_M_FEES = Counter(
+    "gridmarket_tx_fees_paid_wei", "Fees paid: gasUsed x effectiveGasPrice", registry=REGISTRY
+)
+_M_REPLACED = Counter(
+    "gridmarket_tx_replacements", "Stuck transactions re-sent with higher fees", registry=REGISTRY
+)
+_M_STUCK = Counter(
+    "gridmarket_tx_stuck", "Transactions not mined within replace_after_s", registry=REGISTRY
+)
+_M_CAPPED = Counter(
+    "gridmarket_tx_fee_cap_hits",
+    "Sends or replacements refused because the fee would exceed the cap",
+    registry=REGISTRY,
+)
+_M_IN_FLIGHT = Gauge(
+    "gridmarket_tx_in_flight", "Transactions broadcast and not yet mined", registry=REGISTRY
+)
+_M_MAX_FEE = Gauge(
+    "gridmarket_tx_max_fee_per_gas_wei", "maxFeePerGas of the last transaction", registry=REGISTRY
+)
+_M_CAP = Gauge("gridmarket_tx_fee_cap_wei", "The configured max fee per gas", registry=REGISTRY)
+
+
 class _NonceTakenError(Exception):
     """Internal: another transaction consumed our nonce, so ours can never be mined."""
 
@@ -90,6 +172,9 @@ class _NonceSequence:
 
     lock: threading.Lock
     next: int | None = None
+    # Transactions of this process broadcast and not yet settled (mined, or given up on).
+    waiting: int = 0
+    count_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 _SEQUENCES: dict[tuple[str, int, str], _NonceSequence] = {}
@@ -105,6 +190,13 @@ def _sequence_for(client: EscrowClient, address: str) -> _NonceSequence:
         if seq is None:
             seq = _SEQUENCES[key] = _NonceSequence(threading.Lock())
         return seq
+
+
+def _quantity(value: Any) -> int:
+    """A JSON-RPC quantity (``"0x1a"``, or an int from a node that sends numbers) as an int."""
+    if value is None:
+        return 0
+    return value if isinstance(value, int) else int(str(value), 0)
 
 
 def apply_sent(state: JobState, sent: Sent) -> JobState:
@@ -146,11 +238,14 @@ class _Throttle:
 
 @dataclass(frozen=True)
 class _Broadcast:
-    """A signed transaction, its hash and nonce: the unit that is broadcast (again)."""
+    """A signed transaction, its hash, nonce and fees: the unit that is broadcast (again)."""
 
     tx_hash: str
     nonce: int
     raw: bytes
+    max_fee: int = 0
+    tip: int = 0
+    sent_at: float = field(default_factory=time.monotonic)
 
 
 class TxSender:
@@ -175,6 +270,7 @@ class TxSender:
         receipt_timeout_s: float = 120.0,
         receipt_poll_s: float = 0.05,
         pool_check_s: float = 2.0,
+        fees: FeePolicy | None = None,
     ) -> None:
         if receipt_timeout_s <= 0:
             raise ValueError(f"receipt_timeout_s must be > 0, got {receipt_timeout_s}")
@@ -188,6 +284,8 @@ class TxSender:
         self.receipt_timeout_s = receipt_timeout_s
         self.receipt_poll_s = receipt_poll_s
         self.pool_check_s = pool_check_s
+        self.fees = fees or FeePolicy()
+        _M_CAP.set(self.fees.max_fee_per_gas)
         self._seq = _sequence_for(client, operator.address)
 
     @property
@@ -228,19 +326,27 @@ class TxSender:
     def send(self, fn_name: str, *args: Any, value: int = 0) -> Sent:
         """Send ``fn_name(*args)`` from the operator key and wait for it to be mined."""
         deadline = Deadline(self.retry.deadline_s)
+        if self._seq.waiting == 0:
+            # Nothing of ours in flight, yet the account may have pending transactions: an
+            # earlier process's (a restart), or ours given up on (TxOutcomeUnknownError). They
+            # are settled before anything is estimated, so a step already sent is seen on-chain
+            # (and refused by the estimate) instead of being sent again behind it.
+            with self._seq.lock:
+                if self._seq.waiting == 0:
+                    self._adopt_in_flight(fn_name)
         for rebuild in range(_MAX_REBUILDS + 1):
             params = self._retrying(
                 f"{fn_name}: estimate",
                 deadline,
                 lambda: self.client.prepare(self.account, fn_name, *args, value=value),
             )
-            gas_price = self._retrying(
-                f"{fn_name}: gas price", deadline, lambda: int(self.client.w3.eth.gas_price)
-            )
-            sent = self._broadcast(fn_name, params, gas_price, deadline)
+            fees = self._fees(fn_name, deadline)
+            sent = self._broadcast(fn_name, params, fees, deadline)
+            _M_SENT.labels(fn_name).inc()
             try:
-                receipt = self._await_receipt(fn_name, sent)
+                receipt = self._await_receipt(fn_name, sent, params)
             except _NonceTakenError:
+                self._settled()
                 log.warning(
                     "%s: tx %s (nonce %d) vanished and another transaction took its nonce; "
                     "building it again (%d/%d)",
@@ -252,6 +358,11 @@ class TxSender:
                 )
                 self.resync()
                 continue
+            except BaseException:
+                self._settled()
+                raise
+            self._settled()
+            self._count_mined(fn_name, receipt)
             # Mined: decode it (a revert is replayed on its block to name the error; that read
             # gets a fresh deadline, since the transaction itself is settled).
             return self._retrying(
@@ -323,8 +434,44 @@ class TxSender:
                 )
             return result
 
+    def _fees(self, fn_name: str, deadline: Deadline) -> tuple[int, int]:
+        """``(maxFeePerGas, maxPriorityFeePerGas)`` for a transaction now, within the cap.
+
+        Raises :class:`FeeCapExceededError` when the latest base fee alone exceeds the cap."""
+        policy = self.fees
+        w3 = self.client.w3
+        block = self._retrying(f"{fn_name}: base fee", deadline, lambda: w3.eth.get_block("latest"))
+        base = int(block.get("baseFeePerGas") or 0)
+        tip = policy.priority_fee
+        if tip is None:
+            tip = self._retrying(
+                f"{fn_name}: priority fee", deadline, lambda: int(w3.eth.max_priority_fee)
+            )
+        cap = policy.max_fee_per_gas
+        if base > cap:
+            _M_CAPPED.inc()
+            log.warning(
+                "%s: base fee %d wei/gas is above the cap max_fee_per_gas=%d: not sending; "
+                "retrying when the chain is cheaper",
+                fn_name,
+                base,
+                cap,
+            )
+            raise FeeCapExceededError(
+                f"{fn_name}: base fee {base} wei/gas is above the cap {cap} (max_fee_per_gas)"
+            )
+        max_fee = min(int(base * policy.base_fee_multiplier) + tip, cap)
+        return max_fee, min(tip, max_fee)
+
+    def _count_mined(self, fn_name: str, receipt: TxReceipt) -> None:
+        gas = int(receipt["gasUsed"])
+        price = int(receipt.get("effectiveGasPrice") or 0)
+        _M_MINED.labels(fn_name, "ok" if receipt["status"] == 1 else "reverted").inc()
+        _M_GAS.inc(gas)
+        _M_FEES.inc(gas * price)
+
     def _broadcast(
-        self, fn_name: str, params: TxParams, gas_price: int, deadline: Deadline
+        self, fn_name: str, params: TxParams, fees: tuple[int, int], deadline: Deadline
     ) -> _Broadcast:
         """Choose a nonce, sign, and have the node accept the transaction, under the lock.
 
@@ -333,12 +480,19 @@ class TxSender:
         """
         with self._seq.lock:
             try:
-                tx = self._broadcast_locked(fn_name, params, gas_price, deadline)
+                tx = self._broadcast_locked(fn_name, params, fees, deadline)
             except BaseException:
                 self._seq.next = None
                 raise
             self._seq.next = tx.nonce + 1
+            with self._seq.count_lock:
+                self._seq.waiting += 1
             return tx
+
+    def _settled(self) -> None:
+        """One of this process's transactions is no longer awaited."""
+        with self._seq.count_lock:
+            self._seq.waiting -= 1
 
     def _pending_nonce(self, fn_name: str, deadline: Deadline) -> int:
         return self._retrying(
@@ -348,12 +502,12 @@ class TxSender:
         )
 
     def _broadcast_locked(
-        self, fn_name: str, params: TxParams, gas_price: int, deadline: Deadline
+        self, fn_name: str, params: TxParams, fees: tuple[int, int], deadline: Deadline
     ) -> _Broadcast:
         nonce = self._seq.next
         if nonce is None:
             nonce = self._pending_nonce(fn_name, deadline)
-        tx = self._sign(params, nonce, gas_price)
+        tx = self._sign(params, nonce, fees)
         delays = self.retry.delays()
         throttle = _Throttle()
         outcome_unknown = False
@@ -379,7 +533,7 @@ class TxSender:
                     tx.nonce,
                     fresh,
                 )
-                tx = self._sign(params, fresh, gas_price)
+                tx = self._sign(params, fresh, fees)
                 outcome_unknown = False
             except Exception as exc:
                 if not is_transient(exc):
@@ -387,9 +541,24 @@ class TxSender:
                 outcome_unknown = True  # it may have reached the node before the failure
                 time.sleep(self._backoff_or_give_up(fn_name, tx, exc, delays, deadline, throttle))
 
-    def _sign(self, params: TxParams, nonce: int, gas_price: int) -> _Broadcast:
-        signed = self.client.sign(self.account, params, nonce=nonce, gas_price=gas_price)
-        return _Broadcast("0x" + bytes(signed.hash).hex(), nonce, bytes(signed.raw_transaction))
+    def _sign(self, params: TxParams, nonce: int, fees: tuple[int, int]) -> _Broadcast:
+        """An EIP-1559 (type 2) transaction of ``params`` with ``nonce`` and ``fees``."""
+        max_fee, tip = fees
+        tx: dict[str, Any] = {
+            **params,
+            "type": 2,
+            "maxFeePerGas": max_fee,
+            "maxPriorityFeePerGas": tip,
+            "nonce": nonce,
+            "chainId": self.client.deployment.chain_id,
+        }
+        tx.pop("from", None)
+        tx.pop("gasPrice", None)
+        signed = self.account.sign_transaction(cast(Any, tx))
+        _M_MAX_FEE.set(max_fee)
+        return _Broadcast(
+            "0x" + bytes(signed.hash).hex(), nonce, bytes(signed.raw_transaction), max_fee, tip
+        )
 
     def _try_broadcast(self, fn_name: str, tx: _Broadcast, outcome_unknown: bool) -> None:
         """Send ``tx`` once; return if the node has it. After an unknown outcome, look it up
@@ -455,8 +624,10 @@ class TxSender:
             return False
         return True
 
-    def _await_receipt(self, fn_name: str, tx: _Broadcast) -> TxReceipt:
-        """Poll for the receipt of an accepted transaction; re-broadcast it if it was dropped.
+    def _await_receipt(self, fn_name: str, tx: _Broadcast, params: TxParams | None) -> TxReceipt:
+        """Poll for the receipt of an accepted transaction; re-broadcast it if it was dropped,
+        replace it with higher fees (same nonce) if it is not mined within ``replace_after_s``
+        (``params`` None: never replace).
 
         Raises :class:`_NonceTakenError` if the transaction vanished and its nonce was consumed by
         another one, and :class:`TxOutcomeUnknownError` after ``receipt_timeout_s``.
@@ -466,46 +637,216 @@ class TxSender:
         last_check = time.monotonic()
         failures = 0
         throttle = _Throttle()
-        while True:
+        versions = [tx]  # every signed version of this nonce; at most one can be mined
+        stuck_counted = False
+        _M_IN_FLIGHT.inc()
+        try:
+            while True:
+                try:
+                    for version in reversed(versions):
+                        receipt = self._receipt(version.tx_hash)
+                        if receipt is not None:
+                            if len(versions) > 1:
+                                log.info(
+                                    "%s: nonce %d mined as %s (version %d of %d)",
+                                    fn_name,
+                                    tx.nonce,
+                                    version.tx_hash,
+                                    versions.index(version) + 1,
+                                    len(versions),
+                                )
+                            return receipt
+                    latest = versions[-1]
+                    if time.monotonic() - latest.sent_at >= self.fees.replace_after_s:
+                        if not stuck_counted:
+                            _M_STUCK.inc()
+                            stuck_counted = True
+                        if params is not None:
+                            new = self._replace(fn_name, params, latest)
+                            if new.tx_hash == latest.tx_hash:  # at the cap: wait again
+                                versions[-1] = new
+                            else:
+                                versions.append(new)
+                            last_check = time.monotonic()
+                    if failures or time.monotonic() - last_check >= self.pool_check_s:
+                        # Not mined yet, and a while passed (or the node was away: it may have
+                        # restarted with an empty pool): make sure it still holds the transaction.
+                        last_check = time.monotonic()
+                        self._recheck(fn_name, versions)
+                    if failures:
+                        log.warning(
+                            "%s: RPC answered again after %.1fs and %d failed polls",
+                            fn_name,
+                            throttle.elapsed,
+                            failures,
+                        )
+                        failures, throttle = 0, _Throttle()
+                except Exception as exc:
+                    if not is_transient(exc):
+                        raise
+                    failures += 1
+                    if throttle.failed():
+                        log.warning(
+                            "%s: waiting for tx %s: RPC failing for %.1fs (%d polls): %s",
+                            fn_name,
+                            versions[-1].tx_hash,
+                            throttle.elapsed,
+                            throttle.failures,
+                            describe(exc),
+                        )
+                if deadline.expired:
+                    raise TxOutcomeUnknownError(
+                        f"{fn_name}: tx {versions[-1].tx_hash} (nonce {tx.nonce}) not mined within "
+                        f"{self.receipt_timeout_s:.1f}s",
+                        versions[-1].tx_hash,
+                        tx.nonce,
+                    )
+                time.sleep(min(poll, deadline.remaining))
+                poll = min(poll * 1.5, 1.0) if not failures else min(max(poll, 0.25) * 2, 5.0)
+        finally:
+            _M_IN_FLIGHT.dec()
+
+    def _replace(self, fn_name: str, params: TxParams, old: _Broadcast) -> _Broadcast:
+        """A replacement of ``old``: same nonce and call, both fees bumped (and at least what the
+        chain asks now), capped. At the cap the old version stays, and waits: that is logged and
+        counted, and its wait starts again."""
+        deadline = Deadline(self.retry.deadline_s)
+        try:
+            asked_max, asked_tip = self._fees(fn_name, deadline)
+        except FeeCapExceededError:
+            asked_max, asked_tip = 0, 0
+        cap = self.fees.max_fee_per_gas
+        max_fee = min(max(bumped(old.max_fee), asked_max), cap)
+        tip = min(max(bumped(old.tip), asked_tip), max_fee)
+        if max_fee < bumped(old.max_fee) or tip < bumped(old.tip):
+            _M_CAPPED.inc()
+            log.warning(
+                "%s: tx %s (nonce %d) not mined after %.0fs at maxFeePerGas %d; a replacement "
+                "needs %d, above the cap max_fee_per_gas=%d: waiting at the cap",
+                fn_name,
+                old.tx_hash,
+                old.nonce,
+                time.monotonic() - old.sent_at,
+                old.max_fee,
+                bumped(old.max_fee),
+                cap,
+            )
+            return replace(old, sent_at=time.monotonic())
+        new = self._sign(params, old.nonce, (max_fee, tip))
+        log.warning(
+            "%s: tx %s (nonce %d) not mined after %.0fs; replacing it with %s: maxFeePerGas "
+            "%d -> %d, tip %d -> %d",
+            fn_name,
+            old.tx_hash,
+            old.nonce,
+            time.monotonic() - old.sent_at,
+            new.tx_hash,
+            old.max_fee,
+            max_fee,
+            old.tip,
+            tip,
+        )
+        try:
+            self.client.w3.eth.send_raw_transaction(new.raw)
+        except Web3RPCError as exc:
+            message = rpc_error_message(exc)
+            if is_transient(exc) or is_already_known(message) or is_nonce_too_low(message):
+                # an old version was mined meanwhile, or the pool wants more: the next poll
+                # settles it, and the next replacement starts from these fees
+                log.info("%s: replacement %s not taken: %s", fn_name, new.tx_hash, message)
+                return new
+            raise ChainError(f"{fn_name}: replacement of {old.tx_hash} refused: {message}") from exc
+        _M_REPLACED.inc()
+        return new
+
+    def _adopt_in_flight(self, fn_name: str) -> None:
+        """Settle the account's transactions still pending from before (an earlier process):
+        wait for each to be mined, replacing it when stuck, before any new nonce is used.
+
+        They are found in the node's pool (``txpool_content``: anvil, geth, reth, erigon). A node
+        without that method is waited on until its pending count is mined, without replacing.
+        """
+        w3 = self.client.w3
+        address = self.account.address
+        deadline = Deadline(self.retry.deadline_s)
+
+        def count(block: str) -> int:
+            return self._retrying(
+                f"{fn_name}: in-flight check",
+                deadline,
+                lambda: int(w3.eth.get_transaction_count(address, cast(Any, block))),
+            )
+
+        mined = count("latest")
+        pending = count("pending")
+        if pending <= mined:
+            return
+        log.warning(
+            "%s: %d transaction(s) of %s still pending from before (nonces %d..%d): settling "
+            "them before sending",
+            fn_name,
+            pending - mined,
+            address,
+            mined,
+            pending - 1,
+        )
+        pool = self._retrying(f"{fn_name}: txpool", deadline, lambda: self._pool_of(address))
+        for nonce in range(mined, pending):
+            found = pool.get(nonce)
+            if found is None:
+                continue
+            old = _Broadcast(
+                "0x" + bytes(HexBytes(found["hash"])).hex(),
+                nonce,
+                b"",
+                _quantity(found.get("maxFeePerGas") or found.get("gasPrice")),
+                _quantity(found.get("maxPriorityFeePerGas") or found.get("gasPrice")),
+            )
+            params: TxParams = {
+                "from": address,
+                "to": to_checksum_address(found["to"]),
+                "value": cast(Any, _quantity(found.get("value"))),
+                "data": HexBytes(found.get("input") or "0x"),
+                "gas": _quantity(found["gas"]),
+            }
             try:
-                receipt = self._receipt(tx.tx_hash)
-                if receipt is not None:
-                    return receipt
-                if failures or time.monotonic() - last_check >= self.pool_check_s:
-                    # Not mined yet, and a while passed (or the node was away: it may have
-                    # restarted with an empty pool): make sure it still holds the transaction.
-                    last_check = time.monotonic()
-                    self._recheck(fn_name, tx)
-                if failures:
-                    log.warning(
-                        "%s: RPC answered again after %.1fs and %d failed polls",
-                        fn_name,
-                        throttle.elapsed,
-                        failures,
-                    )
-                    failures, throttle = 0, _Throttle()
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                failures += 1
-                if throttle.failed():
-                    log.warning(
-                        "%s: waiting for tx %s: RPC failing for %.1fs (%d polls): %s",
-                        fn_name,
-                        tx.tx_hash,
-                        throttle.elapsed,
-                        throttle.failures,
-                        describe(exc),
-                    )
+                receipt = self._await_receipt(f"{fn_name} (in flight, nonce {nonce})", old, params)
+            except _NonceTakenError:
+                continue  # another transaction took the nonce: nothing of ours to wait for
+            self._count_mined("in_flight", receipt)
+        deadline = Deadline(self.receipt_timeout_s)
+        while count("latest") < pending:
             if deadline.expired:
                 raise TxOutcomeUnknownError(
-                    f"{fn_name}: tx {tx.tx_hash} (nonce {tx.nonce}) not mined within "
-                    f"{self.receipt_timeout_s:.1f}s",
-                    tx.tx_hash,
-                    tx.nonce,
+                    f"{fn_name}: transactions of {address} up to nonce {pending - 1} are still "
+                    f"pending after {self.receipt_timeout_s:.0f}s",
+                    "",
+                    pending - 1,
                 )
-            time.sleep(min(poll, deadline.remaining))
-            poll = min(poll * 1.5, 1.0) if not failures else min(max(poll, 0.25) * 2, 5.0)
+            time.sleep(min(0.5, deadline.remaining))
+
+    def _pool_of(self, address: str) -> dict[int, dict[str, Any]]:
+        """The node's pending transactions from ``address`` by nonce; empty if it will not say."""
+        try:
+            answer = self.client.w3.provider.make_request(cast(Any, "txpool_content"), [])
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            answer = {}
+        result = answer.get("result") if isinstance(answer, Mapping) else None
+        if not isinstance(result, Mapping):
+            log.warning("the node has no txpool_content: pending transactions are not replaced")
+            return {}
+        out: dict[int, dict[str, Any]] = {}
+        for section in ("pending", "queued"):
+            by_sender = result.get(section) or {}
+            for sender, txs in by_sender.items():
+                if str(sender).lower() != address.lower() or not isinstance(txs, Mapping):
+                    continue
+                for nonce, tx in txs.items():
+                    if isinstance(tx, Mapping) and "hash" in tx:
+                        out[int(nonce)] = dict(tx)
+        return out
 
     def _receipt(self, tx_hash: str) -> TxReceipt | None:
         try:
@@ -513,16 +854,20 @@ class TxSender:
         except TransactionNotFound:
             return None
 
-    def _recheck(self, fn_name: str, tx: _Broadcast) -> None:
-        """A transaction still unmined: make sure the node still holds it, else send its same
-        bytes again, or raise :class:`_NonceTakenError` if its nonce went to another transaction."""
-        if self._known(tx.tx_hash):
+    def _recheck(self, fn_name: str, versions: list[_Broadcast]) -> None:
+        """A nonce still unmined: make sure the node still holds one of its versions, else send
+        the newest version's bytes again, or raise :class:`_NonceTakenError` if the nonce went to
+        another transaction."""
+        tx = versions[-1]
+        if any(self._known(v.tx_hash) for v in reversed(versions)):
             return
         mined = int(self.client.w3.eth.get_transaction_count(self.account.address, "latest"))
         if mined > tx.nonce:
-            if self._receipt(tx.tx_hash) is None:  # not mined between the two calls either
-                raise _NonceTakenError()
+            if all(self._receipt(v.tx_hash) is None for v in versions):
+                raise _NonceTakenError()  # not mined between the two calls either
             return
+        if not tx.raw:
+            return  # adopted from the pool: its bytes are unknown; the pool count decides
         log.warning(
             "%s: tx %s (nonce %d) is gone from the node's pool; broadcasting the same bytes again",
             fn_name,

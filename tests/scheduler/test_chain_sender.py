@@ -15,16 +15,22 @@ import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from hexbytes import HexBytes
+from web3.exceptions import TransactionNotFound
 
 from gridmarket.chain import ChainError, EscrowClient, Sent
 from gridmarket.eip712 import sign_result
 from gridmarket.escrow import ZERO_ADDRESS, JobState, Status
 from scheduler.chain import (
     ChainUnavailableError,
+    FeeCapExceededError,
+    FeePolicy,
     RetryPolicy,
+    TxOutcomeUnknownError,
     TxSender,
     apply_sent,
 )
+from scheduler.chain import sender as sender_module
+from scheduler.chain.sender import REGISTRY, bumped
 
 from ..conftest import Devnet
 from .chain_support import (
@@ -240,7 +246,8 @@ def test_revert_in_a_mined_transaction_is_decoded(own_chain: OwnChain) -> None:
     state = create_job(client, own_chain.submitter)
     nonce = nonce_of(client, own_chain.operator)
     rpc(client.w3, "evm_setAutomine", False)
-    # The submitter's cancel goes into the pool first; the assign is estimated on the latest
+    # The submitter's cancel goes into the pool first, paying a higher tip than the sender's
+    # EIP-1559 default so the block orders it first; the assign is estimated on the latest
     # block (still Funded) and follows it into the same block.
     client_submitter = own_chain.client()
     params = client_submitter.prepare(
@@ -250,7 +257,7 @@ def test_revert_in_a_mined_transaction_is_decoded(own_chain: OwnChain) -> None:
         own_chain.submitter,
         params,
         nonce=client.w3.eth.get_transaction_count(own_chain.submitter.address, "pending"),
-        gas_price=client.w3.eth.gas_price,
+        gas_price=100 * 10**9,
     )
     client.w3.eth.send_raw_transaction(signed.raw_transaction)
     outcome: list[Any] = []
@@ -535,3 +542,247 @@ def test_pending_transaction_lost_in_a_node_restart_is_rebroadcast(own_chain: Ow
     assert sent.tx_hash == pooled  # the same transaction, not a new one
     assert nonce_of(client, own_chain.operator) == nonce + 1
     assert apply_sent(state, sent).status is Status.ASSIGNED
+
+
+# --------------------------------------------------------------------------- fees
+
+
+def metric(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+def pooled(client: EscrowClient, account: LocalAccount, nonce: int) -> dict[str, Any] | None:
+    """The node's pending transaction of ``account`` with ``nonce``, if any."""
+    pending = rpc(client.w3, "txpool_content")["pending"]
+    for sender, txs in pending.items():
+        if sender.lower() == account.address.lower():
+            tx = txs.get(str(nonce))
+            return dict(tx) if tx is not None else None
+    return None
+
+
+def make_dearer(client: EscrowClient, than: int) -> None:
+    """Mine one block after which the base fee is ``than + 1``: a transaction offering at most
+    ``than`` per gas cannot be included any more."""
+    rpc(client.w3, "anvil_setNextBlockBaseFeePerGas", hex(than + 1))
+    rpc(client.w3, "evm_mine")
+
+
+def test_stuck_transaction_is_replaced_with_higher_fees_and_mined_once(
+    own_chain: OwnChain,
+) -> None:
+    client = own_chain.client()
+    provider = own_chain.providers[0]
+    ensure_provider(client, provider, 2 * own_chain.params.min_stake)
+    state = create_job(client, own_chain.submitter)
+    nonce = nonce_of(client, own_chain.operator)
+    before = {
+        m: metric(m)
+        for m in (
+            "gridmarket_tx_replacements_total",
+            "gridmarket_tx_stuck_total",
+            "gridmarket_tx_fees_paid_wei_total",
+            "gridmarket_tx_gas_used_total",
+        )
+    }
+    sender = TxSender(
+        client,
+        own_chain.operator,
+        retry=FAST,
+        pool_check_s=0.2,
+        fees=FeePolicy(priority_fee=10**9, replace_after_s=0.5),
+    )
+    rpc(client.w3, "evm_setAutomine", False)
+    try:
+        outcome: list[Any] = []
+        worker = threading.Thread(
+            target=lambda: outcome.append(_capture(sender.assign, state, provider.address))
+        )
+        worker.start()
+        wait_until(lambda: pooled(client, own_chain.operator, nonce) is not None, what="in pool")
+        first = pooled(client, own_chain.operator, nonce)
+        assert first is not None and int(first["type"], 16) == 2  # EIP-1559
+        first_max = int(first["maxFeePerGas"], 16)
+        make_dearer(client, than=first_max)  # the first version cannot be mined now
+        assert client.w3.eth.get_transaction_count(own_chain.operator.address) == nonce
+        wait_until(
+            lambda: (pooled(client, own_chain.operator, nonce) or first)["hash"] != first["hash"],
+            what="a replacement",
+        )
+        second = pooled(client, own_chain.operator, nonce)
+        assert second is not None
+        assert int(second["maxFeePerGas"], 16) >= first_max * 9 // 8
+        assert int(second["maxPriorityFeePerGas"], 16) >= int(first["maxPriorityFeePerGas"], 16)
+        make_dearer(client, than=first_max)  # still too dear for the first, fine for the second
+        worker.join(15)
+    finally:
+        rpc(client.w3, "evm_setAutomine", True)
+    (sent,) = outcome
+    assert isinstance(sent, Sent), sent
+    assert sent.tx_hash == second["hash"]
+    assert apply_sent(state, sent).status is Status.ASSIGNED
+    # one nonce used, the first version never mined, one assignment on-chain
+    assert nonce_of(client, own_chain.operator) == nonce + 1
+    with pytest.raises(TransactionNotFound):
+        client.w3.eth.get_transaction_receipt(first["hash"])
+    assert job_events(client, state, "JobAssigned") == 1
+    # what it cost is counted
+    receipt = client.w3.eth.get_transaction_receipt(sent.tx_hash)
+    assert (
+        metric("gridmarket_tx_replacements_total") == before["gridmarket_tx_replacements_total"] + 1
+    )
+    assert metric("gridmarket_tx_stuck_total") == before["gridmarket_tx_stuck_total"] + 1
+    assert metric("gridmarket_tx_gas_used_total") == before["gridmarket_tx_gas_used_total"] + int(
+        receipt["gasUsed"]
+    )
+    assert metric("gridmarket_tx_fees_paid_wei_total") == before[
+        "gridmarket_tx_fees_paid_wei_total"
+    ] + int(receipt["gasUsed"]) * int(receipt["effectiveGasPrice"])
+
+
+def test_base_fee_above_the_cap_sends_nothing(
+    own_chain: OwnChain, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = own_chain.client()
+    provider = own_chain.providers[0]
+    ensure_provider(client, provider, 2 * own_chain.params.min_stake)
+    state = create_job(client, own_chain.submitter)
+    nonce = nonce_of(client, own_chain.operator)
+    cap = 20 * 10**9
+    sender = TxSender(client, own_chain.operator, retry=FAST, fees=FeePolicy(max_fee_per_gas=cap))
+    capped = metric("gridmarket_tx_fee_cap_hits_total")
+    make_dearer(client, than=50 * 10**9)
+    with pytest.raises(FeeCapExceededError, match="above the cap") as excinfo:
+        sender.assign(state, provider.address)
+    assert isinstance(excinfo.value, ChainUnavailableError)  # the outbox retries it later
+    assert nonce_of(client, own_chain.operator) == nonce
+    assert rpc(client.w3, "txpool_status")["pending"] == "0x0"
+    assert metric("gridmarket_tx_fee_cap_hits_total") == capped + 1
+    assert "above the cap max_fee_per_gas=20000000000" in caplog.text
+    assert metric("gridmarket_tx_fee_cap_wei") == cap
+    # cheaper again: it goes through, offering no more than the cap
+    rpc(client.w3, "anvil_setNextBlockBaseFeePerGas", hex(10**9))
+    rpc(client.w3, "evm_mine")
+    sent = sender.assign(state, provider.address)
+    tx = client.w3.eth.get_transaction(HexBytes(sent.tx_hash))
+    assert tx["type"] == 2 and int(tx["maxFeePerGas"]) <= cap
+
+
+@pytest.mark.parametrize("restart", [True, False], ids=["new-process", "same-process"])
+def test_restart_settles_in_flight_transactions_before_sending(
+    own_chain: OwnChain, restart: bool
+) -> None:
+    """A scheduler stopped with an assign in the pool: the restarted one finds it there, replaces
+    it when it is stuck, and only then estimates the step again, which the chain now refuses:
+    the assignment is made once, and nothing is queued behind the stuck nonce. The same holds in
+    one process after the wait ended in TxOutcomeUnknownError (the outbox retries the row)."""
+    client = own_chain.client()
+    provider = own_chain.providers[0]
+    ensure_provider(client, provider, 2 * own_chain.params.min_stake)
+    state = create_job(client, own_chain.submitter)
+    nonce = nonce_of(client, own_chain.operator)
+    fees = FeePolicy(priority_fee=10**9, replace_after_s=0.5)
+    rpc(client.w3, "evm_setAutomine", False)
+    try:
+        first = TxSender(
+            client,
+            own_chain.operator,
+            retry=FAST,
+            receipt_timeout_s=1,
+            fees=FeePolicy(priority_fee=10**9, replace_after_s=60),
+        )
+        with pytest.raises(TxOutcomeUnknownError) as excinfo:
+            first.assign(state, provider.address)  # the process "dies" waiting
+        old = pooled(client, own_chain.operator, nonce)
+        assert old is not None and old["hash"] == excinfo.value.tx_hash
+        if restart:
+            sender_module._SEQUENCES.clear()  # a new process: no nonce state carried over
+        restarted = TxSender(
+            own_chain.client(), own_chain.operator, retry=FAST, pool_check_s=0.2, fees=fees
+        )
+        outcome: list[Any] = []
+        worker = threading.Thread(
+            target=lambda: outcome.append(_capture(restarted.assign, state, provider.address))
+        )
+        worker.start()
+        wait_until(
+            lambda: (pooled(client, own_chain.operator, nonce) or old)["hash"] != old["hash"],
+            what="the in-flight assign replaced",
+        )
+        replacement = pooled(client, own_chain.operator, nonce)
+        assert replacement is not None
+        assert int(replacement["maxFeePerGas"], 16) >= bumped(int(old["maxFeePerGas"], 16))
+        assert pooled(client, own_chain.operator, nonce + 1) is None  # nothing queued behind
+        rpc(client.w3, "evm_mine")
+        worker.join(15)
+    finally:
+        rpc(client.w3, "evm_setAutomine", True)
+    (result,) = outcome
+    # the step was already on-chain: the estimate refuses the stale state; nothing was sent
+    assert isinstance(result, ChainError) and result.reason, result
+    assert result.reason.startswith("JobEscrowJobMismatch"), result.reason
+    assert nonce_of(client, own_chain.operator) == nonce + 1
+    assert client.w3.eth.get_transaction_receipt(replacement["hash"])["status"] == 1
+    with pytest.raises(TransactionNotFound):
+        client.w3.eth.get_transaction_receipt(old["hash"])
+    assert job_events(client, state, "JobAssigned") == 1
+    # and the restarted sender goes on from the next nonce
+    assigned = client.job_state(state.job_id)
+    sent = restarted.unassign(assigned)
+    assert client.w3.eth.get_transaction(HexBytes(sent.tx_hash))["nonce"] == nonce + 1
+
+
+def test_fee_policy_refuses_nonsense() -> None:
+    with pytest.raises(ValueError, match="max_fee_per_gas"):
+        FeePolicy(max_fee_per_gas=0)
+    with pytest.raises(ValueError, match="priority_fee"):
+        FeePolicy(max_fee_per_gas=10, priority_fee=11)
+    with pytest.raises(ValueError, match="replace_after_s"):
+        FeePolicy(replace_after_s=0)
+    assert bumped(8) == 10 and bumped(10**9) >= 10**9 * 1.125
+
+
+def test_stuck_transaction_at_the_cap_waits_instead_of_overpaying(
+    own_chain: OwnChain, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = own_chain.client()
+    provider = own_chain.providers[0]
+    ensure_provider(client, provider, 2 * own_chain.params.min_stake)
+    state = create_job(client, own_chain.submitter)
+    nonce = nonce_of(client, own_chain.operator)
+    base = int(client.w3.eth.get_block("latest")["baseFeePerGas"])
+    cap = base + 10**9  # below base x 2 + tip: the first offer is the cap itself
+    sender = TxSender(
+        client,
+        own_chain.operator,
+        retry=FAST,
+        pool_check_s=0.2,
+        fees=FeePolicy(max_fee_per_gas=cap, priority_fee=10**9, replace_after_s=0.3),
+    )
+    capped = metric("gridmarket_tx_fee_cap_hits_total")
+    replaced = metric("gridmarket_tx_replacements_total")
+    rpc(client.w3, "evm_setAutomine", False)
+    try:
+        outcome: list[Any] = []
+        worker = threading.Thread(
+            target=lambda: outcome.append(_capture(sender.assign, state, provider.address))
+        )
+        worker.start()
+        wait_until(lambda: pooled(client, own_chain.operator, nonce) is not None, what="in pool")
+        first = pooled(client, own_chain.operator, nonce)
+        assert first is not None and int(first["maxFeePerGas"], 16) == cap
+        make_dearer(client, than=cap)
+        wait_until(
+            lambda: metric("gridmarket_tx_fee_cap_hits_total") > capped, what="a refused bump"
+        )
+        assert pooled(client, own_chain.operator, nonce) == first  # not replaced
+        rpc(client.w3, "anvil_setNextBlockBaseFeePerGas", hex(base))
+        rpc(client.w3, "evm_mine")
+        worker.join(15)
+    finally:
+        rpc(client.w3, "evm_setAutomine", True)
+    (sent,) = outcome
+    assert isinstance(sent, Sent), sent
+    assert sent.tx_hash == first["hash"]
+    assert metric("gridmarket_tx_replacements_total") == replaced
+    assert f"above the cap max_fee_per_gas={cap}: waiting at the cap" in caplog.text
