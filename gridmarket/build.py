@@ -49,14 +49,16 @@ class Artifact:
     bytecode: str
 
 
-def load_artifacts(path: Path | None = None) -> dict[str, Artifact]:
+def load_artifacts(path: Path | None = None, *, include_tests: bool = False) -> dict[str, Artifact]:
     """Every deployable contract (not interfaces, not test helpers) by name.
 
     ``path``: an Ape manifest or an exported ``contracts.json``; by default the source tree's
     Ape manifest (compiled first if stale) or, for an installed package, the exported copy.
+    ``include_tests`` adds the test helpers of ``contracts/test/`` (read from an Ape manifest
+    only: they are never exported).
     """
     if path is not None:
-        return _read(path)
+        return _read(path, include_tests=include_tests)
     if _is_source_checkout():
         if _stale(APE_MANIFEST):
             _ape_compile()
@@ -66,7 +68,7 @@ def load_artifacts(path: Path | None = None) -> dict[str, Artifact]:
                 )
         artifacts = _read(APE_MANIFEST)
         _export(artifacts)
-        return artifacts
+        return _read(APE_MANIFEST, include_tests=True) if include_tests else artifacts
     if not EXPORTED.exists():
         raise BuildError(
             f"no compiled contracts at {EXPORTED}: build the package from a source checkout "
@@ -120,7 +122,7 @@ def _ape_compile() -> None:
         raise BuildError(f"`ape compile` failed:\n{done.stdout[-4000:]}{done.stderr[-4000:]}")
 
 
-def _read(path: Path) -> dict[str, Artifact]:
+def _read(path: Path, *, include_tests: bool = False) -> dict[str, Artifact]:
     try:
         body = json.loads(path.read_text())
     except FileNotFoundError:
@@ -132,8 +134,10 @@ def _read(path: Path) -> dict[str, Artifact]:
             out: dict[str, Artifact] = {}
             for name, ct in body["contractTypes"].items():
                 code = (ct.get("deploymentBytecode") or {}).get("bytecode")
-                if not code or code == "0x" or str(ct.get("sourceId", "")).startswith(_TEST_DIR):
-                    continue  # interfaces, abstract contracts, test helpers
+                if not code or code == "0x":
+                    continue  # interfaces, abstract contracts
+                if not include_tests and str(ct.get("sourceId", "")).startswith(_TEST_DIR):
+                    continue  # test helpers
                 out[name] = Artifact(name, list(ct["abi"]), str(code))
             return out
         return {

@@ -16,7 +16,7 @@ from eth_typing import ChecksumAddress
 from eth_utils.abi import function_abi_to_4byte_selector
 from web3 import Web3
 
-from gridmarket.build import compile_contracts
+from gridmarket.build import load_artifacts
 from gridmarket.chain import ChainError, Deployment, EscrowClient, Sent
 
 INVALID_UTF8 = b"bafy\xff\xfe\xc3\x28poison"
@@ -94,7 +94,7 @@ class Forger:
     escrow (same event ABI)."""
 
     def __init__(self, w3: Web3, deployer: LocalAccount, escrow: Deployment) -> None:
-        artifact = compile_contracts(include_tests=True)["EventForger"]
+        artifact = load_artifacts(include_tests=True)["EventForger"]
         self.abi = artifact.abi
         factory = w3.eth.contract(abi=artifact.abi, bytecode=artifact.bytecode)
         tx = factory.constructor().build_transaction(
