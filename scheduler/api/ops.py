@@ -11,6 +11,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gridmarket.wire import API, SchedulerInfo
 from scheduler import __version__
+from scheduler.chain.sender import REGISTRY as TX_REGISTRY
 
 from .deps import DispatcherDep, GridDep
 
@@ -48,7 +49,8 @@ async def health(grid: GridDep, dispatcher: DispatcherDep) -> dict[str, Any]:
 
 @router.get(API.METRICS, include_in_schema=False)
 async def metrics(grid: GridDep, dispatcher: DispatcherDep) -> Response:
-    """Prometheus text format: jobs by state, nodes by status, outbox, counters."""
+    """Prometheus text format: jobs by state, nodes by status, outbox, counters, and what the
+    operator key's transactions spend (gas, fees, replacements: :mod:`scheduler.chain.sender`)."""
     jobs = await asyncio.to_thread(grid.store.job_counts)
     nodes = await asyncio.to_thread(grid.store.node_counts)
     out = await asyncio.to_thread(grid.store.outbox_counts)
@@ -70,4 +72,5 @@ async def metrics(grid: GridDep, dispatcher: DispatcherDep) -> Response:
     g_events = Gauge("gridmarket_events", "Counted events since start", ["name"], registry=reg)
     for k, v in sorted(grid.counters.items()):
         g_events.labels(k).set(v)
-    return Response(generate_latest(reg), media_type=CONTENT_TYPE_LATEST)
+    body = generate_latest(reg) + generate_latest(TX_REGISTRY)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

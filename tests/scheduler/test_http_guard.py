@@ -192,4 +192,7 @@ def test_docs_off_and_metrics_behind_a_token(
 
 def test_docs_and_metrics_open_by_default(server: Server) -> None:
     assert httpx.get(server.url + "/openapi.json", timeout=5).status_code == 200
-    assert httpx.get(server.url + API.METRICS, timeout=5).status_code == 200
+    r = httpx.get(server.url + API.METRICS, timeout=5)
+    assert r.status_code == 200
+    # the operator key's spend is exported beside the job and node gauges
+    assert "gridmarket_jobs" in r.text and "gridmarket_tx_gas_used_total" in r.text
