@@ -1,17 +1,31 @@
-"""Shared set-up of the scheduler benches: anvil + escrow, N providers registered on-chain with
-their own keys, a database (SQLite file or a fresh PostgreSQL database), scheduler replicas as
-child processes, and queued jobs written straight into the store (synthetic JobCreated events:
-the benches measure the scheduler, not the chain)."""
+"""Shared set-up of the scheduler benches, on the production path.
+
+anvil + the escrow; N providers, each a fresh wallet registered and staked on-chain; the js-ipfs
+daemon; a database (SQLite file or a fresh PostgreSQL database); scheduler replicas as child
+processes (uvicorn) with ``require_stake`` on and the operator key set, so every lease's
+``assign`` goes through the outbox to anvil. Jobs are funded on anvil with ``createJob``
+(:func:`fund_jobs`) against specs added to IPFS; the replicas' chain watcher picks them up and
+the spec fetcher reads them from IPFS, as in production. Nodes register with signed
+registrations and capacities from the published tier mix (``scripts/spawn_fleet.py``).
+
+:func:`queue_jobs` (jobs written straight into the store) is kept only for the record of the
+older figures in docs/benchmarks.md; no bench uses it any more.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import random
 import secrets
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from eth_account import Account
@@ -21,11 +35,14 @@ from web3 import Web3
 from gridmarket.chain import Deployment, EscrowClient, Event
 from gridmarket.deploy import EscrowParams, deploy_escrow
 from gridmarket.devstack.anvil import Anvil, dev_accounts, free_port
+from gridmarket.devstack.ipfs import IpfsDaemon
 from gridmarket.devstack.postgres import fresh_database
 from gridmarket.devstack.providers import new_providers
 from gridmarket.devstack.scheduler import SchedulerProcess
+from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import (
     API,
+    GpuGroup,
     JobSpec,
     NodeCapacityIn,
     NodeRegistration,
@@ -33,6 +50,12 @@ from gridmarket.wire import (
     sign_registration,
 )
 from scheduler.store import Store
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from spawn_fleet import MIX, capacity  # the published tier mix, from its script
+
+# anvil's dev accounts: 0 deployer, 1 operator (the scheduler's key), 2 treasury, 3 submitter
+SUBMITTER = 3
 
 SPEC = JobSpec.model_validate({"executor": "docker", "image": "busybox:1", "command": ["true"]})
 
@@ -45,18 +68,27 @@ class Stack:
     providers: list[LocalAccount]
     db_url: str
     replicas: list[SchedulerProcess]
+    escrow: EscrowClient
+    ipfs: IpfsStore
 
 
 @contextlib.contextmanager
 def stack(
     work: Path, *, providers: int, db: str, replicas: int = 1, **settings: str
 ) -> Iterator[Stack]:
-    """Everything up; torn down when the block ends. ``db``: ``sqlite`` or ``postgresql``."""
+    """Everything up; torn down when the block ends. ``db``: ``sqlite`` or ``postgresql``.
+
+    The replicas run with the scheduler's defaults (``require_stake`` true) plus the operator
+    key, the IPFS daemon, ``chain_poll_s=0.1`` (as ``run_grid``) and ``settings``."""
     work.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as es:
         anvil = es.enter_context(Anvil(log_file=work / "anvil.log"))
+        daemon = es.enter_context(IpfsDaemon(work / "ipfs"))
+        ipfs = IpfsStore(daemon.api_addr)
+        es.callback(ipfs.close)
         w3 = Web3(Web3.HTTPProvider(anvil.url))
-        keys = [Account.from_key(k) for k in dev_accounts(3)]
+        dev_keys = dev_accounts(4)
+        keys = [Account.from_key(k) for k in dev_keys]
         params = EscrowParams(operator=keys[1].address, treasury=keys[2].address)
         deployment = deploy_escrow(w3, keys[0], params)
         dep_file = work / "deployment.json"
@@ -75,7 +107,9 @@ def stack(
             "rpc_url": anvil.url,
             "deployment_file": str(dep_file),
             "token_secret": secrets.token_hex(16),
-            "ipfs_api": "/ip4/127.0.0.1/tcp/9/http",  # unused by these benches
+            "ipfs_api": daemon.api_addr,
+            "operator_key": dev_keys[1],
+            "chain_poll_s": "0.1",
         }
         common.update(settings)
         procs = []
@@ -85,11 +119,143 @@ def stack(
             )
             es.enter_context(proc)
             procs.append(proc)
-        yield Stack(anvil, deployment, dep_file, accounts, db_url, procs)
+        yield Stack(anvil, deployment, dep_file, accounts, db_url, procs, client, ipfs)
+
+
+# --------------------------------------------------------------------------- jobs
+
+GIB = 1024
+
+
+def spec_mix(rng: random.Random, count: int, wasm_cid: str) -> list[JobSpec]:
+    """``count`` distinct job specs: 60% Docker CPU jobs, 20% WASM, 20% one-GPU jobs needing
+    8, 11 or 20 GiB of VRAM (a fifth of those pinned to the RTX 4090), varied cores, RAM,
+    disk, timeouts and environments."""
+    specs = []
+    for i in range(count):
+        roll = rng.random()
+        env = {"BENCH_VARIANT": str(i)}
+        limits = {"timeout_s": rng.choice((300, 600, 1800))}
+        if roll < 0.6:
+            res: dict[str, Any] = {
+                "cpu_cores": rng.choice((1, 1, 2)),
+                "ram_mib": rng.choice((128, 256, 512)),
+                "disk_mib": rng.choice((256, 1024)),
+            }
+            body: dict[str, Any] = {"executor": "docker", "image": "busybox:1"}
+            body["command"] = ["sh", "-c", f"echo {i}"]
+        elif roll < 0.8:
+            res = {"cpu_cores": 1, "ram_mib": 128, "disk_mib": 64}
+            body = {"executor": "wasm", "module_cid": wasm_cid}
+        else:
+            res = {
+                "gpu_count": 1,
+                "min_vram_mib": rng.choice((8, 11, 20)) * GIB,
+                "cpu_cores": rng.choice((1, 2)),
+                "ram_mib": rng.choice((512, 1024)),
+                "disk_mib": 2048,
+            }
+            if rng.random() < 0.2:
+                res["gpu_models"] = ["rtx-4090"]
+            body = {"executor": "docker", "image": "pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime"}
+            body["command"] = ["python", "-c", f"print({i})"]
+        specs.append(
+            JobSpec.model_validate(
+                {**body, "name": f"bench-{i}", "env": env, "resources": res, "limits": limits}
+            )
+        )
+    return specs
+
+
+def publish_specs(ipfs: IpfsStore, specs: Sequence[JobSpec]) -> list[str]:
+    """Add each spec's canonical bytes to IPFS; their CIDs (what ``createJob`` commits to)."""
+    return [ipfs.add_bytes(s.to_bytes()) for s in specs]
+
+
+def fund_jobs(anvil_url: str, escrow: EscrowClient, spec_cids: Sequence[str], n: int) -> float:
+    """Fund ``n`` jobs with ``createJob`` (a 0.001 ETH bounty each) from the submitter dev
+    account, spec CIDs taken in turn; returns the seconds it took. One transaction at a time
+    with anvil's ``eth_sendTransactionSync`` (anvil holds the dev keys and signs; the receipt
+    comes back in the same round trip); a job that fails to fund stops the bench. (Batched
+    ``eth_sendTransaction`` lost transactions in anvil's pool and left nonce gaps.)"""
+    submitter = Account.from_key(dev_accounts(SUBMITTER + 1)[SUBMITTER]).address
+    deadline = int(time.time()) + 6 * 3600
+    t0 = time.perf_counter()
+    with httpx.Client(timeout=120) as http:
+        for i in range(n):
+            data = escrow.encode(
+                "createJob", os.urandom(32), spec_cids[i % len(spec_cids)], deadline
+            )
+            tx = {
+                "from": submitter,
+                "to": escrow.address,
+                "data": "0x" + data.hex(),
+                "value": hex(10**15),
+                "gas": hex(200_000),
+            }
+            body = {"jsonrpc": "2.0", "id": i, "method": "eth_sendTransactionSync", "params": [tx]}
+            answer = http.post(anvil_url, json=body).json()
+            if "error" in answer:
+                raise RuntimeError(f"createJob {i} refused: {answer['error']}")
+            if int(answer["result"]["status"], 16) != 1:
+                raise RuntimeError(f"createJob {i} reverted: {answer['result']}")
+    return time.perf_counter() - t0
+
+
+def wait_queued(db_url: str, n: int, timeout: float = 600) -> float:
+    """Wait until ``n`` jobs are ``queued`` (seen by the watcher, spec fetched from IPFS and
+    parsed); seconds waited. Raises with the job counts if that does not happen in time."""
+    store = Store(db_url)
+    t0 = time.perf_counter()
+    try:
+        while True:
+            counts = store.job_counts()
+            if counts.get("queued", 0) >= n:
+                return time.perf_counter() - t0
+            if time.perf_counter() - t0 > timeout:
+                raise RuntimeError(f"only {counts} after {timeout:.0f} s; {n} queued wanted")
+            time.sleep(0.2)
+    finally:
+        store.close()
+
+
+def fleet_capacity(i: int, slots: int, gpus: int) -> NodeCapacityIn:
+    """Node ``i`` of the published tier mix (``scripts/spawn_fleet.py``: RTX 4090, 3090, 4070,
+    3060 and CPU-only in equal parts, over the pricing regions), offering ``slots`` leases at
+    once; a GPU node is a rig of ``gpus`` cards of its tier (one card per node would let a
+    node hold one GPU lease only)."""
+    regions = ["us", "eu-west", "in", "br", "jp", "sg", "eu-east", "ca"]
+    cap = capacity(MIX[i % len(MIX)], regions[i % len(regions)])
+    update: dict[str, Any] = {"slots": slots}
+    if cap.gpu is not None:
+        update["gpu"] = GpuGroup(
+            model=cap.gpu.model, name=cap.gpu.name, vram_mib=cap.gpu.vram_mib, count=gpus
+        )
+        update["cpu_cores"] = cap.cpu_cores * max(1, gpus // 2)
+        update["ram_mib"] = cap.ram_mib * max(1, gpus // 2)
+    else:
+        update["ram_mib"] = cap.ram_mib * max(1, slots // 8)
+    return cap.model_copy(update=update)
+
+
+def load_average() -> str:
+    """``uptime``'s load averages (1, 5, 15 min), recorded with every figure."""
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def provisional(load_before: float) -> str:
+    """A mark for figures taken while other work loaded the machine (load > 1)."""
+    return " (PROVISIONAL: load > 1)" if max(load_before, os.getloadavg()[0]) > 1 else ""
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
 def queue_jobs(db_url: str, n: int) -> list[str]:
-    """``n`` queued jobs, as the watcher would have written them after ``n`` createJob."""
+    """``n`` queued jobs written straight into the store (the older, easier path: no chain, no
+    IPFS, one spec). Kept for the record; the benches now use :func:`fund_jobs`."""
     store = Store(db_url)
     now = int(time.time())
     events = [
@@ -124,17 +290,9 @@ async def register(
     account: LocalAccount,
     chain_id: int,
     escrow: str,
-    slots: int,
+    cap: NodeCapacityIn,
 ) -> tuple[str, str]:
     """Sign and send a registration; (node id, token)."""
-    cap = NodeCapacityIn(
-        cpu_cores=64,
-        ram_mib=512 * 1024,
-        disk_mib=10**6,
-        region="us",
-        executors=["docker"],
-        slots=slots,
-    )
     reg = NodeRegistration(
         wallet=account.address,
         name="bench",
