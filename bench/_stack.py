@@ -19,6 +19,7 @@ import contextlib
 import os
 import random
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -236,6 +237,45 @@ def fleet_capacity(i: int, slots: int, gpus: int) -> NodeCapacityIn:
     else:
         update["ram_mib"] = cap.ram_mib * max(1, slots // 8)
     return cap.model_copy(update=update)
+
+
+@contextlib.contextmanager
+def profiled(pids: Sequence[int | None], out_dir: Path | None, name: str) -> Iterator[None]:
+    """Sample the given processes with py-spy while the block runs (when ``out_dir`` is set):
+    one flame graph per process, ``<out_dir>/<name>-<k>.svg``. py-spy needs root (or ptrace
+    rights) and is in the dev extras."""
+    if out_dir is None:
+        yield
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spies = [
+        subprocess.Popen(
+            [
+                "py-spy",
+                "record",
+                "--pid",
+                str(pid),
+                "--rate",
+                "200",
+                "--nonblocking",
+                "--output",
+                str(out_dir / f"{name}-{k}.svg"),
+                "--format",
+                "flamegraph",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        for k, pid in enumerate(pids)
+        if pid is not None
+    ]
+    try:
+        yield
+    finally:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)
+        for spy in spies:
+            spy.wait(60)
 
 
 def load_average() -> str:

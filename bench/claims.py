@@ -58,6 +58,7 @@ from _stack import (
     fund_jobs,
     load_average,
     percentile,
+    profiled,
     publish_specs,
     register,
     spec_mix,
@@ -81,7 +82,9 @@ def _metric(text: str, name: str) -> int:
     return int(float(m.group(1))) if m else 0
 
 
-def run_ours(db: str, n_jobs: int, n_clients: int, n_specs: int, gpus: int) -> dict[str, Any]:
+def run_ours(
+    db: str, n_jobs: int, n_clients: int, n_specs: int, gpus: int, profile: Path | None
+) -> dict[str, Any]:
     replicas = 1 if db == "sqlite" else 2
     slots = min(64, math.ceil(n_jobs / n_clients) + 8)
     with (
@@ -133,7 +136,8 @@ def run_ours(db: str, n_jobs: int, n_clients: int, n_specs: int, gpus: int) -> d
 
         procs = [psutil.Process(p.pid) for p in st.replicas if p.pid is not None]
         cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
-        res = asyncio.run(go())
+        with profiled([p.pid for p in st.replicas], profile, f"claims-{db}"):
+            res = asyncio.run(go())
         cpu = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0
         rounds = sum(
             _metric(httpx.get(u + API.METRICS, timeout=10).text, "gridmarket_dispatch_rounds")
@@ -238,6 +242,12 @@ def main() -> None:
     ap.add_argument("--specs", type=int, default=40, help="distinct job specs on IPFS")
     ap.add_argument("--gpus", type=int, default=8, help="cards per GPU node (its tier's)")
     ap.add_argument("--no-peer", action="store_true", help="skip the Sarva peer")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="py-spy flame graphs of the replicas while the claims run, into this folder",
+    )
     args = ap.parse_args()
     if args.jobs > 64 * args.clients:
         raise SystemExit(f"--jobs {args.jobs}: at most 64 per client ({64 * args.clients})")
@@ -248,7 +258,9 @@ def main() -> None:
         f"{args.jobs} jobs funded on anvil ({args.specs} specs on IPFS), {args.clients} "
         "long-polling nodes of the published tier mix, stake required, assigns through the outbox"
     )
-    rows = [run_ours(db, args.jobs, args.clients, args.specs, args.gpus) for db in dbs]
+    rows = [
+        run_ours(db, args.jobs, args.clients, args.specs, args.gpus, args.profile) for db in dbs
+    ]
     if not args.no_peer:
         rows.append(run_sarva(args.jobs, args.clients))
     print(

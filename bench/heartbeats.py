@@ -44,6 +44,7 @@ from _stack import (
     fund_jobs,
     load_average,
     percentile,
+    profiled,
     publish_specs,
     register,
     spec_mix,
@@ -113,7 +114,9 @@ def leases(db_url: str, job_ids: list[str]) -> dict[str, float]:
     return {str(j): float(e or 0.0) for j, e in rows}
 
 
-def run(db: str, n_nodes: int, seconds: float, rate: float) -> list[dict[str, Any]]:
+def run(
+    db: str, n_nodes: int, seconds: float, rate: float, profile: Path | None
+) -> list[dict[str, Any]]:
     slots = [1 + i % 4 for i in range(n_nodes)]
     n_jobs = sum(slots)
     with (
@@ -161,7 +164,9 @@ def run(db: str, n_nodes: int, seconds: float, rate: float) -> list[dict[str, An
         for phase, r in (("saturated", 0.0), (f"paced {rate:.0f}/s", rate)):
             before = leases(st.db_url, held)
             time.sleep(0.05)
-            res = asyncio.run(beat_all(url, nodes, seconds, r))
+            name = f"heartbeats-{db}-{'saturated' if not r else 'paced'}"
+            with profiled([st.replicas[0].pid], profile, name):
+                res = asyncio.run(beat_all(url, nodes, seconds, r))
             time.sleep(0.5)  # one flush period (0.1 s) and then some
             after = leases(st.db_url, held)
             res["extended"] = sum(1 for j in held if after.get(j, 0) > before.get(j, 0))
@@ -181,6 +186,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0, help="per phase")
     ap.add_argument("--rate", type=float, default=2000.0, help="offered heartbeats/s, paced phase")
     ap.add_argument("--db", choices=["sqlite", "postgresql", "both"], default="both")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="py-spy flame graphs of the replica during each phase, into this folder",
+    )
     args = ap.parse_args()
     dbs = ["sqlite", "postgresql"] if args.db == "both" else [args.db]
     load0 = os.getloadavg()[0]
@@ -189,7 +200,7 @@ def main() -> None:
         f"{args.nodes} nodes holding 1-4 leases each (claimed through next-job), one replica, "
         f"{args.seconds:.0f} s per phase"
     )
-    rows = [row for db in dbs for row in run(db, args.nodes, args.seconds, args.rate)]
+    rows = [row for db in dbs for row in run(db, args.nodes, args.seconds, args.rate, args.profile)]
     print(
         f"{'database':<11} {'phase':<13} {'beats':>7} {'beats/s':>8} {'p50 ms':>7} "
         f"{'p99 ms':>7} {'errors':>6} {'leases extended':>16} {'load (1/5/15)':>15}"
