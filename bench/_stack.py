@@ -265,7 +265,7 @@ def profiled(pids: Sequence[int | None], out_dir: Path | None, name: str) -> Ite
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
         for k, pid in enumerate(pids)
         if pid is not None
     ]
