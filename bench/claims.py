@@ -217,8 +217,12 @@ def run_sarva(n_jobs: int, n_clients: int) -> dict[str, Any]:
             )
             cpu = sum(p.cpu_times()[:2]) - cpu0
         finally:
-            proc.terminate()
-            proc.wait(10)
+            proc.terminate()  # uvicorn waits for requests still in its thread pool: not long
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
             log.close()
         rows, db_dupes = sarva.assignments(db)
     return {
@@ -230,6 +234,15 @@ def run_sarva(n_jobs: int, n_clients: int) -> dict[str, Any]:
         "db_dupes": db_dupes,
         "audit_rows": rows,
     }
+
+
+def _line(r: dict[str, Any]) -> str:
+    d: Drained = r["res"]
+    return (
+        f"{r['who']}: {d.unique} jobs in {d.elapsed:.2f} s, "
+        f"{d.unique / d.elapsed if d.elapsed else 0:.0f} claims/s, doubles {d.dupes}/"
+        f"{r['db_dupes']}, outbox {r.get('outbox', '-')}, load {load_average()}"
+    )
 
 
 def main() -> None:
@@ -258,11 +271,13 @@ def main() -> None:
         f"{args.jobs} jobs funded on anvil ({args.specs} specs on IPFS), {args.clients} "
         "long-polling nodes of the published tier mix, stake required, assigns through the outbox"
     )
-    rows = [
-        run_ours(db, args.jobs, args.clients, args.specs, args.gpus, args.profile) for db in dbs
-    ]
+    rows = []
+    for db in dbs:
+        rows.append(run_ours(db, args.jobs, args.clients, args.specs, args.gpus, args.profile))
+        print(f"  done: {_line(rows[-1])}", flush=True)
     if not args.no_peer:
         rows.append(run_sarva(args.jobs, args.clients))
+        print(f"  done: {_line(rows[-1])}", flush=True)
     print(
         f"{'who':<22} {'repl':>4} {'claims':>7} {'claims/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
         f"{'retried':>8} {'refused':>8} {'rounds':>7} {'double c/db/chain':>18} "
