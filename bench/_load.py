@@ -39,7 +39,7 @@ class Drained:
     empty: int = 0
     """polls answered "no job" while jobs were still waiting: retried"""
     refused: int = 0
-    """polls answered with an error status"""
+    """polls answered with an error status, or dropped by the server (then retried)"""
     dupes: int = 0
     """jobs that reached two or more clients"""
     got: list[str] = field(default_factory=list)
@@ -72,7 +72,11 @@ async def drain(
         try:
             while not done.is_set() and taken < c.slots:
                 t0 = time.perf_counter()
-                status, _, body = await conn.request(c.method, c.path, c.headers)
+                try:
+                    status, _, body = await conn.request(c.method, c.path, c.headers)
+                except (ConnectionError, asyncio.IncompleteReadError):
+                    conn.close()  # the server dropped the request: count it, reconnect
+                    status, body = 599, b""
                 if status == 200:
                     out.lat.append(time.perf_counter() - t0)
                     jid = job_id(body)

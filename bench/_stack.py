@@ -380,6 +380,9 @@ class RawHttp:
         head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
         self._writer.write(head.encode() + body)
         status_line = await self._reader.readline()
+        if not status_line:
+            self.close()
+            raise ConnectionError(f"{self.host}:{self.port} closed the connection")
         status = int(status_line.split()[1])
         got: dict[str, str] = {}
         while True:
@@ -394,3 +397,4 @@ class RawHttp:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+        self._reader = self._writer = None

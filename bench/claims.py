@@ -213,6 +213,7 @@ def run_sarva(n_jobs: int, n_clients: int) -> dict[str, Any]:
                     n_jobs,
                     lambda b: str(json.loads(b)["job_id"]),
                     empty_means_done=True,
+                    stall_s=60,  # its pool waits 30 s for a connection before it errs
                 )
             )
             cpu = sum(p.cpu_times()[:2]) - cpu0
@@ -251,9 +252,14 @@ def main() -> None:
     )
     ap.add_argument("--jobs", type=int, default=2000, help="jobs funded on anvil and claimed")
     ap.add_argument("--clients", type=int, default=64, help="long-polling nodes")
-    ap.add_argument("--db", choices=["sqlite", "postgresql", "both"], default="both")
+    ap.add_argument(
+        "--db",
+        choices=["sqlite", "postgresql", "both", "none"],
+        default="both",
+        help="ours on which database(s); none: the peer only",
+    )
     ap.add_argument("--specs", type=int, default=40, help="distinct job specs on IPFS")
-    ap.add_argument("--gpus", type=int, default=8, help="cards per GPU node (its tier's)")
+    ap.add_argument("--gpus", type=int, default=16, help="cards per GPU node (its tier's)")
     ap.add_argument("--no-peer", action="store_true", help="skip the Sarva peer")
     ap.add_argument(
         "--profile",
@@ -264,7 +270,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.jobs > 64 * args.clients:
         raise SystemExit(f"--jobs {args.jobs}: at most 64 per client ({64 * args.clients})")
-    dbs = ["sqlite", "postgresql"] if args.db == "both" else [args.db]
+    dbs = {"both": ["sqlite", "postgresql"], "none": []}.get(args.db, [args.db])
     load0 = os.getloadavg()[0]
     print(f"{uptime()}")
     print(
@@ -310,9 +316,12 @@ def main() -> None:
             )
     if len(rows) > 1 and "audit_rows" in rows[-1]:
         peer = rows[-1]["res"]
-        peer_rate = peer.unique / peer.elapsed if peer.elapsed else float("nan")
+        peer_rate = peer.unique / peer.elapsed if peer.elapsed else 0.0
         for r in rows[:-1]:
             d = r["res"]
+            if not peer_rate:
+                print(f"{r['who']} / Sarva: the peer completed no claim")
+                continue
             print(f"{r['who']} / Sarva: {d.unique / d.elapsed / peer_rate:.2f}x claims/s")
     mark = " (PROVISIONAL: load > 1)" if max(load0, os.getloadavg()[0]) > 1 else ""
     print(f"load before/after: {load0:.2f} / {load_average()}{mark}")

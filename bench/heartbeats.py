@@ -6,7 +6,7 @@ wallet registered and staked on-chain with a signed registration (capacities fro
 tier mix), node ``i`` offering ``1 + i % 4`` slots. Jobs are funded on anvil (``createJob``,
 specs on IPFS, picked up by the chain watcher and the spec fetcher) and every node claims
 through ``POST next-job`` until it holds its 1-4 leases (each lease's ``assign`` goes through
-the outbox to anvil).
+the outbox to anvil; the bench waits until the outbox has sent them all).
 
 Then every node sends ``POST /v1/nodes/{id}/heartbeat`` with ``{"running": [its jobs]}``:
 the handler reads the leases those jobs hold (``Store.leases_of``, a database read per
@@ -55,6 +55,7 @@ from _stack import (
 from sqlalchemy import create_engine, select
 
 from gridmarket.wire import API
+from scheduler.store import Store
 from scheduler.store.tables import jobs
 
 WASM_CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
@@ -160,6 +161,13 @@ def run(
 
         nodes = asyncio.run(claim())
         held = [j for _, _, running in nodes for j in running]
+        # the leases' assigns go to anvil through the outbox first: a grid in its steady state
+        # is not sending hundreds of assigns while its nodes heartbeat
+        store = Store(st.db_url)
+        give_up = time.monotonic() + 600
+        while store.outbox_counts().get("pending", 0) and time.monotonic() < give_up:
+            time.sleep(0.5)
+        store.close()
         out = []
         for phase, r in (("saturated", 0.0), (f"paced {rate:.0f}/s", rate)):
             before = leases(st.db_url, held)
