@@ -8,8 +8,8 @@ processes (uvicorn) with ``require_stake`` on and the operator key set, so every
 the spec fetcher reads them from IPFS, as in production. Nodes register with signed
 registrations and capacities from the published tier mix (``scripts/spawn_fleet.py``).
 
-:func:`queue_jobs` (jobs written straight into the store) is kept only for the record of the
-older figures in docs/benchmarks.md; no bench uses it any more.
+(The older figures in docs/benchmarks.md wrote jobs straight into the store, one spec, with
+synthetic ``JobCreated`` events: an easier path, gone from these benches.)
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
-from gridmarket.chain import Deployment, EscrowClient, Event
+from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.deploy import EscrowParams, deploy_escrow
 from gridmarket.devstack.anvil import Anvil, dev_accounts, free_port
 from gridmarket.devstack.ipfs import IpfsDaemon
@@ -57,8 +57,6 @@ from spawn_fleet import MIX, capacity  # the published tier mix, from its script
 
 # anvil's dev accounts: 0 deployer, 1 operator (the scheduler's key), 2 treasury, 3 submitter
 SUBMITTER = 3
-
-SPEC = JobSpec.model_validate({"executor": "docker", "image": "busybox:1", "command": ["true"]})
 
 
 @dataclass
@@ -284,44 +282,8 @@ def load_average() -> str:
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
 
 
-def provisional(load_before: float) -> str:
-    """A mark for figures taken while other work loaded the machine (load > 1)."""
-    return " (PROVISIONAL: load > 1)" if max(load_before, os.getloadavg()[0]) > 1 else ""
-
-
 def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
-
-
-def queue_jobs(db_url: str, n: int) -> list[str]:
-    """``n`` queued jobs written straight into the store (the older, easier path: no chain, no
-    IPFS, one spec). Kept for the record; the benches now use :func:`fund_jobs`."""
-    store = Store(db_url)
-    now = int(time.time())
-    events = [
-        Event(
-            name="JobCreated",
-            args={
-                "jobId": i.to_bytes(32, "big"),
-                "submitter": "0x90F79bf6EB2c4f870365E785982E1f101E93b906",
-                "bounty": 10**17,
-                "deadline": now + 3600,
-                "feeBps": 250,
-                "salt": b"\x00" * 32,
-                "specCid": "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy",
-            },
-            block=1,
-            tx_hash="0x" + "00" * 32,
-            log_index=i,
-        )
-        for i in range(1, n + 1)
-    ]
-    store.apply_chain_events(events, through_block=0)
-    ids = ["0x" + i.to_bytes(32, "big").hex() for i in range(1, n + 1)]
-    for job_id in ids:
-        store.set_spec(job_id, SPEC)
-    store.close()
-    return ids
 
 
 async def register(
