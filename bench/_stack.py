@@ -1,17 +1,32 @@
-"""Shared set-up of the scheduler benches: anvil + escrow, N providers registered on-chain with
-their own keys, a database (SQLite file or a fresh PostgreSQL database), scheduler replicas as
-child processes, and queued jobs written straight into the store (synthetic JobCreated events:
-the benches measure the scheduler, not the chain)."""
+"""Shared set-up of the scheduler benches, on the production path.
+
+anvil + the escrow; N providers, each a fresh wallet registered and staked on-chain; the js-ipfs
+daemon; a database (SQLite file or a fresh PostgreSQL database); scheduler replicas as child
+processes (uvicorn) with ``require_stake`` on and the operator key set, so every lease's
+``assign`` goes through the outbox to anvil. Jobs are funded on anvil with ``createJob``
+(:func:`fund_jobs`) against specs added to IPFS; the replicas' chain watcher picks them up and
+the spec fetcher reads them from IPFS, as in production. Nodes register with signed
+registrations and capacities from the published tier mix (``scripts/spawn_fleet.py``).
+
+(The older figures in docs/benchmarks.md wrote jobs straight into the store, one spec, with
+synthetic ``JobCreated`` events: an easier path, gone from these benches.)
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import random
 import secrets
+import signal
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from eth_account import Account
@@ -19,13 +34,16 @@ from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
 from devstack.anvil import Anvil, dev_accounts, free_port
+from devstack.ipfs import IpfsDaemon
 from devstack.postgres import fresh_database
 from devstack.providers import new_providers
 from devstack.scheduler import SchedulerProcess
-from gridmarket.chain import Deployment, EscrowClient, Event
+from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.deploy import EscrowParams, deploy_escrow
+from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import (
     API,
+    GpuGroup,
     JobSpec,
     NodeCapacityIn,
     NodeRegistration,
@@ -34,7 +52,11 @@ from gridmarket.wire import (
 )
 from scheduler.store import Store
 
-SPEC = JobSpec.model_validate({"executor": "docker", "image": "busybox:1", "command": ["true"]})
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from spawn_fleet import MIX, capacity  # the published tier mix, from its script
+
+# anvil's dev accounts: 0 deployer, 1 operator (the scheduler's key), 2 treasury, 3 submitter
+SUBMITTER = 3
 
 
 @dataclass
@@ -45,18 +67,27 @@ class Stack:
     providers: list[LocalAccount]
     db_url: str
     replicas: list[SchedulerProcess]
+    escrow: EscrowClient
+    ipfs: IpfsStore
 
 
 @contextlib.contextmanager
 def stack(
     work: Path, *, providers: int, db: str, replicas: int = 1, **settings: str
 ) -> Iterator[Stack]:
-    """Everything up; torn down when the block ends. ``db``: ``sqlite`` or ``postgresql``."""
+    """Everything up; torn down when the block ends. ``db``: ``sqlite`` or ``postgresql``.
+
+    The replicas run with the scheduler's defaults (``require_stake`` true) plus the operator
+    key, the IPFS daemon, ``chain_poll_s=0.1`` (as ``run_grid``) and ``settings``."""
     work.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as es:
         anvil = es.enter_context(Anvil(log_file=work / "anvil.log"))
+        daemon = es.enter_context(IpfsDaemon(work / "ipfs"))
+        ipfs = IpfsStore(daemon.api_addr)
+        es.callback(ipfs.close)
         w3 = Web3(Web3.HTTPProvider(anvil.url))
-        keys = [Account.from_key(k) for k in dev_accounts(3)]
+        dev_keys = dev_accounts(4)
+        keys = [Account.from_key(k) for k in dev_keys]
         params = EscrowParams(operator=keys[1].address, treasury=keys[2].address)
         deployment = deploy_escrow(w3, keys[0], params)
         dep_file = work / "deployment.json"
@@ -75,7 +106,9 @@ def stack(
             "rpc_url": anvil.url,
             "deployment_file": str(dep_file),
             "token_secret": secrets.token_hex(16),
-            "ipfs_api": "/ip4/127.0.0.1/tcp/9/http",  # unused by these benches
+            "ipfs_api": daemon.api_addr,
+            "operator_key": dev_keys[1],
+            "chain_poll_s": "0.1",
         }
         common.update(settings)
         procs = []
@@ -85,37 +118,172 @@ def stack(
             )
             es.enter_context(proc)
             procs.append(proc)
-        yield Stack(anvil, deployment, dep_file, accounts, db_url, procs)
+        yield Stack(anvil, deployment, dep_file, accounts, db_url, procs, client, ipfs)
 
 
-def queue_jobs(db_url: str, n: int) -> list[str]:
-    """``n`` queued jobs, as the watcher would have written them after ``n`` createJob."""
-    store = Store(db_url)
-    now = int(time.time())
-    events = [
-        Event(
-            name="JobCreated",
-            args={
-                "jobId": i.to_bytes(32, "big"),
-                "submitter": "0x90F79bf6EB2c4f870365E785982E1f101E93b906",
-                "bounty": 10**17,
-                "deadline": now + 3600,
-                "feeBps": 250,
-                "salt": b"\x00" * 32,
-                "specCid": "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy",
-            },
-            block=1,
-            tx_hash="0x" + "00" * 32,
-            log_index=i,
+# --------------------------------------------------------------------------- jobs
+
+GIB = 1024
+
+
+def spec_mix(rng: random.Random, count: int, wasm_cid: str) -> list[JobSpec]:
+    """``count`` distinct job specs: 60% Docker CPU jobs, 20% WASM, 20% one-GPU jobs needing
+    8, 11 or 20 GiB of VRAM (a fifth of those pinned to the RTX 4090), varied cores, RAM,
+    disk, timeouts and environments."""
+    specs = []
+    for i in range(count):
+        roll = rng.random()
+        env = {"BENCH_VARIANT": str(i)}
+        limits = {"timeout_s": rng.choice((300, 600, 1800))}
+        if roll < 0.6:
+            res: dict[str, Any] = {
+                "cpu_cores": rng.choice((1, 1, 2)),
+                "ram_mib": rng.choice((128, 256, 512)),
+                "disk_mib": rng.choice((256, 1024)),
+            }
+            body: dict[str, Any] = {"executor": "docker", "image": "busybox:1"}
+            body["command"] = ["sh", "-c", f"echo {i}"]
+        elif roll < 0.8:
+            res = {"cpu_cores": 1, "ram_mib": 128, "disk_mib": 64}
+            body = {"executor": "wasm", "module_cid": wasm_cid}
+        else:
+            res = {
+                "gpu_count": 1,
+                "min_vram_mib": rng.choice((8, 11, 20)) * GIB,
+                "cpu_cores": rng.choice((1, 2)),
+                "ram_mib": rng.choice((512, 1024)),
+                "disk_mib": 2048,
+            }
+            if rng.random() < 0.2:
+                res["gpu_models"] = ["rtx-4090"]
+            body = {"executor": "docker", "image": "pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime"}
+            body["command"] = ["python", "-c", f"print({i})"]
+        specs.append(
+            JobSpec.model_validate(
+                {**body, "name": f"bench-{i}", "env": env, "resources": res, "limits": limits}
+            )
         )
-        for i in range(1, n + 1)
+    return specs
+
+
+def publish_specs(ipfs: IpfsStore, specs: Sequence[JobSpec]) -> list[str]:
+    """Add each spec's canonical bytes to IPFS; their CIDs (what ``createJob`` commits to)."""
+    return [ipfs.add_bytes(s.to_bytes()) for s in specs]
+
+
+def fund_jobs(anvil_url: str, escrow: EscrowClient, spec_cids: Sequence[str], n: int) -> float:
+    """Fund ``n`` jobs with ``createJob`` (a 0.001 ETH bounty each) from the submitter dev
+    account, spec CIDs taken in turn; returns the seconds it took. One transaction at a time
+    with anvil's ``eth_sendTransactionSync`` (anvil holds the dev keys and signs; the receipt
+    comes back in the same round trip); a job that fails to fund stops the bench. (Batched
+    ``eth_sendTransaction`` lost transactions in anvil's pool and left nonce gaps.)"""
+    submitter = Account.from_key(dev_accounts(SUBMITTER + 1)[SUBMITTER]).address
+    deadline = int(time.time()) + 6 * 3600
+    t0 = time.perf_counter()
+    with httpx.Client(timeout=120) as http:
+        for i in range(n):
+            data = escrow.encode(
+                "createJob", os.urandom(32), spec_cids[i % len(spec_cids)], deadline
+            )
+            tx = {
+                "from": submitter,
+                "to": escrow.address,
+                "data": "0x" + data.hex(),
+                "value": hex(10**15),
+                "gas": hex(200_000),
+            }
+            body = {"jsonrpc": "2.0", "id": i, "method": "eth_sendTransactionSync", "params": [tx]}
+            answer = http.post(anvil_url, json=body).json()
+            if "error" in answer:
+                raise RuntimeError(f"createJob {i} refused: {answer['error']}")
+            if int(answer["result"]["status"], 16) != 1:
+                raise RuntimeError(f"createJob {i} reverted: {answer['result']}")
+    return time.perf_counter() - t0
+
+
+def wait_queued(db_url: str, n: int, timeout: float = 600) -> float:
+    """Wait until ``n`` jobs are ``queued`` (seen by the watcher, spec fetched from IPFS and
+    parsed); seconds waited. Raises with the job counts if that does not happen in time."""
+    store = Store(db_url)
+    t0 = time.perf_counter()
+    try:
+        while True:
+            counts = store.job_counts()
+            if counts.get("queued", 0) >= n:
+                return time.perf_counter() - t0
+            if time.perf_counter() - t0 > timeout:
+                raise RuntimeError(f"only {counts} after {timeout:.0f} s; {n} queued wanted")
+            time.sleep(0.2)
+    finally:
+        store.close()
+
+
+def fleet_capacity(i: int, slots: int, gpus: int) -> NodeCapacityIn:
+    """Node ``i`` of the published tier mix (``scripts/spawn_fleet.py``: RTX 4090, 3090, 4070,
+    3060 and CPU-only in equal parts, over the pricing regions), offering ``slots`` leases at
+    once; a GPU node is a rig of ``gpus`` cards of its tier (one card per node would let a
+    node hold one GPU lease only)."""
+    regions = ["us", "eu-west", "in", "br", "jp", "sg", "eu-east", "ca"]
+    cap = capacity(MIX[i % len(MIX)], regions[i % len(regions)])
+    update: dict[str, Any] = {"slots": slots}
+    if cap.gpu is not None:
+        update["gpu"] = GpuGroup(
+            model=cap.gpu.model, name=cap.gpu.name, vram_mib=cap.gpu.vram_mib, count=gpus
+        )
+        update["cpu_cores"] = cap.cpu_cores * max(1, gpus // 2)
+        update["ram_mib"] = cap.ram_mib * max(1, gpus // 2)
+    else:
+        update["ram_mib"] = cap.ram_mib * max(1, slots // 8)
+    return cap.model_copy(update=update)
+
+
+@contextlib.contextmanager
+def profiled(pids: Sequence[int | None], out_dir: Path | None, name: str) -> Iterator[None]:
+    """Sample the given processes with py-spy while the block runs (when ``out_dir`` is set):
+    one flame graph per process, ``<out_dir>/<name>-<k>.svg``. py-spy needs root (or ptrace
+    rights) and is in the dev extras."""
+    if out_dir is None:
+        yield
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spies = [
+        subprocess.Popen(
+            [
+                "py-spy",
+                "record",
+                "--pid",
+                str(pid),
+                "--rate",
+                "200",
+                "--nonblocking",
+                "--output",
+                str(out_dir / f"{name}-{k}.svg"),
+                "--format",
+                "flamegraph",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for k, pid in enumerate(pids)
+        if pid is not None
     ]
-    store.apply_chain_events(events, through_block=0)
-    ids = ["0x" + i.to_bytes(32, "big").hex() for i in range(1, n + 1)]
-    for job_id in ids:
-        store.set_spec(job_id, SPEC)
-    store.close()
-    return ids
+    try:
+        yield
+    finally:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)
+        for spy in spies:
+            spy.wait(60)
+
+
+def load_average() -> str:
+    """``uptime``'s load averages (1, 5, 15 min), recorded with every figure."""
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
 async def register(
@@ -124,17 +292,9 @@ async def register(
     account: LocalAccount,
     chain_id: int,
     escrow: str,
-    slots: int,
+    cap: NodeCapacityIn,
 ) -> tuple[str, str]:
     """Sign and send a registration; (node id, token)."""
-    cap = NodeCapacityIn(
-        cpu_cores=64,
-        ram_mib=512 * 1024,
-        disk_mib=10**6,
-        region="us",
-        executors=["docker"],
-        slots=slots,
-    )
     reg = NodeRegistration(
         wallet=account.address,
         name="bench",
@@ -182,6 +342,9 @@ class RawHttp:
         head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
         self._writer.write(head.encode() + body)
         status_line = await self._reader.readline()
+        if not status_line:
+            self.close()
+            raise ConnectionError(f"{self.host}:{self.port} closed the connection")
         status = int(status_line.split()[1])
         got: dict[str, str] = {}
         while True:
@@ -196,3 +359,4 @@ class RawHttp:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+        self._reader = self._writer = None

@@ -1,14 +1,37 @@
-"""Claims per second through the real API, and double assignments (must be 0).
+"""Claims per second through the production path, against the Sarva dispatcher, in one run.
 
-The scheduler runs under uvicorn on loopback (one replica on SQLite; two replicas sharing a
-PostgreSQL database). 64 provider nodes, each with its own registered wallet, long-poll
-``next-job`` concurrently until the queue of pre-funded jobs is drained. Every assignment a
-client receives is counted; a job received twice, or leased in the database more than once, is
-a double assignment.
+Ours (the production path, end to end):
 
-    python bench/claims.py [--jobs 2000] [--clients 64] [--db sqlite|postgresql|both]
+* anvil + the escrow; the js-ipfs daemon; ``--specs`` distinct job specs (Docker CPU, WASM and
+  one-GPU jobs of varied resources, ``_stack.spec_mix``) added to IPFS;
+* ``--jobs`` jobs funded on anvil with ``createJob`` (a bounty each, spec CIDs in turn);
+* scheduler replicas under uvicorn: one on SQLite, then two sharing a PostgreSQL database,
+  ``require_stake`` on, the operator key set. The leader's chain watcher sees each
+  ``JobCreated``, its spec fetcher reads the spec from IPFS and checks its CID; the bench
+  starts once every job is ``queued``;
+* ``--clients`` nodes, each a fresh wallet registered and staked on-chain, capacities from the
+  published tier mix (``scripts/spawn_fleet.py``: RTX 4090, 3090, 4070, 3060, CPU-only), sign
+  their registrations and long-poll ``POST /v1/nodes/{id}/next-job?wait_s=1`` back to back
+  (split over the replicas) until every job is leased. Each lease queues an ``assign`` in the
+  outbox; the leader sends them to anvil (``scheduler.service.loops.OutboxLoop``) while the
+  claims run, and the bench waits for the outbox to drain.
 
-Goal (issue 3): >= 1,000 claims/s on this 2-core machine, 0 double assignments.
+Counted: claims/s (distinct jobs handed out, first poll to the last job leased), claim latency
+p50/p99, empty polls while jobs waited (retried), refused polls (error status), dispatch rounds
+(each one transaction that locks rows ``FOR UPDATE SKIP LOCKED`` on PostgreSQL), double
+assignments as ``clients/db/chain``: jobs received by two or more clients, jobs with two or
+more attempts (ours) or audit rows (the peer) in the database, ``assign`` transactions the chain
+refused; and assigns confirmed on-chain per second.
+
+The peer, Sarva's dispatcher (``bench/peers/sarva.py``: FastAPI + SQLAlchemy + SQLite, a plain
+``def`` endpoint, no locking), is served the same way and driven by the same load generator
+(``bench/_load.py``) with the same number of jobs and nodes; its doubles come from its audit
+table. Jobs are held by the node that claimed them (no node finishes a job), so ``--jobs`` is at
+most 64 (the most slots a node may offer) per client.
+
+    python bench/claims.py [--jobs 2000] [--clients 64] [--db sqlite|postgresql|both] [--no-peer]
+
+Goal (issue 12): >= 1,000 claims/s with 64 long-polling nodes, 0 double assignments.
 """
 
 from __future__ import annotations
@@ -16,89 +39,54 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
+import os
+import random
+import re
+import subprocess
+import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
-from _stack import RawHttp, percentile, queue_jobs, register, stack
-from eth_account.signers.local import LocalAccount
+from _load import Client, Drained, drain
+from _stack import (
+    fleet_capacity,
+    fund_jobs,
+    load_average,
+    percentile,
+    profiled,
+    publish_specs,
+    register,
+    spec_mix,
+    stack,
+    uptime,
+    wait_queued,
+)
+from gridmarket.devstack.anvil import free_port
 from sqlalchemy import create_engine, func, select
 
 from gridmarket.wire import API
+from scheduler.store import Store
 from scheduler.store.tables import attempts
 
+WASM_CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
+HERE = Path(__file__).resolve().parent
 
-async def drain(
-    urls: list[str],
-    providers: list[LocalAccount],
-    chain_id: int,
-    escrow: str,
-    n_jobs: int,
-    slots: int,
+
+def _metric(text: str, name: str) -> int:
+    m = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+    return int(float(m.group(1))) if m else 0
+
+
+def run_ours(
+    db: str, n_jobs: int, n_clients: int, n_specs: int, gpus: int, profile: Path | None
 ) -> dict[str, Any]:
-    limits = httpx.Limits(
-        max_connections=len(providers) * 2, max_keepalive_connections=len(providers) * 2
-    )
-    async with httpx.AsyncClient(limits=limits, timeout=60) as http:
-        nodes = await asyncio.gather(
-            *(
-                register(http, urls[i % len(urls)], p, chain_id, escrow, slots)
-                for i, p in enumerate(providers)
-            )
-        )
-        got: list[str] = []
-        latencies: list[float] = []
-        done = asyncio.Event()
-
-        async def client(i: int) -> None:
-            node_id, token = nodes[i]
-            url = httpx.URL(urls[i % len(urls)])
-            conn = RawHttp(url.host, url.port or 80)
-            headers = {"Authorization": f"Bearer {token}"}
-            path = API.NEXT_JOB.format(node_id=node_id) + "?wait_s=1.0"
-            taken = 0
-            try:
-                while not done.is_set() and taken < slots:
-                    t0 = time.perf_counter()
-                    status, _, body = await conn.request("POST", path, headers)
-                    if status == 200:
-                        latencies.append(time.perf_counter() - t0)
-                        got.append(json.loads(body)["job_id"])
-                        taken += 1
-                        if len(got) >= n_jobs:
-                            done.set()
-                    elif status == 204:
-                        if len(got) >= n_jobs:
-                            return
-                    else:
-                        raise RuntimeError(f"next-job: {status} {body[:200]!r}")
-            finally:
-                conn.close()
-
-        t0 = time.perf_counter()
-        tasks = [asyncio.create_task(client(i)) for i in range(len(providers))]
-        await asyncio.wait_for(done.wait(), timeout=600)
-        elapsed = time.perf_counter() - t0
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return {
-        "claims": len(got),
-        "elapsed": elapsed,
-        "dupes": sum(1 for _, c in Counter(got).items() if c > 1),
-        "lat": latencies,
-    }
-
-
-def run(db: str, n_jobs: int, n_clients: int) -> dict[str, Any]:
     replicas = 1 if db == "sqlite" else 2
-    slots = min(64, max(1, -(-n_jobs // n_clients) + 8))  # 64: the most slots a node may offer
-    if n_jobs > slots * n_clients:
-        raise SystemExit(f"--jobs {n_jobs} is more than {n_clients} nodes x 64 slots can hold")
+    slots = min(64, math.ceil(n_jobs / n_clients) + 8)
     with (
         tempfile.TemporaryDirectory(prefix="gm-bench-claims-") as tmp,
         stack(
@@ -106,19 +94,65 @@ def run(db: str, n_jobs: int, n_clients: int) -> dict[str, Any]:
             providers=n_clients,
             db=db,
             replicas=replicas,
-            require_stake="false",
-            lease_ttl_s="600",
-            node_timeout_s="600",
+            lease_ttl_s="900",
+            node_timeout_s="900",
         ) as st,
     ):
-        queue_jobs(st.db_url, n_jobs)
+        specs = spec_mix(random.Random(7), n_specs, WASM_CID)
+        cids = publish_specs(st.ipfs, specs)
+        fund_s = fund_jobs(st.anvil.url, st.escrow, cids, n_jobs)
+        queue_s = wait_queued(st.db_url, n_jobs)
         urls = [p.url for p in st.replicas]
+
+        async def go() -> Drained:
+            async with httpx.AsyncClient(timeout=60) as http:
+                nodes = await asyncio.gather(
+                    *(
+                        register(
+                            http,
+                            urls[i % len(urls)],
+                            p,
+                            st.deployment.chain_id,
+                            st.deployment.escrow,
+                            fleet_capacity(i, slots, gpus),
+                        )
+                        for i, p in enumerate(st.providers)
+                    )
+                )
+            clients = []
+            for i, (node_id, token) in enumerate(nodes):
+                url = httpx.URL(urls[i % len(urls)])
+                clients.append(
+                    Client(
+                        url.host,
+                        url.port or 80,
+                        "POST",
+                        API.NEXT_JOB.format(node_id=node_id) + "?wait_s=1.0",
+                        {"Authorization": f"Bearer {token}"},
+                        slots,
+                    )
+                )
+            return await drain(clients, n_jobs, lambda b: str(json.loads(b)["job_id"]))
+
         procs = [psutil.Process(p.pid) for p in st.replicas if p.pid is not None]
         cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
-        res = asyncio.run(
-            drain(urls, st.providers, st.deployment.chain_id, st.deployment.escrow, n_jobs, slots)
+        with profiled([p.pid for p in st.replicas], profile, f"claims-{db}"):
+            res = asyncio.run(go())
+        cpu = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0
+        rounds = sum(
+            _metric(httpx.get(u + API.METRICS, timeout=10).text, "gridmarket_dispatch_rounds")
+            for u in urls
         )
-        res["server_cpu_s"] = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0
+        # the assigns the leases queued: wait for the outbox to send them all to anvil
+        store = Store(st.db_url)
+        t0 = time.perf_counter()
+        while True:
+            out = store.outbox_counts()
+            if not out.get("pending", 0) or time.perf_counter() - t0 > 600:
+                break
+            time.sleep(0.5)
+        outbox_s = res.elapsed + time.perf_counter() - t0
+        store.close()
         engine = create_engine(st.db_url)
         with engine.connect() as conn:
             multi = conn.execute(
@@ -130,40 +164,168 @@ def run(db: str, n_jobs: int, n_clients: int) -> dict[str, Any]:
                 )
             ).scalar()
         engine.dispose()
-    res["db_dupes"] = int(multi or 0)
-    res["replicas"] = replicas
-    return res
+    return {
+        "who": f"ours, {db}",
+        "replicas": replicas,
+        "res": res,
+        "cpu": cpu,
+        "rounds": rounds,
+        "db_dupes": int(multi or 0),
+        "outbox": out,
+        "outbox_s": outbox_s,
+        "fund_s": fund_s,
+        "queue_s": queue_s,
+    }
+
+
+def run_sarva(n_jobs: int, n_clients: int) -> dict[str, Any]:
+    sys.path.insert(0, str(HERE / "peers"))
+    import sarva
+
+    with tempfile.TemporaryDirectory(prefix="gm-bench-sarva-") as tmp:
+        db = str(Path(tmp) / "sarva.db")
+        port = free_port()
+        nodes = [f"node-{i}" for i in range(n_clients)]
+        sarva.seed(db, n_jobs, nodes)
+        log = open(Path(tmp) / "sarva.log", "w")  # noqa: SIM115 - closed below
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE / "peers" / "sarva.py"), "--db", db, "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            for _ in range(200):
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+            else:
+                raise RuntimeError(f"the Sarva peer did not start: see {log.name}")
+            clients = [
+                Client("127.0.0.1", port, "GET", f"/jobs/next?node_id={n}", {}, 64) for n in nodes
+            ]
+            p = psutil.Process(proc.pid)
+            cpu0 = sum(p.cpu_times()[:2])
+            res = asyncio.run(
+                drain(
+                    clients,
+                    n_jobs,
+                    lambda b: str(json.loads(b)["job_id"]),
+                    empty_means_done=True,
+                    stall_s=60,  # its pool waits 30 s for a connection before it errs
+                )
+            )
+            cpu = sum(p.cpu_times()[:2]) - cpu0
+        finally:
+            proc.terminate()  # uvicorn waits for requests still in its thread pool: not long
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+            log.close()
+        rows, db_dupes = sarva.assignments(db)
+    return {
+        "who": "Sarva (peer), sqlite",
+        "replicas": 1,
+        "res": res,
+        "cpu": cpu,
+        "rounds": 0,
+        "db_dupes": db_dupes,
+        "audit_rows": rows,
+    }
+
+
+def _line(r: dict[str, Any]) -> str:
+    d: Drained = r["res"]
+    return (
+        f"{r['who']}: {d.unique} jobs in {d.elapsed:.2f} s, "
+        f"{d.unique / d.elapsed if d.elapsed else 0:.0f} claims/s, doubles {d.dupes}/"
+        f"{r['db_dupes']}, outbox {r.get('outbox', '-')}, load {load_average()}"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--jobs", type=int, default=2000)
-    ap.add_argument("--clients", type=int, default=64)
-    ap.add_argument("--db", choices=["sqlite", "postgresql", "both"], default="both")
+    ap.add_argument("--jobs", type=int, default=2000, help="jobs funded on anvil and claimed")
+    ap.add_argument("--clients", type=int, default=64, help="long-polling nodes")
+    ap.add_argument(
+        "--db",
+        choices=["sqlite", "postgresql", "both", "none"],
+        default="both",
+        help="ours on which database(s); none: the peer only",
+    )
+    ap.add_argument("--specs", type=int, default=40, help="distinct job specs on IPFS")
+    ap.add_argument("--gpus", type=int, default=16, help="cards per GPU node (its tier's)")
+    ap.add_argument("--no-peer", action="store_true", help="skip the Sarva peer")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="py-spy flame graphs of the replicas while the claims run, into this folder",
+    )
     args = ap.parse_args()
-    dbs = ["sqlite", "postgresql"] if args.db == "both" else [args.db]
+    if args.jobs > 64 * args.clients:
+        raise SystemExit(f"--jobs {args.jobs}: at most 64 per client ({64 * args.clients})")
+    dbs = {"both": ["sqlite", "postgresql"], "none": []}.get(args.db, [args.db])
+    load0 = os.getloadavg()[0]
+    print(f"{uptime()}")
     print(
-        f"{args.jobs} queued jobs, {args.clients} long-polling nodes (own wallets), "
-        "uvicorn on loopback"
+        f"{args.jobs} jobs funded on anvil ({args.specs} specs on IPFS), {args.clients} "
+        "long-polling nodes of the published tier mix, stake required, assigns through the outbox"
     )
-    print(
-        f"{'database':<12} {'replicas':>8} {'claims':>7} {'seconds':>8} {'claims/s':>9} "
-        f"{'p50 ms':>7} {'p99 ms':>7} {'double':>7} {'server CPU ms/claim':>20}"
-    )
+    rows = []
     for db in dbs:
-        r = run(db, args.jobs, args.clients)
-        rate = r["claims"] / r["elapsed"]
-        print(
-            f"{db:<12} {r['replicas']:>8} {r['claims']:>7} {r['elapsed']:>8.2f} {rate:>9.0f} "
-            f"{percentile(r['lat'], 50) * 1e3:>7.1f} {percentile(r['lat'], 99) * 1e3:>7.1f} "
-            f"{r['dupes'] + r['db_dupes']:>7} {r['server_cpu_s'] * 1e3 / r['claims']:>20.2f}"
-        )
+        rows.append(run_ours(db, args.jobs, args.clients, args.specs, args.gpus, args.profile))
+        print(f"  done: {_line(rows[-1])}", flush=True)
+    if not args.no_peer:
+        rows.append(run_sarva(args.jobs, args.clients))
+        print(f"  done: {_line(rows[-1])}", flush=True)
     print(
-        "goal: >= 1000 claims/s, 0 double assignments; the seeds' scheduler: 130 claims/s, "
-        "73% of jobs on two or more nodes with 8 pollers"
+        f"{'who':<22} {'repl':>4} {'claims':>7} {'claims/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'retried':>8} {'refused':>8} {'rounds':>7} {'double c/db/chain':>18} "
+        f"{'CPU ms/claim':>13}"
     )
+    for r in rows:
+        d: Drained = r["res"]
+        rate = d.unique / d.elapsed if d.elapsed else 0.0
+        chain = r["outbox"].get("failed", 0) if "outbox" in r else "-"
+        doubles = f"{d.dupes}/{r['db_dupes']}/{chain}"
+        print(
+            f"{r['who']:<22} {r['replicas']:>4} {d.unique:>7} {rate:>9.0f} "
+            f"{percentile(d.lat, 50) * 1e3:>7.1f} {percentile(d.lat, 99) * 1e3:>7.1f} "
+            f"{d.empty:>8} {d.refused:>8} {r['rounds']:>7} {doubles:>18} "
+            f"{r['cpu'] * 1e3 / max(1, d.claims):>13.2f}" + ("  STALLED" if d.stalled else "")
+        )
+    for r in rows:
+        if "outbox" in r:
+            done = r["outbox"].get("done", 0)
+            print(
+                f"{r['who']}: funded {args.jobs} in {r['fund_s']:.1f} s, all queued (watcher + "
+                f"IPFS spec fetch) {r['queue_s']:.1f} s later; outbox {r['outbox']}: "
+                f"{done / r['outbox_s']:.0f} assigns/s confirmed on anvil"
+            )
+        else:
+            d = r["res"]
+            print(
+                f"{r['who']}: {r['audit_rows']} assignments written for {d.unique} jobs "
+                f"({r['db_dupes']} jobs assigned twice or more; {d.claims} answers received)"
+            )
+    if len(rows) > 1 and "audit_rows" in rows[-1]:
+        peer = rows[-1]["res"]
+        peer_rate = peer.unique / peer.elapsed if peer.elapsed else 0.0
+        for r in rows[:-1]:
+            d = r["res"]
+            if not peer_rate:
+                print(f"{r['who']} / Sarva: the peer completed no claim")
+                continue
+            print(f"{r['who']} / Sarva: {d.unique / d.elapsed / peer_rate:.2f}x claims/s")
+    mark = " (PROVISIONAL: load > 1)" if max(load0, os.getloadavg()[0]) > 1 else ""
+    print(f"load before/after: {load0:.2f} / {load_average()}{mark}")
+    print("goal: >= 1000 claims/s with 64 long-polling nodes, 0 double assignments")
 
 
 if __name__ == "__main__":

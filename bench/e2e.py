@@ -42,8 +42,7 @@ import wasmtime
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from devstack.grid import LocalGrid as Grid  # noqa: E402
-from devstack.grid import run_grid  # noqa: E402
+from devstack.grid import LocalGrid, run_grid  # noqa: E402
 from devstack.images import BUSYBOX_IMAGE  # noqa: E402
 from gridmarket.chain import EscrowClient  # noqa: E402
 from gridmarket.wire import API, JobSpec  # noqa: E402
@@ -177,7 +176,7 @@ def _stamp(text: str) -> float:
 
 
 class Bench:
-    def __init__(self, grid: Grid, work: Path) -> None:
+    def __init__(self, grid: LocalGrid, work: Path) -> None:
         self.grid = grid
         self.work = work
         self.http = httpx.Client(base_url=grid.scheduler.url, timeout=10)

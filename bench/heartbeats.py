@@ -1,18 +1,35 @@
-"""Sustained heartbeats per second, with latency percentiles, through the real API.
+"""Heartbeats per second from nodes holding running leases, with latency percentiles.
 
-One scheduler replica under uvicorn on loopback (SQLite, then PostgreSQL). N nodes, each with
-its own registered wallet and token, heartbeat back to back for ``--seconds``; every heartbeat
-is a real write (``last_seen``) in its own transaction.
+The production path: one scheduler replica under uvicorn (SQLite, then PostgreSQL), anvil + the
+escrow, js-ipfs, ``require_stake`` on, the operator key set. ``--nodes`` nodes, each a fresh
+wallet registered and staked on-chain with a signed registration (capacities from the published
+tier mix), node ``i`` offering ``1 + i % 4`` slots. Jobs are funded on anvil (``createJob``,
+specs on IPFS, picked up by the chain watcher and the spec fetcher) and every node claims
+through ``POST next-job`` until it holds its 1-4 leases (each lease's ``assign`` goes through
+the outbox to anvil; the bench waits until the outbox has sent them all).
 
-    python bench/heartbeats.py [--nodes 64] [--seconds 10] [--db sqlite|postgresql|both]
+Then every node sends ``POST /v1/nodes/{id}/heartbeat`` with ``{"running": [its jobs]}``:
+the handler reads the leases those jobs hold (``Store.leases_of``, a database read per
+heartbeat), answers with their new expiry, and the replica writes the pulse and the lease
+extension behind, in one transaction per ``flush_s`` (``scheduler/heartbeats.py``,
+``Store.flush_heartbeats``). Two phases in one run: saturated (every node back to back) and
+paced (open loop at ``--rate`` heartbeats/s in all). After each phase the bench reads every
+leased job's ``lease_expires`` from the database: each must have moved past its value before
+the phase (the extension was really written). Every 20th answer is parsed and must renew
+exactly the jobs the node listed.
 
-Goal (issue 3): >= 2,000 heartbeats/s at p99 < 50 ms.
+    python bench/heartbeats.py [--nodes 200] [--seconds 10] [--rate 2000]
+                               [--db sqlite|postgresql|both]
+
+Goal (issue 12): >= 2,000 heartbeats/s at p99 < 50 ms.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import random
 import tempfile
 import time
@@ -20,97 +37,191 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _stack import RawHttp, percentile, register, stack
-from eth_account.signers.local import LocalAccount
+from _load import Client, drain
+from _stack import (
+    RawHttp,
+    fleet_capacity,
+    fund_jobs,
+    load_average,
+    percentile,
+    profiled,
+    publish_specs,
+    register,
+    spec_mix,
+    stack,
+    uptime,
+    wait_queued,
+)
+from sqlalchemy import create_engine, select
 
 from gridmarket.wire import API
+from scheduler.store import Store
+from scheduler.store.tables import jobs
+
+WASM_CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
 
 
-async def hammer(
-    url: str,
-    providers: list[LocalAccount],
-    chain_id: int,
-    escrow: str,
-    seconds: float,
-    rate: float = 0.0,
+async def beat_all(
+    url: str, nodes: list[tuple[str, str, list[str]]], seconds: float, rate: float
 ) -> dict[str, Any]:
-    n = len(providers)
-    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-    async with httpx.AsyncClient(limits=limits, timeout=30) as http:
-        nodes = await asyncio.gather(
-            *(register(http, url, p, chain_id, escrow, 1) for p in providers)
-        )
-        lat: list[float] = []
-        errors = 0
-        stop_at = time.perf_counter() + seconds
+    """Every node heartbeats its running jobs for ``seconds``; back to back, or paced at
+    ``rate`` in all (open loop: each node sends on its own schedule, whatever the answers)."""
+    parsed = httpx.URL(url)
+    host, port = parsed.host, parsed.port or 80
+    lat: list[float] = []
+    errors = 0
+    wrong = 0
+    n = len(nodes)
+    stop_at = time.perf_counter() + seconds
+
+    async def beat(node_id: str, token: str, running: list[str]) -> None:
+        nonlocal errors, wrong
+        conn = RawHttp(host, port)
+        headers = {"Authorization": f"Bearer {token}"}
+        path = API.HEARTBEAT.format(node_id=node_id)
+        body = json.dumps({"running": running}).encode()
+        period = n / rate if rate else 0.0
+        next_at = time.perf_counter() + random.uniform(0, period)
+        k = 0
+        try:
+            while time.perf_counter() < stop_at:
+                if period:
+                    await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+                    next_at += period
+                t0 = time.perf_counter()
+                status, _, data = await conn.request("POST", path, headers, body)
+                lat.append(time.perf_counter() - t0)
+                if status != 200:
+                    errors += 1
+                elif k % 20 == 0 and sorted(json.loads(data)["leases"]) != sorted(running):
+                    wrong += 1
+                k += 1
+        finally:
+            conn.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(beat(*node) for node in nodes))
+    return {"count": len(lat), "elapsed": time.perf_counter() - t0, "lat": lat, "errors": errors,
+            "wrong": wrong}  # fmt: skip
+
+
+def leases(db_url: str, job_ids: list[str]) -> dict[str, float]:
+    engine = create_engine(db_url)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(jobs.c.job_id, jobs.c.lease_expires).where(jobs.c.job_id.in_(job_ids))
+        ).all()
+    engine.dispose()
+    return {str(j): float(e or 0.0) for j, e in rows}
+
+
+def run(
+    db: str, n_nodes: int, seconds: float, rate: float, profile: Path | None
+) -> list[dict[str, Any]]:
+    slots = [1 + i % 4 for i in range(n_nodes)]
+    n_jobs = sum(slots)
+    with (
+        tempfile.TemporaryDirectory(prefix="gm-bench-hb-") as tmp,
+        stack(Path(tmp), providers=n_nodes, db=db, lease_ttl_s="120", node_timeout_s="120") as st,
+    ):
+        specs = spec_mix(random.Random(11), 40, WASM_CID)
+        fund_jobs(st.anvil.url, st.escrow, publish_specs(st.ipfs, specs), n_jobs)
+        wait_queued(st.db_url, n_jobs)
+        url = st.replicas[0].url
         parsed = httpx.URL(url)
-        host, port = parsed.host, parsed.port or 80
 
-        async def beat(node_id: str, token: str) -> None:
-            nonlocal errors
-            conn = RawHttp(host, port)
-            headers = {"Authorization": f"Bearer {token}"}
-            path = API.HEARTBEAT.format(node_id=node_id)
-            body = b'{"running":[]}'
-            period = n / rate if rate else 0.0  # open loop: this client's share of the rate
-            next_at = time.perf_counter() + random.uniform(0, period)
-            try:
-                while time.perf_counter() < stop_at:
-                    if period:
-                        await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
-                        next_at += period
-                    t0 = time.perf_counter()
-                    status, _, _ = await conn.request("POST", path, headers, body)
-                    lat.append(time.perf_counter() - t0)
-                    if status != 200:
-                        errors += 1
-            finally:
-                conn.close()
+        async def claim() -> list[tuple[str, str, list[str]]]:
+            async with httpx.AsyncClient(timeout=60) as http:
+                regs = await asyncio.gather(
+                    *(
+                        register(
+                            http,
+                            url,
+                            p,
+                            st.deployment.chain_id,
+                            st.deployment.escrow,
+                            fleet_capacity(i, slots[i], 4),
+                        )
+                        for i, p in enumerate(st.providers)
+                    )
+                )
+            clients = [
+                Client(
+                    parsed.host,
+                    parsed.port or 80,
+                    "POST",
+                    API.NEXT_JOB.format(node_id=nid) + "?wait_s=1.0",
+                    {"Authorization": f"Bearer {tok}"},
+                    slots[i],
+                )
+                for i, (nid, tok) in enumerate(regs)
+            ]
+            got = await drain(clients, n_jobs, lambda b: str(json.loads(b)["job_id"]), stall_s=5)
+            return [(nid, tok, got.by_client[i]) for i, (nid, tok) in enumerate(regs)]
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(beat(nid, tok) for nid, tok in nodes))
-        elapsed = time.perf_counter() - t0
-    return {"count": len(lat), "elapsed": elapsed, "lat": lat, "errors": errors}
+        nodes = asyncio.run(claim())
+        held = [j for _, _, running in nodes for j in running]
+        # the leases' assigns go to anvil through the outbox first: a grid in its steady state
+        # is not sending hundreds of assigns while its nodes heartbeat
+        store = Store(st.db_url)
+        give_up = time.monotonic() + 600
+        while store.outbox_counts().get("pending", 0) and time.monotonic() < give_up:
+            time.sleep(0.5)
+        store.close()
+        out = []
+        for phase, r in (("saturated", 0.0), (f"paced {rate:.0f}/s", rate)):
+            before = leases(st.db_url, held)
+            time.sleep(0.05)
+            name = f"heartbeats-{db}-{'saturated' if not r else 'paced'}"
+            with profiled([st.replicas[0].pid], profile, name):
+                res = asyncio.run(beat_all(url, nodes, seconds, r))
+            time.sleep(0.5)  # one flush period (0.1 s) and then some
+            after = leases(st.db_url, held)
+            res["extended"] = sum(1 for j in held if after.get(j, 0) > before.get(j, 0))
+            res["held"] = len(held)
+            res["phase"] = phase
+            res["db"] = db
+            res["load"] = load_average()
+            out.append(res)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--nodes", type=int, default=64)
-    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--nodes", type=int, default=200)
+    ap.add_argument("--seconds", type=float, default=10.0, help="per phase")
+    ap.add_argument("--rate", type=float, default=2000.0, help="offered heartbeats/s, paced phase")
     ap.add_argument("--db", choices=["sqlite", "postgresql", "both"], default="both")
     ap.add_argument(
-        "--rate",
-        type=float,
-        default=0.0,
-        help="offered heartbeats/s, paced (open loop); 0: every node back to back (saturation)",
+        "--profile",
+        type=Path,
+        default=None,
+        help="py-spy flame graphs of the replica during each phase, into this folder",
     )
     args = ap.parse_args()
     dbs = ["sqlite", "postgresql"] if args.db == "both" else [args.db]
-    load = f"paced at {args.rate:.0f}/s" if args.rate else "back to back"
-    print(f"{args.nodes} nodes heartbeating {load} for {args.seconds:.0f} s, one replica")
-    print(f"{'database':<12} {'beats':>7} {'beats/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'errors':>7}")
-    for db in dbs:
-        with (
-            tempfile.TemporaryDirectory(prefix="gm-bench-hb-") as tmp,
-            stack(Path(tmp), providers=args.nodes, db=db, require_stake="false") as st,
-        ):
-            r = asyncio.run(
-                hammer(
-                    st.replicas[0].url,
-                    st.providers,
-                    st.deployment.chain_id,
-                    st.deployment.escrow,
-                    args.seconds,
-                    args.rate,
-                )
-            )
+    load0 = os.getloadavg()[0]
+    print(uptime())
+    print(
+        f"{args.nodes} nodes holding 1-4 leases each (claimed through next-job), one replica, "
+        f"{args.seconds:.0f} s per phase"
+    )
+    rows = [row for db in dbs for row in run(db, args.nodes, args.seconds, args.rate, args.profile)]
+    print(
+        f"{'database':<11} {'phase':<13} {'beats':>7} {'beats/s':>8} {'p50 ms':>7} "
+        f"{'p99 ms':>7} {'errors':>6} {'leases extended':>16} {'load (1/5/15)':>15}"
+    )
+    for r in rows:
+        bad = r["errors"] + r["wrong"]
         print(
-            f"{db:<12} {r['count']:>7} {r['count'] / r['elapsed']:>8.0f} "
+            f"{r['db']:<11} {r['phase']:<13} {r['count']:>7} {r['count'] / r['elapsed']:>8.0f} "
             f"{percentile(r['lat'], 50) * 1e3:>7.1f} {percentile(r['lat'], 99) * 1e3:>7.1f} "
-            f"{r['errors']:>7}"
+            f"{bad:>6} {r['extended']:>7}/{r['held']:<8} {r['load']:>15}"
         )
+    mark = " (PROVISIONAL: load > 1)" if max(load0, os.getloadavg()[0]) > 1 else ""
+    print(f"load before/after: {load0:.2f} / {load_average()}{mark}")
     print("goal: >= 2000 heartbeats/s at p99 < 50 ms")
 
 

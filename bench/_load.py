@@ -1,0 +1,128 @@
+"""The one load generator of the claims and heartbeats benches, for our scheduler and the peers.
+
+Each client is one node with one keep-alive HTTP/1.1 connection (:class:`_stack.RawHttp`) that
+asks for work back to back until the jobs are drained. The same loop drives our scheduler's
+``POST next-job`` long poll and the Sarva peer's ``GET /jobs/next``; only the request and the
+way a job id is read from the answer differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from _stack import RawHttp
+
+
+@dataclass
+class Client:
+    """One node: where it asks, how, and how many jobs it may hold at once."""
+
+    host: str
+    port: int
+    method: str
+    path: str
+    headers: dict[str, str]
+    slots: int
+
+
+@dataclass
+class Drained:
+    claims: int = 0
+    unique: int = 0
+    elapsed: float = 0.0
+    lat: list[float] = field(default_factory=list)
+    empty: int = 0
+    """polls answered "no job" while jobs were still waiting: retried"""
+    refused: int = 0
+    """polls answered with an error status, or dropped by the server (then retried)"""
+    dupes: int = 0
+    """jobs that reached two or more clients"""
+    got: list[str] = field(default_factory=list)
+    by_client: list[list[str]] = field(default_factory=list)
+    """the jobs each client received, in the order of ``clients``"""
+    stalled: bool = False
+
+
+async def drain(
+    clients: list[Client],
+    n_jobs: int,
+    job_id: Callable[[bytes], str],
+    *,
+    empty_means_done: bool = False,
+    stall_s: float = 15.0,
+) -> Drained:
+    """Every client polls until it holds ``slots`` jobs or ``n_jobs`` distinct jobs were
+    handed out in all (or, with
+    ``empty_means_done``, until the server says it has none), or nothing new came for
+    ``stall_s`` seconds (reported as ``stalled``)."""
+    out = Drained()
+    seen: set[str] = set()
+    done = asyncio.Event()
+    last_new = [time.perf_counter()]
+    out.by_client = [[] for _ in clients]
+
+    async def one(k: int, c: Client) -> None:
+        conn = RawHttp(c.host, c.port)
+        taken = 0
+        try:
+            while not done.is_set() and taken < c.slots:
+                t0 = time.perf_counter()
+                try:
+                    status, _, body = await conn.request(c.method, c.path, c.headers)
+                except (ConnectionError, asyncio.IncompleteReadError):
+                    conn.close()  # the server dropped the request: count it, reconnect
+                    status, body = 599, b""
+                if status == 200:
+                    out.lat.append(time.perf_counter() - t0)
+                    jid = job_id(body)
+                    out.got.append(jid)
+                    out.by_client[k].append(jid)
+                    taken += 1
+                    if jid not in seen:
+                        seen.add(jid)
+                        last_new[0] = time.perf_counter()
+                    if len(seen) >= n_jobs:
+                        done.set()
+                elif status == 204:
+                    if empty_means_done:
+                        done.set()
+                    elif len(seen) < n_jobs:
+                        out.empty += 1
+                else:
+                    out.refused += 1
+                    await asyncio.sleep(0.05)
+        finally:
+            conn.close()
+
+    async def watchdog() -> None:
+        while not done.is_set():
+            await asyncio.sleep(0.5)
+            if time.perf_counter() - last_new[0] > stall_s:
+                out.stalled = True
+                done.set()
+
+    t0 = time.perf_counter()
+    tasks = [asyncio.create_task(one(k, c)) for k, c in enumerate(clients)]
+    dog = asyncio.create_task(watchdog())
+    waiter = asyncio.create_task(done.wait())
+    finished = asyncio.ensure_future(asyncio.gather(*tasks, return_exceptions=True))
+    first: list[asyncio.Future[Any]] = [waiter, finished]
+    await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
+    out.elapsed = (last_new[0] if out.stalled else time.perf_counter()) - t0
+    done.set()
+    for t in (*tasks, dog, waiter):
+        t.cancel()
+    results = await finished
+    await asyncio.gather(dog, waiter, return_exceptions=True)
+    for r in results:
+        if isinstance(r, Exception) and not isinstance(r, asyncio.CancelledError):
+            raise r
+    out.claims = len(out.got)
+    out.unique = len(seen)
+    out.dupes = sum(1 for c in Counter(out.got).values() if c > 1)
+    return out
