@@ -171,7 +171,9 @@ TABLE: tuple[Transition, ...] = (
         "no other node, no reputation loss; outbox: unassign, the submitter can cancel",
     ),
     Transition(S.LEASED, E.LEASE_LOST, S.QUEUED, "another wallet; the node loses reputation"),
-    Transition(S.LEASED, E.HANDED_BACK, S.QUEUED, "no penalty"),
+    Transition(
+        S.LEASED, E.HANDED_BACK, S.QUEUED, "no penalty; outbox: unassign (any wallet may take it)"
+    ),
     Transition(S.LEASED, E.ASSIGN_REFUSED, S.QUEUED, "another wallet, no fault of this node"),
     Transition(S.LEASED, E.ASSIGN_REFUSED_FOR_GOOD, S.FAILED, "the chain will not take it"),
     Transition(S.VERIFYING, E.VERDICT_OK, S.SETTLING, "outbox: settle or release"),

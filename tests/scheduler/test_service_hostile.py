@@ -212,16 +212,23 @@ def test_one_wallet_s_nodes_are_one_provider_for_a_requeued_job(
     assigns = [(s, p["provider"]) for k, s, p in rows if k == "assign"]
     assert assigns == [("done", wallet_a[0].account.address), ("done", b.account.address)]
     assert all(s == "done" for _, s, _ in rows), rows
-    # a hand-back is no fault, but the escrow holds the job for B: B's wallet is not offered
-    # it again while the chain says so (assign would refuse the same provider)
+    # a hand-back is no fault: the assignment is undone on-chain (the escrow would refuse B
+    # again while it holds the job for B), then B's other node may take it
     r = server.http.post(API.HAND_BACK.format(node_id=b.node_id, job_id=job_id), headers=b.auth)
     assert r.status_code in (200, 202), r.text
-    server.wait_job(job_id, {"queued"}, timeout=10)
+    wait_chain(client, job_id, Status.FUNDED)
     b2 = Provider(devnet.providers[1], server, name="b1")
     assert b2.register().status_code == 200
-    assert b2.next_job(wait_s=1.5).status_code == 204
-    assert wallet_a[1].next_job(wait_s=1.5).status_code == 204  # A is excluded for good
-    assert [k for k, s, _ in outbox_rows(server, job_id) if s != "done"] == []
+    assert wallet_a[1].next_job(wait_s=1.0).status_code == 204  # A stays excluded
+    third = b2.next_job(wait_s=20).json()
+    assert third["job_id"] == job_id and third["attempt"] == 3
+    deadline = time.monotonic() + 15
+    while client.job_state(bytes.fromhex(job_id[2:])).job.attempt < 3:
+        assert time.monotonic() < deadline, "the third assign never reached the chain"
+        time.sleep(0.05)
+    rows = outbox_rows(server, job_id)
+    assert [k for k, _, _ in rows] == ["assign", "assign", "unassign", "assign"]
+    assert all(s == "done" for _, s, _ in rows), rows  # none refused
 
 
 # --------------------------------------------------------------------------- whose fault

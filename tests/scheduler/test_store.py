@@ -3,7 +3,10 @@ state machine, leases, and exactly-once claims under concurrency (two replicas, 
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -17,7 +20,10 @@ from alembic.migration import MigrationContext
 
 from gridmarket.chain import Event
 from gridmarket.wire import JobSpec, NodeCapacityIn, ResultReport, RunReason
+from scheduler import lifecycle
 from scheduler.dispatch import refused_wallets, requirements
+from scheduler.lifecycle import Event as Event_
+from scheduler.lifecycle import State
 from scheduler.store import Claim, ConflictError, ReplayError, Store
 from scheduler.store.db import MIGRATIONS
 from scheduler.store.tables import jobs, metadata
@@ -335,3 +341,154 @@ def test_migration_0002_upgrades_existing_jobs(db_url: str) -> None:
         ).one()
     assert tuple(got) == (0, None, None)
     store.close()
+
+
+def test_hand_back_requeues_without_penalty(store: Store) -> None:
+    queue_jobs(store, 1)
+    a = node(store)
+    take(store, a)
+    assert store.hand_back(jid(1), a) == "queued"
+    job = store.job(jid(1))
+    assert job.excluded == () and store.node(a).reputation.bad == 0
+    assert job.excluded_wallets == ()
+    # the escrow would refuse the same provider: the assignment is undone on-chain
+    assert [i.kind for i in store.outbox_pending()] == ["assign", "unassign"]
+
+
+def refunded(n: int, block: int) -> Event:
+    return Event(
+        name="JobRefunded",
+        args={"jobId": n.to_bytes(32, "big"), "submitter": SUBMITTER, "amount": 10**17},
+        block=block,
+        tx_hash="0x" + "cd" * 32,
+        log_index=0,
+    )
+
+
+def test_every_state_the_store_writes_is_a_row_of_the_lifecycle_table(store: Store) -> None:
+    """Walk jobs through the store's transitions; each state change must be one the table
+    allows, either directly or through the queue's follow-ups (attempts used up, deadline)."""
+    steps: set[tuple[str, str]] = set()
+
+    def do(job_id: str, fn: Any) -> None:
+        before = store.job(job_id).state
+        fn()
+        after = store.job(job_id).state
+        if after != before:
+            steps.add((before, after))
+
+    def lease(job_id: str, node_id: str) -> None:
+        pick = [j for j in store.jobs(state="queued") if j.job_id == job_id]
+        won = store.dispatch(
+            lambda rows: [Claim(job_id, node_id)] if pick else [], limit=8, lease_ttl=30.0
+        )
+        assert [c.job.job_id for c in won] == [job_id]
+
+    one, two, three, four, five = queue_jobs(store, 5)
+    a, b, c = (node(store, w) for w in WALLETS[:3])
+    do(one, lambda: lease(one, a))  # paid
+    do(one, lambda: store.record_result(one, a, ok_report(attempt=1)))
+    do(one, lambda: store.verified(one, True, "ok"))
+    do(one, lambda: store.settled(one, paid=True))
+    do(two, lambda: lease(two, b))  # rejected, handed back, refused for good
+    do(two, lambda: store.record_result(two, b, ok_report(attempt=1)))
+    do(two, lambda: store.verified(two, False, "bad"))
+    do(two, lambda: store.settled(two, paid=False))
+    do(two, lambda: lease(two, c))
+    do(two, lambda: store.hand_back(two, c))
+    do(two, lambda: lease(two, c))
+    attempt = store.job(two).attempt
+    do(two, lambda: store.assign_failed(two, attempt, "JobEscrowDeadlinePassed(1, 2)"))
+    do(three, lambda: store.fail_job(three, "settle refused on-chain"))  # given up
+    do(four, lambda: store.apply_chain_events([refunded(4, block=11)], through_block=11))
+    do(five, lambda: lease(five, a))  # failed by its own fault
+    own = ResultReport(attempt=1, reason=RunReason.TRAPPED, message="trapped", duration_s=1)
+    do(five, lambda: store.record_result(five, a, own))
+    assert [store.job(j).state for j in (one, two, three, four, five)] == [
+        "released",
+        "failed",
+        "failed",
+        "refunded",
+        "failed",
+    ]
+    queued = State.QUEUED
+    follow_ups = (Event_.ATTEMPTS_USED_UP, Event_.DEADLINE_PASSED)
+    via_queue = {lifecycle.target(queued, e) for e in follow_ups}
+    for before, after in steps:
+        direct = {lifecycle.target(before, e) for e in lifecycle.Event}
+        assert after in direct or (queued in direct and after in via_queue), (before, after)
+    assert len(steps) == 9, steps
+
+
+def test_a_move_the_table_refuses_changes_nothing(store: Store) -> None:
+    queue_jobs(store, 1)
+    a = node(store)
+    take(store, a)
+    assert store.settled(jid(1), paid=True) == "leased"  # not settling: nothing to pay
+    assert store.verified(jid(1), True, "ok") == "leased"
+    job = store.job(jid(1))
+    assert (job.state, job.node_id) == ("leased", a)
+    assert store.node(a).running == 1 and store.node(a).jobs_done == 0
+    with pytest.raises(ConflictError, match="not leased"):
+        store.hand_back(jid(1), node(store, WALLETS[1]))
+
+
+def test_concurrent_claims_across_two_replicas_are_exactly_once(db_url: str) -> None:
+    """64 pollers on two store instances (two replicas) race for 400 jobs."""
+    replicas = [Store(db_url), Store(db_url)]
+    replicas[0].migrate()
+    jobs = queue_jobs(replicas[0], 400)
+    nodes = [node(replicas[0], WALLETS[i], slots=64) for i in range(64)]
+    taken: list[str] = []
+    lock = threading.Lock()
+    start = threading.Barrier(64)
+
+    def poller(i: int) -> None:
+        store = replicas[i % 2]
+        start.wait()
+        while True:
+            got = take(store, nodes[i])
+            if not got:
+                if not store.jobs(state="queued", limit=1):
+                    return
+                continue
+            with lock:
+                taken.extend(got)
+
+    threads = [threading.Thread(target=poller, args=(i,)) for i in range(64)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    elapsed = time.perf_counter() - t0
+    counts = Counter(taken)
+    assert [j for j, n in counts.items() if n > 1] == []  # no job on two nodes
+    assert sorted(counts) == sorted(jobs)  # every job claimed
+    leased = {j.job_id: j.node_id for j in replicas[1].jobs(limit=1000)}
+    assert all(leased[j] is not None for j in jobs)
+    assert sum(replicas[0].node(n).running for n in nodes) == 400
+    if os.environ.get("GRIDMARKET_VERBOSE"):
+        print(f"{db_url.split(':')[0]}: 400 claims in {elapsed:.2f}s")
+    for r in replicas:
+        r.close()
+
+
+def test_windowed_round_reaches_past_jobs_nobody_fits(store: Store) -> None:
+    """A round reads a few jobs at a time, but goes on while nodes wait: a job deep in the
+    queue still reaches a node when the jobs ahead of it fit nobody."""
+    ids = queue_jobs(store, 10)
+    n = node(store)
+    seen: list[int] = []
+
+    def only_the_last(rows: list[Any]) -> list[Claim]:
+        seen.append(len(rows))
+        return [Claim(r.job_id, n) for r in rows if r.job_id == ids[-1]]
+
+    won = store.dispatch(only_the_last, limit=100, window=3, wants_more=lambda: True, lease_ttl=30)
+    assert [c.job.job_id for c in won] == [ids[-1]]
+    assert seen == [3, 3, 3, 1]
+    # and a round with nobody left waiting stops after its first window
+    seen.clear()
+    store.dispatch(only_the_last, limit=100, window=3, wants_more=lambda: False, lease_ttl=30)
+    assert seen == [3]
