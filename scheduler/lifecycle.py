@@ -163,7 +163,12 @@ TABLE: tuple[Transition, ...] = (
     Transition(S.QUEUED, E.LEASE_GRANTED, S.LEASED, "outbox: assign on-chain"),
     Transition(S.LEASED, E.RESULT_REPORTED, S.VERIFYING, "check the output"),
     Transition(S.LEASED, E.SUBMITTED_ON_CHAIN, S.VERIFYING, "check it like a relayed result"),
-    Transition(S.LEASED, E.RUN_FAILED, S.QUEUED, "another wallet; the node loses reputation"),
+    Transition(
+        S.LEASED,
+        E.RUN_FAILED,
+        S.QUEUED,
+        "another wallet; the node loses reputation (a timeout: once the job is done elsewhere)",
+    ),
     Transition(
         S.LEASED,
         E.JOB_FAILED,
@@ -258,6 +263,10 @@ class Fault(StrEnum):
 
     NODE = "node"
     """The node's: the job goes to another wallet and the node loses reputation."""
+    NODE_IF_IT_FITS = "node, once the job is done elsewhere"
+    """The node's if the job fits, which only another node can show: the job goes to another
+    wallet, and the node loses reputation when (if) the job is paid to someone else. A job
+    that never ends in time anywhere (``sleep`` forever) costs nobody reputation."""
     JOB = "job"
     """The job's own (its spec): it fails at once, the node keeps its reputation."""
 
@@ -275,9 +284,9 @@ FAULTS: dict[RunReason, tuple[Fault, str]] = {
         "executor or the GPUs it advertised is the node's fault",
     ),
     RunReason.TIMEOUT: (
-        Fault.NODE,
-        "the job fits the node yet did not finish in time; but out of WASM fuel (the job's own "
-        "budget) is the job's fault",
+        Fault.NODE_IF_IT_FITS,
+        "not done within the job's time limit: the node's if another node does it in time; "
+        "out of WASM fuel (the job's own budget) is the job's fault",
     ),
     RunReason.AGENT_ERROR: (Fault.NODE, "the agent itself failed (IPFS down, engine gone, ...)"),
     RunReason.CANCELLED: (Fault.NODE, "the agent stopped the run"),
@@ -305,7 +314,7 @@ def fault_of(reason: RunReason, message: str = "") -> Fault:
 
 def run_failed(reason: RunReason, message: str = "") -> Event:
     """The event a failed run is: :attr:`Event.JOB_FAILED` when it is the job's own fault, else
-    :attr:`Event.RUN_FAILED`."""
+    :attr:`Event.RUN_FAILED` (the node's, now or once the job is done elsewhere)."""
     return Event.JOB_FAILED if fault_of(reason, message) is Fault.JOB else Event.RUN_FAILED
 
 

@@ -16,15 +16,18 @@ from gridmarket.cid import CidError, same_cid
 from gridmarket.escrow import Status
 from gridmarket.wire import JobSpec, ResultReport, RunReason
 from scheduler import lifecycle
-from scheduler.lifecycle import Event, State
+from scheduler.lifecycle import Event, Fault, State
 from scheduler.matching.reputation import Outcome
 
 from .outbox import OutboxStore
 from .reputation import ReputationStore
 from .rows import ConflictError, JobRow, NotFoundError
-from .tables import jobs
+from .tables import attempts, jobs
 
-__all__ = ["JobStore"]
+__all__ = ["TIMED_OUT", "JobStore"]
+
+TIMED_OUT = "timed_out"
+"""An attempt that ran out of the job's time: counted against its node if the job is paid."""
 
 
 def _same(a: str | None, b: str | None) -> bool:
@@ -252,12 +255,15 @@ class JobStore(ReputationStore, OutboxStore):
             reason = report.reason
             if reason is RunReason.SUCCEEDED:  # a success without an output is the node's
                 reason = RunReason.AGENT_ERROR
-            event = lifecycle.run_failed(reason, report.message)
-            if event is Event.JOB_FAILED:
+            fault = lifecycle.fault_of(reason, report.message)
+            if fault is Fault.JOB:
                 return self._job_failed(conn, job, node_id, report, result)
-            self._end_attempt(conn, job_id, job.attempt, "failure", report.message)
+            if fault is Fault.NODE:
+                self._end_attempt(conn, job_id, job.attempt, "failure", report.message)
+                self._reputation(conn, node_id, Outcome.FAILURE)
+            else:  # counted against the node if another node does the job in time
+                self._end_attempt(conn, job_id, job.attempt, TIMED_OUT, report.message)
             self._free_slot(conn, node_id)
-            self._reputation(conn, node_id, Outcome.FAILURE)
             conn.execute(update(jobs).where(jobs.c.job_id == job_id).values(result=result))
             state = self._requeue(
                 conn,
@@ -363,9 +369,7 @@ class JobStore(ReputationStore, OutboxStore):
             if node_id is None or to is None:
                 return job.state
             if paid:
-                self._end_attempt(conn, job_id, job.attempt, "success", detail)
-                self._free_slot(conn, node_id)
-                self._reputation(conn, node_id, Outcome.SUCCESS)
+                self._paid(conn, job_id, node_id, job.attempt, detail)
                 conn.execute(
                     update(jobs)
                     .where(jobs.c.job_id == job_id)
@@ -387,6 +391,18 @@ class JobStore(ReputationStore, OutboxStore):
         if state == "queued":
             self.on_queued(1)
         return state
+
+    def _paid(self, conn: Connection, job_id: str, node_id: str, attempt: int, detail: str) -> None:
+        """The job was paid to ``node_id`` (our settle, or seen on-chain): its attempt ends, the
+        node gains reputation; the nodes that ran out of time on it lose some (it fitted)."""
+        self._end_attempt(conn, job_id, attempt, "success", detail)
+        self._free_slot(conn, node_id)
+        self._reputation(conn, node_id, Outcome.SUCCESS)
+        q = select(attempts.c.node_id).where(
+            attempts.c.job_id == job_id, attempts.c.outcome == TIMED_OUT
+        )
+        for (slow,) in conn.execute(q).all():
+            self._reputation(conn, slow, Outcome.FAILURE)
 
     def assign_failed(self, job_id: str, attempt: int, error: str) -> str:
         """The on-chain assign of ``attempt`` reverted: end that lease (no fault of the node)."""

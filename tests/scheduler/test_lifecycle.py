@@ -131,7 +131,7 @@ def test_the_doc_draws_the_same_table() -> None:
             "the job asks for 1 GPU(s) and the engine cannot provide them (no driver)",
             Fault.NODE,
         ),
-        (RunReason.TIMEOUT, "killed at the time limit of 60 s", Fault.NODE),
+        (RunReason.TIMEOUT, "killed at the time limit of 60 s", Fault.NODE_IF_IT_FITS),
         (RunReason.TIMEOUT, "ran out of fuel (1000 units)", Fault.JOB),
         (RunReason.AGENT_ERROR, "the IPFS daemon is down (dataset)", Fault.NODE),
         (RunReason.CANCELLED, "cancelled by the agent", Fault.NODE),

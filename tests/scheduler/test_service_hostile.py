@@ -264,18 +264,48 @@ def test_a_job_that_fails_by_its_own_fault_fails_fast_and_spares_the_node(
     assert server.wait_job(job_id, {"refunded"}, timeout=10)["state"] == "refunded"
 
 
-def test_a_node_s_own_failure_still_costs_it_and_goes_elsewhere(
-    grid: tuple[Server, EscrowClient], devnet: Devnet, ipfs: IpfsStore
+def test_a_node_s_own_failure_costs_it_and_a_timeout_once_the_job_is_done_elsewhere(
+    grid: tuple[Server, EscrowClient], devnet: Devnet, ipfs: IpfsStore, tmp_path: Path
 ) -> None:
     server, client = grid
-    node = Provider(devnet.providers[0], server, name="n0")
-    other = Provider(devnet.providers[1], server, name="o0")
-    assert node.register().status_code == 200
-    before = node_view(server, node.node_id)["reputation"]
-    job_id = submit_job(client, ipfs, devnet.submitters[0], SPEC)
-    a = node.next_job(wait_s=20).json()
-    fail(node, a, "timeout", "killed at the time limit of 60 s")
-    server.wait_job(job_id, {"queued"}, timeout=10)
-    assert node_view(server, node.node_id)["reputation"] < before
-    assert other.register().status_code == 200
-    assert other.next_job(wait_s=20).json()["job_id"] == job_id
+    broken = Provider(devnet.providers[0], server, name="broken")
+    slow = Provider(devnet.providers[0], server, name="slow")
+    fast = Provider(devnet.providers[1], server, name="fast")
+    for p in (broken, slow, fast):
+        assert p.register().status_code == 200
+    start = node_view(server, broken.node_id)["reputation"]
+    # an agent error is the node's: it costs at once
+    first = submit_job(client, ipfs, devnet.submitters[0], SPEC)
+    a = broken.next_job(wait_s=20).json()
+    assert a["job_id"] == first
+    fail(broken, a, "agent_error", "the IPFS daemon is down (output)")
+    server.wait_job(first, {"queued"}, timeout=10)
+    assert node_view(server, broken.node_id)["reputation"] < start
+    # a timeout costs nothing yet: a job that runs forever would time out anywhere
+    second = submit_job(client, ipfs, devnet.submitters[0], SPEC)
+    b = slow.next_job(wait_s=20).json()
+    assert b["job_id"] == second
+    fail(slow, b, "timeout", "killed at the time limit of 600 s")
+    server.wait_job(second, {"queued"}, timeout=10)
+    assert node_view(server, slow.node_id)["reputation"] == start
+    # ... until another wallet does the job in time: then it fitted, and the slow node pays
+    got = {}
+    for _ in range(2):
+        c = fast.next_job(wait_s=20).json()
+        got[c["job_id"]] = c
+        wait_chain_attempt(client, c["job_id"], c["attempt"])
+        out = tmp_path / f"out-{len(got)}"
+        out.mkdir()
+        (out / "result.txt").write_text(c["job_id"])
+        assert fast.succeed(c, ipfs.add_dir(out)).status_code == 202
+        server.wait_job(c["job_id"], {"released"}, timeout=30)
+    assert set(got) == {first, second}
+    assert node_view(server, slow.node_id)["reputation"] < start
+    assert node_view(server, slow.node_id)["jobs_failed"] == 1
+
+
+def wait_chain_attempt(client: EscrowClient, job_id: str, attempt: int) -> None:
+    deadline = time.monotonic() + 15
+    while client.job_state(bytes.fromhex(job_id[2:])).job.attempt < attempt:
+        assert time.monotonic() < deadline, f"attempt {attempt} of {job_id} never reached the chain"
+        time.sleep(0.05)

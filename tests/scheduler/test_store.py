@@ -492,3 +492,31 @@ def test_windowed_round_reaches_past_jobs_nobody_fits(store: Store) -> None:
     seen.clear()
     store.dispatch(only_the_last, limit=100, window=3, wants_more=lambda: False, lease_ttl=30)
     assert seen == [3]
+
+
+def test_a_timeout_costs_the_node_only_once_another_node_is_paid_for_the_job(
+    store: Store,
+) -> None:
+    queue_jobs(store, 2)
+    slow, fast = node(store, WALLETS[0]), node(store, WALLETS[1])
+    why = "killed at the time limit of 600 s"
+    timeout = ResultReport(attempt=1, reason=RunReason.TIMEOUT, message=why, duration_s=1)
+    # job 1: times out on `slow`, requeued; nothing counted yet
+    store.dispatch(lambda rows: [Claim(jid(1), slow)], limit=8, lease_ttl=30.0)
+    assert store.record_result(jid(1), slow, timeout) == "queued"
+    assert store.attempts_of(jid(1))[0]["outcome"] == "timed_out"
+    assert (store.node(slow).reputation.bad, store.node(slow).jobs_failed) == (0, 0)
+    # `fast` does it in time and is paid: the job fitted, so `slow` is at fault
+    store.dispatch(lambda rows: [Claim(jid(1), fast)], limit=8, lease_ttl=30.0)
+    assert store.record_result(jid(1), fast, ok_report(attempt=2)) == "verifying"
+    assert store.verified(jid(1), True, "ok") == "settling"
+    assert store.settled(jid(1), paid=True) == "released"
+    assert (store.node(slow).reputation.bad, store.node(slow).jobs_failed) == (1.0, 1)
+    assert store.node(fast).jobs_done == 1
+    # job 2 times out everywhere (max_attempts=2): failed, and nobody is counted
+    store.dispatch(lambda rows: [Claim(jid(2), slow)], limit=8, lease_ttl=30.0)
+    assert store.record_result(jid(2), slow, timeout) == "queued"
+    store.dispatch(lambda rows: [Claim(jid(2), fast)], limit=8, lease_ttl=30.0)
+    late = timeout.model_copy(update={"attempt": 2})
+    assert store.record_result(jid(2), fast, late) == "failed"
+    assert store.node(slow).jobs_failed == 1 and store.node(fast).jobs_failed == 0
