@@ -87,6 +87,17 @@ def outbox_rows(server: Server, job_id: str) -> list[tuple[str, str, dict[str, A
         store.close()
 
 
+def settled_outbox(server: Server, job_id: str, timeout: float = 15) -> list[Any]:
+    """The job's outbox rows once none is pending (each sent, or refused: ``failed``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = outbox_rows(server, job_id)
+        if all(s != "pending" for _, s, _ in rows):
+            return rows
+        assert time.monotonic() < deadline, f"outbox rows still pending: {rows}"
+        time.sleep(0.05)
+
+
 def fail(node: Provider, a: dict[str, Any], reason: str, message: str) -> None:
     body = {"attempt": a["attempt"], "reason": reason, "message": message, "duration_s": 0.5}
     r = node.report(a["job_id"], body)
@@ -208,7 +219,7 @@ def test_one_wallet_s_nodes_are_one_provider_for_a_requeued_job(
         time.sleep(0.05)
     assert client.job_state(bytes.fromhex(job_id[2:])).job.provider == b.account.address
     # every assign sent was taken: none refused and withdrawn
-    rows = outbox_rows(server, job_id)
+    rows = settled_outbox(server, job_id)
     assigns = [(s, p["provider"]) for k, s, p in rows if k == "assign"]
     assert assigns == [("done", wallet_a[0].account.address), ("done", b.account.address)]
     assert all(s == "done" for _, s, _ in rows), rows
@@ -226,7 +237,7 @@ def test_one_wallet_s_nodes_are_one_provider_for_a_requeued_job(
     while client.job_state(bytes.fromhex(job_id[2:])).job.attempt < 3:
         assert time.monotonic() < deadline, "the third assign never reached the chain"
         time.sleep(0.05)
-    rows = outbox_rows(server, job_id)
+    rows = settled_outbox(server, job_id)
     assert [k for k, _, _ in rows] == ["assign", "assign", "unassign", "assign"]
     assert all(s == "done" for _, s, _ in rows), rows  # none refused
 
