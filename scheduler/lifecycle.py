@@ -30,6 +30,7 @@ __all__ = [
     "FOLD_ONLY",
     "OPEN",
     "SPEC_GIVE_UP_S",
+    "SPEC_MIN_TRIES",
     "TABLE",
     "Event",
     "Fault",
@@ -319,13 +320,15 @@ def run_failed(reason: RunReason, message: str = "") -> Event:
 
 
 SPEC_GIVE_UP_S = 120.0
-"""A spec IPFS cannot give within this many seconds of the job's creation makes it invalid."""
+"""A spec IPFS cannot give within this many seconds of the job's creation makes it invalid..."""
+SPEC_MIN_TRIES = 3
+"""... once it has been tried this many times (a leader back from a long absence still tries)."""
 
 
 def spec_retry_in(tries: int, age_s: float) -> float | None:
     """After ``tries`` failed fetches of a job's spec, the job ``age_s`` seconds old: seconds
     until the next try (1, 2, 4, ... 30), or None to give up (the job goes ``invalid``)."""
-    if age_s >= SPEC_GIVE_UP_S:
+    if age_s >= SPEC_GIVE_UP_S and tries >= SPEC_MIN_TRIES:
         return None
     return min(30.0, 2.0 ** max(0, tries - 1))
 

@@ -218,7 +218,8 @@ class SpecFetcher:
     and hands out jobs never tried before the oldest due retries, and retries use at most half
     the pool. So a job whose spec nobody has delays no other: a new job finds a free worker
     within about one first-try timeout per ``workers`` jobs ahead of it. After
-    :data:`scheduler.lifecycle.SPEC_GIVE_UP_S` the job goes ``invalid`` with the reason.
+    :data:`scheduler.lifecycle.SPEC_GIVE_UP_S` (and at least ``SPEC_MIN_TRIES`` tries) the job
+    goes ``invalid`` with the reason.
 
     :meth:`once` only hands jobs to the pool and returns; a finished fetch wakes it (``wake``)
     to fill the freed worker.
