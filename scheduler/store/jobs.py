@@ -14,7 +14,7 @@ from sqlalchemy import Connection, case, func, select, update
 
 from gridmarket.cid import CidError, same_cid
 from gridmarket.escrow import Status
-from gridmarket.wire import JobSpec, ResultReport, RunReason
+from gridmarket.wire import JobSpec, ResultReport
 from scheduler import lifecycle
 from scheduler.lifecycle import Event, Fault, State
 from scheduler.matching.reputation import Outcome
@@ -107,12 +107,9 @@ class JobStore(ReputationStore, OutboxStore):
         self._audit(conn, "job", job.job_id, state, reason=why, node_id=job.node_id)
         return state
 
-    def pending_specs(
-        self, limit: int = 32, *, skip: Sequence[str] = (), first_tries_only: bool = False
-    ) -> list[JobRow]:
+    def pending_specs(self, limit: int = 32, *, skip: Sequence[str] = ()) -> list[JobRow]:
         """``pending_spec`` jobs whose next fetch is due, but not those in ``skip`` (being
-        fetched): jobs never tried first, then the oldest due. ``first_tries_only``: only jobs
-        never tried."""
+        fetched): jobs never tried first, then the oldest due."""
         now = self.clock()
         due = func.coalesce(jobs.c.spec_retry_at, jobs.c.created_at)
         with self.reader.connect() as conn:
@@ -122,8 +119,6 @@ class JobStore(ReputationStore, OutboxStore):
             )
             if skip:
                 q = q.where(jobs.c.job_id.not_in(list(skip)))
-            if first_tries_only:
-                q = q.where(jobs.c.spec_tries == 0)
             q = q.order_by(case((jobs.c.spec_tries == 0, 0), else_=1), due, jobs.c.job_id).limit(
                 limit
             )
@@ -252,10 +247,7 @@ class JobStore(ReputationStore, OutboxStore):
                 )
                 self._audit(conn, "job", job_id, to, output_cid=report.output_cid)
                 return to
-            reason = report.reason
-            if reason is RunReason.SUCCEEDED:  # a success without an output is the node's
-                reason = RunReason.AGENT_ERROR
-            fault = lifecycle.fault_of(reason, report.message)
+            fault = lifecycle.fault_of(report.reason, report.message)
             if fault is Fault.JOB:
                 return self._job_failed(conn, job, node_id, report, result)
             if fault is Fault.NODE:
