@@ -35,10 +35,12 @@ __all__ = [
     "CidError",
     "CidParams",
     "bytes_cid",
+    "cid_matches",
     "file_cid",
     "normalize_cid",
     "params_for",
     "path_cid",
+    "same_cid",
 ]
 
 CHUNK_SIZE = 256 * 1024
@@ -255,13 +257,41 @@ def normalize_cid(cid: str) -> str:
     Raises:
         CidError: ``cid`` is not a CID.
     """
-    try:
-        parsed = CID.decode(cid.strip())
-    except Exception as exc:  # multiformats raises several unrelated types
-        raise CidError(f"not a CID: {cid!r} ({exc})") from None
+    parsed = _parse(cid)
     if parsed.version == 0:
         return str(parsed)
     return str(parsed.set(base="base32"))
+
+
+def _parse(cid: str) -> CID:
+    try:
+        return CID.decode(cid.strip())
+    except Exception as exc:  # multiformats raises several unrelated types
+        raise CidError(f"not a CID: {cid!r} ({exc})") from None
+
+
+def same_cid(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` name the same content, compared as binary CIDs, whatever their
+    text encoding (``bafy...`` base32, ``zb2...`` base58btc, ``f01...`` base16, ...).
+
+    The codec and the multihash decide; the CID version does not: a CIDv0 (``Qm...``) and the
+    CIDv1 dag-pb CID with the same multihash address the same block.
+
+    Raises:
+        CidError: either is not a CID.
+    """
+    pa, pb = _parse(a), _parse(b)
+    return pa.codec.code == pb.codec.code and bytes(pa.digest) == bytes(pb.digest)
+
+
+def cid_matches(data: bytes, cid: str) -> bool:
+    """Whether ``data``, added as a UnixFS file the way ``cid`` says it was built (version, raw
+    or dag-pb leaves: :func:`params_for`), has the CID ``cid``, in any text encoding.
+
+    Raises:
+        CidError: ``cid`` is not a CID, or not one this module can recompute.
+    """
+    return any(same_cid(bytes_cid(data, p), cid) for p in params_for(cid))
 
 
 def params_for(cid: str) -> list[CidParams]:

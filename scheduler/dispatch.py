@@ -20,7 +20,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gridmarket.tiers import classify_gpu
@@ -38,15 +38,32 @@ from scheduler.store import Claim, ClaimedJob, JobRow, NodeRow, Store
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Dispatcher", "free_capacity", "requirements"]
+__all__ = ["Dispatcher", "free_capacity", "refused_wallets", "requirements"]
 
 _EXPLAIN_EVERY_S = 2.0
 _COALESCE_S = 0.002
 _TOUCH_EVERY_S = 1.0
 
 
-def requirements(job: JobRow) -> JobRequirements:
-    """The matching engine's view of a queued job."""
+def refused_wallets(job: JobRow) -> frozenset[str]:
+    """The provider wallets (lower case) ``job`` must not go to: those excluded for it (a node
+    of theirs failed it, lost it, had its result rejected or its assign refused) and the
+    provider the escrow holds it assigned to (``assign`` refuses the same provider again)."""
+    wallets = set(job.excluded_wallets)
+    provider = job.chain.job.provider
+    if int(provider, 16):
+        wallets.add(provider.lower())
+    return frozenset(wallets)
+
+
+def requirements(
+    job: JobRow, nodes_of: Callable[[str], Iterable[str]] = lambda _wallet: ()
+) -> JobRequirements:
+    """The matching engine's view of a queued job. ``nodes_of(wallet)``: the node ids of a
+    wallet, each excluded when the wallet is (:func:`refused_wallets`)."""
+    excluded = set(job.excluded)
+    for wallet in refused_wallets(job):
+        excluded.update(nodes_of(wallet))
     spec = job.spec
     assert spec is not None
     res = spec.resources
@@ -61,7 +78,7 @@ def requirements(job: JobRow) -> JobRequirements:
         disk_mib=res.disk_mib,
         region=res.region,
         max_price_wei_per_hour=offered_price_wei_per_hour(job.bounty_wei, spec),
-        excluded_node_ids=frozenset(job.excluded),
+        excluded_node_ids=frozenset(excluded),
     )
 
 
@@ -126,6 +143,9 @@ class Dispatcher:
         self._explained: dict[str, float] = {}
         self._pending_reasons: list[tuple[str, str]] = []
         self._idle: dict[str, int] = {}
+        # the nodes seen waiting, by wallet (lower case): a wallet excluded for a job excludes
+        # all of them (ids of nodes no longer waiting are harmless in an exclusion set)
+        self._wallet_nodes: dict[str, set[str]] = {}
         self.on_claimed: Callable[[], None] = lambda: None  # the app wakes the outbox
         self.rounds = 0
         self.claims = 0
@@ -194,6 +214,9 @@ class Dispatcher:
                 self.engine.remove_node(node.node_id)
             self.engine.add_node(capacity)
             self._waiters[node.node_id] = waiter
+            if len(self._wallet_nodes) > 200_000:
+                self._wallet_nodes.clear()
+            self._wallet_nodes.setdefault(node.wallet.lower(), set()).add(node.node_id)
         self._wake.set()
         try:
             got = await asyncio.wait_for(asyncio.shield(waiter.future), timeout=wait_s)
@@ -255,7 +278,7 @@ class Dispatcher:
                         break
                     if job.spec is None:
                         continue
-                    req = requirements(job)
+                    req = requirements(job, self._nodes_of)
                     found = self.engine.match(req, explain=False)
                     if isinstance(found, Match):
                         self.engine.remove_node(found.node_id)  # one job per poll
@@ -288,6 +311,9 @@ class Dispatcher:
         if len(self._explained) > 100_000:
             self._explained.clear()
         return won
+
+    def _nodes_of(self, wallet: str) -> Iterable[str]:
+        return self._wallet_nodes.get(wallet, ())
 
     def _readd(self, node_id: str) -> None:
         try:

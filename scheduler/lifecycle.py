@@ -17,23 +17,34 @@ events reach this table through :data:`CHAIN_EVENTS`.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from gridmarket.wire import RunReason
+
 __all__ = [
     "CHAIN_EVENTS",
+    "FAULTS",
     "FOLD_ONLY",
     "OPEN",
+    "SPEC_GIVE_UP_S",
+    "SPEC_MIN_TRIES",
     "TABLE",
     "Event",
+    "Fault",
     "RefusedError",
     "State",
     "Transition",
     "assign_refusal",
+    "fault_of",
+    "faults_table",
     "markdown_table",
     "on_requeue",
+    "run_failed",
     "sources",
+    "spec_retry_in",
     "step",
     "target",
 ]
@@ -59,7 +70,8 @@ class State(StrEnum):
     EXPIRED = "expired"
     """The deadline passed before a result: the submitter can refund."""
     FAILED = "failed"
-    """Given up: attempts used up, or an on-chain step refused for good."""
+    """Given up: attempts used up, the job's own run failed (its spec cannot run), or an
+    on-chain step refused for good."""
     INVALID = "invalid"
     """The spec is missing or malformed: the submitter can cancel."""
 
@@ -84,7 +96,12 @@ class Event(StrEnum):
     RESULT_REPORTED = "result reported"
     """The node reported a successful run with an output CID."""
     RUN_FAILED = "run failed"
-    """The node reported a failed run (exit code, timeout, OOM, ...)."""
+    """The node reported a failed run that is the node's fault (agent error, timeout, ...:
+    :func:`fault_of`)."""
+    JOB_FAILED = "job failed"
+    """The node reported a failed run that is the job's own fault (its command exited non-zero,
+    went over its own memory or output cap, trapped, its image or dataset is bad: :func:`fault_of`).
+    Deterministic: no other node would do better."""
     ASSIGN_REFUSED = "assign refused"
     """The on-chain assign reverted for a reason that may pass (the job goes to another node)."""
     ASSIGN_REFUSED_FOR_GOOD = "assign refused for good"
@@ -147,15 +164,28 @@ TABLE: tuple[Transition, ...] = (
     Transition(S.QUEUED, E.LEASE_GRANTED, S.LEASED, "outbox: assign on-chain"),
     Transition(S.LEASED, E.RESULT_REPORTED, S.VERIFYING, "check the output"),
     Transition(S.LEASED, E.SUBMITTED_ON_CHAIN, S.VERIFYING, "check it like a relayed result"),
-    Transition(S.LEASED, E.RUN_FAILED, S.QUEUED, "another node; the node loses reputation"),
-    Transition(S.LEASED, E.LEASE_LOST, S.QUEUED, "another node; the node loses reputation"),
-    Transition(S.LEASED, E.HANDED_BACK, S.QUEUED, "no penalty"),
-    Transition(S.LEASED, E.ASSIGN_REFUSED, S.QUEUED, "another node, no fault of this one"),
+    Transition(
+        S.LEASED,
+        E.RUN_FAILED,
+        S.QUEUED,
+        "another wallet; the node loses reputation (a timeout: once the job is done elsewhere)",
+    ),
+    Transition(
+        S.LEASED,
+        E.JOB_FAILED,
+        S.FAILED,
+        "no other node, no reputation loss; outbox: unassign, the submitter can cancel",
+    ),
+    Transition(S.LEASED, E.LEASE_LOST, S.QUEUED, "another wallet; the node loses reputation"),
+    Transition(
+        S.LEASED, E.HANDED_BACK, S.QUEUED, "no penalty; outbox: unassign (any wallet may take it)"
+    ),
+    Transition(S.LEASED, E.ASSIGN_REFUSED, S.QUEUED, "another wallet, no fault of this node"),
     Transition(S.LEASED, E.ASSIGN_REFUSED_FOR_GOOD, S.FAILED, "the chain will not take it"),
     Transition(S.VERIFYING, E.VERDICT_OK, S.SETTLING, "outbox: settle or release"),
     Transition(S.VERIFYING, E.VERDICT_BAD, S.SETTLING, "outbox: reject (slash)"),
     Transition(S.SETTLING, E.PAID, S.RELEASED, "the node gains reputation"),
-    Transition(S.SETTLING, E.REJECTED, S.QUEUED, "another node; the node loses reputation"),
+    Transition(S.SETTLING, E.REJECTED, S.QUEUED, "another wallet; the node loses reputation"),
     Transition(
         S.QUEUED, E.ATTEMPTS_USED_UP, S.FAILED, "(on a requeue) outbox: unassign; cancel at once"
     ),
@@ -229,6 +259,88 @@ def assign_refusal(error: str) -> Event:
     return Event.ASSIGN_REFUSED
 
 
+class Fault(StrEnum):
+    """Whose fault a failed run is."""
+
+    NODE = "node"
+    """The node's: the job goes to another wallet and the node loses reputation."""
+    NODE_IF_IT_FITS = "node, once the job is done elsewhere"
+    """The node's if the job fits, which only another node can show: the job goes to another
+    wallet, and the node loses reputation when (if) the job is paid to someone else. A job
+    that never ends in time anywhere (``sleep`` forever) costs nobody reputation."""
+    JOB = "job"
+    """The job's own (its spec): it fails at once, the node keeps its reputation."""
+
+
+FAULTS: dict[RunReason, tuple[Fault, str]] = {
+    RunReason.EXIT_CODE: (Fault.JOB, "the submitter's command exited non-zero"),
+    RunReason.OUT_OF_MEMORY: (Fault.JOB, "killed at the job's own memory limit"),
+    RunReason.OUTPUT_TOO_LARGE: (Fault.JOB, "the output is over the job's own cap"),
+    RunReason.OUTPUT_INVALID: (Fault.JOB, "the job wrote what cannot be uploaded (symlinks, ...)"),
+    RunReason.TRAPPED: (Fault.JOB, "the WASM module trapped"),
+    RunReason.DATASET_ERROR: (Fault.JOB, "the dataset is missing, fails its CID or is over cap"),
+    RunReason.WORKLOAD_ERROR: (
+        Fault.JOB,
+        "image missing or invalid, WASM module missing or invalid; but a node that lacks the "
+        "executor or the GPUs it advertised is the node's fault",
+    ),
+    RunReason.TIMEOUT: (
+        Fault.NODE_IF_IT_FITS,
+        "not done within the job's time limit: the node's if another node does it in time; "
+        "out of WASM fuel (the job's own budget) is the job's fault",
+    ),
+    RunReason.AGENT_ERROR: (Fault.NODE, "the agent itself failed (IPFS down, engine gone, ...)"),
+    RunReason.CANCELLED: (Fault.NODE, "the agent stopped the run"),
+    RunReason.SUCCEEDED: (Fault.NODE, "a success reported without an output CID"),
+}
+"""Whose fault each reported :class:`~gridmarket.wire.RunReason` is (docs/matching.md). Lost
+leases and outputs that fail verification are always the node's (:data:`TABLE`)."""
+
+# The agent reports these node-side problems as workload_error / timeout (agent/runner.py,
+# agent/executors/): told apart by their message until the wire names them.
+_NODE_WORKLOAD = ("this node does not run", "GPU(s) and the engine cannot provide them")
+_JOB_TIMEOUT = ("ran out of fuel",)
+
+
+def fault_of(reason: RunReason, message: str = "") -> Fault:
+    """Whose fault a failed run with ``reason`` (and the agent's ``message``) is: :data:`FAULTS`,
+    with the two exceptions it names."""
+    fault = FAULTS[reason][0]
+    if reason is RunReason.WORKLOAD_ERROR and any(m in message for m in _NODE_WORKLOAD):
+        return Fault.NODE
+    if reason is RunReason.TIMEOUT and any(m in message for m in _JOB_TIMEOUT):
+        return Fault.JOB
+    return fault
+
+
+def run_failed(reason: RunReason, message: str = "") -> Event:
+    """The event a failed run is: :attr:`Event.JOB_FAILED` when it is the job's own fault, else
+    :attr:`Event.RUN_FAILED` (the node's, now or once the job is done elsewhere)."""
+    return Event.JOB_FAILED if fault_of(reason, message) is Fault.JOB else Event.RUN_FAILED
+
+
+SPEC_GIVE_UP_S = 120.0
+"""A spec IPFS cannot give within this many seconds of the job's creation makes it invalid..."""
+SPEC_MIN_TRIES = 3
+"""... once it has been tried this many times (a leader back from a long absence still tries)."""
+
+
+def spec_retry_in(tries: int, age_s: float) -> float | None:
+    """After ``tries`` failed fetches of a job's spec, the job ``age_s`` seconds old: seconds
+    until the next try (1, 2, 4, ... 30), or None to give up (the job goes ``invalid``)."""
+    if age_s >= SPEC_GIVE_UP_S and tries >= SPEC_MIN_TRIES:
+        return None
+    return min(30.0, 2.0 ** max(0, tries - 1))
+
+
+def faults_table() -> str:
+    """:data:`FAULTS` for docs/scheduler.md and docs/matching.md."""
+    lines = ["| run reason | whose fault | why |", "| --- | --- | --- |"]
+    for reason, (fault, why) in FAULTS.items():
+        lines.append(f"| `{reason.value}` | {fault.value} | {why} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown_table() -> str:
     """The table for docs/scheduler.md: one line per (event, target), its source states joined."""
     groups: dict[tuple[Event, State, str], list[str]] = {}
@@ -241,5 +353,5 @@ def markdown_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":  # python -m scheduler.lifecycle: the table for docs/scheduler.md
-    print(markdown_table(), end="")
+if __name__ == "__main__":  # python -m scheduler.lifecycle [faults]: the tables for docs/
+    print(faults_table() if sys.argv[1:] == ["faults"] else markdown_table(), end="")

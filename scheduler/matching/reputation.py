@@ -1,10 +1,12 @@
 """Node reputation: a time-decayed Beta posterior over job outcomes. Pure functions, no I/O.
 
-Each outcome adds weighted evidence: a success adds to ``alpha``; a failure, a timeout (the node
-took the job and went silent) or a rejected result (verification failed) adds to ``beta``, with
-weights that make silence and bad results cost more than an honest failure. Evidence halves
-every ``half_life_s``, so old history fades and a node can recover. The score is the posterior
-mean
+Only outcomes that are the node's doing are recorded: a run that fails because of the job
+itself (``scheduler.lifecycle.fault_of``: the submitter's command exits non-zero, its image is
+missing, ...) records nothing. Each outcome adds weighted evidence: a success adds to
+``alpha``; a failure, a timeout (the node took the job and went silent) or a rejected result
+(verification failed) adds to ``beta``, with weights that make silence and bad results cost
+more than an honest failure. Evidence halves every ``half_life_s``, so old history fades and a
+node can recover. The score is the posterior mean
 
     score = (prior_alpha + A) / (prior_alpha + prior_beta + A + B)
 
@@ -42,7 +44,7 @@ class Outcome(StrEnum):
     """How a job ended for the node that held it."""
 
     SUCCESS = "success"
-    FAILURE = "failure"  # the job failed on the node (non-zero exit, crash)
+    FAILURE = "failure"  # a failed run that is the node's fault (agent error, timeout, ...)
     TIMEOUT = "timeout"  # lease lost: the node went silent with the job
     REJECTED = "rejected"  # the result failed verification
 

@@ -4,7 +4,7 @@
 - :class:`Watch` (leader): escrow events into the store;
 - :class:`OutboxLoop` (leader): pending on-chain steps, in order per job
   (what each kind sends: ``outbox_rules.py``);
-- :class:`SpecFetcher` (leader): job specs from IPFS;
+- :class:`SpecFetcher` (leader): job specs from IPFS, concurrently, failures in backoff;
 - :class:`Verifier` (leader): reported outputs checked before payment.
 """
 
@@ -15,18 +15,20 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from eth_account.signers.local import LocalAccount
 
 from gridmarket.chain import ChainError, Deployment, EscrowClient
-from gridmarket.cid import CidError, bytes_cid, params_for
+from gridmarket.cid import CidError, cid_matches
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import MAX_SPEC_BYTES, JobSpec, RunReason
+from scheduler import lifecycle
 from scheduler.chain import ChainUnavailableError, ChainWatcher, TxOutcomeUnknownError, TxSender
 from scheduler.settings import Settings
-from scheduler.store import Store
+from scheduler.store import JobRow, Store
 from scheduler.verify import verify_output
 
 from .outbox_rules import OutboxRules
@@ -206,34 +208,128 @@ class OutboxLoop:
 
 
 class SpecFetcher:
-    """The spec fetcher's pass: each ``pending_spec`` job's spec from IPFS, queued or invalid."""
+    """The spec fetcher: each ``pending_spec`` job's spec from IPFS, queued or invalid.
 
-    def __init__(self, store: Store, ipfs: IpfsStore) -> None:
+    Fetches run concurrently in a bounded pool (``workers`` threads, one IPFS client each), each
+    bounded in time: a job's first try gets ``first_timeout_s``, later ones twice the last, up
+    to ``timeout_s``. A fetch that fails but may pass later (IPFS cannot find the CID yet) gives
+    the job a next-try time with exponential backoff (:func:`scheduler.lifecycle.spec_retry_in`),
+    written to the store (a restarted leader keeps it); the store's query skips jobs in backoff
+    and hands out jobs never tried before the oldest due retries, and retries use at most half
+    the pool. So a job whose spec nobody has delays no other: a new job finds a free worker
+    within about one first-try timeout per ``workers`` jobs ahead of it. After
+    :data:`scheduler.lifecycle.SPEC_GIVE_UP_S` (and at least ``SPEC_MIN_TRIES`` tries) the job
+    goes ``invalid`` with the reason.
+
+    :meth:`once` only hands jobs to the pool and returns; a finished fetch wakes it (``wake``)
+    to fill the freed worker.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        ipfs: IpfsStore,
+        *,
+        workers: int = 64,
+        first_timeout_s: float = 1.0,
+        timeout_s: float = 5.0,
+        wake: Callable[[], None] = lambda: None,
+    ) -> None:
+        if workers < 2:
+            raise ValueError(f"workers must be at least 2, not {workers}")
         self.store = store
         self.ipfs = ipfs
+        self.workers = workers
+        self.first_timeout_s = first_timeout_s
+        self.timeout_s = timeout_s
+        self.wake = wake
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="spec-fetch")
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, bool] = {}  # job id -> is a retry
+        self._local = threading.local()
+        self._clients: list[IpfsStore] = []
 
     def once(self) -> int:
-        jobs = self.store.pending_specs(limit=16)
-        for job in jobs:
-            spec, reason = self.fetch(job.spec_cid)
+        with self._lock:
+            busy = dict(self._in_flight)
+        free = self.workers - len(busy)
+        if free <= 0:
+            return 0
+        retry_room = self.workers // 2 - sum(busy.values())
+        for job in self.store.pending_specs(limit=free, skip=list(busy)):
+            retry = job.spec_tries > 0
+            if retry:
+                if retry_room <= 0:
+                    continue
+                retry_room -= 1
+            with self._lock:
+                self._in_flight[job.job_id] = retry
+            self._pool.submit(self._work, job)
+        return 0  # sleep a period between passes (or until a fetch ends): specs wait on IPFS
+
+    def idle(self) -> bool:
+        """No fetch in flight."""
+        with self._lock:
+            return not self._in_flight
+
+    def close(self) -> None:
+        """Stop the pool (fetches in flight end within their time limit) and its clients."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for client in self._clients:
+            client.close()
+
+    def _client(self) -> IpfsStore:
+        client: IpfsStore | None = getattr(self._local, "client", None)
+        if client is None:  # one client per worker thread: no HTTP session shared
+            client = IpfsStore(
+                self.ipfs.api_addr,
+                timeout=self.ipfs.timeout,
+                resolve_timeout=self.ipfs.resolve_timeout,
+            )
+            self._local.client = client
+            with self._lock:
+                self._clients.append(client)
+        return client
+
+    def _work(self, job: JobRow) -> None:
+        try:
+            timeout = min(self.timeout_s, self.first_timeout_s * 2**job.spec_tries)
+            spec, reason = self.fetch(job.spec_cid, timeout_s=timeout, client=self._client())
             if spec is None and reason.startswith("retry:"):
-                if time.time() - job.created_at < 120:
-                    continue  # IPFS may be catching up; try again on the next pass
                 reason = reason.removeprefix("retry:")
+                now = self.store.clock()
+                tries = job.spec_tries + 1
+                delay = lifecycle.spec_retry_in(tries, now - job.created_at)
+                if delay is not None:
+                    self.store.spec_retry(
+                        job.job_id,
+                        now + delay,
+                        f"waiting for the job spec (try {tries} failed, next in {delay:g} s): "
+                        f"{reason}",
+                    )
+                    return
+                reason = f"{reason} (gave up after {tries} tries)"
             state = self.store.set_spec(job.job_id, spec, reason)
             log.info("job %s spec %s: %s", job.job_id, job.spec_cid, state if spec else reason)
-        return 0  # sleep a period between passes: specs wait on IPFS, not on us
+        except Exception:  # the store is down: the job stays due, the next pass tries again
+            log.exception("spec fetch of job %s failed", job.job_id)
+        finally:
+            with self._lock:
+                self._in_flight.pop(job.job_id, None)
+            self.wake()
 
-    def fetch(self, cid: str) -> tuple[JobSpec | None, str]:
+    def fetch(
+        self, cid: str, *, timeout_s: float = 5.0, client: IpfsStore | None = None
+    ) -> tuple[JobSpec | None, str]:
         """The job spec at ``cid``, or None and why (``retry:`` prefix: try again later)."""
         try:
-            data = self.ipfs.cat(cid, max_bytes=MAX_SPEC_BYTES, timeout_s=5.0)
+            data = (client or self.ipfs).cat(cid, max_bytes=MAX_SPEC_BYTES, timeout_s=timeout_s)
         except ValueError as exc:
             return None, f"job spec {cid} is unusable: {exc}"
         except Exception as exc:
             return None, f"retry:job spec {cid} not retrievable from IPFS: {line(exc)}"
         try:
-            if not any(bytes_cid(data, p) == cid for p in params_for(cid)):
+            if not cid_matches(data, cid):
                 return None, f"job spec bytes do not hash to {cid}"
         except CidError as exc:
             return None, f"job spec CID {cid} is invalid: {exc}"

@@ -63,7 +63,7 @@ class Replica:
         self._leader = LeaderLock(self.store)
         self._wakes = Wakes()
         self.counters: dict[str, int] = {}
-        self.specs = SpecFetcher(self.store, self.ipfs)
+        self.specs = SpecFetcher(self.store, self.ipfs, wake=lambda: self.wake("specs"))
 
     @property
     def chain_id(self) -> int:
@@ -106,6 +106,7 @@ class Replica:
             if w.thread is not None:
                 w.thread.join(timeout=10)
         self._leader.close()
+        self.specs.close()
         self.ipfs.close()
         self.store.close()
 

@@ -17,7 +17,6 @@ from sqlalchemy import Connection, insert, select, update
 from gridmarket.escrow import JOB_EVENTS, apply_event
 from scheduler import lifecycle
 from scheduler.lifecycle import Event, State
-from scheduler.matching.reputation import Outcome
 
 from .jobs import JobStore
 from .rows import JobRow, job_to_json, pos_of
@@ -136,9 +135,7 @@ class ChainStore(JobStore):
             values.update(state=to.value, reason="refunded to the submitter", node_id=None)
         elif event is Event.RELEASED_ON_CHAIN:
             if job.node_id is not None:
-                self._end_attempt(conn, job_id, job.attempt, "success", f"paid in {ev.tx_hash}")
-                self._free_slot(conn, job.node_id)
-                self._reputation(conn, job.node_id, Outcome.SUCCESS)
+                self._paid(conn, job_id, job.node_id, job.attempt, f"paid in {ev.tx_hash}")
             values.update(state=to.value, reason="paid", node_id=None, lease_expires=None)
         elif event is Event.SUBMITTED_ON_CHAIN:
             # the provider submitted on-chain itself: verify it like a relayed result

@@ -7,22 +7,37 @@ move needs). A method whose move the table refuses changes nothing and returns t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, case, func, select, update
 
+from gridmarket.cid import CidError, same_cid
 from gridmarket.escrow import Status
 from gridmarket.wire import JobSpec, ResultReport
 from scheduler import lifecycle
-from scheduler.lifecycle import Event, State
+from scheduler.lifecycle import Event, Fault, State
 from scheduler.matching.reputation import Outcome
 
 from .outbox import OutboxStore
 from .reputation import ReputationStore
 from .rows import ConflictError, JobRow, NotFoundError
-from .tables import jobs
+from .tables import attempts, jobs
 
-__all__ = ["JobStore"]
+__all__ = ["TIMED_OUT", "JobStore"]
+
+TIMED_OUT = "timed_out"
+"""An attempt that ran out of the job's time: counted against its node if the job is paid."""
+
+
+def _same(a: str | None, b: str | None) -> bool:
+    """Two optional CIDs name the same content (binary comparison, any text encoding)."""
+    if a is None or b is None:
+        return a is b
+    try:
+        return same_cid(a, b)
+    except CidError:
+        return False
 
 
 class JobStore(ReputationStore, OutboxStore):
@@ -50,11 +65,17 @@ class JobStore(ReputationStore, OutboxStore):
     ) -> str:
         """Put a job back in the queue after ``event`` (lease lost, failed run, rejected, ...),
         or on to where the queue sends it (failed when its attempts are used up, expired when its
-        deadline has passed)."""
+        deadline has passed). ``exclude``: the job never goes back to that node's wallet (any
+        of its nodes: the escrow sees one provider)."""
         now = self.clock()
         excluded = list(job.excluded)
-        if exclude and job.node_id and job.node_id not in excluded:
-            excluded.append(job.node_id)
+        wallets = list(job.excluded_wallets)
+        if exclude and job.node_id:
+            if job.node_id not in excluded:
+                excluded.append(job.node_id)
+            wallet = self._node(conn, job.node_id).wallet.lower()
+            if wallet not in wallets:
+                wallets.append(wallet)
         failures = job.failures + (1 if failed else 0)
         max_attempts = job.spec.max_attempts if job.spec else 1
         queued = lifecycle.step(job.state, event)
@@ -77,6 +98,7 @@ class JobStore(ReputationStore, OutboxStore):
                 node_id=None,
                 lease_expires=None,
                 excluded=excluded,
+                excluded_wallets=wallets,
                 failures=failures,
                 queued_at=now if state == State.QUEUED else job.queued_at,
                 updated_at=now,
@@ -85,15 +107,38 @@ class JobStore(ReputationStore, OutboxStore):
         self._audit(conn, "job", job.job_id, state, reason=why, node_id=job.node_id)
         return state
 
-    def pending_specs(self, limit: int = 32) -> list[JobRow]:
+    def pending_specs(self, limit: int = 32, *, skip: Sequence[str] = ()) -> list[JobRow]:
+        """``pending_spec`` jobs whose next fetch is due, but not those in ``skip`` (being
+        fetched): jobs never tried first, then the oldest due."""
+        now = self.clock()
+        due = func.coalesce(jobs.c.spec_retry_at, jobs.c.created_at)
         with self.reader.connect() as conn:
-            q = (
-                select(jobs)
-                .where(jobs.c.state == "pending_spec")
-                .order_by(jobs.c.created_at)
-                .limit(limit)
+            q = select(jobs).where(
+                jobs.c.state == State.PENDING_SPEC.value,
+                (jobs.c.spec_retry_at.is_(None)) | (jobs.c.spec_retry_at <= now),
+            )
+            if skip:
+                q = q.where(jobs.c.job_id.not_in(list(skip)))
+            q = q.order_by(case((jobs.c.spec_tries == 0, 0), else_=1), due, jobs.c.job_id).limit(
+                limit
             )
             return [JobRow.of(r) for r in conn.execute(q)]
+
+    def spec_retry(self, job_id: str, retry_at: float, reason: str) -> bool:
+        """A fetch of the job's spec failed but may pass later: count the try, skip the job
+        until ``retry_at``, say why it waits. False when the job is no longer pending."""
+        with self.engine.begin() as conn:
+            n = conn.execute(
+                update(jobs)
+                .where(jobs.c.job_id == job_id, jobs.c.state == State.PENDING_SPEC.value)
+                .values(
+                    spec_tries=jobs.c.spec_tries + 1,
+                    spec_retry_at=retry_at,
+                    reason=reason,
+                    updated_at=self.clock(),
+                )
+            ).rowcount
+        return bool(n)
 
     def set_spec(self, job_id: str, spec: JobSpec | None, reason: str = "") -> str:
         """The job's spec was fetched: queue it, or mark it invalid with ``reason``."""
@@ -167,7 +212,7 @@ class JobStore(ReputationStore, OutboxStore):
                 and job.node_id == node_id
                 and job.attempt == report.attempt
                 and job.result is None
-                and report.output_cid == job.output_cid
+                and _same(report.output_cid, job.output_cid)
             ):
                 # the node submitted this result on-chain itself and the watcher saw it first:
                 # keep the report (logs, exit code) for the submitter
@@ -202,9 +247,15 @@ class JobStore(ReputationStore, OutboxStore):
                 )
                 self._audit(conn, "job", job_id, to, output_cid=report.output_cid)
                 return to
-            self._end_attempt(conn, job_id, job.attempt, "failure", report.message)
+            fault = lifecycle.fault_of(report.reason, report.message)
+            if fault is Fault.JOB:
+                return self._job_failed(conn, job, node_id, report, result)
+            if fault is Fault.NODE:
+                self._end_attempt(conn, job_id, job.attempt, "failure", report.message)
+                self._reputation(conn, node_id, Outcome.FAILURE)
+            else:  # counted against the node if another node does the job in time
+                self._end_attempt(conn, job_id, job.attempt, TIMED_OUT, report.message)
             self._free_slot(conn, node_id)
-            self._reputation(conn, node_id, Outcome.FAILURE)
             conn.execute(update(jobs).where(jobs.c.job_id == job_id).values(result=result))
             state = self._requeue(
                 conn,
@@ -217,6 +268,43 @@ class JobStore(ReputationStore, OutboxStore):
         if state == "queued":
             self.on_queued(1)
         return state
+
+    def _job_failed(
+        self,
+        conn: Connection,
+        job: JobRow,
+        node_id: str,
+        report: ResultReport,
+        result: dict[str, Any],
+    ) -> str:
+        """The run failed because of the job itself (:func:`scheduler.lifecycle.fault_of`): it
+        fails at once, the node keeps its reputation, and the outbox unassigns it on-chain so
+        the submitter can cancel and get the bounty back."""
+        to = lifecycle.step(job.state, Event.JOB_FAILED).value
+        detail = report.message or report.reason.value
+        why = (
+            f"the job failed on its own ({report.reason.value}: {detail}); not retried on "
+            "another node: cancel it on-chain to get the bounty back"
+        )
+        self._end_attempt(conn, job.job_id, job.attempt, "job_failed", detail)
+        self._free_slot(conn, node_id)
+        self._outbox(conn, job.job_id, "unassign", {})
+        conn.execute(
+            update(jobs)
+            .where(jobs.c.job_id == job.job_id)
+            .values(
+                state=to,
+                reason=why,
+                result=result,
+                node_id=None,
+                lease_expires=None,
+                updated_at=self.clock(),
+            )
+        )
+        self._audit(
+            conn, "job", job.job_id, to, reason=why, node_id=node_id, run=report.reason.value
+        )
+        return to
 
     def verifying(self, limit: int = 16) -> list[JobRow]:
         with self.reader.connect() as conn:
@@ -273,9 +361,7 @@ class JobStore(ReputationStore, OutboxStore):
             if node_id is None or to is None:
                 return job.state
             if paid:
-                self._end_attempt(conn, job_id, job.attempt, "success", detail)
-                self._free_slot(conn, node_id)
-                self._reputation(conn, node_id, Outcome.SUCCESS)
+                self._paid(conn, job_id, node_id, job.attempt, detail)
                 conn.execute(
                     update(jobs)
                     .where(jobs.c.job_id == job_id)
@@ -297,6 +383,18 @@ class JobStore(ReputationStore, OutboxStore):
         if state == "queued":
             self.on_queued(1)
         return state
+
+    def _paid(self, conn: Connection, job_id: str, node_id: str, attempt: int, detail: str) -> None:
+        """The job was paid to ``node_id`` (our settle, or seen on-chain): its attempt ends, the
+        node gains reputation; the nodes that ran out of time on it lose some (it fitted)."""
+        self._end_attempt(conn, job_id, attempt, "success", detail)
+        self._free_slot(conn, node_id)
+        self._reputation(conn, node_id, Outcome.SUCCESS)
+        q = select(attempts.c.node_id).where(
+            attempts.c.job_id == job_id, attempts.c.outcome == TIMED_OUT
+        )
+        for (slow,) in conn.execute(q).all():
+            self._reputation(conn, slow, Outcome.FAILURE)
 
     def assign_failed(self, job_id: str, attempt: int, error: str) -> str:
         """The on-chain assign of ``attempt`` reverted: end that lease (no fault of the node)."""

@@ -212,7 +212,8 @@ class LeaseStore(JobStore):
             return [JobRow.of(r) for r in conn.execute(q)]
 
     def hand_back(self, job_id: str, node_id: str) -> str:
-        """The node gives a job back unfinished (shutdown): queued again, no penalty."""
+        """The node gives a job back unfinished (shutdown): queued again, no penalty, and the
+        on-chain assignment undone (outbox ``unassign``)."""
         with self.engine.begin() as conn:
             job = self._job(conn, job_id, lock=True)
             if job.node_id != node_id or lifecycle.target(job.state, Event.HANDED_BACK) is None:
@@ -221,6 +222,10 @@ class LeaseStore(JobStore):
             self._free_slot(conn, node_id)
             reason = f"handed back by {node_id}"
             state = self._requeue(conn, job, Event.HANDED_BACK, exclude=False, reason=reason)
+            # the escrow refuses to assign a job to the provider it holds it for: undo the
+            # assignment, so any wallet, this node's too (a restarted agent), may take it again
+            if state == State.QUEUED:
+                self._outbox(conn, job_id, "unassign", {})
         if state == "queued":
             self.on_queued(1)
         return state

@@ -165,8 +165,11 @@ class JobRow:
     attempt: int
     lease_expires: float | None
     excluded: tuple[str, ...]
+    excluded_wallets: tuple[str, ...]
     failures: int
     result: ResultReport | None
+    spec_tries: int = 0
+    spec_retry_at: float | None = None
 
     @classmethod
     def of(cls, r: Any) -> JobRow:
@@ -210,8 +213,11 @@ class JobRow:
             attempt=r.attempt,
             lease_expires=r.lease_expires,
             excluded=tuple(r.excluded or ()),
+            excluded_wallets=tuple(r.excluded_wallets or ()),
             failures=r.failures,
             result=None if r.result is None else ResultReport.model_validate(r.result),
+            spec_tries=r.spec_tries,
+            spec_retry_at=r.spec_retry_at,
         )
 
 

@@ -77,6 +77,9 @@ jobs = Table(
     Column("salt", String(66), nullable=False),
     Column("spec_cid", String(128), nullable=False),
     Column("spec", JSON, nullable=True),  # wire.JobSpec once fetched and valid
+    # failed fetches of the spec, and when the next is due (pending_spec only)
+    Column("spec_tries", Integer, nullable=False, default=0, server_default="0"),
+    Column("spec_retry_at", Float, nullable=True),
     # pending_spec | queued | leased | verifying | settling | released | failed | invalid |
     # refunded | expired
     Column("state", String(16), nullable=False),
@@ -95,6 +98,8 @@ jobs = Table(
     Column("attempt", Integer, nullable=False, default=0),  # attempt of the lease (predicted)
     Column("lease_expires", Float, nullable=True),
     Column("excluded", JSON, nullable=False),  # node ids that must not get it again
+    # provider wallets that must not get it again (NULL: none); every node of one is excluded
+    Column("excluded_wallets", JSON, nullable=True),
     Column("failures", Integer, nullable=False, default=0),
     Column("result", JSON, nullable=True),  # wire.ResultReport of the last attempt
     Index("ix_jobs_state_queued_at", "state", "queued_at"),

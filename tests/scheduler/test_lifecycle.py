@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from gridmarket.escrow import JOB_EVENTS
+from gridmarket.wire import RunReason
 from scheduler import lifecycle
-from scheduler.lifecycle import CHAIN_EVENTS, FOLD_ONLY, OPEN, TABLE, Event, State
+from scheduler.lifecycle import CHAIN_EVENTS, FOLD_ONLY, OPEN, TABLE, Event, Fault, State
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "scheduler.md"
 ROWS = {(t.source, t.event): t.target for t in TABLE}
@@ -108,3 +109,65 @@ def test_the_doc_draws_the_same_table() -> None:
     )
     for state in State:
         assert f"`{state.value}`" in drawn
+
+
+# --------------------------------------------------------------------------- whose fault
+
+
+@pytest.mark.parametrize(
+    ("reason", "message", "fault"),
+    [
+        (RunReason.EXIT_CODE, "exited with code 3", Fault.JOB),
+        (RunReason.OUT_OF_MEMORY, "killed at the memory limit of 67108864 bytes", Fault.JOB),
+        (RunReason.OUTPUT_TOO_LARGE, "output is over the 1024-byte cap", Fault.JOB),
+        (RunReason.OUTPUT_INVALID, "/output/link is a symlink", Fault.JOB),
+        (RunReason.TRAPPED, "trapped: unreachable", Fault.JOB),
+        (RunReason.DATASET_ERROR, "dataset bafk... does not hash to its CID", Fault.JOB),
+        (RunReason.WORKLOAD_ERROR, "image 'busybox:9' is not on this node", Fault.JOB),
+        (RunReason.WORKLOAD_ERROR, "WASM module: bafk... is not a valid WASM module", Fault.JOB),
+        (RunReason.WORKLOAD_ERROR, "this node does not run wasm jobs", Fault.NODE),
+        (
+            RunReason.WORKLOAD_ERROR,
+            "the job asks for 1 GPU(s) and the engine cannot provide them (no driver)",
+            Fault.NODE,
+        ),
+        (RunReason.TIMEOUT, "killed at the time limit of 60 s", Fault.NODE_IF_IT_FITS),
+        (RunReason.TIMEOUT, "ran out of fuel (1000 units)", Fault.JOB),
+        (RunReason.AGENT_ERROR, "the IPFS daemon is down (dataset)", Fault.NODE),
+        (RunReason.CANCELLED, "cancelled by the agent", Fault.NODE),
+        (RunReason.SUCCEEDED, "", Fault.NODE),
+    ],
+)
+def test_each_run_reason_is_the_job_s_or_the_node_s_fault(
+    reason: RunReason, message: str, fault: Fault
+) -> None:
+    assert lifecycle.fault_of(reason, message) is fault
+    event = lifecycle.run_failed(reason, message)
+    assert event is (Event.JOB_FAILED if fault is Fault.JOB else Event.RUN_FAILED)
+    # the job's fault ends the job; the node's sends it to another node
+    assert lifecycle.step(State.LEASED, event) is (
+        State.FAILED if fault is Fault.JOB else State.QUEUED
+    )
+
+
+def test_every_run_reason_has_a_fault_and_a_why() -> None:
+    assert set(lifecycle.FAULTS) == set(RunReason)
+    assert all(why for _, why in lifecycle.FAULTS.values())
+
+
+def test_a_spec_fetch_backs_off_then_gives_up() -> None:
+    delays = [lifecycle.spec_retry_in(n, age_s=10) for n in range(1, 9)]
+    assert delays == [1, 2, 4, 8, 16, 30, 30, 30]
+    old = lifecycle.SPEC_GIVE_UP_S
+    assert [lifecycle.spec_retry_in(n, age_s=old) for n in (1, 2, 3)] == [1, 2, None]
+
+
+@pytest.mark.parametrize("doc", [DOC, DOC.parent / "matching.md"], ids=lambda p: p.name)
+def test_the_docs_draw_the_same_faults_table(doc: Path) -> None:
+    text = doc.read_text()
+    begin, end = "<!-- faults table: begin -->\n", "<!-- faults table: end -->"
+    assert begin in text and end in text, f"{doc} lacks the faults table markers"
+    drawn = text.split(begin, 1)[1].split(end, 1)[0]
+    assert drawn == lifecycle.faults_table(), (
+        f"{doc.name}'s faults table is out of date: paste `python -m scheduler.lifecycle faults`"
+    )

@@ -8,19 +8,25 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
+from alembic import command
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.migration import MigrationContext
 
 from gridmarket.chain import Event
 from gridmarket.wire import JobSpec, NodeCapacityIn, ResultReport, RunReason
 from scheduler import lifecycle
+from scheduler.dispatch import refused_wallets, requirements
 from scheduler.lifecycle import Event as Event_
 from scheduler.lifecycle import State
 from scheduler.store import Claim, ConflictError, ReplayError, Store
-from scheduler.store.tables import metadata
+from scheduler.store.db import MIGRATIONS
+from scheduler.store.tables import jobs, metadata
 
 SUBMITTER = "0x90F79bf6EB2c4f870365E785982E1f101E93b906"
 WALLETS = [f"0x{i:040x}" for i in range(1, 200)]
@@ -175,8 +181,10 @@ def test_results_success_failure_and_attempts(store: Store) -> None:
     assert store.record_result(jid(1), a, ok_report(attempt=1)) == "verifying"
     assert store.verified(jid(1), True, "ok") == "settling"
     assert store.outbox_pending()[-1].kind == "settle"
-    # job 2 fails twice (max_attempts=2): failed, and the chain assignment is undone
-    failed = ResultReport(attempt=1, reason=RunReason.EXIT_CODE, exit_code=3, duration_s=1)
+    # job 2 fails twice on the nodes' side (max_attempts=2): failed, the chain assignment undone
+    failed = ResultReport(
+        attempt=1, reason=RunReason.AGENT_ERROR, message="IPFS down", duration_s=1
+    )
     take(store, b)
     assert store.record_result(jid(2), b, failed) == "queued"
     take(store, c)
@@ -184,6 +192,154 @@ def test_results_success_failure_and_attempts(store: Store) -> None:
     assert store.record_result(jid(2), c, failed2) == "failed"
     assert store.outbox_pending()[-1].kind == "unassign"
     assert store.node(c).running == 0
+    assert store.node(b).reputation.bad > 0 and store.node(b).jobs_failed == 1
+
+
+@pytest.mark.parametrize(
+    ("reason", "message"),
+    [
+        (RunReason.EXIT_CODE, "exited with code 3"),
+        (RunReason.OUT_OF_MEMORY, "killed at the memory limit of 1048576 bytes"),
+        (RunReason.OUTPUT_TOO_LARGE, "the output is over its 10-byte cap"),
+        (RunReason.TRAPPED, "trapped: unreachable"),
+        (RunReason.DATASET_ERROR, "dataset bafk... does not hash to its CID"),
+        (RunReason.WORKLOAD_ERROR, "image 'busybox:9' is not in the registry"),
+    ],
+)
+def test_a_run_failed_by_the_job_itself_fails_it_at_once_and_spares_the_node(
+    store: Store, reason: RunReason, message: str
+) -> None:
+    queue_jobs(store, 1)
+    a = node(store)
+    take(store, a)
+    report = ResultReport(attempt=1, reason=reason, message=message, duration_s=1)
+    assert store.record_result(jid(1), a, report) == "failed"
+    job = store.job(jid(1))
+    # a reason the submitter can read, the run's report kept, no other node tries it
+    assert reason.value in job.reason and message in job.reason and "cancel" in job.reason
+    assert job.result is not None and job.result.reason is reason
+    assert job.failures == 0 and job.excluded == () and job.node_id is None
+    # the node keeps its reputation and its slot
+    n = store.node(a)
+    assert (n.reputation.bad, n.reputation.streak, n.jobs_failed, n.running) == (0, 0, 0, 0)
+    # the refund path: the outbox unassigns on-chain, so the submitter can cancel at once
+    assert [i.kind for i in store.outbox_pending()] == ["assign", "unassign"]
+    with pytest.raises(ConflictError):  # nothing left leased to the node
+        store.hand_back(jid(1), a)
+
+
+def test_a_requeue_for_a_node_fault_excludes_the_node_s_whole_wallet(store: Store) -> None:
+    queue_jobs(store, 2)
+    w1 = [node(store, WALLETS[0], nonce=1)]
+    w1 += [
+        store.register_node(
+            wallet=WALLETS[0],
+            name=f"gpu{i}",
+            capacity=CAP,
+            tier="cpu",
+            agent_version="t",
+            nonce=10 + i,
+        ).node_id
+        for i in range(1, 4)
+    ]
+    other = node(store, WALLETS[1])
+    take(store, w1[0])
+    lost = ResultReport(attempt=1, reason=RunReason.AGENT_ERROR, duration_s=1)
+    assert store.record_result(jid(1), w1[0], lost) == "queued"
+    job = store.job(jid(1))
+    assert job.excluded_wallets == (WALLETS[0].lower(),)
+    nodes_of = {WALLETS[0].lower(): w1, WALLETS[1].lower(): [other]}
+    req = requirements(job, lambda w: nodes_of.get(w, []))
+    assert req.excluded_node_ids == frozenset(w1)  # every node of the wallet, not the other
+    # a refused assign excludes the wallet too (the escrow refuses it for every node of it)
+    take(store, w1[1])
+    attempt = store.job(jid(2)).attempt
+    assert store.assign_failed(jid(2), attempt, "JobEscrowProviderNotEligible(0x1)") == "queued"
+    assert store.job(jid(2)).excluded_wallets == (WALLETS[0].lower(),)
+    # a hand-back excludes nobody
+    queue_jobs(store, 1, start=3)
+    store.dispatch(lambda rows: [Claim(jid(3), other)], limit=8, lease_ttl=30.0)
+    assert store.hand_back(jid(3), other) == "queued"
+    assert store.job(jid(3)).excluded_wallets == ()
+
+
+def test_the_wallet_the_escrow_holds_a_job_for_is_never_offered_it(store: Store) -> None:
+    queue_jobs(store, 1)
+    job = store.job(jid(1))
+    assert refused_wallets(job) == frozenset()
+    provider = "0x00000000000000000000000000000000000000Ab"
+    assigned = replace(job, chain=replace(job.chain, job=replace(job.chain.job, provider=provider)))
+    assert refused_wallets(assigned) == {provider.lower()}
+    req = requirements(assigned, lambda w: ["n-a", "n-b"] if w == provider.lower() else [])
+    assert req.excluded_node_ids == {"n-a", "n-b"}
+
+
+def test_spec_fetches_in_backoff_are_skipped_and_new_jobs_go_first(db_url: str) -> None:
+    now = [1000.0]
+    store = Store(db_url, clock=lambda: now[0])
+    store.migrate()
+    store.apply_chain_events([created(i) for i in range(1, 5)], through_block=10)
+    assert [j.job_id for j in store.pending_specs()] == [jid(i) for i in range(1, 5)]
+    assert [j.job_id for j in store.pending_specs(skip=[jid(1)], limit=2)] == [jid(2), jid(3)]
+    # 1 and 2 fail: in backoff until 1002 and 1001; 3 and 4 were never tried
+    assert store.spec_retry(jid(1), 1002.0, "waiting for the job spec (try 1 failed)")
+    assert store.spec_retry(jid(2), 1001.0, "waiting for the job spec (try 1 failed)")
+    assert [j.job_id for j in store.pending_specs()] == [jid(3), jid(4)]
+    now[0] = 1001.5  # 2 is due again: after the jobs never tried, before 1 (not due)
+    assert [j.job_id for j in store.pending_specs()] == [jid(3), jid(4), jid(2)]
+    now[0] = 1003.0  # both due: the oldest due first
+    assert [j.job_id for j in store.pending_specs()][2:] == [jid(2), jid(1)]
+    job = store.job(jid(1))
+    assert (job.spec_tries, job.spec_retry_at, job.state) == (1, 1002.0, "pending_spec")
+    assert "try 1 failed" in job.reason
+    # a store opened later (a new leader) sees the same backoff
+    again = Store(db_url, clock=lambda: 1001.5)
+    assert [j.job_id for j in again.pending_specs()] == [jid(3), jid(4), jid(2)]
+    again.close()
+    assert store.set_spec(jid(1), None, "gave up") == "invalid"
+    assert not store.spec_retry(jid(1), 2000.0, "too late")  # no longer pending
+    store.close()
+
+
+def test_migration_0002_upgrades_existing_jobs(db_url: str) -> None:
+    store = Store(db_url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with store.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0001")
+        cols = {c["name"] for c in sa.inspect(conn).get_columns("jobs")}
+    assert not cols & {"spec_tries", "spec_retry_at", "excluded_wallets"}
+    row: dict[str, Any] = {  # a job as the 0001 schema wrote it
+        "job_id": jid(1),
+        "submitter": SUBMITTER,
+        "bounty_wei": "1",
+        "deadline": 2**40,
+        "fee_bps": 0,
+        "salt": "0x" + "00" * 32,
+        "spec_cid": "bafk",
+        "state": "pending_spec",
+        "reason": "",
+        "created_block": 1,
+        "created_at": 1.0,
+        "updated_at": 1.0,
+        "chain_status": 1,
+        "chain_job": {},
+        "chain_pos": 0,
+        "attempt": 0,
+        "excluded": [],
+        "failures": 0,
+    }
+    old = sa.table("jobs", *(sa.column(c.name, c.type) for c in jobs.c if c.name in row))
+    with store.engine.begin() as conn:
+        conn.execute(sa.insert(old), [row])
+    store.migrate()
+    with store.engine.connect() as conn:
+        got = conn.execute(
+            sa.select(jobs.c.spec_tries, jobs.c.spec_retry_at, jobs.c.excluded_wallets)
+        ).one()
+    assert tuple(got) == (0, None, None)
+    store.close()
 
 
 def test_hand_back_requeues_without_penalty(store: Store) -> None:
@@ -193,6 +349,9 @@ def test_hand_back_requeues_without_penalty(store: Store) -> None:
     assert store.hand_back(jid(1), a) == "queued"
     job = store.job(jid(1))
     assert job.excluded == () and store.node(a).reputation.bad == 0
+    assert job.excluded_wallets == ()
+    # the escrow would refuse the same provider: the assignment is undone on-chain
+    assert [i.kind for i in store.outbox_pending()] == ["assign", "unassign"]
 
 
 def refunded(n: int, block: int) -> Event:
@@ -224,7 +383,7 @@ def test_every_state_the_store_writes_is_a_row_of_the_lifecycle_table(store: Sto
         )
         assert [c.job.job_id for c in won] == [job_id]
 
-    one, two, three, four = queue_jobs(store, 4)
+    one, two, three, four, five = queue_jobs(store, 5)
     a, b, c = (node(store, w) for w in WALLETS[:3])
     do(one, lambda: lease(one, a))  # paid
     do(one, lambda: store.record_result(one, a, ok_report(attempt=1)))
@@ -241,11 +400,15 @@ def test_every_state_the_store_writes_is_a_row_of_the_lifecycle_table(store: Sto
     do(two, lambda: store.assign_failed(two, attempt, "JobEscrowDeadlinePassed(1, 2)"))
     do(three, lambda: store.fail_job(three, "settle refused on-chain"))  # given up
     do(four, lambda: store.apply_chain_events([refunded(4, block=11)], through_block=11))
-    assert [store.job(j).state for j in (one, two, three, four)] == [
+    do(five, lambda: lease(five, a))  # failed by its own fault
+    own = ResultReport(attempt=1, reason=RunReason.TRAPPED, message="trapped", duration_s=1)
+    do(five, lambda: store.record_result(five, a, own))
+    assert [store.job(j).state for j in (one, two, three, four, five)] == [
         "released",
         "failed",
         "failed",
         "refunded",
+        "failed",
     ]
     queued = State.QUEUED
     follow_ups = (Event_.ATTEMPTS_USED_UP, Event_.DEADLINE_PASSED)
@@ -328,3 +491,31 @@ def test_windowed_round_reaches_past_jobs_nobody_fits(store: Store) -> None:
     seen.clear()
     store.dispatch(only_the_last, limit=100, window=3, wants_more=lambda: False, lease_ttl=30)
     assert seen == [3]
+
+
+def test_a_timeout_costs_the_node_only_once_another_node_is_paid_for_the_job(
+    store: Store,
+) -> None:
+    queue_jobs(store, 2)
+    slow, fast = node(store, WALLETS[0]), node(store, WALLETS[1])
+    why = "killed at the time limit of 600 s"
+    timeout = ResultReport(attempt=1, reason=RunReason.TIMEOUT, message=why, duration_s=1)
+    # job 1: times out on `slow`, requeued; nothing counted yet
+    store.dispatch(lambda rows: [Claim(jid(1), slow)], limit=8, lease_ttl=30.0)
+    assert store.record_result(jid(1), slow, timeout) == "queued"
+    assert store.attempts_of(jid(1))[0]["outcome"] == "timed_out"
+    assert (store.node(slow).reputation.bad, store.node(slow).jobs_failed) == (0, 0)
+    # `fast` does it in time and is paid: the job fitted, so `slow` is at fault
+    store.dispatch(lambda rows: [Claim(jid(1), fast)], limit=8, lease_ttl=30.0)
+    assert store.record_result(jid(1), fast, ok_report(attempt=2)) == "verifying"
+    assert store.verified(jid(1), True, "ok") == "settling"
+    assert store.settled(jid(1), paid=True) == "released"
+    assert (store.node(slow).reputation.bad, store.node(slow).jobs_failed) == (1.0, 1)
+    assert store.node(fast).jobs_done == 1
+    # job 2 times out everywhere (max_attempts=2): failed, and nobody is counted
+    store.dispatch(lambda rows: [Claim(jid(2), slow)], limit=8, lease_ttl=30.0)
+    assert store.record_result(jid(2), slow, timeout) == "queued"
+    store.dispatch(lambda rows: [Claim(jid(2), fast)], limit=8, lease_ttl=30.0)
+    late = timeout.model_copy(update={"attempt": 2})
+    assert store.record_result(jid(2), fast, late) == "failed"
+    assert store.node(slow).jobs_failed == 1 and store.node(fast).jobs_failed == 0
