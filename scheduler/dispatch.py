@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from gridmarket.tiers import classify_gpu
 from gridmarket.wire import Assignment, JobSpec, offered_price_wei_per_hour
 from scheduler.matching import (
-    Executor,
     GpuSpec,
     JobRequirements,
     MatchingEngine,
@@ -69,7 +68,7 @@ def requirements(
     res = spec.resources
     return JobRequirements(
         job_id=job.job_id,
-        executor=Executor(spec.executor.value),
+        executor=spec.executor,
         gpu_count=res.gpu_count,
         min_vram_mib=res.min_vram_mib,
         gpu_models=frozenset(res.gpu_models) if res.gpu_models else None,
@@ -84,8 +83,9 @@ def requirements(
 
 def free_capacity(
     node: NodeRow, running: list[JobSpec], *, now: float, reputation: float, banned: bool
-) -> NodeCapacity:
-    """What ``node`` has free while the ``running`` jobs (their specs) hold part of it."""
+) -> NodeCapacity | None:
+    """What ``node`` has free while the ``running`` jobs (their specs) hold part of it; None
+    when its running jobs hold every core, all its RAM or every slot (no job can fit)."""
     cap = node.capacity
     used_gpus = used_cores = used_ram = used_disk = 0
     for spec in running:
@@ -94,6 +94,9 @@ def free_capacity(
         used_cores += r.cpu_cores
         used_ram += r.ram_mib
         used_disk += r.disk_mib
+    free_cores, free_ram = cap.cpu_cores - used_cores, cap.ram_mib - used_ram
+    if free_cores < 1 or free_ram < 1 or len(running) >= node.slots:
+        return None
     gpu = None
     if cap.gpu is not None and cap.gpu.count - used_gpus > 0:
         tier = classify_gpu(cap.gpu.name or cap.gpu.model, cap.gpu.vram_mib)
@@ -107,12 +110,12 @@ def free_capacity(
         node_id=node.node_id,
         region=cap.region,
         price_floor_wei_per_hour=cap.price_floor_wei_per_hour,
-        cpu_cores=max(1, cap.cpu_cores - used_cores),
-        ram_mib=max(1, cap.ram_mib - used_ram),
+        cpu_cores=free_cores,
+        ram_mib=free_ram,
         disk_mib=max(0, cap.disk_mib - used_disk),
         gpu=gpu,
-        executors=frozenset(Executor(e.value) for e in cap.executors),
-        slots=max(1, node.slots - len(running)),
+        executors=frozenset(cap.executors),
+        slots=node.slots - len(running),
         reputation=min(1.0, max(0.0, reputation)),
         suspended=banned,
     )
@@ -195,8 +198,6 @@ class Dispatcher:
             if node.running or node.slots > 1
             else []
         )
-        if len(running) >= node.slots:
-            return None
         capacity = free_capacity(
             node,
             running,
@@ -204,6 +205,8 @@ class Dispatcher:
             reputation=node.score(now, self.store.policy),
             banned=node.excluded(now, self.store.policy),
         )
+        if capacity is None:  # every slot, core or MiB of RAM is taken: nothing can fit
+            return None
         loop = asyncio.get_running_loop()
         waiter = _Waiter(node.node_id, node.wallet, loop.create_future(), now)
         with self._lock:
@@ -321,18 +324,16 @@ class Dispatcher:
             running = self.store.running_specs(node_id)
         except Exception:  # the node is gone: its waiter times out
             return
-        if len(running) >= node.slots:
-            return
         now = time.time()
-        self.engine.add_node(
-            free_capacity(
-                node,
-                running,
-                now=now,
-                reputation=node.score(now, self.store.policy),
-                banned=node.excluded(now, self.store.policy),
-            )
+        capacity = free_capacity(
+            node,
+            running,
+            now=now,
+            reputation=node.score(now, self.store.policy),
+            banned=node.excluded(now, self.store.policy),
         )
+        if capacity is not None:
+            self.engine.add_node(capacity)
 
     def _deliver(self, claimed: ClaimedJob) -> None:
         job = claimed.job

@@ -1,7 +1,7 @@
 """Matching: hard gates and best-fit ranking over an index of node capacity, plus reputation
 and quotes. Pure code, no I/O (see docs/matching.md)."""
 
-from gridmarket.wire import ExecutorKind
+from gridmarket.wire import ExecutorKind  # the executor a node offers and a job needs
 
 from .engine import (
     DEFAULT_BAN_BELOW,
@@ -28,15 +28,11 @@ from .models import (
     UnknownNodeError,
 )
 
-# The old name of ExecutorKind, kept only while scheduler/dispatch.py and bench/matching.py
-# (other owners' files) still import it: remove it with their one-line import change.
-Executor = ExecutorKind
-
 __all__ = [
     "DEFAULT_BAN_BELOW",
     "ClaimError",
     "DuplicateNodeError",
-    "Executor",
+    "ExecutorKind",
     "Gate",
     "GpuSpec",
     "JobRequirements",

@@ -26,7 +26,13 @@ from gridmarket.cid import CidError, cid_matches
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import MAX_SPEC_BYTES, JobSpec, RunReason
 from scheduler import lifecycle
-from scheduler.chain import ChainUnavailableError, ChainWatcher, TxOutcomeUnknownError, TxSender
+from scheduler.chain import (
+    ChainUnavailableError,
+    ChainWatcher,
+    FeePolicy,
+    TxOutcomeUnknownError,
+    TxSender,
+)
 from scheduler.settings import Settings
 from scheduler.store import JobRow, Store
 from scheduler.verify import verify_output
@@ -155,11 +161,16 @@ class OutboxLoop:
         chain: EscrowClient,
         operator: LocalAccount | None,
         rules: OutboxRules,
+        *,
+        fees: FeePolicy | None = None,
+        receipt_timeout_s: float = 600.0,
     ) -> None:
         self.store = store
         self.chain = chain
         self.operator = operator
         self.rules = rules
+        self.fees = fees
+        self.receipt_timeout_s = receipt_timeout_s
         self._sender: TxSender | None = None
 
     def once(self) -> int:
@@ -169,7 +180,12 @@ class OutboxLoop:
         if self.operator is None:
             raise RuntimeError("no operator_key configured: cannot send transactions")
         if self._sender is None:
-            self._sender = TxSender(self.chain, self.operator)
+            self._sender = TxSender(
+                self.chain,
+                self.operator,
+                fees=self.fees,
+                receipt_timeout_s=self.receipt_timeout_s,
+            )
         done = 0
         blocked: set[str] = set()
         for item in items:

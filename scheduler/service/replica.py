@@ -14,6 +14,7 @@ from eth_account.signers.local import LocalAccount
 from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import checksum
+from scheduler.chain import FeePolicy
 from scheduler.settings import Settings
 from scheduler.store import Store
 
@@ -135,7 +136,21 @@ class Replica:
     def _run_leader_loops(self, stop: threading.Event) -> None:
         watch = Watch(self.store, self.chain, self.deployment, self.settings, self._created)
         rules = OutboxRules(self.store, self.count)
-        outbox = OutboxLoop(self.store, self.chain, self.operator, rules)
+        s = self.settings
+        fees = FeePolicy(
+            max_fee_per_gas=s.max_fee_per_gas_wei,
+            priority_fee=s.priority_fee_wei,
+            base_fee_multiplier=s.base_fee_multiplier,
+            replace_after_s=s.tx_replace_after_s,
+        )
+        outbox = OutboxLoop(
+            self.store,
+            self.chain,
+            self.operator,
+            rules,
+            fees=fees,
+            receipt_timeout_s=s.tx_receipt_timeout_s,
+        )
         verifier = Verifier(
             self.store, self.ipfs, self.settings, self.count, lambda: self.wake("outbox")
         )
