@@ -37,7 +37,7 @@ from .forms import (
     field_error,
     quote_fits,
 )
-from .index import NotFoundError, hexstr
+from .records import NotFoundError, hexstr
 from .scheduler import SchedulerError
 from .values import parse_address, parse_bytes32
 from .waits import client_of
