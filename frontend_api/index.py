@@ -30,7 +30,7 @@ from eth_utils.abi import function_abi_to_4byte_selector
 from eth_utils.address import is_hex_address, to_checksum_address
 from hexbytes import HexBytes
 
-from gridmarket.chain import EscrowClient, Event
+from gridmarket.chain import EscrowClient, Event, abi_type
 from gridmarket.escrow import JOB_EVENTS, JobState, Status, apply_event, decode_text
 
 from .records import (
@@ -43,14 +43,6 @@ from .records import (
     hexstr,
     pick_bucket,
 )
-
-
-def _abi_type(param: dict[str, Any]) -> str:
-    kind = str(param["type"])
-    if kind.startswith("tuple"):
-        inner = ",".join(_abi_type(c) for c in param["components"])
-        return f"({inner}){kind[len('tuple') :]}"
-    return kind
 
 
 def _named(param: dict[str, Any], value: Any) -> Any:
@@ -348,7 +340,7 @@ class ChainIndex:
                 function = str(abi["name"])
                 try:  # strings as bytes, decoded like event strings: calldata is hostile too
                     types = [
-                        "bytes" if i["type"] == "string" else _abi_type(i) for i in abi["inputs"]
+                        "bytes" if i["type"] == "string" else abi_type(i) for i in abi["inputs"]
                     ]
                     values = abi_decode(types, data[4:])
                     inputs = {
