@@ -31,7 +31,7 @@ Guarantees (docs/scheduler-chain.md):
 Around it: the fee policy in :mod:`scheduler.chain.fees`, the nonce sequence in
 :mod:`scheduler.chain.nonces`, the pool read of a restart in :mod:`scheduler.chain.in_flight`,
 the retry loop in :mod:`scheduler.chain.retry`, the counters in :mod:`scheduler.chain.tx_metrics`.
-This module stays long (~600 lines) because what is left is one thing: :class:`TxSender`'s
+This module stays long (~680 lines) because what is left is one thing: :class:`TxSender`'s
 send -> broadcast -> await -> replace cycle, whose steps share the nonce lock, the in-flight
 count and the versions of one nonce; cut apart, each half would need the other's state.
 """
