@@ -4,7 +4,8 @@ sandboxed and reports a signed result.
 
 In the order a node starts and a job runs:
 
-- :mod:`agent.cli`: the command line (init, detect, register, run, status).
+- :mod:`agent.cli`: the command line (init, detect, register, run, status); what it shows in
+  :mod:`agent.cli_display`, the stake and node file of ``register`` in :mod:`agent.signup`.
 - :mod:`agent.config`: one ``AgentConfig`` from a file, ``GRIDMARKET_AGENT_*`` and flags.
 - :mod:`agent.hardware`: GPUs (NVML, nvidia-smi), CPU, RAM, disk.
 - :mod:`agent.capacity`: which executors can run here, and the capacity the node offers.

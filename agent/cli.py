@@ -8,38 +8,39 @@
 
 Settings come from ``--config FILE`` (TOML or YAML), ``GRIDMARKET_AGENT_*`` variables and the
 flags (:mod:`agent.config`). On a terminal the output is a rich table or live progress; otherwise
-plain text and log lines. Errors print one line on stderr and exit with status 1, never a
+plain text and log lines (:mod:`agent.cli_display`); ``register``'s stake and node file are
+:mod:`agent.signup`. Errors print one line on stderr and exit with status 1, never a
 traceback (``-v`` logs the traceback as well).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import sys
-import threading
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from agent.cli_display import (
+    RichSteps,
+    detect_lines,
+    detect_payload,
+    print_detect_table,
+    setup_logging,
+)
 from agent.config import AgentConfig, ConfigError, load_config
-from agent.errors import AgentError
+from agent.errors import AgentError, CliError
+from agent.signup import NODE_FILE, save_node, stake_on_chain, stake_wei
 from gridmarket.cmdline import command_app, one_line, prompt_password, root_options
 from gridmarket.cmdline import friendly as cmdline_friendly
 from gridmarket.keystore import KeystoreError
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
-    from rich.console import Console
-    from rich.progress import Progress
 
-    from gridmarket.wire import RegisterResponse
 
 __all__ = ["app", "main"]
 
@@ -49,13 +50,6 @@ app = command_app(
     "gridmarket-agent",
     "GridMarket provider agent: run sandboxed jobs for the marketplace and get paid.",
 )
-
-NODE_FILE = "node.json"
-"""Written under ``work_dir`` after each registration: what ``status`` needs to find the node."""
-
-
-class CliError(AgentError):
-    """A problem to report in one line (exit status 1)."""
 
 
 @dataclass
@@ -72,28 +66,6 @@ def _opts(ctx: typer.Context) -> _Options:
 
 friendly = cmdline_friendly(lambda: (AgentError, KeystoreError), log)
 """Any failure of a command: one line on stderr, exit status 1 (the traceback with ``-v``)."""
-
-
-def _setup_logging(verbose: bool, *, default: int, console: Console | None = None) -> None:
-    level = logging.DEBUG if verbose else default
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    handler: logging.Handler
-    if console is not None:
-        from rich.logging import RichHandler
-
-        handler = RichHandler(
-            console=console, show_path=False, rich_tracebacks=False, log_time_format="[%X]"
-        )
-        handler.setFormatter(logging.Formatter("%(message)s"))
-    else:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root.addHandler(handler)
-    root.setLevel(level)
-    for noisy in ("httpx", "httpcore", "urllib3", "docker", "web3", "asyncio"):
-        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 
 def _config(ctx: typer.Context, **overrides: Any) -> AgentConfig:
@@ -166,7 +138,7 @@ def init(
     """Create a new wallet key (or import one) into an encrypted keystore (mode 0600)."""
     from gridmarket.keystore import create_keystore
 
-    _setup_logging(_opts(ctx).verbose, default=logging.WARNING)
+    setup_logging(_opts(ctx).verbose, default=logging.WARNING)
     config = _config(ctx, keystore=keystore)
     if private_key_file is not None and import_key:
         raise CliError("use either --private-key-file or --import-key, not both")
@@ -195,24 +167,6 @@ def init(
 # --------------------------------------------------------------------------- detect
 
 
-def _detect_payload(config: AgentConfig) -> dict[str, Any]:
-    from agent.capacity import usable_executors
-    from agent.hardware import detect_hardware
-
-    report = detect_hardware(config.work_dir)
-    payload: dict[str, Any] = report.to_dict()
-    groups = report.gpu_groups
-    payload["node_tier"] = groups[0].tier_key if groups else "cpu"
-    payload["tier_guessed"] = any(g.tier.guessed for g in report.gpus)
-    try:
-        kinds, notes = usable_executors(config)
-    except ConfigError as exc:
-        kinds, notes = [], [str(exc)]
-    payload["executors"] = sorted(str(k) for k in kinds)
-    payload["executor_notes"] = notes
-    return payload
-
-
 @app.command()
 @friendly
 def detect(
@@ -223,129 +177,19 @@ def detect(
     ] = None,
 ) -> None:
     """Show the detected GPUs (and their tier), CPU, RAM, disk and usable executors."""
-    _setup_logging(_opts(ctx).verbose, default=logging.ERROR)
+    setup_logging(_opts(ctx).verbose, default=logging.ERROR)
     config = _config(ctx, work_dir=work_dir)
-    payload = _detect_payload(config)
+    payload = detect_payload(config)
     if as_json:
         typer.echo(json.dumps(payload, indent=2))
     elif _is_terminal():
-        _print_detect_table(payload)
+        print_detect_table(payload)
     else:
-        for key, value in _detect_lines(payload):
+        for key, value in detect_lines(payload):
             typer.echo(f"{key}: {value}")
 
 
-def _detect_lines(payload: dict[str, Any]) -> list[tuple[str, str]]:
-    lines = []
-    for gpu in payload["gpus"]:
-        tier = gpu["tier"]
-        flag = " (guessed from VRAM)" if tier.get("guessed") else ""
-        lines.append(
-            (
-                f"gpu {gpu['index']}",
-                f"{gpu['name']}, {gpu['vram_mib']} MiB, tier {tier['key']}{flag}, "
-                f"driver {gpu['driver_version'] or '?'}, CUDA {gpu['cuda_version'] or '?'}, "
-                f"compute {gpu['compute_capability'] or '?'}",
-            )
-        )
-    if not payload["gpus"]:
-        lines.append(("gpus", "none (CPU-only)"))
-    lines += [
-        ("gpu detection", payload["gpu_detection"]),
-        ("node tier", payload["node_tier"]),
-        (
-            "cpu",
-            f"{payload['cpu_model']} ({payload['cpu_physical_cores']} cores, "
-            f"{payload['cpu_logical_cores']} threads)",
-        ),
-        ("ram", f"{payload['ram_mib']} MiB"),
-        ("disk free", f"{payload['disk_free_mib']} MiB under {payload['work_dir']}"),
-        ("executors", ", ".join(payload["executors"]) or "none"),
-    ]
-    lines += [("note", note) for note in payload["executor_notes"]]
-    lines.append(("os", f"{payload['os']} {payload['arch']}"))
-    return lines
-
-
-def _print_detect_table(payload: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="GridMarket node", show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
-    for key, value in _detect_lines(payload):
-        table.add_row(key, value)
-    Console().print(table)
-
-
 # --------------------------------------------------------------------------- register
-
-
-def _save_node(config: AgentConfig, registration: RegisterResponse, wallet: str) -> None:
-    """Remember the node id for ``status`` (no secret: the token is not stored)."""
-    path = config.work_dir / NODE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    body = {
-        "scheduler_url": config.scheduler_url,
-        "node_id": registration.node_id,
-        "wallet": wallet,
-        "name": config.name,
-        "registered_at": time.time(),
-    }
-    path.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
-
-
-def _wei(eth: str) -> int:
-    try:
-        value = Decimal(eth) * 10**18
-    except InvalidOperation:
-        raise CliError(f"--stake {eth!r} is not a number of ETH") from None
-    if value < 0 or value != value.to_integral_value():
-        raise CliError(f"--stake {eth!r} must be >= 0 with at most 18 decimals")
-    return int(value)
-
-
-def _stake_on_chain(config: AgentConfig, account: LocalAccount, wei: int, metadata: bytes) -> str:
-    """``registerProvider(metadataCid)`` with ``wei`` staked; the transaction hash."""
-    if config.rpc_url is None or config.deployment is None:
-        raise CliError(
-            "--stake needs the chain: set rpc_url and deployment "
-            "(--rpc-url, --deployment or GRIDMARKET_AGENT_RPC_URL / _DEPLOYMENT)"
-        )
-    cid = _metadata_cid(config, metadata)
-    from gridmarket.chain import ChainError, Deployment, EscrowClient
-
-    try:
-        escrow = EscrowClient.connect(config.rpc_url, Deployment.load(config.deployment))
-        sent = escrow.send(account, "registerProvider", cid, value=wei)
-    except ChainError as exc:
-        raise CliError(f"on-chain registration failed: {one_line(exc)}") from None
-    except Exception as exc:  # the RPC node unreachable, and web3's other transport errors
-        raise CliError(
-            f"on-chain registration failed ({config.rpc_url}): {one_line(exc)}"
-        ) from None
-    return sent.tx_hash
-
-
-def _metadata_cid(config: AgentConfig, metadata: bytes) -> str:
-    """The CID of the node's metadata document (added to IPFS when the daemon answers)."""
-    import tempfile
-
-    from gridmarket.cid import path_cid
-
-    with tempfile.TemporaryDirectory(prefix="gridmarket-meta-") as tmp:
-        folder = Path(tmp) / "node"
-        folder.mkdir()
-        (folder / "node.json").write_bytes(metadata)
-        try:
-            from agent.storage.ipfs import AgentIpfsStore
-
-            with AgentIpfsStore(config.ipfs_api, timeout=30) as storage:
-                return storage.add_dir(folder)
-        except AgentError as exc:
-            log.warning("metadata not added to IPFS (%s); registering its CID anyway", exc)
-            return path_cid(folder)
 
 
 @app.command()
@@ -370,7 +214,7 @@ def register(
     from agent.client import agent_version
     from agent.hardware import detect_hardware
 
-    _setup_logging(_opts(ctx).verbose, default=logging.WARNING)
+    setup_logging(_opts(ctx).verbose, default=logging.WARNING)
     config = _config(
         ctx,
         scheduler_url=scheduler_url,
@@ -379,7 +223,7 @@ def register(
         rpc_url=rpc_url,
         deployment=deployment,
     )
-    wei = _wei(stake) if stake is not None else None
+    wei = stake_wei(stake) if stake is not None else None
     config.require_region()
     account = _account(config)
     kinds, notes = usable_executors(config)
@@ -396,43 +240,15 @@ def register(
             },
             sort_keys=True,
         ).encode()
-        tx = _stake_on_chain(config, account, wei, metadata)
+        tx = stake_on_chain(config, account, wei, metadata)
         typer.echo(f"registered on-chain with {stake} ETH staked (tx {tx})")
     with node_session(config, account, capacity) as client:
         registration = client.register()
-    _save_node(config, registration, account.address)
+    save_node(config, registration, account.address)
     typer.echo(registration.node_id)
 
 
 # --------------------------------------------------------------------------- run
-
-
-class RichSteps:
-    """Live spinners for the long steps of running jobs; the display runs only while a step
-    does (an idle agent refreshes nothing)."""
-
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
-        self._lock = threading.Lock()
-        self._active = 0
-
-    @contextlib.contextmanager
-    def step(self, job_id: str, what: str) -> Iterator[None]:
-        with self._lock:
-            if self._active == 0:
-                self.progress.start()
-            self._active += 1
-            task = self.progress.add_task(f"job {job_id[:10]}: {what}", total=None)
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            with self._lock:
-                self.progress.remove_task(task)
-                self._active -= 1
-                if self._active == 0:
-                    self.progress.stop()
-            log.info("job %s: %s (%.1f s)", job_id[:10], what, time.monotonic() - started)
 
 
 @app.command()
@@ -460,7 +276,7 @@ def run(
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         console = Console(stderr=True)
-        _setup_logging(_opts(ctx).verbose, default=logging.INFO, console=console)
+        setup_logging(_opts(ctx).verbose, default=logging.INFO, console=console)
         progress = Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
@@ -470,7 +286,7 @@ def run(
         )
         steps = RichSteps(progress)
     else:
-        _setup_logging(_opts(ctx).verbose, default=logging.INFO)
+        setup_logging(_opts(ctx).verbose, default=logging.INFO)
     config.require_region()
     account = _account(config)
     log.info("wallet %s, scheduler %s", account.address, config.scheduler_url)
@@ -478,7 +294,7 @@ def run(
         config,
         account,
         steps=steps,
-        on_registered=lambda reg: _save_node(config, reg, account.address),
+        on_registered=lambda reg: save_node(config, reg, account.address),
     )
     raise typer.Exit(agent.run())
 
@@ -498,7 +314,7 @@ def status(
 
     from gridmarket.wire import API
 
-    _setup_logging(_opts(ctx).verbose, default=logging.WARNING)
+    setup_logging(_opts(ctx).verbose, default=logging.WARNING)
     config = _config(ctx, scheduler_url=scheduler_url)
     path = config.work_dir / NODE_FILE
     try:

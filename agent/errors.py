@@ -3,6 +3,7 @@
 Each also inherits the builtin it resembles, so callers may catch either. Messages say what to do.
 
     AgentError
+    ├── CliError                            a command line problem, reported in one line
     ├── StorageError (OSError)              IPFS unreachable, add/cat failed
     │   ├── DatasetTooLargeError (ValueError)   a dataset above the job's byte cap
     │   └── DatasetVerificationError (ValueError)   bytes that do not hash back to the CID
@@ -23,6 +24,10 @@ from gridmarket.ipfs import ContentTooLargeError, ContentVerificationError, Ipfs
 
 class AgentError(Exception):
     """Base of every error raised by the agent."""
+
+
+class CliError(AgentError):
+    """A problem to report in one line (exit status 1)."""
 
 
 class StorageError(AgentError, IpfsError):

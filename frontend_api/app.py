@@ -22,10 +22,10 @@ from gridmarket.chain import ChainError
 from gridmarket.http_guard import GuardLimits, RequestGuard
 from gridmarket.ipfs import IpfsError
 
-from . import __version__, api, pages
+from . import __version__, api, pages, uploads
 from .backend import Backend
 from .forms import FieldError
-from .index import NotFoundError
+from .records import NotFoundError
 from .scheduler import SchedulerError
 from .security import BrowserGuard
 from .settings import Settings
@@ -85,6 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestGuard, limits=guard_limits(settings))
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     app.include_router(api.router)
+    app.include_router(uploads.router)
     app.include_router(pages.router)
 
     def answer(

@@ -22,7 +22,8 @@ from gridmarket.escrow import JobState, Status
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import MAX_SPEC_BYTES
 
-from .index import ChainEvent, ChainIndex, NotFoundError, hexstr, jsonable
+from .index import ChainIndex
+from .records import ChainEvent, NotFoundError, hexstr, jsonable
 from .scheduler import SchedulerClient, SchedulerError
 from .settings import Settings
 from .txs import TxBuilder

@@ -23,7 +23,7 @@ from . import svg
 from .api import BackendDep, _address, _job_id, _required_address
 from .backend import Backend, job_summary
 from .forms import FieldError
-from .index import NotFoundError, hexstr
+from .records import NotFoundError, hexstr
 from .scheduler import SchedulerError
 from .values import parse_bytes32
 from .waits import client_of

@@ -16,13 +16,12 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from gridmarket.http_guard import ASGIApp, Message, Receive, Scope, Send
+from gridmarket.http_guard import ASGIApp, Message, Receive, Scope, Send, answer
 
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 DOC_PATHS = frozenset({"/api/docs", "/api/openapi.json", "/api/docs/oauth2-redirect"})
@@ -119,16 +118,4 @@ class BrowserGuard:
 
 
 async def _deny(send: Send, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"x-content-type-options", b"nosniff"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await answer(send, status, detail, [(b"x-content-type-options", b"nosniff")])

@@ -13,7 +13,8 @@
 The front end (``--url``, ``$GRIDMARKET_URL``) builds each transaction; the CLI checks it (to the
 escrow, the right function, spec, deadline and value), signs it with the local key and has the
 front end relay it. The key never leaves this process. Errors print one line on stderr and exit
-with status 1.
+with status 1. The front end's API, the wallet and the transaction checks are in
+:mod:`frontend_api.submitter_client`; uploads and downloads in :mod:`frontend_api.submitter_files`.
 """
 
 from __future__ import annotations
@@ -21,22 +22,31 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import shutil
-import tarfile
-import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 
-from gridmarket.cmdline import command_app, prompt_password, root_options
+from gridmarket.cmdline import command_app, root_options
 from gridmarket.cmdline import friendly as cmdline_friendly
 
 from .format import ago, eth, short, when
+from .submitter_client import (
+    CliError,
+    Frontend,
+    Options,
+    check_create_job,
+    parse_job_id,
+    read_password,
+    relay,
+    sign_tx,
+    tx_link,
+    unlock_account,
+    wallet_address,
+)
+from .submitter_files import download, upload_dataset, upload_module
 
 app = command_app(
     "gridmarket",
@@ -46,19 +56,6 @@ app = command_app(
 DEFAULT_URL = "http://127.0.0.1:8800"
 DEFAULT_KEYSTORE = Path("~/.gridmarket/submitter.json")
 FINAL_STATES = frozenset({"released", "refunded", "failed", "invalid", "expired"})
-CREATE_JOB_SIGNATURE = "createJob(bytes32,string,uint40)"
-
-
-class CliError(RuntimeError):
-    """A problem to report in one line (exit status 1)."""
-
-
-@dataclass
-class Options:
-    url: str
-    keystore: Path
-    password_file: Path | None
-    ipfs_api: str | None
 
 
 def _opts(ctx: typer.Context) -> Options:
@@ -108,120 +105,6 @@ def main(
     ctx.obj = Options(url.rstrip("/"), keystore.expanduser(), password_file, ipfs_api)
 
 
-# --------------------------------------------------------------------------- plumbing
-
-
-class Frontend:
-    """The front end's JSON API; errors become :class:`CliError` with the server's sentence."""
-
-    def __init__(self, url: str, timeout: float = 120.0) -> None:
-        self.url = url
-        self._http = httpx.Client(base_url=url, timeout=timeout)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise CliError(f"cannot reach the front end at {self.url}: {exc}") from None
-        if response.status_code >= 400:
-            try:
-                detail = response.json().get("detail", response.text)
-            except ValueError:
-                detail = response.text[:300]
-            raise CliError(str(detail))
-        return response
-
-    def get(self, path: str, **kwargs: Any) -> Any:
-        return self.request("GET", path, **kwargs).json()
-
-    def post(self, path: str, **kwargs: Any) -> Any:
-        return self.request("POST", path, **kwargs).json()
-
-
-def _password(opts: Options, confirm: bool = False) -> str:
-    env = os.environ.get("GRIDMARKET_PASSWORD")
-    if env:
-        return env
-    if opts.password_file is not None:
-        try:
-            return opts.password_file.read_text(encoding="utf-8").rstrip("\r\n")
-        except OSError as exc:
-            raise CliError(f"cannot read the password file {opts.password_file}: {exc}") from None
-    password = prompt_password(confirm=confirm)
-    if password is None:
-        raise CliError("no password: set GRIDMARKET_PASSWORD or --password-file")
-    return password
-
-
-def _account(opts: Options) -> Any:
-    from gridmarket.keystore import load_account
-
-    return load_account(opts.keystore, _password(opts))
-
-
-def _address(opts: Options) -> str:
-    from gridmarket.keystore import keystore_address
-
-    return keystore_address(opts.keystore)
-
-
-def _check_create_job(
-    tx: dict[str, str], info: dict[str, Any], spec_cid: str, deadline: int, bounty: int
-) -> None:
-    """Refuse a ``createJob`` transaction that is not the one asked for: another contract or
-    chain, another function, spec, deadline or value (a front end cannot redirect funds)."""
-    from eth_abi.abi import decode
-    from eth_utils.crypto import keccak
-
-    if tx["to"].lower() != str(info["escrow"]).lower():
-        raise CliError(f"the transaction goes to {tx['to']}, not to the escrow {info['escrow']}")
-    if int(tx["chainId"], 16) != int(info["chain_id"]):
-        raise CliError(f"the transaction is for chain {int(tx['chainId'], 16)}")
-    data = bytes.fromhex(tx["data"][2:])
-    if data[:4] != keccak(text=CREATE_JOB_SIGNATURE)[:4]:
-        raise CliError("the transaction does not call createJob")
-    _, cid, got_deadline = decode(["bytes32", "string", "uint40"], data[4:])
-    if cid != spec_cid or got_deadline != deadline or int(tx["value"], 16) != bounty:
-        raise CliError("the transaction's spec, deadline or bounty is not the one prepared")
-
-
-def _sign(account: Any, tx: dict[str, str]) -> str:
-    signed = account.sign_transaction(
-        {
-            "to": tx["to"],
-            "data": tx["data"],
-            "value": int(tx["value"], 16),
-            "gas": int(tx["gas"], 16),
-            "gasPrice": int(tx["gasPrice"], 16),
-            "nonce": int(tx["nonce"], 16),
-            "chainId": int(tx["chainId"], 16),
-        }
-    )
-    return "0x" + bytes(signed.raw_transaction).hex()
-
-
-def _relay(fe: Frontend, raw: str) -> dict[str, Any]:
-    result: dict[str, Any] = fe.post("/api/tx/relay", json={"raw_tx": raw, "wait_s": 120})
-    if result.get("status") != "success":
-        raise CliError(f"transaction {result.get('tx_hash')} {result.get('status')}")
-    return result
-
-
-def _job_id(value: str) -> str:
-    text = value.strip().lower()
-    if not (text.startswith("0x") and len(text) == 66):
-        raise CliError(f"{value!r} is not a job id (0x and 64 hex digits)")
-    return text
-
-
-def _tx_link(info: dict[str, Any], url: str, tx_hash: str) -> str:
-    explorer = info.get("explorer_url")
-    return f"{explorer}/tx/{tx_hash}" if explorer else f"{url}/tx/{tx_hash}"
-
-
 # --------------------------------------------------------------------------- init
 
 
@@ -245,66 +128,13 @@ def init(
         except OSError as exc:
             raise CliError(f"cannot read {private_key_file}: {exc.strerror}") from None
     address = create_keystore(
-        opts.keystore, _password(opts, confirm=True), private_key=key, force=force
+        opts.keystore, read_password(opts, confirm=True), private_key=key, force=force
     )
     typer.echo(f"keystore {opts.keystore}")
     typer.echo(address)
 
 
 # --------------------------------------------------------------------------- submit
-
-
-def _upload_dataset(fe: Frontend, path: Path) -> str:
-    """Upload a file or folder as the job's dataset; the CID, checked against the local bytes."""
-    from gridmarket.cid import path_cid
-
-    if path.is_file():
-        files = [(path.name, path)]
-    else:
-        files = []
-        for item in sorted(path.rglob("*")):
-            if item.is_symlink():
-                raise CliError(f"dataset: {item} is a symbolic link; copy the file instead")
-            if item.is_file():
-                files.append((f"{path.name}/{item.relative_to(path).as_posix()}", item))
-        if not files:
-            raise CliError(f"dataset: {path} holds no file")
-    handles = [(name, p.open("rb")) for name, p in files]
-    try:
-        body = fe.post(
-            "/api/uploads/dataset", files=[("files", (name, fh)) for name, fh in handles]
-        )
-    finally:
-        for _, fh in handles:
-            fh.close()
-    cid = str(body["cid"])
-    if path.is_dir():
-        local = path_cid(path)
-        if local != cid:
-            raise CliError(
-                f"dataset: IPFS holds it as {cid} but {path} hashes to {local} "
-                "(empty folders are not uploaded: remove them)"
-            )
-    return cid
-
-
-def _upload_module(fe: Frontend, path: Path) -> str:
-    from gridmarket.cid import bytes_cid
-
-    if path.suffix == ".wat":
-        import wasmtime
-
-        try:
-            data = bytes(wasmtime.wat2wasm(path.read_text(encoding="utf-8")))
-        except Exception as exc:  # wasmtime raises its own error type for bad text
-            raise CliError(f"module: {path} does not compile: {str(exc).splitlines()[0]}") from None
-    else:
-        data = path.read_bytes()
-    body = fe.post("/api/uploads/module", files={"file": (path.with_suffix(".wasm").name, data)})
-    cid = str(body["cid"])
-    if cid != bytes_cid(data):
-        raise CliError(f"module: IPFS holds it as {cid}, not as its bytes' CID {bytes_cid(data)}")
-    return cid
 
 
 @app.command()
@@ -339,7 +169,7 @@ def submit(
     abs_deadline, ttl_s = (
         parse_deadline(deadline) if deadline is not None else (job.deadline, job.ttl_s)
     )
-    account = _account(opts)
+    account = unlock_account(opts)
     fe = Frontend(opts.url)
     try:
         info = fe.get("/api/info")
@@ -367,8 +197,8 @@ def submit(
             )
             return
         # 2. the files, then the spec and the transaction
-        dataset_cid = _upload_dataset(fe, job.dataset) if job.dataset else None
-        module_cid = _upload_module(fe, job.module) if job.module else None
+        dataset_cid = upload_dataset(fe, job.dataset) if job.dataset else None
+        module_cid = upload_module(fe, job.module) if job.module else None
         spec = job.spec_with(dataset_cid=dataset_cid, module_cid=module_cid)
         prepared = fe.post("/api/jobs/prepare", json={**terms, "spec": spec})
         spec_cid = bytes_cid(JobSpec.model_validate(spec).to_bytes())
@@ -376,11 +206,11 @@ def submit(
             raise CliError(
                 f"the front end stored the spec as {prepared['spec_cid']}, not {spec_cid}"
             )
-        _check_create_job(
+        check_create_job(
             prepared["tx"], info, spec_cid, int(prepared["deadline"]), int(prepared["bounty_wei"])
         )
         # 3. signed here, relayed there
-        result = _relay(fe, _sign(account, prepared["tx"]))
+        result = relay(fe, sign_tx(account, prepared["tx"]))
         created = [e for e in result.get("events", []) if e["name"] == "JobCreated"]
         if not created or created[0]["args"]["jobId"] != prepared["job_id"]:
             raise CliError(f"transaction {result['tx_hash']} did not create the job")
@@ -392,7 +222,7 @@ def submit(
             "bounty_wei": prepared["bounty_wei"],
             "deadline": prepared["deadline"],
             "url": f"{opts.url}/jobs/{job_id}",
-            "tx_url": _tx_link(info, opts.url, result["tx_hash"]),
+            "tx_url": tx_link(info, opts.url, result["tx_hash"]),
         }
         if as_json:
             typer.echo(json.dumps(out, indent=2))
@@ -453,7 +283,7 @@ def status(
 ) -> None:
     """The job's state at the scheduler and on-chain, its terms, provider and output."""
     opts = _opts(ctx)
-    jid = _job_id(job_id)
+    jid = parse_job_id(job_id)
     fe = Frontend(opts.url)
     try:
         if follow:
@@ -497,7 +327,7 @@ def logs(
 ) -> None:
     """Every attempt (node, outcome) and the last run's stdout and stderr tails."""
     opts = _opts(ctx)
-    jid = _job_id(job_id)
+    jid = parse_job_id(job_id)
     fe = Frontend(opts.url)
     try:
         view = fe.get(f"/api/jobs/{jid}")
@@ -535,7 +365,7 @@ def get(
     fe = Frontend(opts.url, timeout=600)
     try:
         if target.startswith("0x"):
-            view = fe.get(f"/api/jobs/{_job_id(target)}")
+            view = fe.get(f"/api/jobs/{parse_job_id(target)}")
             cid = view.get("output_cid")
             if not cid:
                 raise CliError(f"job {target} has no output yet (it is {view.get('state')})")
@@ -554,7 +384,7 @@ def get(
             except (IpfsError, ValueError) as exc:
                 raise CliError(str(exc)) from None
         else:
-            got = _download(fe, cid, dest)
+            got = download(fe, cid, dest)
         computed = path_cid(got)
         if computed != cid:
             shutil.rmtree(dest, ignore_errors=True)
@@ -564,48 +394,20 @@ def get(
     typer.echo(str(got))
 
 
-def _download(fe: Frontend, cid: str, dest: Path) -> Path:
-    """``cid`` through the front end's IPFS proxy (a tar for a folder), unpacked into ``dest``."""
-    with tempfile.TemporaryDirectory(prefix="gm-get-") as tmp:
-        raw = Path(tmp) / "download"
-        try:
-            with fe._http.stream("GET", f"/ipfs/{cid}", params={"archive": "tar"}) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise CliError(f"download of {cid}: {response.text[:300]}")
-                kind = response.headers.get("x-ipfs-kind", "")
-                with raw.open("wb") as out:
-                    for chunk in response.iter_bytes():
-                        out.write(chunk)
-        except httpx.HTTPError as exc:
-            raise CliError(f"download of {cid} failed: {exc}") from None
-        dest.mkdir(parents=True, exist_ok=True)
-        if kind == "file":
-            target = dest / cid
-            shutil.move(str(raw), target)
-            return target
-        try:
-            with tarfile.open(raw) as archive:
-                archive.extractall(dest, filter="data")
-        except (tarfile.TarError, OSError) as exc:
-            raise CliError(f"download of {cid} is not a valid archive: {exc}") from None
-        return dest
-
-
 # --------------------------------------------------------------------------- money back
 
 
 def _job_action(ctx: typer.Context, job_id: str, action: str, done: str) -> None:
     opts = _opts(ctx)
-    jid = _job_id(job_id)
-    account = _account(opts)
+    jid = parse_job_id(job_id)
+    account = unlock_account(opts)
     fe = Frontend(opts.url)
     try:
         prepared = fe.post(f"/api/jobs/{jid}/{action}/prepare", json={"from": account.address})
         tx = prepared["tx"]
         if tx["to"].lower() != str(fe.get("/api/info")["escrow"]).lower() or tx["value"] != "0x0":
             raise CliError("the front end's transaction is not a plain escrow call")
-        result = _relay(fe, _sign(account, tx))
+        result = relay(fe, sign_tx(account, tx))
     finally:
         fe.close()
     typer.echo(f"{done} (tx {result['tx_hash']})")
@@ -634,11 +436,11 @@ def refund(
 def withdraw(ctx: typer.Context) -> None:
     """Send your whole escrow balance (refunds, slashed stake credited to you) to your wallet."""
     opts = _opts(ctx)
-    account = _account(opts)
+    account = unlock_account(opts)
     fe = Frontend(opts.url)
     try:
         prepared = fe.post("/api/withdraw/prepare", json={"from": account.address})
-        result = _relay(fe, _sign(account, prepared["tx"]))
+        result = relay(fe, sign_tx(account, prepared["tx"]))
     finally:
         fe.close()
     typer.echo(f"withdrew {eth(prepared['balance_wei'])} (tx {result['tx_hash']})")
@@ -660,7 +462,7 @@ def jobs(
 ) -> None:
     """Your jobs, newest first: id, on-chain status, bounty, deadline, output."""
     opts = _opts(ctx)
-    who = None if everyone else (submitter or _address(opts))
+    who = None if everyone else (submitter or wallet_address(opts))
     fe = Frontend(opts.url)
     try:
         params: dict[str, Any] = {"limit": limit}

@@ -12,7 +12,7 @@ from typing import Any
 from markupsafe import Markup, escape
 
 from .format import eth
-from .index import Bucket
+from .records import Bucket
 
 STATUS_COLORS = {
     "busy": "#2563eb",

@@ -31,7 +31,7 @@ from web3.types import TxParams
 from gridmarket.chain import EscrowClient, rpc_error_message
 from gridmarket.escrow import JobState
 
-from .index import ChainEvent, hexstr
+from .records import ChainEvent, hexstr
 
 MAX_RAW_TX_BYTES = 128 * 1024
 

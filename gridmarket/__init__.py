@@ -8,7 +8,8 @@ cannot drift. It imports none of them (tests/test_layers.py checks it).
 - Adapters: :mod:`gridmarket.chain` (the escrow over web3), :mod:`gridmarket.ipfs` (verified,
   capped IPFS reads and checked adds), :mod:`gridmarket.keystore` (encrypted wallet keys),
   :mod:`gridmarket.deploy` and :mod:`gridmarket.build` (compiling and deploying the contracts),
-  :mod:`gridmarket.cmdline` (what the two command lines share).
+  :mod:`gridmarket.cmdline` (what the two command lines share), :mod:`gridmarket.serving` (how the
+  scheduler and the front end are served).
 
 Modules here must not import docker, wasmtime or pynvml (the agent's executors and hardware
 detection own those). The local grid for development and tests is the top-level ``devstack``

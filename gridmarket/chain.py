@@ -139,8 +139,8 @@ class EscrowClient:
         self._fns: dict[str, tuple[bytes, list[str], list[str]]] = {
             f["name"]: (
                 function_abi_to_4byte_selector(f),  # type: ignore[arg-type]
-                [_abi_type(i) for i in f["inputs"]],
-                [_abi_type(o) for o in f["outputs"]],
+                [abi_type(i) for i in f["inputs"]],
+                [abi_type(o) for o in f["outputs"]],
             )
             for f in deployment.abi
             if f["type"] == "function"
@@ -380,7 +380,7 @@ class EscrowClient:
                 else:
                     (args[param["name"]],) = abi_decode([kind], bytes(topic))
             # strings are read as bytes: eth_abi would raise on invalid UTF-8
-            types = ["bytes" if p["type"] == "string" else _abi_type(p) for p in plain]
+            types = ["bytes" if p["type"] == "string" else abi_type(p) for p in plain]
             values = abi_decode(types, bytes(HexBytes(entry["data"])))
         except Exception as exc:
             raise UndecodableLogError(f"{abi['name']}: {exc}") from exc
@@ -447,11 +447,11 @@ def is_nonce_too_low(message: str) -> bool:
     return "nonce too low" in message or "replacement transaction underpriced" in message
 
 
-def _abi_type(param: dict[str, Any]) -> str:
+def abi_type(param: dict[str, Any]) -> str:
     """The canonical ABI type of a parameter, tuples spelled out: ``(address,uint96,...)``."""
     kind = str(param["type"])
     if kind.startswith("tuple"):
-        inner = ",".join(_abi_type(c) for c in param["components"])
+        inner = ",".join(abi_type(c) for c in param["components"])
         return f"({inner}){kind[len('tuple') :]}"
     return kind
 

@@ -10,6 +10,7 @@ because js-ipfs does not imply raw leaves) and the daemon's answer is checked th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -207,19 +208,24 @@ class IpfsStore:
             timeout=budget.timeout(self.timeout),  # also bounds each read of the stream
         )
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as out:
-            try:
-                for chunk in chunks:
-                    budget.add_bytes(len(chunk))
-                    out.write(chunk)
-            except self._errors.TimeoutError as exc:
-                raise self.error(f"IPFS cat of {cid} timed out ({exc})") from exc
-            except self._errors.Error as exc:
-                raise self.error(f"IPFS cat of {cid} failed: {exc}") from exc
-            finally:
-                close = getattr(chunks, "close", None)
-                if close is not None:
-                    close()
+        with os.fdopen(fd, "wb") as out, self._reading(cid, chunks):
+            for chunk in chunks:
+                budget.add_bytes(len(chunk))
+                out.write(chunk)
+
+    @contextlib.contextmanager
+    def _reading(self, cid: str, chunks: Iterator[bytes]) -> Iterator[None]:
+        """While ``cid``'s stream is read: its failures as this store's errors; then closed."""
+        try:
+            yield
+        except self._errors.TimeoutError as exc:
+            raise self.error(f"IPFS cat of {cid} timed out ({exc})") from exc
+        except self._errors.Error as exc:
+            raise self.error(f"IPFS cat of {cid} failed: {exc}") from exc
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
 
     def _fetch_dir(self, cid: str, target: Path, budget: _Budget, depth: int) -> None:
         if depth > MAX_DEPTH:
@@ -347,18 +353,10 @@ class IpfsStore:
             stream=True,
             timeout=budget.timeout(self.timeout),
         )
-        try:
+        with self._reading(cid, chunks):
             for chunk in chunks:
                 data += chunk
                 budget.add_bytes(len(chunk))
-        except self._errors.TimeoutError as exc:
-            raise self.error(f"IPFS cat of {cid} timed out ({exc})") from exc
-        except self._errors.Error as exc:
-            raise self.error(f"IPFS cat of {cid} failed: {exc}") from exc
-        finally:
-            close = getattr(chunks, "close", None)
-            if close is not None:
-                close()
         if not any(bytes_cid(bytes(data), p) == cid for p in candidates):
             raise self.verification_error(f"{self.noun} {cid}: bytes do not hash to the CID")
         return bytes(data)

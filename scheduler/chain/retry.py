@@ -8,11 +8,13 @@ the node means) is final and is raised at once: retrying it would only repeat it
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import requests
 from web3.exceptions import (
@@ -23,7 +25,11 @@ from web3.exceptions import (
     Web3RPCError,
 )
 
-from gridmarket.chain import ChainError
+from gridmarket.chain import ChainError, rpc_error_message
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # JSON-RPC error codes that mean "later" rather than "no": -32005 limit exceeded (EIP-1474).
 _TRANSIENT_RPC_CODES = frozenset({-32005})
@@ -128,3 +134,75 @@ def describe(exc: BaseException) -> str:
     if len(text) > 200:
         text = text[:200] + "..."
     return f"{type(exc).__name__}: {text}"
+
+
+# While an outage lasts, how often a retrying call repeats its warning.
+_LOG_EVERY_S = 10.0
+
+
+class Throttle:
+    """Says when to repeat a warning during an outage: the first time, then every
+    ``_LOG_EVERY_S`` (so a minute-long outage gives a handful of lines, not hundreds)."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self.started = 0.0
+        self._last = 0.0
+
+    def failed(self) -> bool:
+        """Count a failure; True if this one should be logged."""
+        now = time.monotonic()
+        self.failures += 1
+        if self.failures == 1:
+            self.started = now
+        if self.failures == 1 or now - self._last >= _LOG_EVERY_S:
+            self._last = now
+            return True
+        return False
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started if self.failures else 0.0
+
+
+def retrying(policy: RetryPolicy, what: str, deadline: Deadline, fn: Callable[[], T]) -> T:
+    """``fn()``, retrying transient RPC failures with backoff until ``deadline``.
+
+    A JSON-RPC error the node means (not a transient one) becomes :class:`ChainError`;
+    reverts already are one (``EscrowClient.prepare``) and pass through untouched.
+    """
+    delays = policy.delays()
+    throttle = Throttle()
+    while True:
+        try:
+            result = fn()
+        except Exception as exc:
+            if not is_transient(exc):
+                if isinstance(exc, Web3RPCError):  # the node answered, and meant it
+                    raise ChainError(f"{what}: {rpc_error_message(exc)}") from exc
+                raise
+            if deadline.expired:
+                raise ChainUnavailableError(
+                    f"{what}: RPC unreachable, gave up after {deadline.seconds:.1f}s and "
+                    f"{throttle.failures + 1} attempts (last error: {describe(exc)})"
+                ) from exc
+            if throttle.failed():
+                log.warning(
+                    "%s: RPC failing for %.1fs (%d attempts): %s; retrying with backoff "
+                    "for up to %.0fs more",
+                    what,
+                    throttle.elapsed,
+                    throttle.failures,
+                    describe(exc),
+                    deadline.remaining,
+                )
+            time.sleep(min(next(delays), deadline.remaining))
+            continue
+        if throttle.failures:
+            log.warning(
+                "%s: RPC answered again after %.1fs and %d failed attempts",
+                what,
+                throttle.elapsed,
+                throttle.failures,
+            )
+        return result

@@ -27,22 +27,26 @@ Guarantees (docs/scheduler-chain.md):
   so a restarted scheduler never queues new work behind, or duplicates, what it sent before.
 - **What it spends** is counted in :data:`REGISTRY` (Prometheus): gas, fees in wei,
   replacements, stuck transactions, fee-cap refusals, transactions in flight.
+
+Around it: the fee policy in :mod:`scheduler.chain.fees`, the nonce sequence in
+:mod:`scheduler.chain.nonces`, the pool read of a restart in :mod:`scheduler.chain.in_flight`,
+the retry loop in :mod:`scheduler.chain.retry`, the counters in :mod:`scheduler.chain.tx_metrics`.
+This module stays long (~680 lines) because what is left is one thing: :class:`TxSender`'s
+send -> broadcast -> await -> replace cycle, whose steps share the nonce lock, the in-flight
+count and the versions of one nonce; cut apart, each half would need the other's state.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any, TypeVar, cast
 
 from eth_account.signers.local import LocalAccount
-from eth_utils.address import to_checksum_address
 from hexbytes import HexBytes
-from prometheus_client import CollectorRegistry, Counter, Gauge
 from web3.exceptions import TransactionNotFound, Web3RPCError
 from web3.types import TxParams, TxReceipt
 
@@ -55,21 +59,40 @@ from gridmarket.chain import (
     rpc_error_message,
 )
 from gridmarket.escrow import JOB_EVENTS, JobState, apply_event
+from scheduler.chain import tx_metrics as metrics
+from scheduler.chain.fees import (
+    FeeCapExceededError,
+    FeePolicy,
+    bumped,
+    price,
+    replacement_price,
+)
+from scheduler.chain.in_flight import adopted, pool_of
+from scheduler.chain.nonces import Broadcast, sequence_for
 from scheduler.chain.retry import (
-    ChainUnavailableError,
     Deadline,
     RetryPolicy,
+    Throttle,
     describe,
     is_transient,
+    retrying,
 )
+from scheduler.chain.tx_metrics import REGISTRY
+
+__all__ = [
+    "REGISTRY",
+    "FeeCapExceededError",
+    "FeePolicy",
+    "TxOutcomeUnknownError",
+    "TxSender",
+    "apply_sent",
+    "bumped",
+]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# While an outage lasts, how often a retrying call repeats its warning.
-_LOG_EVERY_S = 10.0
-# How many times one call may rebuild its transaction because another one took its nonce.
 _MAX_REBUILDS = 3
 
 
@@ -88,115 +111,12 @@ class TxOutcomeUnknownError(ChainError):
         self.nonce = nonce
 
 
-class FeeCapExceededError(ChainUnavailableError):
-    """The chain's base fee is above ``FeePolicy.max_fee_per_gas``: nothing was sent; try later
-    (a :class:`ChainUnavailableError`, so callers that retry outages retry this too)."""
-
-
-@dataclass(frozen=True)
-class FeePolicy:
-    """How the sender prices its EIP-1559 transactions (docs/scheduler-chain.md, "Fees").
-
-    ``max_fee_per_gas``: the cap in wei; no transaction (or replacement) offers more.
-    ``priority_fee``: the tip in wei; ``None`` asks the node (``eth_maxPriorityFeePerGas``).
-    ``base_fee_multiplier``: headroom over the latest base fee (2: six full blocks in a row).
-    ``replace_after_s``: a transaction not mined this long is replaced with higher fees.
-    """
-
-    max_fee_per_gas: int = 200 * 10**9
-    priority_fee: int | None = None
-    base_fee_multiplier: float = 2.0
-    replace_after_s: float = 90.0
-
-    def __post_init__(self) -> None:
-        if self.max_fee_per_gas <= 0:
-            raise ValueError(f"max_fee_per_gas must be > 0, got {self.max_fee_per_gas}")
-        if self.priority_fee is not None and not 0 <= self.priority_fee <= self.max_fee_per_gas:
-            raise ValueError(
-                f"priority_fee must be within [0, max_fee_per_gas], got {self.priority_fee}"
-            )
-        if self.base_fee_multiplier < 1:
-            raise ValueError(f"base_fee_multiplier must be >= 1, got {self.base_fee_multiplier}")
-        if self.replace_after_s <= 0:
-            raise ValueError(f"replace_after_s must be > 0, got {self.replace_after_s}")
-
-
-def bumped(fee: int) -> int:
-    """``fee`` raised by at least 12.5% (geth asks +10%, others +12.5%), and by at least 1 wei."""
-    return fee + fee // 8 + 1
-
-
-# Prometheus: what the operator key spends. Exposed by the scheduler's /metrics.
-REGISTRY = CollectorRegistry()
-_M_SENT = Counter(
-    "gridmarket_tx_sent", "Transactions broadcast (not replacements)", ["fn"], registry=REGISTRY
-)
-_M_MINED = Counter(
-    "gridmarket_tx_mined", "Transactions mined, by outcome", ["fn", "status"], registry=REGISTRY
-)
-_M_GAS = Counter("gridmarket_tx_gas_used", "Gas used by mined transactions", registry=REGISTRY)
-_M_FEES = Counter(
-    "gridmarket_tx_fees_paid_wei", "Fees paid: gasUsed x effectiveGasPrice", registry=REGISTRY
-)
-_M_REPLACED = Counter(
-    "gridmarket_tx_replacements", "Stuck transactions re-sent with higher fees", registry=REGISTRY
-)
-_M_STUCK = Counter(
-    "gridmarket_tx_stuck", "Transactions not mined within replace_after_s", registry=REGISTRY
-)
-_M_CAPPED = Counter(
-    "gridmarket_tx_fee_cap_hits",
-    "Sends or replacements refused because the fee would exceed the cap",
-    registry=REGISTRY,
-)
-_M_IN_FLIGHT = Gauge(
-    "gridmarket_tx_in_flight", "Transactions broadcast and not yet mined", registry=REGISTRY
-)
-_M_MAX_FEE = Gauge(
-    "gridmarket_tx_max_fee_per_gas_wei", "maxFeePerGas of the last transaction", registry=REGISTRY
-)
-_M_CAP = Gauge("gridmarket_tx_fee_cap_wei", "The configured max fee per gas", registry=REGISTRY)
-
-
 class _NonceTakenError(Exception):
     """Internal: another transaction consumed our nonce, so ours can never be mined."""
 
 
 class _NonceTooLowError(Exception):
     """Internal: the node refused our nonce and does not know our transaction."""
-
-
-@dataclass
-class _NonceSequence:
-    """The next nonce of one account; ``lock`` is held from choosing a nonce to acceptance."""
-
-    lock: threading.Lock
-    next: int | None = None
-    # Transactions of this process broadcast and not yet settled (mined, or given up on).
-    waiting: int = 0
-    count_lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-_SEQUENCES: dict[tuple[str, int, str], _NonceSequence] = {}
-_SEQUENCES_LOCK = threading.Lock()
-
-
-def _sequence_for(client: EscrowClient, address: str) -> _NonceSequence:
-    provider = client.w3.provider
-    endpoint = str(getattr(provider, "endpoint_uri", None) or f"provider-{id(provider)}")
-    key = (endpoint, client.deployment.chain_id, address)
-    with _SEQUENCES_LOCK:
-        seq = _SEQUENCES.get(key)
-        if seq is None:
-            seq = _SEQUENCES[key] = _NonceSequence(threading.Lock())
-        return seq
-
-
-def _quantity(value: Any) -> int:
-    """A JSON-RPC quantity (``"0x1a"``, or an int from a node that sends numbers) as an int."""
-    if value is None:
-        return 0
-    return value if isinstance(value, int) else int(str(value), 0)
 
 
 def apply_sent(state: JobState, sent: Sent) -> JobState:
@@ -209,43 +129,6 @@ def apply_sent(state: JobState, sent: Sent) -> JobState:
         if event.name in JOB_EVENTS and bytes(event.args["jobId"]) == state.job_id:
             state = apply_event(state, event.name, event.args)
     return state
-
-
-class _Throttle:
-    """Says when to repeat a warning during an outage: the first time, then every
-    ``_LOG_EVERY_S`` (so a minute-long outage gives a handful of lines, not hundreds)."""
-
-    def __init__(self) -> None:
-        self.failures = 0
-        self.started = 0.0
-        self._last = 0.0
-
-    def failed(self) -> bool:
-        """Count a failure; True if this one should be logged."""
-        now = time.monotonic()
-        self.failures += 1
-        if self.failures == 1:
-            self.started = now
-        if self.failures == 1 or now - self._last >= _LOG_EVERY_S:
-            self._last = now
-            return True
-        return False
-
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started if self.failures else 0.0
-
-
-@dataclass(frozen=True)
-class _Broadcast:
-    """A signed transaction, its hash, nonce and fees: the unit that is broadcast (again)."""
-
-    tx_hash: str
-    nonce: int
-    raw: bytes
-    max_fee: int = 0
-    tip: int = 0
-    sent_at: float = field(default_factory=time.monotonic)
 
 
 class TxSender:
@@ -285,8 +168,8 @@ class TxSender:
         self.receipt_poll_s = receipt_poll_s
         self.pool_check_s = pool_check_s
         self.fees = fees or FeePolicy()
-        _M_CAP.set(self.fees.max_fee_per_gas)
-        self._seq = _sequence_for(client, operator.address)
+        metrics.CAP.set(self.fees.max_fee_per_gas)
+        self._seq = sequence_for(client, operator.address)
 
     @property
     def address(self) -> str:
@@ -342,7 +225,7 @@ class TxSender:
             )
             fees = self._fees(fn_name, deadline)
             sent = self._broadcast(fn_name, params, fees, deadline)
-            _M_SENT.labels(fn_name).inc()
+            metrics.SENT.labels(fn_name).inc()
             try:
                 receipt = self._await_receipt(fn_name, sent, params)
             except _NonceTakenError:
@@ -393,46 +276,7 @@ class TxSender:
 
     # ------------------------------------------------------------------ internals
     def _retrying(self, what: str, deadline: Deadline, fn: Callable[[], T]) -> T:
-        """``fn()``, retrying transient RPC failures with backoff until ``deadline``.
-
-        A JSON-RPC error the node means (not a transient one) becomes :class:`ChainError`;
-        reverts already are one (``EscrowClient.prepare``) and pass through untouched.
-        """
-        delays = self.retry.delays()
-        throttle = _Throttle()
-        while True:
-            try:
-                result = fn()
-            except Exception as exc:
-                if not is_transient(exc):
-                    if isinstance(exc, Web3RPCError):  # the node answered, and meant it
-                        raise ChainError(f"{what}: {rpc_error_message(exc)}") from exc
-                    raise
-                if deadline.expired:
-                    raise ChainUnavailableError(
-                        f"{what}: RPC unreachable, gave up after {deadline.seconds:.1f}s and "
-                        f"{throttle.failures + 1} attempts (last error: {describe(exc)})"
-                    ) from exc
-                if throttle.failed():
-                    log.warning(
-                        "%s: RPC failing for %.1fs (%d attempts): %s; retrying with backoff "
-                        "for up to %.0fs more",
-                        what,
-                        throttle.elapsed,
-                        throttle.failures,
-                        describe(exc),
-                        deadline.remaining,
-                    )
-                time.sleep(min(next(delays), deadline.remaining))
-                continue
-            if throttle.failures:
-                log.warning(
-                    "%s: RPC answered again after %.1fs and %d failed attempts",
-                    what,
-                    throttle.elapsed,
-                    throttle.failures,
-                )
-            return result
+        return retrying(self.retry, what, deadline, fn)
 
     def _fees(self, fn_name: str, deadline: Deadline) -> tuple[int, int]:
         """``(maxFeePerGas, maxPriorityFeePerGas)`` for a transaction now, within the cap.
@@ -447,32 +291,18 @@ class TxSender:
             tip = self._retrying(
                 f"{fn_name}: priority fee", deadline, lambda: int(w3.eth.max_priority_fee)
             )
-        cap = policy.max_fee_per_gas
-        if base > cap:
-            _M_CAPPED.inc()
-            log.warning(
-                "%s: base fee %d wei/gas is above the cap max_fee_per_gas=%d: not sending; "
-                "retrying when the chain is cheaper",
-                fn_name,
-                base,
-                cap,
-            )
-            raise FeeCapExceededError(
-                f"{fn_name}: base fee {base} wei/gas is above the cap {cap} (max_fee_per_gas)"
-            )
-        max_fee = min(int(base * policy.base_fee_multiplier) + tip, cap)
-        return max_fee, min(tip, max_fee)
+        return price(policy, fn_name, base, tip)
 
     def _count_mined(self, fn_name: str, receipt: TxReceipt) -> None:
         gas = int(receipt["gasUsed"])
         price = int(receipt.get("effectiveGasPrice") or 0)
-        _M_MINED.labels(fn_name, "ok" if receipt["status"] == 1 else "reverted").inc()
-        _M_GAS.inc(gas)
-        _M_FEES.inc(gas * price)
+        metrics.MINED.labels(fn_name, "ok" if receipt["status"] == 1 else "reverted").inc()
+        metrics.GAS.inc(gas)
+        metrics.FEES.inc(gas * price)
 
     def _broadcast(
         self, fn_name: str, params: TxParams, fees: tuple[int, int], deadline: Deadline
-    ) -> _Broadcast:
+    ) -> Broadcast:
         """Choose a nonce, sign, and have the node accept the transaction, under the lock.
 
         On any failure the cached nonce is dropped, so the next send reads the node's 'pending'
@@ -503,13 +333,13 @@ class TxSender:
 
     def _broadcast_locked(
         self, fn_name: str, params: TxParams, fees: tuple[int, int], deadline: Deadline
-    ) -> _Broadcast:
+    ) -> Broadcast:
         nonce = self._seq.next
         if nonce is None:
             nonce = self._pending_nonce(fn_name, deadline)
         tx = self._sign(params, nonce, fees)
         delays = self.retry.delays()
-        throttle = _Throttle()
+        throttle = Throttle()
         outcome_unknown = False
         resyncs = 0
         while True:
@@ -541,7 +371,7 @@ class TxSender:
                 outcome_unknown = True  # it may have reached the node before the failure
                 time.sleep(self._backoff_or_give_up(fn_name, tx, exc, delays, deadline, throttle))
 
-    def _sign(self, params: TxParams, nonce: int, fees: tuple[int, int]) -> _Broadcast:
+    def _sign(self, params: TxParams, nonce: int, fees: tuple[int, int]) -> Broadcast:
         """An EIP-1559 (type 2) transaction of ``params`` with ``nonce`` and ``fees``."""
         max_fee, tip = fees
         tx: dict[str, Any] = {
@@ -555,12 +385,12 @@ class TxSender:
         tx.pop("from", None)
         tx.pop("gasPrice", None)
         signed = self.account.sign_transaction(cast(Any, tx))
-        _M_MAX_FEE.set(max_fee)
-        return _Broadcast(
+        metrics.MAX_FEE.set(max_fee)
+        return Broadcast(
             "0x" + bytes(signed.hash).hex(), nonce, bytes(signed.raw_transaction), max_fee, tip
         )
 
-    def _try_broadcast(self, fn_name: str, tx: _Broadcast, outcome_unknown: bool) -> None:
+    def _try_broadcast(self, fn_name: str, tx: Broadcast, outcome_unknown: bool) -> None:
         """Send ``tx`` once; return if the node has it. After an unknown outcome, look it up
         first. Raises :class:`_NonceTooLowError`, a refusal as :class:`ChainError`, or the transport
         error (the caller retries those)."""
@@ -589,11 +419,11 @@ class TxSender:
     def _backoff_or_give_up(
         self,
         fn_name: str,
-        tx: _Broadcast,
+        tx: Broadcast,
         exc: Exception,
         delays: Iterator[float],
         deadline: Deadline,
-        throttle: _Throttle,
+        throttle: Throttle,
     ) -> float:
         """The next delay, or :class:`TxOutcomeUnknownError` once the deadline passed."""
         if deadline.expired:
@@ -624,7 +454,7 @@ class TxSender:
             return False
         return True
 
-    def _await_receipt(self, fn_name: str, tx: _Broadcast, params: TxParams | None) -> TxReceipt:
+    def _await_receipt(self, fn_name: str, tx: Broadcast, params: TxParams | None) -> TxReceipt:
         """Poll for the receipt of an accepted transaction; re-broadcast it if it was dropped,
         replace it with higher fees (same nonce) if it is not mined within ``replace_after_s``
         (``params`` None: never replace).
@@ -636,10 +466,10 @@ class TxSender:
         poll = self.receipt_poll_s
         last_check = time.monotonic()
         failures = 0
-        throttle = _Throttle()
+        throttle = Throttle()
         versions = [tx]  # every signed version of this nonce; at most one can be mined
         stuck_counted = False
-        _M_IN_FLIGHT.inc()
+        metrics.IN_FLIGHT.inc()
         try:
             while True:
                 try:
@@ -659,7 +489,7 @@ class TxSender:
                     latest = versions[-1]
                     if time.monotonic() - latest.sent_at >= self.fees.replace_after_s:
                         if not stuck_counted:
-                            _M_STUCK.inc()
+                            metrics.STUCK.inc()
                             stuck_counted = True
                         if params is not None:
                             new = self._replace(fn_name, params, latest)
@@ -680,7 +510,7 @@ class TxSender:
                             throttle.elapsed,
                             failures,
                         )
-                        failures, throttle = 0, _Throttle()
+                        failures, throttle = 0, Throttle()
                 except Exception as exc:
                     if not is_transient(exc):
                         raise
@@ -704,9 +534,9 @@ class TxSender:
                 time.sleep(min(poll, deadline.remaining))
                 poll = min(poll * 1.5, 1.0) if not failures else min(max(poll, 0.25) * 2, 5.0)
         finally:
-            _M_IN_FLIGHT.dec()
+            metrics.IN_FLIGHT.dec()
 
-    def _replace(self, fn_name: str, params: TxParams, old: _Broadcast) -> _Broadcast:
+    def _replace(self, fn_name: str, params: TxParams, old: Broadcast) -> Broadcast:
         """A replacement of ``old``: same nonce and call, both fees bumped (and at least what the
         chain asks now), capped. At the cap the old version stays, and waits: that is logged and
         counted, and its wait starts again."""
@@ -715,11 +545,8 @@ class TxSender:
             asked_max, asked_tip = self._fees(fn_name, deadline)
         except FeeCapExceededError:
             asked_max, asked_tip = 0, 0
-        cap = self.fees.max_fee_per_gas
-        max_fee = min(max(bumped(old.max_fee), asked_max), cap)
-        tip = min(max(bumped(old.tip), asked_tip), max_fee)
-        if max_fee < bumped(old.max_fee) or tip < bumped(old.tip):
-            _M_CAPPED.inc()
+        fees = replacement_price(self.fees, (old.max_fee, old.tip), (asked_max, asked_tip))
+        if fees is None:
             log.warning(
                 "%s: tx %s (nonce %d) not mined after %.0fs at maxFeePerGas %d; a replacement "
                 "needs %d, above the cap max_fee_per_gas=%d: waiting at the cap",
@@ -729,10 +556,11 @@ class TxSender:
                 time.monotonic() - old.sent_at,
                 old.max_fee,
                 bumped(old.max_fee),
-                cap,
+                self.fees.max_fee_per_gas,
             )
             return replace(old, sent_at=time.monotonic())
-        new = self._sign(params, old.nonce, (max_fee, tip))
+        max_fee, tip = fees
+        new = self._sign(params, old.nonce, fees)
         log.warning(
             "%s: tx %s (nonce %d) not mined after %.0fs; replacing it with %s: maxFeePerGas "
             "%d -> %d, tip %d -> %d",
@@ -756,7 +584,7 @@ class TxSender:
                 log.info("%s: replacement %s not taken: %s", fn_name, new.tx_hash, message)
                 return new
             raise ChainError(f"{fn_name}: replacement of {old.tx_hash} refused: {message}") from exc
-        _M_REPLACED.inc()
+        metrics.REPLACED.inc()
         return new
 
     def _adopt_in_flight(self, fn_name: str) -> None:
@@ -790,25 +618,12 @@ class TxSender:
             mined,
             pending - 1,
         )
-        pool = self._retrying(f"{fn_name}: txpool", deadline, lambda: self._pool_of(address))
+        pool = self._retrying(f"{fn_name}: txpool", deadline, lambda: pool_of(w3, address))
         for nonce in range(mined, pending):
             found = pool.get(nonce)
             if found is None:
                 continue
-            old = _Broadcast(
-                "0x" + bytes(HexBytes(found["hash"])).hex(),
-                nonce,
-                b"",
-                _quantity(found.get("maxFeePerGas") or found.get("gasPrice")),
-                _quantity(found.get("maxPriorityFeePerGas") or found.get("gasPrice")),
-            )
-            params: TxParams = {
-                "from": address,
-                "to": to_checksum_address(found["to"]),
-                "value": cast(Any, _quantity(found.get("value"))),
-                "data": HexBytes(found.get("input") or "0x"),
-                "gas": _quantity(found["gas"]),
-            }
+            old, params = adopted(found, nonce, address)
             try:
                 receipt = self._await_receipt(f"{fn_name} (in flight, nonce {nonce})", old, params)
             except _NonceTakenError:
@@ -825,36 +640,13 @@ class TxSender:
                 )
             time.sleep(min(0.5, deadline.remaining))
 
-    def _pool_of(self, address: str) -> dict[int, dict[str, Any]]:
-        """The node's pending transactions from ``address`` by nonce; empty if it will not say."""
-        try:
-            answer = self.client.w3.provider.make_request(cast(Any, "txpool_content"), [])
-        except Exception as exc:
-            if is_transient(exc):
-                raise
-            answer = {}
-        result = answer.get("result") if isinstance(answer, Mapping) else None
-        if not isinstance(result, Mapping):
-            log.warning("the node has no txpool_content: pending transactions are not replaced")
-            return {}
-        out: dict[int, dict[str, Any]] = {}
-        for section in ("pending", "queued"):
-            by_sender = result.get(section) or {}
-            for sender, txs in by_sender.items():
-                if str(sender).lower() != address.lower() or not isinstance(txs, Mapping):
-                    continue
-                for nonce, tx in txs.items():
-                    if isinstance(tx, Mapping) and "hash" in tx:
-                        out[int(nonce)] = dict(tx)
-        return out
-
     def _receipt(self, tx_hash: str) -> TxReceipt | None:
         try:
             return self.client.w3.eth.get_transaction_receipt(HexBytes(tx_hash))
         except TransactionNotFound:
             return None
 
-    def _recheck(self, fn_name: str, versions: list[_Broadcast]) -> None:
+    def _recheck(self, fn_name: str, versions: list[Broadcast]) -> None:
         """A nonce still unmined: make sure the node still holds one of its versions, else send
         the newest version's bytes again, or raise :class:`_NonceTakenError` if the nonce went to
         another transaction."""

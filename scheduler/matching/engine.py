@@ -26,20 +26,33 @@ group with a passing node holds the answer. Claims and releases move one node be
 (``bisect`` on short lists).
 
 :func:`reference_match` is the O(n) definition the index must agree with (tests, bench).
+
+The gates, the rank and the answers live in :mod:`scheduler.matching.rules`, the index's
+buckets and shapes in :mod:`scheduler.matching.index`; both are re-exported here.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from types import MappingProxyType
-from typing import NamedTuple, Protocol
 
-from gridmarket.tiers import vram_class
 from gridmarket.wire import ExecutorKind
 
+from .index import (
+    BANNED,
+    FULL,
+    INDEXED,
+    NEW,
+    Bucket,
+    BucketKey,
+    Candidates,
+    Entry,
+    IndexedNode,
+    Shape,
+    price_of,
+)
 from .models import (
     ClaimError,
     DuplicateNodeError,
@@ -48,6 +61,23 @@ from .models import (
     NodeCapacity,
     UnknownJobError,
     UnknownNodeError,
+)
+from .rules import (
+    DEFAULT_BAN_BELOW,
+    DISK_CLASSES_GIB,
+    DISK_FLOORS_MIB,
+    Match,
+    NodeLike,
+    NodeView,
+    NoMatch,
+    RankKey,
+    WhyNot,
+    class_floor,
+    disk_class,
+    first_failed_gate,
+    rank_key,
+    reference_match,
+    size_class,
 )
 
 __all__ = [
@@ -66,391 +96,6 @@ __all__ = [
     "reference_match",
     "size_class",
 ]
-
-DEFAULT_BAN_BELOW = 0.2
-"""Nodes whose reputation score is below this are not matched."""
-
-
-def size_class(amount: int) -> int:
-    """Power-of-two class of a core count or a MiB amount: ``[2**(c-1), 2**c)`` is class c."""
-    return amount.bit_length() if amount > 0 else 0
-
-
-def _class_floor(size_cls: int) -> int:
-    return 1 << (size_cls - 1) if size_cls > 0 else 0
-
-
-DISK_CLASSES_GIB: tuple[int, ...] = (
-    0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000
-)  # fmt: skip
-"""Free-disk classes (GiB, 1-2-5 series: disk requests are usually round decimal sizes)."""
-_DISK_FLOORS_MIB = tuple(g * 1024 for g in DISK_CLASSES_GIB)
-
-
-def disk_class(mib: int) -> int:
-    """Index of the :data:`DISK_CLASSES_GIB` class holding ``mib``."""
-    return bisect.bisect_right(_DISK_FLOORS_MIB, mib) - 1 if mib > 0 else 0
-
-
-class NodeLike(Protocol):
-    """What gates and ranking read from a node: its capacity and what is free now."""
-
-    @property
-    def node_id(self) -> str: ...
-    @property
-    def region(self) -> str: ...
-    @property
-    def price(self) -> int: ...
-    @property
-    def executors(self) -> frozenset[ExecutorKind]: ...
-    @property
-    def model(self) -> str: ...
-    @property
-    def vram_mib(self) -> int: ...
-    @property
-    def speed(self) -> float: ...
-    @property
-    def reputation(self) -> float: ...
-    @property
-    def suspended(self) -> bool: ...
-    @property
-    def free_gpus(self) -> int: ...
-    @property
-    def free_cores(self) -> int: ...
-    @property
-    def free_ram_mib(self) -> int: ...
-    @property
-    def free_disk_mib(self) -> int: ...
-    @property
-    def free_slots(self) -> int: ...
-
-
-@dataclass(frozen=True, slots=True)
-class NodeView:
-    """A snapshot of one registered node: capacity plus what is free now."""
-
-    node_id: str
-    region: str
-    price: int
-    executors: frozenset[ExecutorKind]
-    model: str
-    vram_mib: int
-    speed: float
-    reputation: float
-    suspended: bool
-    free_gpus: int
-    free_cores: int
-    free_ram_mib: int
-    free_disk_mib: int
-    free_slots: int
-    jobs: frozenset[str] = frozenset()
-
-
-def first_failed_gate(node: NodeLike, job: JobRequirements, *, ban_below: float) -> Gate | None:
-    """The first gate ``node`` fails for ``job`` (``None``: the node can take the job now)."""
-    g = job.gpu_count
-    if node.suspended or node.reputation < ban_below:
-        return Gate.REPUTATION
-    if node.free_slots <= 0:
-        return Gate.SLOTS
-    if job.executor not in node.executors:
-        return Gate.EXECUTOR
-    if job.region is not None and node.region != job.region:
-        return Gate.REGION
-    if node.free_gpus < g:
-        return Gate.GPU_COUNT
-    if g and job.gpu_models is not None and node.model not in job.gpu_models:
-        return Gate.GPU_MODEL
-    if g and node.vram_mib < job.min_vram_mib:
-        return Gate.VRAM
-    if node.free_cores < job.cpu_cores:
-        return Gate.CPU_CORES
-    if node.free_ram_mib < job.ram_mib:
-        return Gate.RAM
-    if node.price > job.max_price_wei_per_hour:
-        return Gate.PRICE
-    if node.free_disk_mib < job.disk_mib:
-        return Gate.DISK
-    if node.node_id in job.excluded_node_ids:
-        return Gate.EXCLUDED
-    return None
-
-
-class RankKey(NamedTuple):
-    """Why a node ranks where it does; smaller is better, compared field by field."""
-
-    spare_gpus: int
-    vram_class_excess: int
-    core_class_excess: int
-    ram_class_excess: int
-    neg_speed: float
-    price: int
-    neg_reputation: float
-    node_id: str
-
-
-def rank_key(node: NodeLike, job: JobRequirements) -> RankKey:
-    """Best-fit rank of a node that passes every gate for ``job``."""
-    return RankKey(
-        node.free_gpus - job.gpu_count,
-        vram_class(node.vram_mib) - vram_class(job.min_vram_mib),
-        size_class(node.free_cores) - size_class(job.cpu_cores),
-        size_class(node.free_ram_mib) - size_class(job.ram_mib),
-        -node.speed,
-        node.price,
-        -node.reputation,
-        node.node_id,
-    )
-
-
-def reference_match(
-    nodes: Iterable[NodeLike], job: JobRequirements, *, ban_below: float = DEFAULT_BAN_BELOW
-) -> str | None:
-    """O(n) definition of the match: the best-ranked node that passes every gate."""
-    best: RankKey | None = None
-    for node in nodes:
-        if first_failed_gate(node, job, ban_below=ban_below) is None:
-            key = rank_key(node, job)
-            if best is None or key < best:
-                best = key
-    return None if best is None else best.node_id
-
-
-@dataclass(frozen=True, slots=True)
-class Match:
-    """The node chosen for a job, with the rank that chose it."""
-
-    job_id: str
-    node_id: str
-    rank: RankKey
-
-
-@dataclass(frozen=True, slots=True)
-class WhyNot:
-    """Why no node can take a job now: each node counted once, under the first gate it fails.
-
-    ``top_gate`` is the gate that eliminated the most nodes (ties: earlier gate), ``None`` when
-    no node is registered at all.
-    """
-
-    job_id: str
-    total_nodes: int
-    eligible: int
-    eliminated: Mapping[Gate, int]
-
-    @property
-    def top_gate(self) -> Gate | None:
-        counts = [(n, -i, g) for i, (g, n) in enumerate(self.eliminated.items()) if n]
-        return max(counts)[2] if counts else None
-
-    def message(self) -> str:
-        """One line a submitter can act on."""
-        if self.total_nodes == 0:
-            return "no node is registered"
-        if self.eligible:
-            return f"{self.eligible} of {self.total_nodes} nodes can take the job now"
-        parts = ", ".join(f"{g.value}: {n}" for g, n in self.eliminated.items() if n)
-        top = self.top_gate
-        assert top is not None
-        return (
-            f"waiting: no node passes every gate; {top.value} eliminates the most "
-            f"({self.eliminated[top]} of {self.total_nodes}); {parts}"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class NoMatch:
-    """No node can take the job now; ``why`` says which gates stand in the way.
-
-    ``why`` is ``None`` when the match was asked with ``explain=False``.
-    """
-
-    job_id: str
-    why: WhyNot | None
-
-
-# --------------------------------------------------------------------------- internals
-_Entry = tuple[int, float, str, "_Node"]  # (price, -reputation, node id, node)
-_BANNED, _FULL, _INDEXED, _NEW = 0, 1, 2, 3
-
-
-class _Node:
-    """Mutable state of one registered node (attributes match :class:`NodeLike`)."""
-
-    __slots__ = (
-        "capacity",
-        "claims",
-        "entries",
-        "executors",
-        "free_cores",
-        "free_disk_mib",
-        "free_gpus",
-        "free_ram_mib",
-        "free_slots",
-        "model",
-        "node_id",
-        "price",
-        "region",
-        "reputation",
-        "speed",
-        "state",
-        "suspended",
-        "vram_mib",
-    )
-
-    def __init__(self, capacity: NodeCapacity) -> None:
-        self.claims: dict[str, JobRequirements] = {}
-        self.entries: list[tuple[_Bucket, _Entry]] = []
-        self.state = _NEW
-        self.set_capacity(capacity)
-
-    def set_capacity(self, capacity: NodeCapacity) -> None:
-        self.capacity = capacity
-        self.node_id = capacity.node_id
-        self.region = capacity.region
-        self.price = capacity.price_floor_wei_per_hour
-        self.executors = capacity.executors
-        self.model = capacity.gpu_model
-        self.vram_mib = capacity.vram_mib
-        self.speed = capacity.speed
-        self.reputation = capacity.reputation
-        self.suspended = capacity.suspended
-        self.recount()
-
-    def recount(self) -> None:
-        cap, claims = self.capacity, self.claims.values()
-        self.free_gpus = max(0, cap.gpu_count - sum(j.gpu_count for j in claims))
-        self.free_cores = max(0, cap.cpu_cores - sum(j.cpu_cores for j in claims))
-        self.free_ram_mib = max(0, cap.ram_mib - sum(j.ram_mib for j in claims))
-        self.free_disk_mib = max(0, cap.disk_mib - sum(j.disk_mib for j in claims))
-        self.free_slots = max(0, cap.slots - len(self.claims))
-
-    def view(self) -> NodeView:
-        return NodeView(
-            node_id=self.node_id,
-            region=self.region,
-            price=self.price,
-            executors=self.executors,
-            model=self.model,
-            vram_mib=self.vram_mib,
-            speed=self.speed,
-            reputation=self.reputation,
-            suspended=self.suspended,
-            free_gpus=self.free_gpus,
-            free_cores=self.free_cores,
-            free_ram_mib=self.free_ram_mib,
-            free_disk_mib=self.free_disk_mib,
-            free_slots=self.free_slots,
-            jobs=frozenset(self.claims),
-        )
-
-
-_BucketKey = tuple[ExecutorKind, str | None, int, int, str, float, int, int, int]
-
-
-class _Bucket:
-    """Idle nodes with one bucket key, sorted by ``(price, -reputation, node id)``.
-
-    ``region`` is ``None`` in the pooled buckets that serve jobs without a region.
-    """
-
-    __slots__ = (
-        "cclass",
-        "dclass",
-        "entries",
-        "executor",
-        "free_gpus",
-        "model",
-        "rclass",
-        "region",
-        "speed",
-        "vclass",
-        "vram_mib",
-    )
-
-    def __init__(self, key: _BucketKey) -> None:
-        (
-            self.executor,
-            self.region,
-            self.free_gpus,
-            self.vram_mib,
-            self.model,
-            self.speed,
-            self.cclass,
-            self.rclass,
-            self.dclass,
-        ) = key
-        self.vclass = vram_class(self.vram_mib)
-        self.entries: list[_Entry] = []
-
-
-class _Shape(NamedTuple):
-    """The part of a job that decides which buckets can hold its match, and in what order."""
-
-    executor: ExecutorKind
-    region: str | None
-    gpu_count: int
-    vclass: int
-    models: frozenset[str] | None
-    cclass: int
-    rclass: int
-    dclass: int
-
-    @classmethod
-    def of(cls, job: JobRequirements) -> _Shape:
-        g = job.gpu_count
-        return cls(
-            job.executor,
-            job.region,
-            g,
-            vram_class(job.min_vram_mib) if g else 0,
-            job.gpu_models if g else None,
-            size_class(job.cpu_cores),
-            size_class(job.ram_mib),
-            disk_class(job.disk_mib),
-        )
-
-    def admits(self, b: _Bucket) -> bool:
-        """Can bucket ``b`` hold a match for a job of this shape (bucket-level gates)?"""
-        if b.executor != self.executor or b.free_gpus < self.gpu_count:
-            return False
-        if b.region != self.region:  # pooled buckets (None) serve jobs without a region
-            return False
-        if self.gpu_count and (
-            b.vclass < self.vclass or (self.models is not None and b.model not in self.models)
-        ):
-            return False
-        return b.cclass >= self.cclass and b.rclass >= self.rclass and b.dclass >= self.dclass
-
-    def order(self, b: _Bucket) -> tuple[int, int, int, int, float]:
-        """The rank prefix every node of ``b`` shares for this shape."""
-        return (
-            b.free_gpus - self.gpu_count,
-            b.vclass - self.vclass,
-            b.cclass - self.cclass,
-            b.rclass - self.rclass,
-            -b.speed,
-        )
-
-
-@dataclass(slots=True)
-class _Candidates:
-    """Buckets that can hold a match for one shape, grouped by rank prefix, best first."""
-
-    orders: list[tuple[int, int, int, int, float]] = field(default_factory=list)
-    groups: list[list[_Bucket]] = field(default_factory=list)
-
-    def add(self, order: tuple[int, int, int, int, float], bucket: _Bucket) -> None:
-        i = bisect.bisect_left(self.orders, order)
-        if i < len(self.orders) and self.orders[i] == order:
-            self.groups[i].append(bucket)
-        else:
-            self.orders.insert(i, order)
-            self.groups.insert(i, [bucket])
-
-
-def _price_of(entry: _Entry) -> int:
-    return entry[0]
 
 
 class MatchingEngine:
@@ -476,12 +121,12 @@ class MatchingEngine:
         self._max_shapes = max_shapes
         self._compact_after = compact_after
         self._n_empty = 0  # buckets with no entries (created empty, or emptied)
-        self._nodes: dict[str, _Node] = {}
-        self._claims: dict[str, _Node] = {}  # job id -> node
-        self._buckets: dict[_BucketKey, _Bucket] = {}
-        self._regional: dict[ExecutorKind, list[_Bucket]] = {e: [] for e in ExecutorKind}
-        self._pooled: dict[ExecutorKind, list[_Bucket]] = {e: [] for e in ExecutorKind}
-        self._shapes: OrderedDict[_Shape, _Candidates] = OrderedDict()
+        self._nodes: dict[str, IndexedNode] = {}
+        self._claims: dict[str, IndexedNode] = {}  # job id -> node
+        self._buckets: dict[BucketKey, Bucket] = {}
+        self._regional: dict[ExecutorKind, list[Bucket]] = {e: [] for e in ExecutorKind}
+        self._pooled: dict[ExecutorKind, list[Bucket]] = {e: [] for e in ExecutorKind}
+        self._shapes: OrderedDict[Shape, Candidates] = OrderedDict()
         self._n_banned = 0
         self._n_full = 0
         self._n_indexed = 0
@@ -498,7 +143,7 @@ class MatchingEngine:
         """Register a node (:class:`DuplicateNodeError` if its id is taken)."""
         if capacity.node_id in self._nodes:
             raise DuplicateNodeError(capacity.node_id)
-        node = _Node(capacity)
+        node = IndexedNode(capacity)
         self._nodes[node.node_id] = node
         self._index(node)
 
@@ -533,7 +178,7 @@ class MatchingEngine:
         except KeyError:
             raise UnknownJobError(job_id) from None
 
-    def _node(self, node_id: str) -> _Node:
+    def _node(self, node_id: str) -> IndexedNode:
         try:
             return self._nodes[node_id]
         except KeyError:
@@ -585,14 +230,14 @@ class MatchingEngine:
         min_vram = job.min_vram_mib
         cores, ram, disk = job.cpu_cores, job.ram_mib, job.disk_mib
         excluded = job.excluded_node_ids
-        shape = _Shape.of(job)
+        shape = Shape.of(job)
         # a bucket in the job's own class needs exact comparisons, unless the job asks for
         # exactly the class floor (then every node of the class has enough)
-        jc = shape.cclass if cores > _class_floor(shape.cclass) else -1
-        jr = shape.rclass if ram > _class_floor(shape.rclass) else -1
-        jd = shape.dclass if disk > _DISK_FLOORS_MIB[shape.dclass] else -1
+        jc = shape.cclass if cores > class_floor(shape.cclass) else -1
+        jr = shape.rclass if ram > class_floor(shape.rclass) else -1
+        jd = shape.dclass if disk > DISK_FLOORS_MIB[shape.dclass] else -1
         for group in self._candidates(shape).groups:
-            best: _Entry | None = None
+            best: Entry | None = None
             for bucket in group:
                 entries = bucket.entries
                 if not entries or entries[0][0] > max_price or bucket.vram_mib < min_vram:
@@ -628,13 +273,13 @@ class MatchingEngine:
         counts[Gate.REPUTATION] = self._n_banned
         counts[Gate.SLOTS] = self._n_full
         counts[Gate.EXECUTOR] = self._n_indexed - self._n_by_executor[job.executor]
-        shape = _Shape.of(job)
+        shape = Shape.of(job)
         g, cores, ram, disk = job.gpu_count, job.cpu_cores, job.ram_mib, job.disk_mib
         max_price, excluded = job.max_price_wei_per_hour, job.excluded_node_ids
         # in the job's own class, exact amounts decide, unless the job asks the class floor
-        exact_c = cores > _class_floor(shape.cclass)
-        exact_r = ram > _class_floor(shape.rclass)
-        exact_d = disk > _DISK_FLOORS_MIB[shape.dclass]
+        exact_c = cores > class_floor(shape.cclass)
+        exact_r = ram > class_floor(shape.rclass)
+        exact_d = disk > DISK_FLOORS_MIB[shape.dclass]
         n_cores = n_ram = n_price = n_disk = n_excluded = eligible = 0
         for bucket in self._regional[job.executor]:
             entries = bucket.entries
@@ -660,7 +305,7 @@ class MatchingEngine:
                     continue
                 passing = entries
                 if cores_fit and ram_fit:  # count prices by bisection
-                    k = bisect.bisect_right(entries, max_price, key=_price_of)
+                    k = bisect.bisect_right(entries, max_price, key=price_of)
                     n_price += len(entries) - k
                     if bucket.dclass < shape.dclass:
                         n_disk += k
@@ -691,11 +336,11 @@ class MatchingEngine:
         return WhyNot(job.job_id, len(self._nodes), eligible, MappingProxyType(counts))
 
     # ----------------------------------------------------------------- index
-    def _candidates(self, shape: _Shape) -> _Candidates:
+    def _candidates(self, shape: Shape) -> Candidates:
         found = self._shapes.get(shape)
         if found is not None:
             return found
-        found = _Candidates()
+        found = Candidates()
         pool = self._pooled if shape.region is None else self._regional
         admitted = [b for b in pool[shape.executor] if shape.admits(b)]
         admitted.sort(key=lambda b: (shape.order(b), b.model, b.dclass))
@@ -706,10 +351,10 @@ class MatchingEngine:
             self._shapes.popitem(last=False)
         return found
 
-    def _bucket(self, key: _BucketKey) -> _Bucket:
+    def _bucket(self, key: BucketKey) -> Bucket:
         bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[key] = _Bucket(key)
+            bucket = self._buckets[key] = Bucket(key)
             self._n_empty += 1
             pool = self._pooled if bucket.region is None else self._regional
             pool[bucket.executor].append(bucket)
@@ -718,18 +363,18 @@ class MatchingEngine:
                     candidates.add(shape.order(bucket), bucket)
         return bucket
 
-    def _index(self, node: _Node) -> None:
+    def _index(self, node: IndexedNode) -> None:
         if node.suspended or node.reputation < self.ban_below:
-            node.state = _BANNED
+            node.state = BANNED
             self._n_banned += 1
             return
         if node.free_slots <= 0:
-            node.state = _FULL
+            node.state = FULL
             self._n_full += 1
             return
-        node.state = _INDEXED
+        node.state = INDEXED
         self._n_indexed += 1
-        entry: _Entry = (node.price, -node.reputation, node.node_id, node)
+        entry: Entry = (node.price, -node.reputation, node.node_id, node)
         cclass, rclass = size_class(node.free_cores), size_class(node.free_ram_mib)
         dclass = disk_class(node.free_disk_mib)
         for executor in node.executors:
@@ -752,12 +397,12 @@ class MatchingEngine:
                 bisect.insort(bucket.entries, entry)
                 node.entries.append((bucket, entry))
 
-    def _deindex(self, node: _Node) -> None:
-        if node.state == _BANNED:
+    def _deindex(self, node: IndexedNode) -> None:
+        if node.state == BANNED:
             self._n_banned -= 1
-        elif node.state == _FULL:
+        elif node.state == FULL:
             self._n_full -= 1
-        elif node.state == _INDEXED:
+        elif node.state == INDEXED:
             self._n_indexed -= 1
             for bucket, entry in node.entries:
                 entries = bucket.entries
@@ -769,7 +414,7 @@ class MatchingEngine:
                 if bucket.region is not None:
                     self._n_by_executor[bucket.executor] -= 1
             node.entries.clear()
-        node.state = _NEW
+        node.state = NEW
         if self._n_empty > self._compact_after and 2 * self._n_empty > len(self._buckets):
             self.compact()
 

@@ -28,8 +28,8 @@ from scheduler.chain import (
     TxOutcomeUnknownError,
     TxSender,
     apply_sent,
+    nonces,
 )
-from scheduler.chain import sender as sender_module
 from scheduler.chain.sender import REGISTRY, bumped
 
 from ..conftest import Devnet
@@ -696,7 +696,7 @@ def test_restart_settles_in_flight_transactions_before_sending(
         old = pooled(client, own_chain.operator, nonce)
         assert old is not None and old["hash"] == excinfo.value.tx_hash
         if restart:
-            sender_module._SEQUENCES.clear()  # a new process: no nonce state carried over
+            nonces.SEQUENCES.clear()  # a new process: no nonce state carried over
         restarted = TxSender(
             own_chain.client(), own_chain.operator, retry=FAST, pool_check_s=0.2, fees=fees
         )

@@ -1,0 +1,92 @@
+"""A node's sign-up, as ``gridmarket-agent register`` does it besides the scheduler's call: the
+stake in ETH parsed to wei, the metadata document's CID (added to IPFS when the daemon answers),
+``registerProvider`` sent on-chain with the stake, and the node file ``status`` reads."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent.config import AgentConfig
+from agent.errors import AgentError, CliError
+from gridmarket.cmdline import one_line
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from gridmarket.wire import RegisterResponse
+
+log = logging.getLogger("agent")
+
+NODE_FILE = "node.json"
+"""Written under ``work_dir`` after each registration: what ``status`` needs to find the node."""
+
+
+def save_node(config: AgentConfig, registration: RegisterResponse, wallet: str) -> None:
+    """Remember the node id for ``status`` (no secret: the token is not stored)."""
+    path = config.work_dir / NODE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {
+        "scheduler_url": config.scheduler_url,
+        "node_id": registration.node_id,
+        "wallet": wallet,
+        "name": config.name,
+        "registered_at": time.time(),
+    }
+    path.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
+
+
+def stake_wei(eth: str) -> int:
+    try:
+        value = Decimal(eth) * 10**18
+    except InvalidOperation:
+        raise CliError(f"--stake {eth!r} is not a number of ETH") from None
+    if value < 0 or value != value.to_integral_value():
+        raise CliError(f"--stake {eth!r} must be >= 0 with at most 18 decimals")
+    return int(value)
+
+
+def stake_on_chain(config: AgentConfig, account: LocalAccount, wei: int, metadata: bytes) -> str:
+    """``registerProvider(metadataCid)`` with ``wei`` staked; the transaction hash."""
+    if config.rpc_url is None or config.deployment is None:
+        raise CliError(
+            "--stake needs the chain: set rpc_url and deployment "
+            "(--rpc-url, --deployment or GRIDMARKET_AGENT_RPC_URL / _DEPLOYMENT)"
+        )
+    cid = metadata_cid(config, metadata)
+    from gridmarket.chain import ChainError, Deployment, EscrowClient
+
+    try:
+        escrow = EscrowClient.connect(config.rpc_url, Deployment.load(config.deployment))
+        sent = escrow.send(account, "registerProvider", cid, value=wei)
+    except ChainError as exc:
+        raise CliError(f"on-chain registration failed: {one_line(exc)}") from None
+    except Exception as exc:  # the RPC node unreachable, and web3's other transport errors
+        raise CliError(
+            f"on-chain registration failed ({config.rpc_url}): {one_line(exc)}"
+        ) from None
+    return sent.tx_hash
+
+
+def metadata_cid(config: AgentConfig, metadata: bytes) -> str:
+    """The CID of the node's metadata document (added to IPFS when the daemon answers)."""
+    import tempfile
+
+    from gridmarket.cid import path_cid
+
+    with tempfile.TemporaryDirectory(prefix="gridmarket-meta-") as tmp:
+        folder = Path(tmp) / "node"
+        folder.mkdir()
+        (folder / "node.json").write_bytes(metadata)
+        try:
+            from agent.storage.ipfs import AgentIpfsStore
+
+            with AgentIpfsStore(config.ipfs_api, timeout=30) as storage:
+                return storage.add_dir(folder)
+        except AgentError as exc:
+            log.warning("metadata not added to IPFS (%s); registering its CID anyway", exc)
+            return path_cid(folder)

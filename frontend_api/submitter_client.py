@@ -1,0 +1,143 @@
+"""The submitter CLI's plumbing: the front end's JSON API (:class:`Frontend`), the local wallet
+(password, keystore), and the checks and signature a prepared transaction gets before the front
+end relays it. Errors are :class:`CliError`, one line for the user."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gridmarket.cmdline import prompt_password
+
+CREATE_JOB_SIGNATURE = "createJob(bytes32,string,uint40)"
+
+
+class CliError(RuntimeError):
+    """A problem to report in one line (exit status 1)."""
+
+
+@dataclass
+class Options:
+    url: str
+    keystore: Path
+    password_file: Path | None
+    ipfs_api: str | None
+
+
+class Frontend:
+    """The front end's JSON API; errors become :class:`CliError` with the server's sentence."""
+
+    def __init__(self, url: str, timeout: float = 120.0) -> None:
+        self.url = url
+        self._http = httpx.Client(base_url=url, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise CliError(f"cannot reach the front end at {self.url}: {exc}") from None
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text[:300]
+            raise CliError(str(detail))
+        return response
+
+    def stream(self, method: str, path: str, **kwargs: Any) -> Any:
+        """A streamed response (a context manager), as ``httpx.Client.stream``."""
+        return self._http.stream(method, path, **kwargs)
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        return self.request("GET", path, **kwargs).json()
+
+    def post(self, path: str, **kwargs: Any) -> Any:
+        return self.request("POST", path, **kwargs).json()
+
+
+def read_password(opts: Options, confirm: bool = False) -> str:
+    env = os.environ.get("GRIDMARKET_PASSWORD")
+    if env:
+        return env
+    if opts.password_file is not None:
+        try:
+            return opts.password_file.read_text(encoding="utf-8").rstrip("\r\n")
+        except OSError as exc:
+            raise CliError(f"cannot read the password file {opts.password_file}: {exc}") from None
+    password = prompt_password(confirm=confirm)
+    if password is None:
+        raise CliError("no password: set GRIDMARKET_PASSWORD or --password-file")
+    return password
+
+
+def unlock_account(opts: Options) -> Any:
+    from gridmarket.keystore import load_account
+
+    return load_account(opts.keystore, read_password(opts))
+
+
+def wallet_address(opts: Options) -> str:
+    from gridmarket.keystore import keystore_address
+
+    return keystore_address(opts.keystore)
+
+
+def check_create_job(
+    tx: dict[str, str], info: dict[str, Any], spec_cid: str, deadline: int, bounty: int
+) -> None:
+    """Refuse a ``createJob`` transaction that is not the one asked for: another contract or
+    chain, another function, spec, deadline or value (a front end cannot redirect funds)."""
+    from eth_abi.abi import decode
+    from eth_utils.crypto import keccak
+
+    if tx["to"].lower() != str(info["escrow"]).lower():
+        raise CliError(f"the transaction goes to {tx['to']}, not to the escrow {info['escrow']}")
+    if int(tx["chainId"], 16) != int(info["chain_id"]):
+        raise CliError(f"the transaction is for chain {int(tx['chainId'], 16)}")
+    data = bytes.fromhex(tx["data"][2:])
+    if data[:4] != keccak(text=CREATE_JOB_SIGNATURE)[:4]:
+        raise CliError("the transaction does not call createJob")
+    _, cid, got_deadline = decode(["bytes32", "string", "uint40"], data[4:])
+    if cid != spec_cid or got_deadline != deadline or int(tx["value"], 16) != bounty:
+        raise CliError("the transaction's spec, deadline or bounty is not the one prepared")
+
+
+def sign_tx(account: Any, tx: dict[str, str]) -> str:
+    signed = account.sign_transaction(
+        {
+            "to": tx["to"],
+            "data": tx["data"],
+            "value": int(tx["value"], 16),
+            "gas": int(tx["gas"], 16),
+            "gasPrice": int(tx["gasPrice"], 16),
+            "nonce": int(tx["nonce"], 16),
+            "chainId": int(tx["chainId"], 16),
+        }
+    )
+    return "0x" + bytes(signed.raw_transaction).hex()
+
+
+def relay(fe: Frontend, raw: str) -> dict[str, Any]:
+    result: dict[str, Any] = fe.post("/api/tx/relay", json={"raw_tx": raw, "wait_s": 120})
+    if result.get("status") != "success":
+        raise CliError(f"transaction {result.get('tx_hash')} {result.get('status')}")
+    return result
+
+
+def parse_job_id(value: str) -> str:
+    text = value.strip().lower()
+    if not (text.startswith("0x") and len(text) == 66):
+        raise CliError(f"{value!r} is not a job id (0x and 64 hex digits)")
+    return text
+
+
+def tx_link(info: dict[str, Any], url: str, tx_hash: str) -> str:
+    explorer = info.get("explorer_url")
+    return f"{explorer}/tx/{tx_hash}" if explorer else f"{url}/tx/{tx_hash}"

@@ -1,0 +1,217 @@
+"""What a match is, without the index: the hard gates, the rank among the nodes that pass, the
+size classes both use, the answers (:class:`Match`, :class:`NoMatch` with :class:`WhyNot`), and
+:func:`reference_match`, the O(n) definition the engine's index must agree with (tests, bench).
+See :mod:`scheduler.matching.engine` for the order of the gates and of the rank."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+from gridmarket.tiers import vram_class
+from gridmarket.wire import ExecutorKind
+
+from .models import Gate, JobRequirements
+
+DEFAULT_BAN_BELOW = 0.2
+"""Nodes whose reputation score is below this are not matched."""
+
+
+def size_class(amount: int) -> int:
+    """Power-of-two class of a core count or a MiB amount: ``[2**(c-1), 2**c)`` is class c."""
+    return amount.bit_length() if amount > 0 else 0
+
+
+def class_floor(size_cls: int) -> int:
+    return 1 << (size_cls - 1) if size_cls > 0 else 0
+
+
+DISK_CLASSES_GIB: tuple[int, ...] = (
+    0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000
+)  # fmt: skip
+"""Free-disk classes (GiB, 1-2-5 series: disk requests are usually round decimal sizes)."""
+DISK_FLOORS_MIB = tuple(g * 1024 for g in DISK_CLASSES_GIB)
+
+
+def disk_class(mib: int) -> int:
+    """Index of the :data:`DISK_CLASSES_GIB` class holding ``mib``."""
+    return bisect.bisect_right(DISK_FLOORS_MIB, mib) - 1 if mib > 0 else 0
+
+
+class NodeLike(Protocol):
+    """What gates and ranking read from a node: its capacity and what is free now."""
+
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def region(self) -> str: ...
+    @property
+    def price(self) -> int: ...
+    @property
+    def executors(self) -> frozenset[ExecutorKind]: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def vram_mib(self) -> int: ...
+    @property
+    def speed(self) -> float: ...
+    @property
+    def reputation(self) -> float: ...
+    @property
+    def suspended(self) -> bool: ...
+    @property
+    def free_gpus(self) -> int: ...
+    @property
+    def free_cores(self) -> int: ...
+    @property
+    def free_ram_mib(self) -> int: ...
+    @property
+    def free_disk_mib(self) -> int: ...
+    @property
+    def free_slots(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A snapshot of one registered node: capacity plus what is free now."""
+
+    node_id: str
+    region: str
+    price: int
+    executors: frozenset[ExecutorKind]
+    model: str
+    vram_mib: int
+    speed: float
+    reputation: float
+    suspended: bool
+    free_gpus: int
+    free_cores: int
+    free_ram_mib: int
+    free_disk_mib: int
+    free_slots: int
+    jobs: frozenset[str] = frozenset()
+
+
+def first_failed_gate(node: NodeLike, job: JobRequirements, *, ban_below: float) -> Gate | None:
+    """The first gate ``node`` fails for ``job`` (``None``: the node can take the job now)."""
+    g = job.gpu_count
+    if node.suspended or node.reputation < ban_below:
+        return Gate.REPUTATION
+    if node.free_slots <= 0:
+        return Gate.SLOTS
+    if job.executor not in node.executors:
+        return Gate.EXECUTOR
+    if job.region is not None and node.region != job.region:
+        return Gate.REGION
+    if node.free_gpus < g:
+        return Gate.GPU_COUNT
+    if g and job.gpu_models is not None and node.model not in job.gpu_models:
+        return Gate.GPU_MODEL
+    if g and node.vram_mib < job.min_vram_mib:
+        return Gate.VRAM
+    if node.free_cores < job.cpu_cores:
+        return Gate.CPU_CORES
+    if node.free_ram_mib < job.ram_mib:
+        return Gate.RAM
+    if node.price > job.max_price_wei_per_hour:
+        return Gate.PRICE
+    if node.free_disk_mib < job.disk_mib:
+        return Gate.DISK
+    if node.node_id in job.excluded_node_ids:
+        return Gate.EXCLUDED
+    return None
+
+
+class RankKey(NamedTuple):
+    """Why a node ranks where it does; smaller is better, compared field by field."""
+
+    spare_gpus: int
+    vram_class_excess: int
+    core_class_excess: int
+    ram_class_excess: int
+    neg_speed: float
+    price: int
+    neg_reputation: float
+    node_id: str
+
+
+def rank_key(node: NodeLike, job: JobRequirements) -> RankKey:
+    """Best-fit rank of a node that passes every gate for ``job``."""
+    return RankKey(
+        node.free_gpus - job.gpu_count,
+        vram_class(node.vram_mib) - vram_class(job.min_vram_mib),
+        size_class(node.free_cores) - size_class(job.cpu_cores),
+        size_class(node.free_ram_mib) - size_class(job.ram_mib),
+        -node.speed,
+        node.price,
+        -node.reputation,
+        node.node_id,
+    )
+
+
+def reference_match(
+    nodes: Iterable[NodeLike], job: JobRequirements, *, ban_below: float = DEFAULT_BAN_BELOW
+) -> str | None:
+    """O(n) definition of the match: the best-ranked node that passes every gate."""
+    best: RankKey | None = None
+    for node in nodes:
+        if first_failed_gate(node, job, ban_below=ban_below) is None:
+            key = rank_key(node, job)
+            if best is None or key < best:
+                best = key
+    return None if best is None else best.node_id
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """The node chosen for a job, with the rank that chose it."""
+
+    job_id: str
+    node_id: str
+    rank: RankKey
+
+
+@dataclass(frozen=True, slots=True)
+class WhyNot:
+    """Why no node can take a job now: each node counted once, under the first gate it fails.
+
+    ``top_gate`` is the gate that eliminated the most nodes (ties: earlier gate), ``None`` when
+    no node is registered at all.
+    """
+
+    job_id: str
+    total_nodes: int
+    eligible: int
+    eliminated: Mapping[Gate, int]
+
+    @property
+    def top_gate(self) -> Gate | None:
+        counts = [(n, -i, g) for i, (g, n) in enumerate(self.eliminated.items()) if n]
+        return max(counts)[2] if counts else None
+
+    def message(self) -> str:
+        """One line a submitter can act on."""
+        if self.total_nodes == 0:
+            return "no node is registered"
+        if self.eligible:
+            return f"{self.eligible} of {self.total_nodes} nodes can take the job now"
+        parts = ", ".join(f"{g.value}: {n}" for g, n in self.eliminated.items() if n)
+        top = self.top_gate
+        assert top is not None
+        return (
+            f"waiting: no node passes every gate; {top.value} eliminates the most "
+            f"({self.eliminated[top]} of {self.total_nodes}); {parts}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NoMatch:
+    """No node can take the job now; ``why`` says which gates stand in the way.
+
+    ``why`` is ``None`` when the match was asked with ``explain=False``.
+    """
+
+    job_id: str
+    why: WhyNot | None
