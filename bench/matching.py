@@ -208,7 +208,7 @@ def naive_match(idle: Iterable[tuple[str, int, int]], job: JobRequirements) -> s
 
 
 def shape_of(job: JobRequirements) -> tuple[object, ...]:
-    """What the engine caches candidates by (see scheduler.matching.engine._Shape)."""
+    """What the engine caches candidates by (see scheduler.matching.index.Shape)."""
     return (
         job.executor,
         job.region,
