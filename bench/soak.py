@@ -309,7 +309,7 @@ def main() -> int:
     parser.add_argument(
         "--no-unfetchable",
         action="store_true",
-        help="leave out the jobs funded with specs nobody has (issue 15 item 5 is open)",
+        help="leave out the jobs funded with specs nobody has (to measure the rest alone)",
     )
     args = parser.parse_args()
     if not 10 <= args.duration <= 1800:
