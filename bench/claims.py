@@ -66,7 +66,7 @@ from _stack import (
     uptime,
     wait_queued,
 )
-from gridmarket.devstack.anvil import free_port
+from devstack.anvil import free_port
 from sqlalchemy import create_engine, func, select
 
 from gridmarket.wire import API
