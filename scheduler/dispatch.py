@@ -342,7 +342,7 @@ class Dispatcher:
             job_id=job.job_id,
             attempt=job.attempt,
             spec_cid=job.spec_cid,
-            spec=JobSpec.model_validate(job.spec.model_dump()),
+            spec=job.spec,  # parsed once per CID (the store's cache); frozen, so shared
             bounty_wei=job.bounty_wei,
             deadline=job.deadline,
             lease_expires_at=job.lease_expires,

@@ -205,6 +205,7 @@ class JobStore(ReputationStore, OutboxStore):
     def record_result(self, job_id: str, node_id: str, report: ResultReport) -> str:
         """A node reports the end of its run. Success -> ``verifying``; a failed run is
         requeued elsewhere (or fails the job when its attempts are used up)."""
+        self._held_drop(node_id, [job_id])  # the run ended: no longer busy with it
         with self.engine.begin() as conn:
             job = self._job(conn, job_id, lock=True)
             if (
