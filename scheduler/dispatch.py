@@ -191,13 +191,17 @@ class Dispatcher:
     async def next_job(self, node: NodeRow, wait_s: float) -> Assignment | None:
         """Wait up to ``wait_s`` for a job for ``node``; None when none came."""
         now = time.time()
-        running = (
-            # a single-slot node's row says whether it is busy (the slot itself is guarded in
-            # SQL); a multi-slot node's free resources come from its running jobs
-            await asyncio.to_thread(self.store.running_specs, node.node_id)
-            if node.running or node.slots > 1
-            else []
-        )
+        running: list[JobSpec] = []
+        # a single-slot node's row says whether it is busy (the slot itself is guarded in SQL);
+        # a multi-slot node's free resources come from its running jobs: from memory when the
+        # store holds a fresh complete picture (no thread hop), else read
+        if node.running or node.slots > 1:
+            known = self.store.running_specs_known(node.node_id)
+            running = (
+                known
+                if known is not None
+                else await asyncio.to_thread(self.store.running_specs, node.node_id)
+            )
         capacity = free_capacity(
             node,
             running,

@@ -74,9 +74,9 @@ class LeaseStore(JobStore):
         extension is guarded in SQL; the node then hears ``cancel`` on its next heartbeat."""
         if not running:
             return [], []
-        known = self._held_jobs(node_id)
-        if known is not None and all(j in known for j in running):
-            return list(dict.fromkeys(running)), []
+        known = self.leases_known(node_id, running)
+        if known is not None:
+            return known, []
         with self.reader.connect() as conn:
             mine = {
                 r.job_id: (r.state, r.spec_cid)
@@ -90,6 +90,15 @@ class LeaseStore(JobStore):
         if leased:
             self._held_add(node_id, [(j, str(mine[j][1])) for j in leased])
         return leased, [j for j in running if j not in mine]
+
+    def leases_known(self, node_id: str, running: Sequence[str]) -> list[str] | None:
+        """:meth:`leases_of` from memory alone (no I/O, safe on the event loop): the running
+        jobs, once each, when this replica knows every one of them leased to ``node_id``;
+        else None (read them)."""
+        known = self._held_jobs(node_id)
+        if known is None or not all(j in known for j in running):
+            return None
+        return list(dict.fromkeys(running))
 
     def flush_heartbeats(self, beats: dict[str, tuple[float, list[str]]], lease_ttl: float) -> None:
         """Write half of many heartbeats in one transaction: each node's ``last_seen`` (and
@@ -233,10 +242,9 @@ class LeaseStore(JobStore):
         read; a job leaving the node makes the next call read. It only shapes what the node is
         offered: the claim's SQL guards still decide every lease. PostgreSQL (replicas, each
         granting leases) always reads."""
-        if not self.postgres:
-            known = self._held_jobs(node_id, fresh_s=fresh_s)
-            if known is not None and all(cid in SPEC_CACHE for cid in known.values()):
-                return [SPEC_CACHE[cid] for cid in known.values()]
+        known = self.running_specs_known(node_id, fresh_s=fresh_s)
+        if known is not None:
+            return known
         version = self._held_version(node_id)
         with self.reader.connect() as conn:
             q = select(jobs.c.job_id, jobs.c.spec_cid).where(
@@ -252,6 +260,16 @@ class LeaseStore(JobStore):
                     cached_spec(cid, data)
         self._held_set(node_id, held, version)
         return [SPEC_CACHE[cid] for cid in held.values() if cid in SPEC_CACHE]
+
+    def running_specs_known(self, node_id: str, *, fresh_s: float = 1.0) -> list[JobSpec] | None:
+        """:meth:`running_specs` from memory alone (no I/O, safe on the event loop), or None
+        where it must read (PostgreSQL; no complete picture under ``fresh_s`` old)."""
+        if self.postgres:
+            return None
+        known = self._held_jobs(node_id, fresh_s=fresh_s)
+        if known is None or not all(cid in SPEC_CACHE for cid in known.values()):
+            return None
+        return [SPEC_CACHE[cid] for cid in known.values()]
 
     def running_jobs(self, node_id: str) -> list[JobRow]:
         with self.reader.connect() as conn:

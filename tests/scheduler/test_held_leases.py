@@ -46,7 +46,9 @@ def test_heartbeat_of_own_claims_needs_no_read_and_flush_forgets_moved_jobs(
     assert reads == []  # answered from this replica's claim
     # the job leaves the node behind this replica's back (another replica, a chain event)
     with store.engine.begin() as conn:
-        conn.execute(update(jobs).where(jobs.c.job_id == job_id).values(state="queued", node_id=None))
+        conn.execute(
+            update(jobs).where(jobs.c.job_id == job_id).values(state="queued", node_id=None)
+        )
     # until the next flush the answer comes from memory; the flush's extension is guarded
     store.flush_heartbeats({n: (store.clock(), [job_id])}, lease_ttl=300)
     assert store.job(job_id).lease_expires is not None
@@ -94,5 +96,7 @@ def test_a_stale_picture_is_read_again(store: Store) -> None:
     assert store.running_specs(n) == [SPEC]
     # the job leaves the node by a path that does not tell the view (a chain event)
     with store.engine.begin() as conn:
-        conn.execute(update(jobs).where(jobs.c.job_id == job_id).values(state="queued", node_id=None))
+        conn.execute(
+            update(jobs).where(jobs.c.job_id == job_id).values(state="queued", node_id=None)
+        )
     assert store.running_specs(n, fresh_s=0.0) == []  # older than fresh_s: read
