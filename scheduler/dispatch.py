@@ -293,8 +293,9 @@ class Dispatcher:
                         claims.append(Claim(job.job_id, found.node_id))
                     elif now - self._explained.get(job.job_id, 0.0) > _EXPLAIN_EVERY_S:
                         self._explained[job.job_id] = now
-                        why = self.engine.explain(req)
-                        self._pending_reasons.append((job.job_id, _reason(why.message())))
+                        why = _reason(self.engine.explain(req).message())
+                        if why != job.reason:  # written only when it changed
+                            self._pending_reasons.append((job.job_id, why))
             return claims
 
         self._pending_reasons = []
@@ -313,8 +314,8 @@ class Dispatcher:
                 w = self._waiters.get(m.node_id)
                 if m.node_id not in winners and w is not None and m.node_id not in self.engine:
                     self._readd(m.node_id)
-        for job_id, reason in self._pending_reasons:
-            self.store.set_reason(job_id, reason)
+        if self._pending_reasons:  # one write for the round's explanations
+            self.store.set_reasons(self._pending_reasons)
         if len(self._explained) > 100_000:
             self._explained.clear()
         return won

@@ -1,6 +1,7 @@
-"""The store's in-memory view of the leases each node holds (heartbeats answered without a
-read, polls offered capacity without re-reading running jobs): it may only ever shortcut a
-read, never grant or keep a lease the database does not hold. SQLite and PostgreSQL."""
+"""The store's hot paths (issue 12), SQLite and PostgreSQL. The in-memory view of the leases
+each node holds (heartbeats answered without a read, polls offered capacity without re-reading
+running jobs) may only ever shortcut a read, never grant or keep a lease the database does not
+hold. A dispatch round's explanations are written in one transaction, to queued jobs only."""
 
 from __future__ import annotations
 
@@ -100,3 +101,14 @@ def test_a_stale_picture_is_read_again(store: Store) -> None:
             update(jobs).where(jobs.c.job_id == job_id).values(state="queued", node_id=None)
         )
     assert store.running_specs(n, fresh_s=0.0) == []  # older than fresh_s: read
+
+
+def test_reasons_are_written_in_one_go_to_queued_jobs_only(store: Store) -> None:
+    queue_jobs(store, 3)
+    n = node(store)
+    (taken,) = take(store, n)
+    store.set_reasons([(jid(2), "no idle node is waiting for work"), (taken, "nope")])
+    store.set_reasons([])
+    assert store.job(jid(2)).reason == "no idle node is waiting for work"
+    assert store.job(taken).reason == f"running on {n}"  # leased: left alone
+    assert store.job(jid(3)).reason != "nope"
