@@ -42,6 +42,7 @@ __all__ = ["Dispatcher", "free_capacity", "refused_wallets", "requirements"]
 _EXPLAIN_EVERY_S = 2.0
 _COALESCE_S = 0.002
 _TOUCH_EVERY_S = 1.0
+_FULL_HOLD_S = 0.25
 
 
 def refused_wallets(job: JobRow) -> frozenset[str]:
@@ -210,6 +211,11 @@ class Dispatcher:
             banned=node.excluded(now, self.store.policy),
         )
         if capacity is None:  # every slot, core or MiB of RAM is taken: nothing can fit
+            # Held a moment (within the wait_s it asked for) rather than answered at once: a
+            # client that ignores Retry-After would otherwise poll in a tight loop, answered
+            # from memory on the event loop, and starve the rounds of the nodes that can take
+            # work (measured: rounds over 1 s, their winners' polls gone, jobs handed back).
+            await asyncio.sleep(min(wait_s, _FULL_HOLD_S))
             return None
         loop = asyncio.get_running_loop()
         waiter = _Waiter(node.node_id, node.wallet, loop.create_future(), now)
