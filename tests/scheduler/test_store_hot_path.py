@@ -5,11 +5,15 @@ hold. A dispatch round's explanations are written in one transaction, to queued 
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import update
 
+from scheduler.dispatch import Dispatcher
+from scheduler.settings import Settings
 from scheduler.store import Store
 from scheduler.store.tables import jobs
 
@@ -112,3 +116,25 @@ def test_reasons_are_written_in_one_go_to_queued_jobs_only(store: Store) -> None
     assert store.job(jid(2)).reason == "no idle node is waiting for work"
     assert store.job(taken).reason == f"running on {n}"  # leased: left alone
     assert store.job(jid(3)).reason != "nope"
+
+
+def test_a_full_nodes_poll_is_held_within_its_wait(store: Store) -> None:
+    """A node whose slots are all taken gets None, but not at once (a client that ignores
+    Retry-After must not spin on the event loop): held up to 0.25 s, never past wait_s."""
+    queue_jobs(store, 1)
+    n = node(store, WALLETS[2], slots=1)
+    take(store, n)
+    row = store.node(n)
+    assert row.running == 1
+    settings = Settings.model_validate({})
+    d = Dispatcher(store, settings, chain_id=1, escrow="0x" + "22" * 20)
+
+    async def poll(wait_s: float) -> tuple[object, float]:
+        t0 = time.monotonic()
+        got = await d.next_job(row, wait_s)
+        return got, time.monotonic() - t0
+
+    got, took = asyncio.run(poll(5.0))
+    assert got is None and 0.2 <= took < 1.0
+    got, took = asyncio.run(poll(0.0))
+    assert got is None and took < 0.1
