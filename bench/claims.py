@@ -66,9 +66,9 @@ from _stack import (
     uptime,
     wait_queued,
 )
-from gridmarket.devstack.anvil import free_port
 from sqlalchemy import create_engine, func, select
 
+from devstack.anvil import free_port
 from gridmarket.wire import API
 from scheduler.store import Store
 from scheduler.store.tables import attempts

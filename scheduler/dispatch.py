@@ -42,6 +42,7 @@ __all__ = ["Dispatcher", "free_capacity", "refused_wallets", "requirements"]
 _EXPLAIN_EVERY_S = 2.0
 _COALESCE_S = 0.002
 _TOUCH_EVERY_S = 1.0
+_FULL_HOLD_S = 0.25
 
 
 def refused_wallets(job: JobRow) -> frozenset[str]:
@@ -191,13 +192,17 @@ class Dispatcher:
     async def next_job(self, node: NodeRow, wait_s: float) -> Assignment | None:
         """Wait up to ``wait_s`` for a job for ``node``; None when none came."""
         now = time.time()
-        running = (
-            # a single-slot node's row says whether it is busy (the slot itself is guarded in
-            # SQL); a multi-slot node's free resources come from its running jobs
-            await asyncio.to_thread(self.store.running_specs, node.node_id)
-            if node.running or node.slots > 1
-            else []
-        )
+        running: list[JobSpec] = []
+        # a single-slot node's row says whether it is busy (the slot itself is guarded in SQL);
+        # a multi-slot node's free resources come from its running jobs: from memory when the
+        # store holds a fresh complete picture (no thread hop), else read
+        if node.running or node.slots > 1:
+            known = self.store.running_specs_known(node.node_id)
+            running = (
+                known
+                if known is not None
+                else await asyncio.to_thread(self.store.running_specs, node.node_id)
+            )
         capacity = free_capacity(
             node,
             running,
@@ -206,6 +211,11 @@ class Dispatcher:
             banned=node.excluded(now, self.store.policy),
         )
         if capacity is None:  # every slot, core or MiB of RAM is taken: nothing can fit
+            # Held a moment (within the wait_s it asked for) rather than answered at once: a
+            # client that ignores Retry-After would otherwise poll in a tight loop, answered
+            # from memory on the event loop, and starve the rounds of the nodes that can take
+            # work (measured: rounds over 1 s, their winners' polls gone, jobs handed back).
+            await asyncio.sleep(min(wait_s, _FULL_HOLD_S))
             return None
         loop = asyncio.get_running_loop()
         waiter = _Waiter(node.node_id, node.wallet, loop.create_future(), now)
@@ -289,8 +299,9 @@ class Dispatcher:
                         claims.append(Claim(job.job_id, found.node_id))
                     elif now - self._explained.get(job.job_id, 0.0) > _EXPLAIN_EVERY_S:
                         self._explained[job.job_id] = now
-                        why = self.engine.explain(req)
-                        self._pending_reasons.append((job.job_id, _reason(why.message())))
+                        why = _reason(self.engine.explain(req).message())
+                        if why != job.reason:  # written only when it changed
+                            self._pending_reasons.append((job.job_id, why))
             return claims
 
         self._pending_reasons = []
@@ -309,8 +320,8 @@ class Dispatcher:
                 w = self._waiters.get(m.node_id)
                 if m.node_id not in winners and w is not None and m.node_id not in self.engine:
                     self._readd(m.node_id)
-        for job_id, reason in self._pending_reasons:
-            self.store.set_reason(job_id, reason)
+        if self._pending_reasons:  # one write for the round's explanations
+            self.store.set_reasons(self._pending_reasons)
         if len(self._explained) > 100_000:
             self._explained.clear()
         return won
@@ -342,7 +353,7 @@ class Dispatcher:
             job_id=job.job_id,
             attempt=job.attempt,
             spec_cid=job.spec_cid,
-            spec=JobSpec.model_validate(job.spec.model_dump()),
+            spec=job.spec,  # parsed once per CID (the store's cache); frozen, so shared
             bounty_wei=job.bounty_wei,
             deadline=job.deadline,
             lease_expires_at=job.lease_expires,

@@ -2,9 +2,14 @@
 writes every pulse of the last ``flush_s`` in one transaction.
 
 A heartbeat's answer needs no write (the leases it renews expire ``lease_ttl_s`` from now, known
-at once; the jobs to cancel come from a read). Writing each pulse in its own transaction made
-heartbeats queue behind each other on the database's write lock. Liveness and leases lag the
-pulse by at most ``flush_s`` (0.1 s), against a node timeout and lease of tens of seconds.
+at once) and, for jobs this replica knows leased to the node, no read either
+(``Store.leases_known``; unknown jobs are read, and the jobs to cancel come from that read).
+Writing each pulse in its own transaction made heartbeats queue behind each other on the
+database's write lock. Liveness and leases lag the pulse by at most ``flush_s`` (0.1 s), against
+a node timeout and lease of tens of seconds. Each flush also reconciles the replica's view with
+the database (``Store.flush_heartbeats``): a reported job no longer leased to its node (moved by
+another replica or a chain event) is forgotten, so that node's next heartbeat reads it and is
+told to cancel it; its lease extension was never written (the update is guarded in SQL).
 """
 
 from __future__ import annotations

@@ -81,6 +81,8 @@ class ClaimStore(JobStore):
                 conn.execute(insert(attempts), new_attempts)
                 conn.execute(insert(outbox), new_outbox)
                 conn.execute(insert(audit), new_audit)
+        for c in won:  # committed: this replica now knows these leases (see StoreBase)
+            self._held_add(c.node_id, [(c.job.job_id, c.job.spec_cid)])
         return won
 
     def _lease(

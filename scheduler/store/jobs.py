@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, case, func, select, update
+from sqlalchemy import Connection, bindparam, case, func, select, update
 
 from gridmarket.cid import CidError, same_cid
 from gridmarket.escrow import Status
@@ -176,6 +176,19 @@ class JobStore(ReputationStore, OutboxStore):
                 .values(reason=reason)
             )
 
+    def set_reasons(self, reasons: Sequence[tuple[str, str]]) -> None:
+        """:meth:`set_reason` for many queued jobs in one transaction (a dispatch round's
+        explanations: one write, not one per job waiting)."""
+        if not reasons:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(jobs)
+                .where(jobs.c.job_id == bindparam("jid"), jobs.c.state == "queued")
+                .values(reason=bindparam("why")),
+                [{"jid": j, "why": why} for j, why in reasons],
+            )
+
     def job(self, job_id: str) -> JobRow:
         with self.reader.connect() as conn:
             return self._job(conn, job_id)
@@ -205,6 +218,7 @@ class JobStore(ReputationStore, OutboxStore):
     def record_result(self, job_id: str, node_id: str, report: ResultReport) -> str:
         """A node reports the end of its run. Success -> ``verifying``; a failed run is
         requeued elsewhere (or fails the job when its attempts are used up)."""
+        self._held_drop(node_id, [job_id])  # the run ended: no longer busy with it
         with self.engine.begin() as conn:
             job = self._job(conn, job_id, lock=True)
             if (

@@ -4,6 +4,7 @@ lost leases (silent nodes, expired leases), deadlines, hand-backs, and what a no
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import Connection, bindparam, select, update
 
@@ -65,20 +66,39 @@ class LeaseStore(JobStore):
 
     def leases_of(self, node_id: str, running: Sequence[str]) -> tuple[list[str], list[str]]:
         """Read-only half of a heartbeat: (the running jobs whose lease the node holds, the jobs
-        it must stop). Verifying/settling jobs are neither: the node may still be reporting."""
+        it must stop). Verifying/settling jobs are neither: the node may still be reporting.
+
+        Jobs this replica knows leased to the node (its own claims, or an earlier read) need no
+        read: the answer comes from memory. A job that left the node elsewhere (another replica,
+        a chain event) is forgotten at the next flush (:meth:`flush_heartbeats`), whose lease
+        extension is guarded in SQL; the node then hears ``cancel`` on its next heartbeat."""
         if not running:
             return [], []
+        known = self.leases_known(node_id, running)
+        if known is not None:
+            return known, []
         with self.reader.connect() as conn:
             mine = {
-                r.job_id: r.state
+                r.job_id: (r.state, r.spec_cid)
                 for r in conn.execute(
-                    select(jobs.c.job_id, jobs.c.state).where(
+                    select(jobs.c.job_id, jobs.c.state, jobs.c.spec_cid).where(
                         jobs.c.job_id.in_(list(running)), jobs.c.node_id == node_id
                     )
                 )
             }
-        leased = [j for j, st in mine.items() if st == LEASED]
+        leased = [j for j, (st, _) in mine.items() if st == LEASED]
+        if leased:
+            self._held_add(node_id, [(j, str(mine[j][1])) for j in leased])
         return leased, [j for j in running if j not in mine]
+
+    def leases_known(self, node_id: str, running: Sequence[str]) -> list[str] | None:
+        """:meth:`leases_of` from memory alone (no I/O, safe on the event loop): the running
+        jobs, once each, when this replica knows every one of them leased to ``node_id``;
+        else None (read them)."""
+        known = self._held_jobs(node_id)
+        if known is None or not all(j in known for j in running):
+            return None
+        return list(dict.fromkeys(running))
 
     def flush_heartbeats(self, beats: dict[str, tuple[float, list[str]]], lease_ttl: float) -> None:
         """Write half of many heartbeats in one transaction: each node's ``last_seen`` (and
@@ -109,6 +129,26 @@ class LeaseStore(JobStore):
                     .values(lease_expires=bindparam("exp")),
                     lease_rows,
                 )
+                # reconcile what heartbeats answered from memory: jobs reported as leased
+                # that are no longer leased to that node are forgotten (read, not guessed)
+                self._forget_moved(conn, lease_rows)
+
+    def _forget_moved(self, conn: Connection, lease_rows: list[dict[str, Any]]) -> None:
+        reported = [(r["nid"], r["jid"]) for r in lease_rows]
+        ids = list({jid for _, jid in reported})
+        holder: dict[str, str | None] = {}
+        for i in range(0, len(ids), 500):
+            q = select(jobs.c.job_id, jobs.c.node_id, jobs.c.state).where(
+                jobs.c.job_id.in_(ids[i : i + 500])
+            )
+            for job_id, nid, state in conn.execute(q):
+                holder[job_id] = nid if state == LEASED else None
+        moved: dict[str, list[str]] = {}
+        for nid, jid in reported:
+            if holder.get(jid) != nid:
+                moved.setdefault(nid, []).append(jid)
+        for nid, jids in moved.items():
+            self._held_drop(nid, jids)
 
     def mark_offline(self, timeout: float) -> list[str]:
         """Nodes silent for ``timeout``: offline, and their leased jobs back to the queue."""
@@ -137,6 +177,7 @@ class LeaseStore(JobStore):
 
     def _lose_lease(self, conn: Connection, job: JobRow, why: str) -> None:
         assert job.node_id is not None
+        self._held_drop(job.node_id, [job.job_id])
         self._end_attempt(conn, job.job_id, job.attempt, "timeout", why)
         self._free_slot(conn, job.node_id)
         self._reputation(conn, job.node_id, Outcome.TIMEOUT)
@@ -175,6 +216,7 @@ class LeaseStore(JobStore):
             for job_id, node_id, attempt, state in rows:
                 to = lifecycle.step(state, Event.DEADLINE_PASSED).value
                 if state == LEASED and node_id:
+                    self._held_drop(node_id, [job_id])
                     self._free_slot(conn, node_id)
                     self._end_attempt(conn, job_id, attempt, "expired", "deadline passed")
                 conn.execute(
@@ -191,20 +233,43 @@ class LeaseStore(JobStore):
                 self._audit(conn, "job", job_id, to)
             return [r[0] for r in rows]
 
-    def running_specs(self, node_id: str) -> list[JobSpec]:
+    def running_specs(self, node_id: str, *, fresh_s: float = 1.0) -> list[JobSpec]:
         """The specs of the jobs leased to ``node_id`` (what its capacity is busy with): two
-        columns per row and the parsed-spec cache, not whole job rows (the poll's hot path)."""
+        columns per row and the parsed-spec cache, not whole job rows (the poll's hot path).
+
+        On SQLite (one replica: every lease is granted by this process) a complete list read
+        less than ``fresh_s`` ago, kept up to date by this process's claims, answers without a
+        read; a job leaving the node makes the next call read. It only shapes what the node is
+        offered: the claim's SQL guards still decide every lease. PostgreSQL (replicas, each
+        granting leases) always reads."""
+        known = self.running_specs_known(node_id, fresh_s=fresh_s)
+        if known is not None:
+            return known
+        version = self._held_version(node_id)
         with self.reader.connect() as conn:
-            q = select(jobs.c.spec_cid).where(jobs.c.node_id == node_id, jobs.c.state == LEASED)
-            cids = [str(cid) for (cid,) in conn.execute(q)]
-            missing = [cid for cid in set(cids) if cid not in SPEC_CACHE]
+            q = select(jobs.c.job_id, jobs.c.spec_cid).where(
+                jobs.c.node_id == node_id, jobs.c.state == LEASED
+            )
+            held = {str(jid): str(cid) for jid, cid in conn.execute(q)}
+            missing = [cid for cid in set(held.values()) if cid not in SPEC_CACHE]
             if missing:  # parse each spec once; later polls read only the CIDs
                 q = select(jobs.c.spec_cid, jobs.c.spec).where(
                     jobs.c.spec_cid.in_(missing), jobs.c.spec.is_not(None)
                 )
                 for cid, data in conn.execute(q):
                     cached_spec(cid, data)
-            return [SPEC_CACHE[cid] for cid in cids if cid in SPEC_CACHE]
+        self._held_set(node_id, held, version)
+        return [SPEC_CACHE[cid] for cid in held.values() if cid in SPEC_CACHE]
+
+    def running_specs_known(self, node_id: str, *, fresh_s: float = 1.0) -> list[JobSpec] | None:
+        """:meth:`running_specs` from memory alone (no I/O, safe on the event loop), or None
+        where it must read (PostgreSQL; no complete picture under ``fresh_s`` old)."""
+        if self.postgres:
+            return None
+        known = self._held_jobs(node_id, fresh_s=fresh_s)
+        if known is None or not all(cid in SPEC_CACHE for cid in known.values()):
+            return None
+        return [SPEC_CACHE[cid] for cid in known.values()]
 
     def running_jobs(self, node_id: str) -> list[JobRow]:
         with self.reader.connect() as conn:
@@ -214,6 +279,7 @@ class LeaseStore(JobStore):
     def hand_back(self, job_id: str, node_id: str) -> str:
         """The node gives a job back unfinished (shutdown): queued again, no penalty, and the
         on-chain assignment undone (outbox ``unassign``)."""
+        self._held_drop(node_id, [job_id])
         with self.engine.begin() as conn:
             job = self._job(conn, job_id, lock=True)
             if job.node_id != node_id or lifecycle.target(job.state, Event.HANDED_BACK) is None:
