@@ -9,10 +9,12 @@ through ``POST next-job`` until it holds its 1-4 leases (each lease's ``assign``
 the outbox to anvil; the bench waits until the outbox has sent them all).
 
 Then every node sends ``POST /v1/nodes/{id}/heartbeat`` with ``{"running": [its jobs]}``:
-the handler reads the leases those jobs hold (``Store.leases_of``, a database read per
-heartbeat), answers with their new expiry, and the replica writes the pulse and the lease
+the handler takes the leases those jobs hold from the replica's in-memory lease view
+(``Store.leases_known``; a heartbeat naming a job the view does not know reads the database,
+``Store.leases_of``), answers with their new expiry, and the replica writes the pulse and the lease
 extension behind, in one transaction per ``flush_s`` (``scheduler/heartbeats.py``,
-``Store.flush_heartbeats``). Two phases in one run: saturated (every node back to back) and
+``Store.flush_heartbeats``, which also reads which reported jobs are no longer leased and
+forgets them, so the node's next heartbeat reads and is told to cancel). Two phases in one run: saturated (every node back to back) and
 paced (open loop at ``--rate`` heartbeats/s in all). After each phase the bench reads every
 leased job's ``lease_expires`` from the database: each must have moved past its value before
 the phase (the extension was really written). Every 20th answer is parsed and must renew
