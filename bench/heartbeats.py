@@ -14,8 +14,9 @@ the handler takes the leases those jobs hold from the replica's in-memory lease 
 ``Store.leases_of``), answers with their new expiry, and the replica writes the pulse and the lease
 extension behind, in one transaction per ``flush_s`` (``scheduler/heartbeats.py``,
 ``Store.flush_heartbeats``, which also reads which reported jobs are no longer leased and
-forgets them, so the node's next heartbeat reads and is told to cancel). Two phases in one run: saturated (every node back to back) and
-paced (open loop at ``--rate`` heartbeats/s in all). After each phase the bench reads every
+forgets them, so the node's next heartbeat reads and is told to cancel). Two phases in one
+run: saturated (every node back to back) and paced (open loop at ``--rate`` heartbeats/s in
+all). After each phase the bench reads every
 leased job's ``lease_expires`` from the database: each must have moved past its value before
 the phase (the extension was really written). Every 20th answer is parsed and must renew
 exactly the jobs the node listed.
