@@ -177,6 +177,8 @@ def demo(grid: LocalGrid, args: argparse.Namespace, started: float) -> int:
             if all(r["state"] in FINAL for r in jobs.values()):
                 break
             time.sleep(0.25)
+    if not console.is_terminal:
+        console.line()  # Live leaves its last table line open in a pipe
     log(f"jobs settled {time.monotonic() - funded_at:.1f} s after funding")
     return report(grid, jobs)
 
