@@ -35,8 +35,6 @@ TERMINAL_STATES = frozenset({"released", "refunded", "failed", "invalid", "expir
 SPEC_CACHE_MAX = 512
 log = logging.getLogger(__name__)
 
-CACHE_GRACE_S = 30.0
-"""An IPFS cache entry used this recently is not evicted."""
 SPEC_MISS_RETRY_S = 30.0
 """A spec that could not be fetched is not asked for again for this long."""
 
@@ -154,8 +152,8 @@ class Backend:
 
     def _account_cache(self, cid: str, dest: Path) -> None:
         """Count ``dest`` in the cache and evict the least recently used entries past the
-        budget (``download_cache_bytes``). Entries used in the last ``CACHE_GRACE_S`` are kept
-        (they may be being served): the budget can be passed for that long."""
+        budget (``download_cache_bytes``). Entries used in the last ``download_cache_grace_s``
+        are kept (they may be being served): the budget can be passed for that long."""
         size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
         now = time.monotonic()
         evict: list[str] = []
@@ -166,7 +164,7 @@ class Backend:
             for old, (old_size, used) in list(self._cached.items()):
                 if total <= self.settings.download_cache_bytes:
                     break
-                if old == cid or now - used < CACHE_GRACE_S:
+                if old == cid or now - used < self.settings.download_cache_grace_s:
                     continue
                 del self._cached[old]
                 total -= old_size

@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     download_cache_bytes: int = Field(
         2 * 1024**3, ge=1, description="disk budget of the IPFS proxy's cache (LRU eviction)"
     )
+    download_cache_grace_s: float = Field(
+        30.0, ge=0, description="a cache entry used this recently is not evicted (being served)"
+    )
     public_base_url: str | None = Field(
         None, description="the site's public URL (https://host): redirects and origin checks"
     )

@@ -11,9 +11,7 @@ import threading
 import time
 
 import httpx
-import pytest
 
-from frontend_api import backend as backend_module
 from frontend_api.backend import Backend
 from frontend_api.settings import Settings
 from gridmarket.cid import bytes_cid
@@ -143,18 +141,16 @@ def test_hostile_directory_entries_are_a_clear_error_not_a_500(stack: FrontendSt
         assert problem in r.json()["detail"]
 
 
-def test_the_download_cache_stays_within_its_budget(
-    stack: FrontendStack, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_download_cache_stays_within_its_budget(stack: FrontendStack) -> None:
     """A Backend (what the app builds) against the stack's IPFS, with a 3000-byte budget:
     fetching a third 1200-byte file evicts the least recently used one from disk."""
-    monkeypatch.setattr(backend_module, "CACHE_GRACE_S", 0.0)
     settings = Settings(
         scheduler_url=stack.scheduler.url,
         rpc_url=stack.devnet.url,
         deployment_file=stack.deployment_file,
         ipfs_api=stack.ipfs_api,
         download_cache_bytes=3000,
+        download_cache_grace_s=0.0,
     )
     b = Backend(settings)
     try:
