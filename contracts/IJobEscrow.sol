@@ -1,63 +1,96 @@
 // SPDX-License-Identifier: Apache-2.0
 pragma solidity ^0.8.28;
 
-/// @title IJobEscrow
+/// @title IJobEscrow (version 2)
 /// @notice Types, events and errors of the GridMarket job escrow and provider registry.
 /// @dev Everything an indexer (the scheduler's chain watcher, the payouts explorer) needs is in
 ///      the events: it never has to read contract storage.
+///
+///      Trust model (docs/trust.md): no key in the middle can move a bounty or a stake.
+///      - The operator (the scheduler's key, snapshotted into each job at funding) only chooses
+///        which *willing* provider gets a job: `assign` needs the provider's EIP-712 acceptance,
+///        and the operator, treasury, submitter and mediator can never be the provider.
+///      - A result is paid when the submitter accepts it, when nobody objected within the
+///        challenge window (anyone may then `finalize`), when the mediator the submitter named at
+///        funding upholds it, or, only for jobs the submitter funded with `FLAG_ON_VERIFY`, when
+///        the job's operator pays it at once on its own check.
+///      - A provider's collateral for a job (fixed at funding, at least `minCollateralBps` of the
+///        bounty) is locked from assignment until the job is final; only a ruling of the job's
+///        mediator slashes it. Unstaking only ever takes free stake.
+///      - The owner's settings (operator, fee, treasury, mediator list) reach only jobs funded
+///        after the change.
 interface IJobEscrow {
     /// @notice Where a job is in its on-chain life.
     /// None -> Funded -> Assigned -> Submitted -> Released, with Funded|Assigned -> Refunded,
-    /// Assigned -> Funded (unassign) and Submitted -> Funded (reject).
+    /// Assigned -> Funded (unassign), Submitted -> Disputed (submitter), and
+    /// Submitted|Disputed -> Funded (the mediator ruled the result wrong) or -> Released.
     enum Status {
         None,
         Funded,
         Assigned,
         Submitted,
         Released,
-        Refunded
+        Refunded,
+        Disputed
     }
 
     /// @notice The full terms and progress of one job.
     /// @dev Only `keccak256(abi.encode(job))` is stored (one slot per job, with the status in its
     ///      low byte); callers pass the struct back, rebuilt from the events, and the contract
-    ///      checks it against the commitment. `JobEscrow.jobOf`-style getters would cost every
-    ///      job 3 more storage slots; see docs/contracts.md.
+    ///      checks it against the commitment. Every transition's events fold to the stored
+    ///      commitment (gridmarket.escrow.apply_event).
     struct Job {
         address submitter;
         uint96 bounty; // wei locked by the submitter
-        address provider; // zero until assigned
+        address provider; // zero unless assigned
         uint40 deadline; // unix seconds; no result accepted after it
-        uint40 submittedAt; // zero until a result is submitted
+        uint40 since; // when the current assignment (Assigned) or result (Submitted) began
         uint16 feeBps; // platform fee snapshot taken at creation
         uint16 attempt; // assignment counter: a provider signature covers one assignment
-        bytes32 resultDigest; // keccak256(bytes(outputCid)), zero until a result
+        bytes32 resultDigest; // keccak256(bytes(outputCid)), zero unless a result is pending
+        address operator; // the operator at funding: the only key that may assign this job
+        address mediator; // named by the submitter at funding: the only key that may rule
+        uint96 collateral; // wei of the provider's stake locked while it holds this job
+        uint40 disputedAt; // when the submitter disputed the pending result; zero otherwise
+        uint8 flags; // FLAG_ON_VERIFY: the operator may pay at once on its own check
     }
 
     /// @notice A provider's registry entry.
     struct Provider {
-        uint96 stake; // collateral, slashable, includes `unstakePending`
-        uint96 unstakePending; // part of `stake` that is on its way out
+        uint96 stake; // slashable collateral: free (stake - locked) plus locked by jobs
+        uint96 locked; // part of `stake` backing jobs the provider holds
         uint40 unstakeAt; // when `unstakePending` may be withdrawn
         bool registered;
+        uint96 unstakePending; // taken out of `stake`, on its way to the balance; not slashable
     }
 
     // ---------------------------------------------------------------- job events
-    /// @notice A submitter funded a job. `specCid` names the job spec on IPFS.
+    /// @notice A submitter funded a job with these terms. `specCid` names the job spec on IPFS.
     event JobCreated(
         bytes32 indexed jobId,
         address indexed submitter,
         uint96 bounty,
         uint40 deadline,
         uint16 feeBps,
+        address operator,
+        address mediator,
+        uint96 collateral,
+        uint8 flags,
         bytes32 salt,
         string specCid
     );
-    /// @notice The operator gave the job to `provider` (attempt counts assignments).
+    /// @notice The job's operator gave the job to `provider`, who accepted it (attempt counts
+    ///         assignments); `since` is the assignment time. The job's collateral is now locked
+    ///         from the provider's stake (and unlocked from `previousProvider`'s).
     event JobAssigned(
-        bytes32 indexed jobId, address indexed provider, address previousProvider, uint16 attempt
+        bytes32 indexed jobId,
+        address indexed provider,
+        address previousProvider,
+        uint16 attempt,
+        uint40 since
     );
-    /// @notice The operator took the job back from `provider` (lease lost); it is Funded again.
+    /// @notice The job went back to Funded: the provider handed it back or the operator took it
+    ///         back after `reassignDelay`. The collateral is unlocked, nobody is slashed.
     event JobUnassigned(bytes32 indexed jobId, address indexed provider, uint16 attempt);
     /// @notice The assigned provider delivered `outputCid` (sent by itself or relayed).
     event ResultSubmitted(
@@ -67,13 +100,23 @@ interface IJobEscrow {
         uint40 submittedAt,
         string outputCid
     );
-    /// @notice The result was rejected; the job is Funded again and the provider was slashed.
-    event ResultRejected(
-        bytes32 indexed jobId, address indexed provider, uint16 attempt, uint96 slashed
+    /// @notice The submitter disputed the pending result, depositing `deposit`; the job's
+    ///         mediator rules on it.
+    event ResultDisputed(
+        bytes32 indexed jobId, address indexed provider, uint40 disputedAt, uint96 deposit
+    );
+    /// @notice The job's mediator ruled on the pending result. `upheld`: the result is paid
+    ///         (JobReleased follows). Otherwise the provider lost the job's collateral
+    ///         (ProviderSlashed follows) and the job is Funded again.
+    event Ruled(
+        bytes32 indexed jobId,
+        address indexed mediator,
+        address indexed provider,
+        uint16 attempt,
+        bool upheld
     );
     /// @notice The bounty was paid: `payout` to the provider's balance and `fee` to the fees
-    ///         accrued for the treasury. Who released it (operator, submitter, provider's claim)
-    ///         is the transaction's sender.
+    ///         accrued for the treasury. The collateral is unlocked.
     event JobReleased(
         bytes32 indexed jobId,
         address indexed provider,
@@ -89,19 +132,27 @@ interface IJobEscrow {
     event FeesCollected(address indexed treasury, uint256 amount);
     /// @notice `account` withdrew `amount` of its balance to `to`.
     event Withdrawn(address indexed account, address indexed to, uint256 amount);
+    /// @notice `amount` was credited to `account`'s balance outside a payout or refund: a
+    ///         dispute deposit returned or paid to the mediator (`reason` says which).
+    event Credited(bytes32 indexed jobId, address indexed account, uint96 amount, string reason);
 
     // ---------------------------------------------------------------- registry events
     /// @notice A provider registered (or updated) its metadata commitment.
     event ProviderRegistered(address indexed provider, bytes32 metadataDigest, string metadataCid);
     /// @notice A provider added collateral.
     event Staked(address indexed provider, uint96 amount, uint96 totalStake);
-    /// @notice A provider asked to take `amount` of its stake out, available at `availableAt`.
+    /// @notice A provider took `amount` of its free stake out, available at `availableAt`.
     event UnstakeRequested(address indexed provider, uint96 amount, uint40 availableAt);
-    /// @notice Stake left the registry and was credited to the provider's balance.
+    /// @notice Unstaked stake was credited to the provider's balance.
     event Unstaked(address indexed provider, uint96 amount, uint96 totalStake);
-    /// @notice Stake was slashed for a rejected result and credited to `beneficiary`.
+    /// @notice A ruling took `amount` of the provider's locked collateral for `jobId`:
+    ///         `toMediator` pays the mediator's re-run, the rest went to the submitter.
     event ProviderSlashed(
-        address indexed provider, bytes32 indexed jobId, uint96 amount, address beneficiary
+        address indexed provider,
+        bytes32 indexed jobId,
+        uint96 amount,
+        address submitter,
+        uint96 toMediator
     );
 
     // ---------------------------------------------------------------- admin events
@@ -109,19 +160,23 @@ interface IJobEscrow {
     event OwnershipTransferStarted(address indexed previousOwner, address indexed newOwner);
     /// @notice Ownership moved.
     event OwnershipTransferred(address indexed previousOwner, address indexed newOwner);
-    /// @notice The operator (scheduler's key) changed.
+    /// @notice The operator for jobs funded from now on changed (funded jobs keep theirs).
     event OperatorChanged(address indexed previousOperator, address indexed newOperator);
     /// @notice The fee recipient changed.
     event TreasuryChanged(address indexed previousTreasury, address indexed newTreasury);
     /// @notice The fee for new jobs changed (existing jobs keep theirs).
     event FeeChanged(uint16 previousFeeBps, uint16 newFeeBps);
+    /// @notice A mediator was added to or removed from the list submitters pick from (funded
+    ///         jobs keep the mediator they named).
+    event MediatorListed(address indexed mediator, bool listed);
 
     // ---------------------------------------------------------------- errors
     error JobEscrowNotOwner(address caller);
     error JobEscrowNotPendingOwner(address caller);
-    error JobEscrowNotOperator(address caller);
+    error JobEscrowNotOperator(address caller, address operator);
     error JobEscrowNotSubmitter(address caller, address submitter);
     error JobEscrowNotProvider(address caller, address provider);
+    error JobEscrowNotMediator(address caller, address mediator);
     error JobEscrowNotAllowed(address caller);
     error JobEscrowZeroAddress();
     error JobEscrowFeeTooHigh(uint16 feeBps, uint16 maxFeeBps);
@@ -130,6 +185,12 @@ interface IJobEscrow {
     error JobEscrowDeadlineOutOfRange(uint256 deadline, uint256 earliest, uint256 latest);
     error JobEscrowBadSpecCid(uint256 length);
     error JobEscrowBadOutputCid(uint256 length);
+    error JobEscrowBadFlags(uint8 flags);
+    error JobEscrowMediatorNotListed(address mediator);
+    error JobEscrowCollateralTooLow(uint256 collateral, uint256 minCollateral);
+    error JobEscrowWrongDeposit(uint256 sent, uint256 deposit);
+    error JobEscrowNotOnVerify(bytes32 jobId);
+    error JobEscrowConflictOfInterest(bytes32 jobId, address provider);
     error JobEscrowJobExists(bytes32 jobId);
     error JobEscrowUnknownJob(bytes32 jobId);
     error JobEscrowJobMismatch(bytes32 jobId);
@@ -137,6 +198,7 @@ interface IJobEscrow {
     error JobEscrowDeadlinePassed(bytes32 jobId, uint256 deadline, uint256 nowTs);
     error JobEscrowDeadlineNotPassed(bytes32 jobId, uint256 deadline, uint256 nowTs);
     error JobEscrowSameProvider(bytes32 jobId, address provider);
+    error JobEscrowTooEarly(bytes32 jobId, uint256 allowedAt, uint256 nowTs);
     error JobEscrowChallengeWindowOpen(bytes32 jobId, uint256 claimableAt, uint256 nowTs);
     error JobEscrowChallengeWindowClosed(bytes32 jobId, uint256 closedAt, uint256 nowTs);
     error JobEscrowBadSignature(bytes32 jobId, address recovered, address provider);
@@ -145,7 +207,9 @@ interface IJobEscrow {
     error JobEscrowReentrancy();
     error ProviderRegistryNotRegistered(address provider);
     error ProviderRegistryInsufficientStake(address provider, uint256 stake, uint256 minStake);
+    error ProviderRegistryInsufficientCollateral(address provider, uint256 free, uint256 needed);
     error ProviderRegistryBadMetadataCid(uint256 length);
+    error ProviderRegistryReservedAddress(address account);
     error ProviderRegistryZeroAmount();
     error ProviderRegistryStakeTooHigh(uint256 total, uint256 maxStake);
     error ProviderRegistryUnstakeTooLarge(uint256 amount, uint256 available);

@@ -4,15 +4,20 @@ pragma solidity ^0.8.28;
 import {IJobEscrow} from "./IJobEscrow.sol";
 import {ProviderRegistry} from "./ProviderRegistry.sol";
 
-/// @title JobEscrow
-/// @notice Per-job escrow for the GridMarket GPU compute marketplace.
+/// @title JobEscrow (version 2)
+/// @notice Per-job escrow for the GridMarket GPU compute marketplace, with no key in the middle
+///         that can take a bounty or a stake (docs/trust.md).
 ///
-/// A submitter locks a bounty with `createJob`. Only the operator (the scheduler's key) assigns
-/// the job, and only to an eligible registered provider. Only that provider can author a result,
-/// once per assignment and before the deadline, by sending it or by signing it (EIP-712) for a
-/// relayer. The bounty is released, minus the fee fixed at creation, by the operator after
-/// verification or by the submitter accepting; if nobody rejects within the challenge window the
-/// provider claims it alone. After the deadline with no result, anyone can refund the submitter.
+/// A submitter locks a bounty with `createJob`, naming the terms: the mediator who may rule on
+/// the result, the collateral a provider must lock, and whether the operator may pay at once on
+/// its own check (`FLAG_ON_VERIFY`). The operator in office at funding assigns the job, only to
+/// a provider that signed its acceptance of those terms (EIP-712 `Acceptance`); the provider's
+/// collateral is then locked. Only that provider can author a result, before the deadline. The
+/// result is paid (minus the fee fixed at creation) when the submitter accepts it, when the
+/// mediator upholds it, when nobody disputed it within the challenge window (anyone may then
+/// `finalize`), or at once by the operator for an on-verify job. A disputed result goes to the
+/// mediator; a result ruled wrong costs the provider the job's collateral and the job is Funded
+/// again. After the deadline with no result pending, anyone can refund the submitter.
 /// Money only moves into withdrawable balances (pull payments); `withdraw` is the one place ETH
 /// leaves, guarded against reentrancy, so a reverting receiver can only block itself.
 ///
@@ -23,17 +28,27 @@ contract JobEscrow is ProviderRegistry {
     uint16 public constant MAX_FEE_BPS = 2000;
     /// @notice Longest accepted CID string (CIDv1 base32 sha2-256 is 59 characters).
     uint256 public constant MAX_CID_LENGTH = 128;
+    /// @notice Job flag: the job's operator may pay a result at once on its own check
+    ///         (`settle`, `release`); the submitter accepts that trust when funding.
+    uint8 public constant FLAG_ON_VERIFY = 1;
     /// @notice EIP-712 type of a provider's result.
     bytes32 public constant RESULT_TYPEHASH =
         keccak256("Result(bytes32 jobId,uint16 attempt,string outputCid)");
+    /// @notice EIP-712 type of a provider's acceptance of a job's terms for one assignment.
+    bytes32 public constant ACCEPTANCE_TYPEHASH = keccak256(
+        "Acceptance(bytes32 jobId,uint16 attempt,uint96 bounty,uint16 feeBps,uint40 deadline,"
+        "uint96 collateral,address mediator,uint8 flags)"
+    );
     bytes32 private constant _DOMAIN_TYPEHASH = keccak256(
         "EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)"
     );
     bytes32 private constant _NAME_HASH = keccak256("GridMarket JobEscrow");
-    bytes32 private constant _VERSION_HASH = keccak256("1");
+    bytes32 private constant _VERSION_HASH = keccak256("2");
     /// @dev secp256k1n / 2: signatures with a higher s are malleable copies and are refused.
     uint256 private constant _HALF_N =
         0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0;
+    /// @dev Size of an ABI-encoded Job: 13 static words.
+    uint256 private constant _JOB_BYTES = 0x1a0;
 
     /// @notice Smallest bounty accepted, in wei.
     uint96 public immutable minBounty;
@@ -41,26 +56,40 @@ contract JobEscrow is ProviderRegistry {
     uint40 public immutable minDuration;
     /// @notice Longest time from creation to deadline, in seconds.
     uint40 public immutable maxDuration;
-    /// @notice Seconds after a result during which the operator may reject it; then the provider
-    ///         may claim the bounty without anyone's help.
+    /// @notice Seconds after a result during which the submitter may dispute it and the mediator
+    ///         may rule on it; then anyone may finalize it (pay the provider).
     uint40 public immutable challengeWindow;
+    /// @notice Smallest collateral a job may ask of its provider, in basis points of the bounty.
+    uint16 public immutable minCollateralBps;
+    /// @notice What a submitter deposits to dispute a result: it pays the mediator's re-run if
+    ///         the result is upheld and comes back otherwise.
+    uint96 public immutable disputeDeposit;
+    /// @notice Seconds the mediator has to rule on a dispute; then anyone may finalize it (the
+    ///         result stands, the deposit goes back to the submitter).
+    uint40 public immutable mediationWindow;
+    /// @notice Seconds after an assignment before the operator may take the job back
+    ///         (`unassign` or reassign) without the provider: enough for a provider whose
+    ///         result the operator withholds to post it on-chain itself.
+    uint40 public immutable reassignDelay;
 
     uint256 private immutable _cachedChainId;
     bytes32 private immutable _cachedDomainSeparator;
 
-    /// @notice Current owner (admin of operator, treasury and fee; never of funds).
+    /// @notice Current owner (admin of the settings for future jobs; never of funds).
     address public owner;
     /// @notice Proposed owner, until it accepts.
     address public pendingOwner;
-    /// @notice The scheduler's key: assigns, unassigns, settles, releases and rejects.
+    /// @notice The operator for jobs funded from now on (each job keeps the one it was funded
+    ///         under).
     address public operator;
     /// @notice Fees released but not yet credited to the treasury (`collectFees`).
-    /// @dev Packed with `operator`: a release reads that slot anyway to authorize the caller.
     uint96 public feesAccrued;
     /// @notice Receives platform fees (into its withdrawable balance, via `collectFees`).
     address public treasury;
     /// @notice Fee for jobs created from now on, in basis points of the bounty.
     uint16 public feeBps;
+    /// @notice Mediators a submitter may name (besides itself) for jobs funded from now on.
+    mapping(address mediator => bool) public isListedMediator;
 
     mapping(bytes32 jobId => uint256) private _jobs;
     mapping(address account => uint256) private _balances;
@@ -78,16 +107,15 @@ contract JobEscrow is ProviderRegistry {
         uint40 challengeWindow;
         uint96 minStake;
         uint40 unstakeDelay;
-        uint16 slashBps;
+        uint16 minCollateralBps;
+        uint96 disputeDeposit;
+        uint40 mediationWindow;
+        uint40 reassignDelay;
+        address mediator; // listed at deployment (zero: none)
     }
 
     modifier onlyOwner() {
         if (msg.sender != owner) revert JobEscrowNotOwner(msg.sender);
-        _;
-    }
-
-    modifier onlyOperator() {
-        if (msg.sender != operator) revert JobEscrowNotOperator(msg.sender);
         _;
     }
 
@@ -99,11 +127,14 @@ contract JobEscrow is ProviderRegistry {
     }
 
     /// @param p Deployment parameters; the deployer becomes the owner.
-    constructor(Params memory p) ProviderRegistry(p.minStake, p.unstakeDelay, p.slashBps) {
+    constructor(Params memory p) ProviderRegistry(p.minStake, p.unstakeDelay) {
         if (p.operator == address(0) || p.treasury == address(0)) revert JobEscrowZeroAddress();
         if (p.feeBps > MAX_FEE_BPS) revert JobEscrowFeeTooHigh(p.feeBps, MAX_FEE_BPS);
         if (p.minDuration > p.maxDuration) {
             revert JobEscrowDeadlineOutOfRange(p.minDuration, 0, p.maxDuration);
+        }
+        if (p.operator == p.treasury || p.operator == p.mediator) {
+            revert ProviderRegistryReservedAddress(p.operator);
         }
         owner = msg.sender;
         operator = p.operator;
@@ -113,12 +144,20 @@ contract JobEscrow is ProviderRegistry {
         minDuration = p.minDuration;
         maxDuration = p.maxDuration;
         challengeWindow = p.challengeWindow;
+        minCollateralBps = p.minCollateralBps;
+        disputeDeposit = p.disputeDeposit;
+        mediationWindow = p.mediationWindow;
+        reassignDelay = p.reassignDelay;
         _cachedChainId = block.chainid;
         _cachedDomainSeparator = _buildDomainSeparator();
         emit OwnershipTransferred(address(0), msg.sender);
         emit OperatorChanged(address(0), p.operator);
         emit TreasuryChanged(address(0), p.treasury);
         emit FeeChanged(0, p.feeBps);
+        if (p.mediator != address(0)) {
+            isListedMediator[p.mediator] = true;
+            emit MediatorListed(p.mediator, true);
+        }
     }
 
     // ================================================================ submitter
@@ -128,12 +167,20 @@ contract JobEscrow is ProviderRegistry {
     ///        take or squat an id the submitter computed in advance.
     /// @param specCid IPFS CID of the job spec (image, dataset, resources).
     /// @param deadline Unix time after which no result is accepted and the bounty is refundable.
+    /// @param mediator Who may rule on the result: a listed mediator, or the submitter itself
+    ///        (providers see it in what they accept). Never the operator.
+    /// @param collateral Stake the provider locks while it holds the job, at least
+    ///        `minCollateral(bounty)`; a ruling against its result gives it to the submitter.
+    /// @param flags `FLAG_ON_VERIFY` lets the operator pay a result at once on its own check.
     /// @return jobId keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt)).
-    function createJob(bytes32 salt, string calldata specCid, uint40 deadline)
-        external
-        payable
-        returns (bytes32 jobId)
-    {
+    function createJob(
+        bytes32 salt,
+        string calldata specCid,
+        uint40 deadline,
+        address mediator,
+        uint96 collateral,
+        uint8 flags
+    ) external payable returns (bytes32 jobId) {
         if (msg.value < minBounty) revert JobEscrowBountyTooLow(msg.value, minBounty);
         if (msg.value > type(uint96).max) {
             revert JobEscrowBountyTooHigh(msg.value, type(uint96).max);
@@ -145,14 +192,47 @@ contract JobEscrow is ProviderRegistry {
         }
         uint256 len = bytes(specCid).length;
         if (len == 0 || len > MAX_CID_LENGTH) revert JobEscrowBadSpecCid(len);
-
+        if (flags > FLAG_ON_VERIFY) revert JobEscrowBadFlags(flags);
+        uint256 needed = minCollateral(msg.value);
+        if (collateral < needed) revert JobEscrowCollateralTooLow(collateral, needed);
         jobId = keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt));
         if (_jobs[jobId] != 0) revert JobEscrowJobExists(jobId);
+        address op = operator;
+        if (mediator == op) revert JobEscrowConflictOfInterest(jobId, mediator);
+        if (mediator != msg.sender && !isListedMediator[mediator]) {
+            revert JobEscrowMediatorNotListed(mediator);
+        }
 
         uint16 fee = feeBps;
-        Job memory job = Job(msg.sender, uint96(msg.value), address(0), deadline, 0, fee, 0, 0);
+        Job memory job = Job(
+            msg.sender,
+            uint96(msg.value),
+            address(0),
+            deadline,
+            0,
+            fee,
+            0,
+            0,
+            op,
+            mediator,
+            collateral,
+            0,
+            flags
+        );
         _jobs[jobId] = _pack(keccak256(abi.encode(job)), Status.Funded);
-        emit JobCreated(jobId, msg.sender, uint96(msg.value), deadline, fee, salt, specCid);
+        emit JobCreated(
+            jobId,
+            msg.sender,
+            uint96(msg.value),
+            deadline,
+            fee,
+            op,
+            mediator,
+            collateral,
+            flags,
+            salt,
+            specCid
+        );
     }
 
     /// @notice Cancel a job nobody was assigned yet; the bounty goes to the submitter's balance.
@@ -162,67 +242,121 @@ contract JobEscrow is ProviderRegistry {
         _finishRefund(jobId, job);
     }
 
-    /// @notice After the deadline with no result pending, return the bounty to the submitter.
+    /// @notice After the deadline with no result pending, return the bounty to the submitter
+    ///         (and unlock the collateral of a provider that still holds the job).
     /// @dev Anyone may call it (the operator is not needed); the money only goes to the submitter.
     function refund(bytes32 jobId, Job calldata job) external {
-        _checkEither(jobId, job, Status.Funded, Status.Assigned);
+        Status status = _checkEither(jobId, job, Status.Funded, Status.Assigned);
         if (block.timestamp <= job.deadline) {
             revert JobEscrowDeadlineNotPassed(jobId, job.deadline, block.timestamp);
         }
+        if (status == Status.Assigned) _unlock(job.provider, job.collateral);
         _finishRefund(jobId, job);
+    }
+
+    /// @notice Accept the pending result and pay it now (the submitter), or, for an on-verify
+    ///         job, pay it on the operator's check (the job's operator).
+    function release(bytes32 jobId, Job calldata job) external {
+        _check(jobId, job, Status.Submitted);
+        if (
+            msg.sender != job.submitter
+                && (msg.sender != job.operator || job.flags & FLAG_ON_VERIFY == 0)
+        ) {
+            revert JobEscrowNotAllowed(msg.sender);
+        }
+        _jobs[jobId] = _pack(_hashCalldata(job), Status.Released);
+        _finishRelease(jobId, job);
+    }
+
+    /// @notice Dispute the pending result within the challenge window, depositing
+    ///         `disputeDeposit`: the job's mediator rules on it.
+    function dispute(bytes32 jobId, Job calldata job) external payable {
+        _check(jobId, job, Status.Submitted);
+        if (msg.sender != job.submitter) revert JobEscrowNotSubmitter(msg.sender, job.submitter);
+        if (msg.value != disputeDeposit) revert JobEscrowWrongDeposit(msg.value, disputeDeposit);
+        uint256 closesAt = uint256(job.since) + challengeWindow;
+        if (block.timestamp >= closesAt) {
+            revert JobEscrowChallengeWindowClosed(jobId, closesAt, block.timestamp);
+        }
+        uint40 nowTs = uint40(block.timestamp);
+        _jobs[jobId] = _pack(
+            _hashProgress(job, job.provider, job.since, job.attempt, job.resultDigest, nowTs),
+            Status.Disputed
+        );
+        emit ResultDisputed(jobId, job.provider, nowTs, uint96(msg.value));
     }
 
     // ================================================================ operator
 
-    /// @notice Assign a funded job to `provider`, or reassign an assigned one to another provider.
-    /// @dev Only before the deadline, only to an eligible provider; each call is a new attempt,
-    ///      so signatures made for an earlier assignment are void.
-    function assign(bytes32 jobId, Job calldata job, address provider) external onlyOperator {
-        _checkEither(jobId, job, Status.Funded, Status.Assigned);
+    /// @notice Assign a funded job to `provider`, or reassign an assigned one to another provider
+    ///         once `reassignDelay` has passed. Only the job's operator, only before the deadline,
+    ///         only with the provider's signed acceptance of this assignment and the job's terms,
+    ///         and never to the operator, the submitter or the mediator. Locks the collateral.
+    /// @dev Each call is a new attempt, so signatures made for an earlier assignment are void.
+    function assign(
+        bytes32 jobId,
+        Job calldata job,
+        address provider,
+        bytes calldata acceptance
+    ) external {
+        if (msg.sender != job.operator) revert JobEscrowNotOperator(msg.sender, job.operator);
+        Status status = _checkEither(jobId, job, Status.Funded, Status.Assigned);
         if (block.timestamp > job.deadline) {
             revert JobEscrowDeadlinePassed(jobId, job.deadline, block.timestamp);
         }
         if (provider == job.provider) revert JobEscrowSameProvider(jobId, provider);
-        _requireEligible(provider);
+        if (provider == job.operator || provider == job.submitter || provider == job.mediator) {
+            revert JobEscrowConflictOfInterest(jobId, provider);
+        }
+        address signer = _recover(acceptanceDigest(jobId, job), acceptance);
+        if (signer != provider) revert JobEscrowBadSignature(jobId, signer, provider);
+        if (status == Status.Assigned) {
+            _requireTakeBackAllowed(jobId, job);
+            _unlock(job.provider, job.collateral);
+        }
+        _lock(provider, job.collateral);
         uint16 attempt = job.attempt + 1;
-        _jobs[jobId] = _pack(_hashWith(job, provider, 0, attempt, 0), Status.Assigned);
-        emit JobAssigned(jobId, provider, job.provider, attempt);
+        uint40 nowTs = uint40(block.timestamp);
+        _jobs[jobId] = _pack(_hashProgress(job, provider, nowTs, attempt, 0, 0), Status.Assigned);
+        emit JobAssigned(jobId, provider, job.provider, attempt, nowTs);
     }
 
-    /// @notice Take an assigned job back (the provider lost its lease); it is Funded again.
-    function unassign(bytes32 jobId, Job calldata job) external onlyOperator {
+    /// @notice Hand an assigned job back (the provider, at any time) or take it back (the job's
+    ///         operator, once `reassignDelay` has passed since the assignment). It is Funded
+    ///         again, the collateral unlocked, nobody slashed.
+    function unassign(bytes32 jobId, Job calldata job) external {
         _check(jobId, job, Status.Assigned);
-        _jobs[jobId] = _pack(_hashWith(job, address(0), 0, job.attempt, 0), Status.Funded);
+        if (msg.sender == job.operator) {
+            _requireTakeBackAllowed(jobId, job);
+        } else if (msg.sender != job.provider) {
+            revert JobEscrowNotAllowed(msg.sender);
+        }
+        _unlock(job.provider, job.collateral);
+        _jobs[jobId] =
+            _pack(_hashProgress(job, address(0), 0, job.attempt, 0, 0), Status.Funded);
         emit JobUnassigned(jobId, job.provider, job.attempt);
     }
 
-    /// @notice Reject a submitted result within the challenge window: the provider is slashed
-    ///         (to the submitter) and the job goes back to Funded to be assigned again.
-    function reject(bytes32 jobId, Job calldata job) external onlyOperator {
-        _check(jobId, job, Status.Submitted);
-        uint256 closesAt = uint256(job.submittedAt) + challengeWindow;
-        if (block.timestamp >= closesAt) {
-            revert JobEscrowChallengeWindowClosed(jobId, closesAt, block.timestamp);
-        }
-        _jobs[jobId] = _pack(_hashWith(job, address(0), 0, job.attempt, 0), Status.Funded);
-        uint96 slashed = _slash(job.provider, jobId, job.submitter);
-        emit ResultRejected(jobId, job.provider, job.attempt, slashed);
-    }
-
-    /// @notice Relay a result signed by the assigned provider and pay it in one transaction:
-    ///         the scheduler's path once it has verified the output off-chain. Emits
-    ///         ResultSubmitted and JobReleased, as the two-step path does.
+    /// @notice For an on-verify job: relay a result signed by the assigned provider and pay it in
+    ///         one transaction, on the operator's own check. Emits ResultSubmitted and
+    ///         JobReleased, as the two-step path does, and stores what they fold to.
     function settle(
         bytes32 jobId,
         Job calldata job,
         string calldata outputCid,
         bytes calldata signature
-    ) external onlyOperator {
+    ) external {
+        if (msg.sender != job.operator) revert JobEscrowNotOperator(msg.sender, job.operator);
+        if (job.flags & FLAG_ON_VERIFY == 0) revert JobEscrowNotOnVerify(jobId);
         _check(jobId, job, Status.Assigned);
         _requireSignedBy(jobId, job, outputCid, signature);
         uint40 submittedAt = _validateResult(jobId, job, outputCid);
+        bytes32 digest = keccak256(bytes(outputCid));
         emit ResultSubmitted(jobId, job.provider, job.attempt, submittedAt, outputCid);
-        _jobs[jobId] = _pack(_hashCalldata(job), Status.Released);
+        _jobs[jobId] = _pack(
+            _hashProgress(job, job.provider, submittedAt, job.attempt, digest, 0),
+            Status.Released
+        );
         _finishRelease(jobId, job);
     }
 
@@ -250,28 +384,62 @@ contract JobEscrow is ProviderRegistry {
         _acceptResult(jobId, job, outputCid);
     }
 
-    /// @notice Once the challenge window passed with no rejection, the provider takes its pay.
-    function claim(bytes32 jobId, Job calldata job) external {
-        _check(jobId, job, Status.Submitted);
-        if (msg.sender != job.provider) revert JobEscrowNotProvider(msg.sender, job.provider);
-        uint256 claimableAt = uint256(job.submittedAt) + challengeWindow;
-        if (block.timestamp < claimableAt) {
-            revert JobEscrowChallengeWindowOpen(jobId, claimableAt, block.timestamp);
+    // ================================================================ mediator
+
+    /// @notice The job's mediator rules on the pending result: on a dispute at any time until
+    ///         it is finalized, or on its own check within the challenge window. Upheld: the
+    ///         result is paid (and a dispute deposit pays the mediator). Not upheld: the provider
+    ///         loses the job's collateral (the submitter gets it, less the mediator's re-run when
+    ///         disputed, and its deposit back) and the job is Funded again.
+    function rule(bytes32 jobId, Job calldata job, bool upheld) external {
+        Status status = _checkEither(jobId, job, Status.Submitted, Status.Disputed);
+        if (msg.sender != job.mediator) revert JobEscrowNotMediator(msg.sender, job.mediator);
+        if (status == Status.Submitted) {
+            uint256 closesAt = uint256(job.since) + challengeWindow;
+            if (block.timestamp >= closesAt) {
+                revert JobEscrowChallengeWindowClosed(jobId, closesAt, block.timestamp);
+            }
         }
-        _jobs[jobId] = _pack(_hashCalldata(job), Status.Released);
-        _finishRelease(jobId, job);
+        bool disputed = status == Status.Disputed;
+        emit Ruled(jobId, job.mediator, job.provider, job.attempt, upheld);
+        if (upheld) {
+            _jobs[jobId] = _pack(_hashCalldata(job), Status.Released);
+            if (disputed) _creditEvent(jobId, job.mediator, disputeDeposit, "result upheld");
+            _finishRelease(jobId, job);
+            return;
+        }
+        _jobs[jobId] =
+            _pack(_hashProgress(job, address(0), 0, job.attempt, 0, 0), Status.Funded);
+        uint96 amount = job.collateral;
+        uint96 toMediator;
+        if (disputed) {
+            toMediator = amount < disputeDeposit ? amount : disputeDeposit;
+            _creditEvent(jobId, job.submitter, disputeDeposit, "deposit returned");
+        }
+        _slashLocked(job.provider, amount);
+        emit ProviderSlashed(job.provider, jobId, amount, job.submitter, toMediator);
+        if (toMediator != 0) _credit(job.mediator, toMediator);
+        _credit(job.submitter, amount - toMediator);
     }
 
-    // ================================================================ operator or submitter
+    // ================================================================ anyone
 
-    /// @notice Pay a submitted result: by the operator after verification, or by the submitter
-    ///         accepting it (at any time before it is rejected).
-    function release(bytes32 jobId, Job calldata job) external {
-        _check(jobId, job, Status.Submitted);
-        if (msg.sender != operator && msg.sender != job.submitter) {
-            revert JobEscrowNotAllowed(msg.sender);
+    /// @notice Pay a result nobody objected to: a submitted one once the challenge window has
+    ///         passed, or a disputed one the mediator left unruled for `mediationWindow` (the
+    ///         result stands, the deposit goes back to the submitter). Anyone may call it; the
+    ///         money only goes to the provider (and the fee to the treasury).
+    function finalize(bytes32 jobId, Job calldata job) external {
+        Status status = _checkEither(jobId, job, Status.Submitted, Status.Disputed);
+        uint256 allowedAt = status == Status.Submitted
+            ? uint256(job.since) + challengeWindow
+            : uint256(job.disputedAt) + mediationWindow;
+        if (block.timestamp < allowedAt) {
+            revert JobEscrowChallengeWindowOpen(jobId, allowedAt, block.timestamp);
         }
         _jobs[jobId] = _pack(_hashCalldata(job), Status.Released);
+        if (status == Status.Disputed) {
+            _creditEvent(jobId, job.submitter, disputeDeposit, "deposit returned: no ruling");
+        }
         _finishRelease(jobId, job);
     }
 
@@ -317,16 +485,25 @@ contract JobEscrow is ProviderRegistry {
         emit OwnershipTransferred(previous, msg.sender);
     }
 
-    /// @notice Change the operator key (the scheduler). Funds are unaffected.
+    /// @notice Change the operator for jobs funded from now on; funded jobs keep theirs. A
+    ///         registered provider, the treasury or a listed mediator cannot be the operator.
     function setOperator(address newOperator) external onlyOwner {
         if (newOperator == address(0)) revert JobEscrowZeroAddress();
+        if (
+            _providers[newOperator].registered || newOperator == treasury
+                || isListedMediator[newOperator]
+        ) revert ProviderRegistryReservedAddress(newOperator);
         emit OperatorChanged(operator, newOperator);
         operator = newOperator;
     }
 
-    /// @notice Change where future fees are credited. Fees already credited stay with the old one.
+    /// @notice Change where future fees are credited. Fees already credited stay with the old
+    ///         one. A registered provider or the operator cannot be the treasury.
     function setTreasury(address newTreasury) external onlyOwner {
         if (newTreasury == address(0)) revert JobEscrowZeroAddress();
+        if (_providers[newTreasury].registered || newTreasury == operator) {
+            revert ProviderRegistryReservedAddress(newTreasury);
+        }
         emit TreasuryChanged(treasury, newTreasury);
         treasury = newTreasury;
     }
@@ -336,6 +513,15 @@ contract JobEscrow is ProviderRegistry {
         if (newFeeBps > MAX_FEE_BPS) revert JobEscrowFeeTooHigh(newFeeBps, MAX_FEE_BPS);
         emit FeeChanged(feeBps, newFeeBps);
         feeBps = newFeeBps;
+    }
+
+    /// @notice List or unlist a mediator submitters may name from now on; jobs already funded
+    ///         keep the mediator they named. The operator cannot be listed.
+    function setMediator(address mediator, bool listed) external onlyOwner {
+        if (mediator == address(0)) revert JobEscrowZeroAddress();
+        if (listed && mediator == operator) revert ProviderRegistryReservedAddress(mediator);
+        isListedMediator[mediator] = listed;
+        emit MediatorListed(mediator, listed);
     }
 
     // ================================================================ views
@@ -356,6 +542,11 @@ contract JobEscrow is ProviderRegistry {
         return _balances[account];
     }
 
+    /// @notice The least collateral a job with this bounty may ask for.
+    function minCollateral(uint256 bounty) public view returns (uint256) {
+        return (bounty * minCollateralBps) / 10_000;
+    }
+
     /// @notice The EIP-712 domain separator of this deployment on this chain.
     function domainSeparator() public view returns (bytes32) {
         return block.chainid == _cachedChainId ? _cachedDomainSeparator : _buildDomainSeparator();
@@ -372,13 +563,41 @@ contract JobEscrow is ProviderRegistry {
         return keccak256(abi.encodePacked("\x19\x01", domainSeparator(), structHash));
     }
 
+    /// @notice The EIP-712 digest a provider signs to accept the next assignment of `jobId`
+    ///         (attempt `job.attempt + 1`) on the terms in `job`.
+    function acceptanceDigest(bytes32 jobId, Job calldata job) public view returns (bytes32) {
+        bytes32 structHash = keccak256(
+            abi.encode(
+                ACCEPTANCE_TYPEHASH,
+                jobId,
+                job.attempt + 1,
+                job.bounty,
+                job.feeBps,
+                job.deadline,
+                job.collateral,
+                job.mediator,
+                job.flags
+            )
+        );
+        return keccak256(abi.encodePacked("\x19\x01", domainSeparator(), structHash));
+    }
+
     // ================================================================ internals
 
-    /// @dev Records a result for the two-step path (release or claim follows).
+    /// @dev The operator may take a job back from its provider only `reassignDelay` after the
+    ///      assignment, so it cannot grab a result it has seen before the provider posts it.
+    function _requireTakeBackAllowed(bytes32 jobId, Job calldata job) private view {
+        uint256 allowedAt = uint256(job.since) + reassignDelay;
+        if (block.timestamp < allowedAt) revert JobEscrowTooEarly(jobId, allowedAt, block.timestamp);
+    }
+
+    /// @dev Records a result for the two-step path (release, finalize or a ruling follows).
     function _acceptResult(bytes32 jobId, Job calldata job, string calldata outputCid) private {
         uint40 submittedAt = _validateResult(jobId, job, outputCid);
         _jobs[jobId] = _pack(
-            _hashWith(job, job.provider, submittedAt, job.attempt, keccak256(bytes(outputCid))),
+            _hashProgress(
+                job, job.provider, submittedAt, job.attempt, keccak256(bytes(outputCid)), 0
+            ),
             Status.Submitted
         );
         emit ResultSubmitted(jobId, job.provider, job.attempt, submittedAt, outputCid);
@@ -407,7 +626,8 @@ contract JobEscrow is ProviderRegistry {
         if (signer != job.provider) revert JobEscrowBadSignature(jobId, signer, job.provider);
     }
 
-    /// @dev Pays a job whose status the caller has just moved to Released (effects first).
+    /// @dev Pays a job whose status the caller has just moved to Released (effects first) and
+    ///      unlocks its collateral.
     function _finishRelease(bytes32 jobId, Job calldata job) private {
         // bounty < 2**96 and feeBps <= 2000, so bounty * feeBps < 2**107: no overflow, and
         // fee <= bounty, so the subtraction cannot underflow.
@@ -417,6 +637,7 @@ contract JobEscrow is ProviderRegistry {
             fee = uint96((uint256(job.bounty) * job.feeBps) / 10_000);
             payout = job.bounty - fee;
         }
+        _unlock(job.provider, job.collateral);
         _credit(job.provider, payout);
         if (fee != 0) {
             uint256 accrued = uint256(feesAccrued) + fee;
@@ -435,6 +656,13 @@ contract JobEscrow is ProviderRegistry {
         emit JobRefunded(jobId, job.submitter, job.bounty);
     }
 
+    function _creditEvent(bytes32 jobId, address account, uint96 amount, string memory reason)
+        private
+    {
+        emit Credited(jobId, account, amount, reason);
+        _credit(account, amount);
+    }
+
     function _withdraw(address payable to) private nonReentrant {
         uint256 amount = _balances[msg.sender];
         if (amount == 0) revert JobEscrowNothingToWithdraw(msg.sender);
@@ -449,6 +677,10 @@ contract JobEscrow is ProviderRegistry {
         unchecked {
             _balances[account] += amount;
         }
+    }
+
+    function _isReserved(address account) internal view override returns (bool) {
+        return account == operator || account == treasury;
     }
 
     /// @dev Revert unless `jobId` is in `expected` status and `job` is its current state.
@@ -482,33 +714,35 @@ contract JobEscrow is ProviderRegistry {
     }
 
     /// @dev keccak256(abi.encode(job)) read straight from calldata. `Job` is a static struct of
-    ///      8 words, so its calldata bytes are its ABI encoding; a non-canonical encoding (dirty
+    ///      13 words, so its calldata bytes are its ABI encoding; a non-canonical encoding (dirty
     ///      high bits) hashes differently from the stored commitment and is refused by `_check`.
     function _hashCalldata(Job calldata job) private pure returns (bytes32 h) {
         assembly ("memory-safe") {
             let p := mload(0x40)
-            calldatacopy(p, job, 0x100)
-            h := keccak256(p, 0x100)
+            calldatacopy(p, job, _JOB_BYTES)
+            h := keccak256(p, _JOB_BYTES)
         }
     }
 
-    /// @dev keccak256(abi.encode(job)) with provider, submittedAt, attempt and resultDigest
-    ///      replaced; the other fields (submitter, bounty, deadline, feeBps) never change.
-    function _hashWith(
+    /// @dev keccak256(abi.encode(job)) with the progress fields (provider, since, attempt,
+    ///      resultDigest, disputedAt) replaced; the terms never change.
+    function _hashProgress(
         Job calldata job,
         address provider,
-        uint40 submittedAt,
+        uint40 since,
         uint16 attempt,
-        bytes32 digest
+        bytes32 digest,
+        uint40 disputedAt
     ) private pure returns (bytes32 h) {
         assembly ("memory-safe") {
             let p := mload(0x40)
-            calldatacopy(p, job, 0x100)
+            calldatacopy(p, job, _JOB_BYTES)
             mstore(add(p, 0x40), provider)
-            mstore(add(p, 0x80), submittedAt)
+            mstore(add(p, 0x80), since)
             mstore(add(p, 0xc0), attempt)
             mstore(add(p, 0xe0), digest)
-            h := keccak256(p, 0x100)
+            mstore(add(p, 0x160), disputedAt)
+            h := keccak256(p, _JOB_BYTES)
         }
     }
 

@@ -68,7 +68,7 @@ class Anvil(Service):
 
     port: int = 0
     chain_id: int = 31337
-    accounts: int = 10
+    accounts: int = 12
     balance_eth: int = 10_000
     block_time: float | None = None
     state_file: Path | None = None
@@ -192,7 +192,8 @@ def dev_accounts(count: int = 10) -> list[str]:
 
 class DevRoles:
     """The project's roles over anvil's dev accounts (``accounts``, in mnemonic order): 0 owner
-    and deployer, 1 operator (the scheduler's key), 2 treasury, 3-4 submitters, 5-9 providers."""
+    and deployer, 1 operator (the scheduler's key), 2 treasury, 3-4 submitters, 5-9 providers,
+    10 mediator (needs ``dev_accounts(11)`` or more)."""
 
     accounts: list[LocalAccount]
 
@@ -219,3 +220,9 @@ class DevRoles:
     @property
     def providers(self) -> list[LocalAccount]:
         return self.accounts[5:10]
+
+    @property
+    def mediator(self) -> LocalAccount:
+        if len(self.accounts) < 11:
+            raise DevnetError("the mediator is dev account 10: derive at least 11 accounts")
+        return self.accounts[10]

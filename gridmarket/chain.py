@@ -27,7 +27,15 @@ from web3 import Web3
 from web3.exceptions import ContractCustomError, ContractLogicError, Web3RPCError
 from web3.types import LogReceipt, TxParams, TxReceipt
 
-from gridmarket.escrow import JOB_EVENTS, InvalidText, JobState, apply_event, decode_text
+from gridmarket.escrow import (
+    FLAG_ON_VERIFY,
+    JOB_EVENTS,
+    InvalidText,
+    JobState,
+    Terms,
+    apply_event,
+    decode_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -308,9 +316,27 @@ class EscrowClient:
 
     # ------------------------------------------------------------------ job calls
     def create_job(
-        self, submitter: LocalAccount, salt: bytes, spec_cid: str, deadline: int, bounty: int
+        self,
+        submitter: LocalAccount,
+        salt: bytes,
+        spec_cid: str,
+        deadline: int,
+        bounty: int,
+        terms: Terms | None = None,
     ) -> tuple[JobState, Sent]:
-        sent = self.send(submitter, "createJob", salt, spec_cid, deadline, value=bounty)
+        """Fund a job; ``terms`` default to the deployment's (:meth:`default_terms`)."""
+        t = terms or self.default_terms(bounty, submitter.address)
+        sent = self.send(
+            submitter,
+            "createJob",
+            salt,
+            spec_cid,
+            deadline,
+            t.mediator,
+            t.collateral,
+            t.flags,
+            value=bounty,
+        )
         (created,) = [e for e in sent.events if e.name == "JobCreated"]
         return apply_event(None, created.name, created.args), sent
 
@@ -323,6 +349,17 @@ class EscrowClient:
             if event.name in JOB_EVENTS and bytes(event.args["jobId"]) == state.job_id:
                 state = apply_event(state, event.name, event.args)
         return state, sent
+
+    def default_terms(self, bounty: int, submitter: str, on_verify: bool = False) -> Terms:
+        """The terms a job gets unless its submitter says otherwise: the mediator listed at
+        deployment (the submitter itself when none was), the least collateral the contract
+        allows for ``bounty``, and after-window payment unless ``on_verify``."""
+        mediator = self.deployment.params.get("mediator") or submitter
+        return Terms(
+            mediator=to_checksum_address(mediator),
+            collateral=int(self.call("minCollateral", bounty)),
+            flags=FLAG_ON_VERIFY if on_verify else 0,
+        )
 
     # ------------------------------------------------------------------ reads
     def balance_of(self, account: str) -> int:

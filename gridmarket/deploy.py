@@ -41,7 +41,11 @@ class EscrowParams:
     challenge_window: int = 3600
     min_stake: int = 10**16  # 0.01 ETH
     unstake_delay: int = 7 * 24 * 3600
-    slash_bps: int = 1000
+    min_collateral_bps: int = 10_000  # a provider risks at least what it can earn
+    dispute_deposit: int = 10**15  # 0.001 ETH: pays the mediator's re-run if the result stands
+    mediation_window: int = 3 * 24 * 3600
+    reassign_delay: int = 600
+    mediator: str | None = None  # listed at deployment (None: no mediator listed yet)
 
     def as_tuple(self) -> tuple[Any, ...]:
         return (
@@ -54,7 +58,11 @@ class EscrowParams:
             self.challenge_window,
             self.min_stake,
             self.unstake_delay,
-            self.slash_bps,
+            self.min_collateral_bps,
+            self.dispute_deposit,
+            self.mediation_window,
+            self.reassign_delay,
+            Web3.to_checksum_address(self.mediator or "0x" + "00" * 20),
         )
 
 
@@ -119,7 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--challenge-window", type=int, default=EscrowParams.challenge_window)
     p.add_argument("--min-stake-wei", type=int, default=EscrowParams.min_stake)
     p.add_argument("--unstake-delay", type=int, default=EscrowParams.unstake_delay)
-    p.add_argument("--slash-bps", type=int, default=EscrowParams.slash_bps)
+    p.add_argument("--min-collateral-bps", type=int, default=EscrowParams.min_collateral_bps)
+    p.add_argument("--dispute-deposit-wei", type=int, default=EscrowParams.dispute_deposit)
+    p.add_argument("--mediation-window", type=int, default=EscrowParams.mediation_window)
+    p.add_argument("--reassign-delay", type=int, default=EscrowParams.reassign_delay)
+    p.add_argument("--mediator", default=None, help="a mediator to list at deployment")
     args = p.parse_args(argv)
     key = os.environ.get("GRIDMARKET_DEPLOYER_KEY")
     if not key:
@@ -136,7 +148,11 @@ def main(argv: list[str] | None = None) -> int:
         challenge_window=args.challenge_window,
         min_stake=args.min_stake_wei,
         unstake_delay=args.unstake_delay,
-        slash_bps=args.slash_bps,
+        min_collateral_bps=args.min_collateral_bps,
+        dispute_deposit=args.dispute_deposit_wei,
+        mediation_window=args.mediation_window,
+        reassign_delay=args.reassign_delay,
+        mediator=args.mediator,
     )
     deployment = deploy_escrow(w3, Account.from_key(key), params)
     deployment = Deployment(**{**asdict(deployment), "rpc_url": args.rpc_url})

@@ -1,4 +1,5 @@
-"""EIP-712 typed data for results a provider signs so a relayer can submit them (no gas)."""
+"""EIP-712 typed data a provider signs: its acceptance of a job's terms for one assignment
+(``assign`` needs it) and its results (a relayer submits them; no gas)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from eth_account import Account
 from eth_account.messages import encode_typed_data
 from eth_account.signers.local import LocalAccount
 
+from gridmarket.escrow import Job
+
 DOMAIN_NAME = "GridMarket JobEscrow"
-DOMAIN_VERSION = "1"
+DOMAIN_VERSION = "2"
+"""JobEscrow version 2 (docs/trust.md); registrations use the same domain."""
 DOMAIN_TYPE = [
     {"name": "name", "type": "string"},
     {"name": "version", "type": "string"},
@@ -59,5 +63,65 @@ def recover_result_signer(
     """The address that signed a result (the scheduler checks it before relaying)."""
     message = encode_typed_data(
         full_message=result_typed_data(chain_id, escrow, job_id, attempt, output_cid)
+    )
+    return str(Account.recover_message(message, signature=signature))
+
+
+ACCEPTANCE_TYPE = [
+    {"name": "jobId", "type": "bytes32"},
+    {"name": "attempt", "type": "uint16"},
+    {"name": "bounty", "type": "uint96"},
+    {"name": "feeBps", "type": "uint16"},
+    {"name": "deadline", "type": "uint40"},
+    {"name": "collateral", "type": "uint96"},
+    {"name": "mediator", "type": "address"},
+    {"name": "flags", "type": "uint8"},
+]
+
+
+def acceptance_typed_data(
+    chain_id: int, escrow: str, job_id: bytes, attempt: int, job: Job
+) -> dict[str, Any]:
+    """The EIP-712 message a provider signs to accept assignment ``attempt`` of ``job_id`` on
+    the terms of ``job`` (the job's struct as it is before that assignment; ``attempt`` is
+    ``job.attempt + 1``)."""
+    return {
+        "types": {"EIP712Domain": DOMAIN_TYPE, "Acceptance": ACCEPTANCE_TYPE},
+        "primaryType": "Acceptance",
+        "domain": {
+            "name": DOMAIN_NAME,
+            "version": DOMAIN_VERSION,
+            "chainId": chain_id,
+            "verifyingContract": escrow,
+        },
+        "message": {
+            "jobId": job_id,
+            "attempt": attempt,
+            "bounty": job.bounty,
+            "feeBps": job.fee_bps,
+            "deadline": job.deadline,
+            "collateral": job.collateral,
+            "mediator": job.mediator,
+            "flags": job.flags,
+        },
+    }
+
+
+def sign_acceptance(
+    account: LocalAccount, chain_id: int, escrow: str, job_id: bytes, attempt: int, job: Job
+) -> bytes:
+    """Sign an acceptance; the 65-byte ``r || s || v`` signature ``assign`` takes."""
+    message = encode_typed_data(
+        full_message=acceptance_typed_data(chain_id, escrow, job_id, attempt, job)
+    )
+    return bytes(account.sign_message(message).signature)
+
+
+def recover_acceptance_signer(
+    signature: bytes, chain_id: int, escrow: str, job_id: bytes, attempt: int, job: Job
+) -> str:
+    """The address that signed an acceptance (the scheduler checks it before relaying)."""
+    message = encode_typed_data(
+        full_message=acceptance_typed_data(chain_id, escrow, job_id, attempt, job)
     )
     return str(Account.recover_message(message, signature=signature))

@@ -18,7 +18,23 @@ from eth_utils.crypto import keccak
 
 ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
 ZERO_HASH = b"\x00" * 32
-JOB_ABI_TYPES = ("address", "uint96", "address", "uint40", "uint40", "uint16", "uint16", "bytes32")
+JOB_ABI_TYPES = (
+    "address",
+    "uint96",
+    "address",
+    "uint40",
+    "uint40",
+    "uint16",
+    "uint16",
+    "bytes32",
+    "address",
+    "address",
+    "uint96",
+    "uint40",
+    "uint8",
+)
+FLAG_ON_VERIFY = 1
+"""JobEscrow.FLAG_ON_VERIFY: the job's operator may pay a result at once on its own check."""
 MAX_FEE_BPS = 2000
 """JobEscrow.MAX_FEE_BPS: the platform fee is capped at 20 %."""
 MAX_WEI = 2**96 - 1
@@ -31,7 +47,8 @@ JOB_EVENTS = frozenset(
         "JobAssigned",
         "JobUnassigned",
         "ResultSubmitted",
-        "ResultRejected",
+        "ResultDisputed",
+        "Ruled",
         "JobReleased",
         "JobRefunded",
     }
@@ -109,6 +126,7 @@ class Status(IntEnum):
     SUBMITTED = 3
     RELEASED = 4
     REFUNDED = 5
+    DISPUTED = 6
 
     @property
     def terminal(self) -> bool:
@@ -117,29 +135,53 @@ class Status(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """Mirror of ``IJobEscrow.Job``: the full state a caller passes back to the contract."""
+    """Mirror of ``IJobEscrow.Job``: the full state a caller passes back to the contract.
+
+    The first eight fields are the progress and price; ``operator``, ``mediator``,
+    ``collateral`` and ``flags`` are the terms fixed at funding (docs/trust.md)."""
 
     submitter: str
     bounty: int
     provider: str = ZERO_ADDRESS
     deadline: int = 0
-    submitted_at: int = 0
+    since: int = 0
+    """When the current assignment (ASSIGNED) or result (SUBMITTED and after) began."""
     fee_bps: int = 0
     attempt: int = 0
     result_digest: bytes = ZERO_HASH
+    operator: str = ZERO_ADDRESS
+    mediator: str = ZERO_ADDRESS
+    collateral: int = 0
+    disputed_at: int = 0
+    flags: int = 0
 
-    def as_tuple(self) -> tuple[str, int, str, int, int, int, int, bytes]:
+    def as_tuple(self) -> tuple[Any, ...]:
         """The ABI tuple for contract calls."""
         return (
             self.submitter,
             self.bounty,
             self.provider,
             self.deadline,
-            self.submitted_at,
+            self.since,
             self.fee_bps,
             self.attempt,
             self.result_digest,
+            self.operator,
+            self.mediator,
+            self.collateral,
+            self.disputed_at,
+            self.flags,
         )
+
+    @property
+    def submitted_at(self) -> int:
+        """When the pending (or paid) result was submitted; 0 before any result."""
+        return self.since if self.result_digest != ZERO_HASH else 0
+
+    @property
+    def on_verify(self) -> bool:
+        """Whether the submitter let the operator pay at once on its own check."""
+        return bool(self.flags & FLAG_ON_VERIFY)
 
     @property
     def fee(self) -> int:
@@ -150,6 +192,21 @@ class Job:
     def payout(self) -> int:
         """What the provider is credited at release, in wei."""
         return self.bounty - self.fee
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """What a submitter fixes at funding besides price and deadline (``createJob``'s last three
+    arguments): who may rule on the result, what the provider must lock, and whether the
+    operator may pay at once on its own check (docs/trust.md)."""
+
+    mediator: str
+    collateral: int
+    flags: int = 0
+
+    @property
+    def on_verify(self) -> bool:
+        return bool(self.flags & FLAG_ON_VERIFY)
 
 
 def cid_digest(cid: str) -> bytes:
@@ -220,6 +277,10 @@ def apply_event(state: JobState | None, name: str, args: Mapping[str, Any]) -> J
             bounty=int(args["bounty"]),
             deadline=int(args["deadline"]),
             fee_bps=int(args["feeBps"]),
+            operator=to_checksum_address(args["operator"]),
+            mediator=to_checksum_address(args["mediator"]),
+            collateral=int(args["collateral"]),
+            flags=int(args["flags"]),
         )
         spec = args["specCid"]
         return JobState(
@@ -235,26 +296,38 @@ def apply_event(state: JobState | None, name: str, args: Mapping[str, Any]) -> J
     job = state.job
     if name == "JobAssigned":
         _expect(state, name, Status.FUNDED, Status.ASSIGNED)
-        job = replace(job, provider=to_checksum_address(args["provider"]), attempt=args["attempt"])
+        job = replace(
+            job,
+            provider=to_checksum_address(args["provider"]),
+            attempt=int(args["attempt"]),
+            since=int(args["since"]),
+        )
         return replace(state, job=job, status=Status.ASSIGNED)
     if name == "JobUnassigned":
         _expect(state, name, Status.ASSIGNED)
-        return replace(state, job=replace(job, provider=ZERO_ADDRESS), status=Status.FUNDED)
+        job = replace(job, provider=ZERO_ADDRESS, since=0)
+        return replace(state, job=job, status=Status.FUNDED)
     if name == "ResultSubmitted":
         _expect(state, name, Status.ASSIGNED)
         cid = args["outputCid"]
         digest = text_digest(cid)
-        job = replace(job, submitted_at=int(args["submittedAt"]), result_digest=digest)
+        job = replace(job, since=int(args["submittedAt"]), result_digest=digest)
         problem = cid.problem if isinstance(cid, InvalidText) else None
         return replace(
             state, job=job, status=Status.SUBMITTED, output_cid=str(cid), output_problem=problem
         )
-    if name == "ResultRejected":
+    if name == "ResultDisputed":
         _expect(state, name, Status.SUBMITTED)
-        job = replace(job, provider=ZERO_ADDRESS, submitted_at=0, result_digest=ZERO_HASH)
+        job = replace(job, disputed_at=int(args["disputedAt"]))
+        return replace(state, job=job, status=Status.DISPUTED)
+    if name == "Ruled":
+        _expect(state, name, Status.SUBMITTED, Status.DISPUTED)
+        if args["upheld"]:
+            return state  # JobReleased follows in the same transaction
+        job = replace(job, provider=ZERO_ADDRESS, since=0, result_digest=ZERO_HASH, disputed_at=0)
         return replace(state, job=job, status=Status.FUNDED, output_cid=None, output_problem=None)
     if name == "JobReleased":
-        _expect(state, name, Status.SUBMITTED)
+        _expect(state, name, Status.SUBMITTED, Status.DISPUTED)
         return replace(state, status=Status.RELEASED)
     if name == "JobRefunded":
         _expect(state, name, Status.FUNDED, Status.ASSIGNED)

@@ -47,6 +47,8 @@ from gridmarket.tiers import REGIONS, TIERS
 __all__ = [
     "API",
     "SPEC_VERSION",
+    "AcceptAck",
+    "AcceptRequest",
     "Assignment",
     "ExecutorKind",
     "GpuGroup",
@@ -56,6 +58,7 @@ __all__ = [
     "JobLimits",
     "JobResources",
     "JobSpec",
+    "JobTerms",
     "NodeCapacityIn",
     "NodeRegistration",
     "QuoteRequest",
@@ -92,6 +95,7 @@ class API:
     NEXT_JOB = "/v1/nodes/{node_id}/next-job"
     RESULT = "/v1/nodes/{node_id}/jobs/{job_id}/result"
     HAND_BACK = "/v1/nodes/{node_id}/jobs/{job_id}/hand-back"
+    ACCEPT = "/v1/nodes/{node_id}/jobs/{job_id}/accept"
     JOBS = "/v1/jobs"
     JOB = "/v1/jobs/{job_id}"
     QUOTE = "/v1/quote"
@@ -471,8 +475,27 @@ class HeartbeatResponse(BaseModel):
     next_heartbeat_s: float
 
 
+class JobTerms(BaseModel):
+    """A job's on-chain terms as the provider accepts them (EIP-712 ``Acceptance``, see
+    :func:`gridmarket.eip712.acceptance_typed_data`): the price, the deadline, the collateral it
+    locks while it holds the job, who may rule on its result, and whether the operator may pay
+    at once (``on_verify``)."""
+
+    model_config = _strict()
+
+    bounty_wei: Wei
+    fee_bps: int = Field(ge=0, le=10_000)
+    deadline: int = Field(ge=0, lt=2**40)
+    collateral_wei: Wei
+    mediator: Address
+    flags: int = Field(ge=0, le=255)
+    operator: Address
+
+
 class Assignment(BaseModel):
-    """A job handed to a node: everything it needs to run it and to sign its result."""
+    """A job offered to a node: everything it needs to accept it (``terms``: it signs an
+    acceptance and posts it to ``API.ACCEPT`` before the scheduler assigns it on-chain), to run
+    it and to sign its result."""
 
     model_config = _strict()
 
@@ -485,6 +508,28 @@ class Assignment(BaseModel):
     lease_expires_at: float
     chain_id: int
     escrow: Address
+    terms: JobTerms
+
+
+class AcceptRequest(BaseModel):
+    """A node's acceptance of assignment ``attempt`` of a job: the EIP-712 ``Acceptance``
+    signature by its wallet over the job's terms. The scheduler relays it in ``assign``."""
+
+    model_config = _strict()
+
+    attempt: int = Field(ge=1, lt=2**16)
+    signature: HexSignature
+
+
+class AcceptAck(BaseModel):
+    """The scheduler's answer to an acceptance: ``accepted`` false means the offer is gone
+    (lease lost or reassigned) and the node must not run the job."""
+
+    model_config = _strict()
+
+    job_id: str
+    accepted: bool
+    message: str = ""
 
 
 class IdleAdvice(BaseModel):

@@ -65,7 +65,11 @@ def _account(alias: str | None, local: bool) -> Any:
 @click.option("--challenge-window", type=int, default=_D.challenge_window, show_default=True)
 @click.option("--min-stake-wei", type=int, default=_D.min_stake, show_default=True)
 @click.option("--unstake-delay", type=int, default=_D.unstake_delay, show_default=True)
-@click.option("--slash-bps", type=int, default=_D.slash_bps, show_default=True)
+@click.option("--min-collateral-bps", type=int, default=_D.min_collateral_bps, show_default=True)
+@click.option("--dispute-deposit-wei", type=int, default=_D.dispute_deposit, show_default=True)
+@click.option("--mediation-window", type=int, default=_D.mediation_window, show_default=True)
+@click.option("--reassign-delay", type=int, default=_D.reassign_delay, show_default=True)
+@click.option("--mediator", default=None, help="a mediator to list at deployment")
 def cli(
     network: Any,
     alias: str | None,
@@ -80,7 +84,11 @@ def cli(
     challenge_window: int,
     min_stake_wei: int,
     unstake_delay: int,
-    slash_bps: int,
+    min_collateral_bps: int,
+    dispute_deposit_wei: int,
+    mediation_window: int,
+    reassign_delay: int,
+    mediator: str | None,
 ) -> None:
     provider = chain.provider
     net = provider.network
@@ -103,7 +111,11 @@ def cli(
         challenge_window=challenge_window,
         min_stake=min_stake_wei,
         unstake_delay=unstake_delay,
-        slash_bps=slash_bps,
+        min_collateral_bps=min_collateral_bps,
+        dispute_deposit=dispute_deposit_wei,
+        mediation_window=mediation_window,
+        reassign_delay=reassign_delay,
+        mediator=mediator,
     )
     chain_id = int(provider.chain_id)
     click.echo(
