@@ -366,7 +366,7 @@ def run_grid(
         anvil = Anvil(log_file=work / "anvil.log", state_file=state_file)
         stack.enter_context(anvil)
         w3 = Web3(Web3.HTTPProvider(anvil.url))
-        accounts = [Account.from_key(k) for k in dev_accounts(10)]
+        accounts = [Account.from_key(k) for k in dev_accounts(11)]
         on_step("deploy JobEscrow")
         params = EscrowParams(
             operator=accounts[1].address, treasury=accounts[2].address, min_duration=60

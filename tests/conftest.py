@@ -109,7 +109,8 @@ class Devnet(DevRoles):
     """A plain anvil (not Ape's managed one: ~7x faster per call) with the escrow deployed.
 
     Roles are anvil's dev accounts: 0 owner/deployer, 1 operator (the scheduler's key),
-    2 treasury, 3-4 submitters, 5-9 providers (none registered: tests register what they need).
+    2 treasury, 3-4 submitters, 5-9 providers (none registered: tests register what they need),
+    10 mediator (listed at deployment).
     """
 
     anvil: Anvil
@@ -134,8 +135,12 @@ def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Devnet]:
         pytest.fail(f"anvil did not start (run scripts/setup.sh): {exc}", pytrace=False)
     try:
         w3 = Web3(Web3.HTTPProvider(anvil.url))
-        accounts = [Account.from_key(k) for k in dev_accounts(10)]
-        params = EscrowParams(operator=accounts[1].address, treasury=accounts[2].address)
+        accounts = [Account.from_key(k) for k in dev_accounts(11)]
+        params = EscrowParams(
+            operator=accounts[1].address,
+            treasury=accounts[2].address,
+            mediator=accounts[10].address,
+        )
         deployment = deploy_escrow(w3, accounts[0], params)
         yield Devnet(anvil, w3, deployment, params, accounts)
     finally:

@@ -101,8 +101,12 @@ def own_chain_at(tmp_path: Path) -> Iterator[OwnChain]:
     anvil = Anvil(state_file=tmp_path / "state.json", log_file=tmp_path / "anvil.log")
     anvil.start()
     try:
-        accounts = [Account.from_key(k) for k in dev_accounts(10)]
-        params = EscrowParams(operator=accounts[1].address, treasury=accounts[2].address)
+        accounts = [Account.from_key(k) for k in dev_accounts(11)]
+        params = EscrowParams(
+            operator=accounts[1].address,
+            treasury=accounts[2].address,
+            mediator=accounts[10].address,
+        )
         deployment = deploy_escrow(make_w3(anvil.url), accounts[0], params)
         yield OwnChain(anvil, deployment, params, accounts)
     finally:

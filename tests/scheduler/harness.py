@@ -39,7 +39,11 @@ STAKE = 10**17
 
 def fresh_escrow(devnet: Devnet, **params: Any) -> tuple[Deployment, EscrowClient]:
     """A new JobEscrow on the shared anvil (tests do not see each other's jobs)."""
-    p = EscrowParams(operator=devnet.operator.address, treasury=devnet.treasury.address, **params)
+    p = EscrowParams(
+        operator=devnet.operator.address,
+        treasury=devnet.treasury.address,
+        **{"mediator": devnet.mediator.address, **params},
+    )
     deployment = deploy_escrow(devnet.w3, devnet.owner, p)
     return deployment, EscrowClient(devnet.w3, deployment)
 
