@@ -341,10 +341,12 @@ class EscrowClient:
         return apply_event(None, created.name, created.args), sent
 
     def call_job(
-        self, account: LocalAccount, fn_name: str, state: JobState, *extra: Any
+        self, account: LocalAccount, fn_name: str, state: JobState, *extra: Any, value: int = 0
     ) -> tuple[JobState, Sent]:
-        """Call a job transition (``assign``, ``settle``, ``release``...); fold its events."""
-        sent = self.send(account, fn_name, state.job_id, state.job.as_tuple(), *extra)
+        """Call a job transition (``assign``, ``settle``, ``dispute``...); fold its events."""
+        sent = self.send(
+            account, fn_name, state.job_id, state.job.as_tuple(), *extra, value=value
+        )
         for event in sent.events:
             if event.name in JOB_EVENTS and bytes(event.args["jobId"]) == state.job_id:
                 state = apply_event(state, event.name, event.args)

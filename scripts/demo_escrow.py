@@ -1,13 +1,19 @@
-"""The escrow walkthrough on a local devnet: one job's whole on-chain life, step by step.
+"""The escrow walkthrough on a local devnet: two jobs' whole on-chain lives, step by step.
 
     make demo-escrow
 
-Starts anvil, deploys JobEscrow, and walks one job through its life with distinct accounts:
-the provider registers and stakes, the submitter funds a job, the operator (the scheduler's key)
-assigns it, the provider signs its result off-chain (EIP-712, no gas), the operator verifies and
-settles it (relayed result + release in one transaction), the treasury collects the fee, and the
-provider withdraws its pay. Prints every transaction with its gas, and the final balances.
-Exits non-zero if any amount is not exactly what the contract's rules say.
+Starts anvil, deploys JobEscrow (version 2: no key in the middle can move a bounty or a stake,
+docs/trust.md) and walks two jobs through their lives with distinct accounts.
+
+Job 1, paid without trusting anyone: the provider registers and stakes; the submitter funds a
+job naming a mediator and the collateral; the provider signs its acceptance (EIP-712, no gas) and
+the operator (the scheduler's key) assigns it, locking the collateral; the provider signs its
+result off-chain and the operator relays it; nobody disputes within the challenge window, so a
+stranger finalizes it and the provider is paid. Job 2, a wrong result: the submitter disputes
+it, the mediator rules it wrong, and the provider's collateral goes to the submitter (less the
+mediator's re-run fee). Then the treasury collects the fee and everyone withdraws.
+Prints every transaction with its gas, and the final balances. Exits non-zero if any amount is
+not exactly what the contract's rules say.
 """
 
 from __future__ import annotations
@@ -26,12 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from devstack.anvil import Anvil, dev_accounts
 from gridmarket.chain import EscrowClient, Sent
 from gridmarket.deploy import EscrowParams, deploy_escrow
-from gridmarket.eip712 import sign_result
-from gridmarket.escrow import Status
+from gridmarket.eip712 import sign_acceptance, sign_result
+from gridmarket.escrow import JobState, Status
 
 ETH = 10**18
 SPEC_CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
 OUTPUT_CID = "bafybeigdyrzt5sfp7udm7hu76uh7y26nf3efuylqabf3oclgtqy55fbzdi"
+WRONG_CID = "bafkreibm6jg3ux5qumhcn2b3flc3tyu6dmlb4xa7u5bf44yegnrjhc4yeq"
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -40,9 +47,9 @@ def eth(wei: int) -> str:
 
 
 def main() -> int:
-    console = Console()
-    names = ["deployer", "operator", "submitter", "provider", "treasury"]
-    accts = dict(zip(names, (Account.from_key(k) for k in dev_accounts(5)), strict=True))
+    console = Console() if sys.stdout.isatty() else Console(soft_wrap=True, width=120)
+    names = ["deployer", "operator", "submitter", "provider", "treasury", "mediator", "stranger"]
+    accts = dict(zip(names, (Account.from_key(k) for k in dev_accounts(7)), strict=True))
     txs = Table(title="transactions", show_lines=False)
     for col in ("step", "from", "tx", "gas", "events"):
         txs.add_column(col, justify="right" if col == "gas" else "left")
@@ -52,7 +59,7 @@ def main() -> int:
             step, who, sent.tx_hash[:18] + "…", f"{sent.gas_used:,}",
             ", ".join(e.name for e in sent.events),
         )  # fmt: skip
-        console.print(f"  [green]✓[/] {step:<28} {who:<10} gas {sent.gas_used:>7,}  {sent.tx_hash}")
+        console.print(f"  [green]✓[/] {step:<30} {who:<10} gas {sent.gas_used:>7,}  {sent.tx_hash}")
 
     run_dir = ROOT / ".run"
     run_dir.mkdir(exist_ok=True)
@@ -61,52 +68,87 @@ def main() -> int:
         console.print(f"anvil devnet at {anvil.url} (chain {anvil.chain_id})")
         w3 = Web3(Web3.HTTPProvider(anvil.url))
         params = EscrowParams(
-            operator=accts["operator"].address, treasury=accts["treasury"].address
+            operator=accts["operator"].address,
+            treasury=accts["treasury"].address,
+            mediator=accts["mediator"].address,
         )
         deployment = deploy_escrow(w3, accts["deployer"], params)
         deployment.save(run_dir / "demo-deployment.json")
         console.print(
             f"JobEscrow deployed at [bold]{deployment.escrow}[/] (block {deployment.block}); "
-            f"fee {params.fee_bps / 100:.2f}%, min stake {eth(params.min_stake)}"
+            f"fee {params.fee_bps / 100:.2f}%, challenge window {params.challenge_window} s, "
+            f"collateral >= {params.min_collateral_bps / 100:.0f}% of the bounty"
         )
         for name, acct in accts.items():
             console.print(f"  {name:<10} {acct.address}")
         escrow = EscrowClient(w3, deployment)
         start = {n: w3.eth.get_balance(a.address) for n, a in accts.items()}
 
-        console.rule("job life")
+        def sleep(seconds: int) -> None:
+            w3.provider.make_request("evm_increaseTime", [seconds])  # type: ignore[arg-type]
+            w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
+            console.print(f"    … {seconds} s pass on the chain")
+
+        def fund_and_run(output_cid: str) -> JobState:
+            deadline = w3.eth.get_block("latest")["timestamp"] + 7200
+            state, sent = escrow.create_job(accts["submitter"], os.urandom(32), SPEC_CID,
+                                            deadline, bounty)  # fmt: skip
+            record("createJob (fund bounty)", "submitter", sent)
+            job = state.job
+            console.print(
+                f"    job 0x{state.job_id.hex()} funded with {eth(bounty)}; mediator "
+                f"{job.mediator}, collateral {eth(job.collateral)}, paid after the window"
+            )
+            acceptance = sign_acceptance(accts["provider"], anvil.chain_id, escrow.address,
+                                         state.job_id, job.attempt + 1, job)  # fmt: skip
+            console.print("    provider signed its acceptance of the terms (EIP-712, no gas)")
+            state, sent = escrow.call_job(accts["operator"], "assign", state,
+                                          accts["provider"].address, acceptance)  # fmt: skip
+            record("assign (collateral locked)", "operator", sent)
+            signature = sign_result(accts["provider"], anvil.chain_id, escrow.address,
+                                    state.job_id, state.job.attempt, output_cid)  # fmt: skip
+            console.print(f"    provider signed result {output_cid} off-chain (EIP-712, no gas)")
+            state, sent = escrow.call_job(accts["operator"], "submitResultFor", state,
+                                          output_cid, signature)  # fmt: skip
+            record("submitResultFor (relayed)", "operator", sent)
+            return state
+
+        console.rule("job 1: paid after the challenge window, by anyone")
+        stake = params.min_stake * 100
         sent = escrow.send(accts["provider"], "registerProvider", "bafkreiprovidermeta",
-                           value=params.min_stake * 10)  # fmt: skip
+                           value=stake)  # fmt: skip
         record("registerProvider + stake", "provider", sent)
-
         bounty = ETH // 10
-        deadline = w3.eth.get_block("latest")["timestamp"] + 3600
-        state, sent = escrow.create_job(accts["submitter"], os.urandom(32), SPEC_CID, deadline,
-                                        bounty)  # fmt: skip
-        record("createJob (fund bounty)", "submitter", sent)
-        console.print(f"    job 0x{state.job_id.hex()} funded with {eth(bounty)}")
+        job1 = fund_and_run(OUTPUT_CID)
+        sleep(params.challenge_window)
+        job1, sent = escrow.call_job(accts["stranger"], "finalize", job1)
+        record("finalize (after the window)", "stranger", sent)
 
-        state, sent = escrow.call_job(accts["operator"], "assign", state,
-                                      accts["provider"].address)  # fmt: skip
-        record("assign", "operator", sent)
+        console.rule("job 2: a wrong result, disputed and ruled")
+        job2 = fund_and_run(WRONG_CID)
+        job2, sent = escrow.call_job(accts["submitter"], "dispute", job2,
+                                     value=params.dispute_deposit)  # fmt: skip
+        record("dispute (deposit)", "submitter", sent)
+        job2, sent = escrow.call_job(accts["mediator"], "rule", job2, False)
+        record("rule: not upheld (slash)", "mediator", sent)
+        job2, sent = escrow.call_job(accts["submitter"], "cancel", job2)
+        record("cancel (bounty back)", "submitter", sent)
 
-        signature = sign_result(accts["provider"], anvil.chain_id, escrow.address, state.job_id,
-                                state.job.attempt, OUTPUT_CID)  # fmt: skip
-        console.print(f"    provider signed result {OUTPUT_CID} off-chain (EIP-712, no gas)")
-        state, sent = escrow.call_job(accts["operator"], "settle", state, OUTPUT_CID, signature)
-        record("settle (result + release)", "operator", sent)
-
+        console.rule("money out")
         sent = escrow.send(accts["treasury"], "collectFees")
         record("collectFees", "treasury", sent)
-        fee_wd = escrow.send(accts["treasury"], "withdraw")
-        record("withdraw fee", "treasury", fee_wd)
-        pay_wd = escrow.send(accts["provider"], "withdraw")
-        record("withdraw pay", "provider", pay_wd)
+        withdrawals = []
+        for who in ("treasury", "provider", "submitter", "mediator"):
+            wd = escrow.send(accts[who], "withdraw")
+            record(f"withdraw ({who})", who, wd)
+            withdrawals.append(wd)
         console.print(txs)
 
         # ------------------------------------------------------------------ the books
-        replayed = escrow.job_state(state.job_id)
+        replayed = escrow.job_state(job1.job_id)
         fee = bounty * params.fee_bps // 10_000
+        collateral = job2.job.collateral
+        to_mediator = min(collateral, params.dispute_deposit)
         end = {n: w3.eth.get_balance(a.address) for n, a in accts.items()}
         table = Table(title="balances (ETH)")
         for col in ("account", "start", "end", "change"):
@@ -116,22 +158,35 @@ def main() -> int:
         held = w3.eth.get_balance(Web3.to_checksum_address(escrow.address))
         table.add_row("escrow contract", "", eth(held), "")
         console.print(table)
-        withdrawn = {e.args["account"]: e.args["amount"] for e in pay_wd.events + fee_wd.events}
+        withdrawn = {e.args["account"]: e.args["amount"] for wd in withdrawals for e in wd.events}
+        provider_now = escrow.call("providerOf", accts["provider"].address)
         checks = {
-            "job is Released on-chain (events replayed)": replayed.status is Status.RELEASED,
+            "job 1 is Released on-chain (events replayed)": replayed.status is Status.RELEASED,
+            "job 1's stored commitment is its folded struct": escrow.call(
+                "isCurrent", replayed.job_id, replayed.job.as_tuple()
+            ),
             "output CID recorded": replayed.output_cid == OUTPUT_CID,
             f"provider withdrew bounty - fee = {eth(bounty - fee)}": withdrawn.get(
                 accts["provider"].address
             ) == bounty - fee,
             f"treasury withdrew fee = {eth(fee)}": withdrawn.get(accts["treasury"].address) == fee,
-            "escrow holds only the provider's stake": held == params.min_stake * 10,
-            "submitter paid exactly the bounty plus gas": start["submitter"] - end["submitter"]
-            > bounty,
+            f"submitter got job 2's bounty, its deposit and collateral - re-run fee "
+            f"= {eth(bounty + params.dispute_deposit + collateral - to_mediator)}": withdrawn.get(
+                accts["submitter"].address
+            ) == bounty + params.dispute_deposit + collateral - to_mediator,
+            f"mediator was paid the re-run fee = {eth(to_mediator)}": withdrawn.get(
+                accts["mediator"].address
+            ) == to_mediator,
+            "provider's stake lost exactly job 2's collateral, nothing locked": (
+                provider_now[0] == stake - collateral and provider_now[1] == 0
+            ),
+            "escrow holds only the provider's stake": held == stake - collateral,
+            "the operator received nothing": end["operator"] <= start["operator"],
         }  # fmt: skip
         ok = all(checks.values())
         for text, passed in checks.items():
             console.print(f"  {'[green]✓' if passed else '[red]✗'}[/] {text}")
-        console.rule("[bold green]job paid" if ok else "[bold red]demo FAILED")
+        console.rule("[bold green]escrow rules held" if ok else "[bold red]demo FAILED")
         return 0 if ok else 1
 
 
