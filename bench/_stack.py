@@ -86,9 +86,11 @@ def stack(
         ipfs = IpfsStore(daemon.api_addr)
         es.callback(ipfs.close)
         w3 = Web3(Web3.HTTPProvider(anvil.url))
-        dev_keys = dev_accounts(4)
+        dev_keys = dev_accounts(11)
         keys = [Account.from_key(k) for k in dev_keys]
-        params = EscrowParams(operator=keys[1].address, treasury=keys[2].address)
+        params = EscrowParams(
+            operator=keys[1].address, treasury=keys[2].address, mediator=keys[10].address
+        )
         deployment = deploy_escrow(w3, keys[0], params)
         dep_file = work / "deployment.json"
         deployment.save(dep_file)
@@ -171,7 +173,13 @@ def publish_specs(ipfs: IpfsStore, specs: Sequence[JobSpec]) -> list[str]:
     return [ipfs.add_bytes(s.to_bytes()) for s in specs]
 
 
-def fund_jobs(anvil_url: str, escrow: EscrowClient, spec_cids: Sequence[str], n: int) -> float:
+def fund_jobs(
+    anvil_url: str,
+    escrow: EscrowClient,
+    spec_cids: Sequence[str],
+    n: int,
+    on_verify: bool = True,
+) -> float:
     """Fund ``n`` jobs with ``createJob`` (a 0.001 ETH bounty each) from the submitter dev
     account, spec CIDs taken in turn; returns the seconds it took. One transaction at a time
     with anvil's ``eth_sendTransactionSync`` (anvil holds the dev keys and signs; the receipt
@@ -179,11 +187,18 @@ def fund_jobs(anvil_url: str, escrow: EscrowClient, spec_cids: Sequence[str], n:
     ``eth_sendTransaction`` lost transactions in anvil's pool and left nonce gaps.)"""
     submitter = Account.from_key(dev_accounts(SUBMITTER + 1)[SUBMITTER]).address
     deadline = int(time.time()) + 6 * 3600
+    terms = escrow.default_terms(10**15, submitter, on_verify=on_verify)
     t0 = time.perf_counter()
     with httpx.Client(timeout=120) as http:
         for i in range(n):
             data = escrow.encode(
-                "createJob", os.urandom(32), spec_cids[i % len(spec_cids)], deadline
+                "createJob",
+                os.urandom(32),
+                spec_cids[i % len(spec_cids)],
+                deadline,
+                terms.mediator,
+                terms.collateral,
+                terms.flags,
             )
             tx = {
                 "from": submitter,

@@ -341,6 +341,15 @@ def wait_nodes(grid: LocalGrid, count: int, timeout: float = 60) -> None:
     raise ServiceError(f"only {online} of {count} agents came online in {timeout:.0f} s")
 
 
+DEVNET_ESCROW: dict[str, Any] = {
+    "min_duration": 60,
+    "challenge_window": 15,  # a result nobody disputes is paid 15 s after it is posted
+    "reassign_delay": 12,  # the operator takes a job back from a silent node after 12 s
+    "mediation_window": 120,
+}
+"""Escrow parameters of the local devnet (production defaults: gridmarket.deploy.EscrowParams)."""
+
+
 @contextlib.contextmanager
 def run_grid(
     work: Path,
@@ -348,9 +357,13 @@ def run_grid(
     agents: int = 3,
     with_frontend: bool = True,
     scheduler_overrides: dict[str, str] | None = None,
+    escrow_overrides: dict[str, Any] | None = None,
     on_step: Callable[[str], None] = lambda s: None,
 ) -> Iterator[LocalGrid]:
-    """Start everything under ``work`` (logs there too); stop it all when the block ends."""
+    """Start everything under ``work`` (logs there too); stop it all when the block ends.
+
+    The devnet's escrow has short windows (:data:`DEVNET_ESCROW`) so that a job paid after its
+    challenge window is paid within a demo; ``escrow_overrides`` changes any parameter."""
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     # a new devnet every time: state from an earlier run belongs to another chain (the IPFS
@@ -369,7 +382,10 @@ def run_grid(
         accounts = [Account.from_key(k) for k in dev_accounts(11)]
         on_step("deploy JobEscrow")
         params = EscrowParams(
-            operator=accounts[1].address, treasury=accounts[2].address, min_duration=60
+            operator=accounts[1].address,
+            treasury=accounts[2].address,
+            mediator=accounts[10].address,
+            **{**DEVNET_ESCROW, **(escrow_overrides or {})},
         )
         deployment = deploy_escrow(w3, accounts[0], params)
         deployment_file = work / "deployment.json"

@@ -8,9 +8,14 @@ distinct wallets. A submitter then funds jobs that do real work on the dataset i
 examples/datasets/gpu-hours: a Docker job (busybox awk: GPU-hours and mean price per tier) and a
 WASM job (examples/wasm/csvstats.wat: bytes, lines and fields). The scheduler matches them, the
 agents run them sandboxed and upload the outputs, the scheduler verifies each output CID against
-its bytes and settles on-chain. The demo downloads every output (checked against its CID),
-prints the payout transactions and the explorer URL, and exits 0 only if every job was paid
-exactly bounty minus fee.
+its bytes (an integrity check: the output exists and hashes to its CID) and pays on-chain: the
+first job on the escrow's trustless terms (its result is relayed and paid once the challenge
+window passes with no dispute: 15 s on the devnet), the second "on the scheduler's check" (the
+submitter's opt-in: paid at once). Both name the devnet's mediator and lock collateral from
+the provider's stake while it runs them (docs/trust.md). The demo downloads every output
+(checked against its CID), prints the payout transactions and the explorer URL, has one provider
+withdraw its earnings (balance change shown), and exits 0 only if every job was paid exactly
+bounty minus fee.
 """
 
 from __future__ import annotations
@@ -152,15 +157,21 @@ def demo(grid: LocalGrid, args: argparse.Namespace, started: float) -> int:
     log(f"module {WASM.relative_to(ROOT)} -> {module_cid}")
     submitter = grid.submitters[0]
     jobs: dict[str, dict[str, str]] = {}
-    for spec in specs(grid, dataset_cid, module_cid):
+    for i, spec in enumerate(specs(grid, dataset_cid, module_cid)):
         spec_cid = grid.ipfs.add_bytes(spec.to_bytes())
         now = int(grid.w3.eth.get_block("latest")["timestamp"])
+        on_verify = i % 2 == 1
+        terms = grid.escrow.default_terms(BOUNTY, submitter.address, on_verify=on_verify)
         state, sent = grid.escrow.create_job(
-            submitter, os.urandom(32), spec_cid, now + 1800, BOUNTY
+            submitter, os.urandom(32), spec_cid, now + 1800, BOUNTY, terms
         )
         job_id = "0x" + state.job_id.hex()
         jobs[job_id] = {"name": spec.name, "state": "funded", "fund_tx": sent.tx_hash}
-        log(f"funded {spec.name}: job {job_id} (tx {sent.tx_hash}, {BOUNTY / 1e18} ETH)")
+        mode = "paid on the scheduler's check" if on_verify else "paid after the window"
+        log(
+            f"funded {spec.name}: job {job_id} (tx {sent.tx_hash}, {BOUNTY / 1e18} ETH, "
+            f"{mode}, collateral {terms.collateral / 1e18} ETH, mediator {terms.mediator})"
+        )
     funded_at = time.monotonic()
     deadline = funded_at + args.timeout
     with Live(table(jobs), console=console, refresh_per_second=4) as live:
@@ -228,8 +239,23 @@ def report(grid: LocalGrid, jobs: dict[str, dict[str, str]]) -> int:
         )
     if console.is_terminal:
         console.print(out)
+    paid_providers = {str(ev.args["provider"]) for ev in payouts.values()}
     for p in grid.providers[: len(grid.agents)]:
         log(f"provider {p.address} withdrawable: {grid.escrow.balance_of(p.address) / 1e18} ETH")
+    earner = next((p for p in grid.providers if p.address in paid_providers), None)
+    if earner is not None:
+        before = grid.w3.eth.get_balance(earner.address)
+        owed = grid.escrow.balance_of(earner.address)
+        sent = grid.escrow.send(earner, "withdraw")
+        after = grid.w3.eth.get_balance(earner.address)
+        log(
+            f"provider {earner.address} withdrew {owed / 1e18:.6f} ETH (tx {sent.tx_hash}): "
+            f"wallet {before / 1e18:.6f} -> {after / 1e18:.6f} ETH "
+            f"({(after - before) / 1e18:+.6f} ETH after gas)"
+        )
+        if grid.escrow.balance_of(earner.address) != 0 or after - before <= 0:
+            ok = False
+            console.print("[red]the withdrawal did not move the provider's earnings[/]")
     if grid.frontend_url:
         log(f"explorer: {grid.frontend_url}/payouts")
         for job_id in jobs:

@@ -83,9 +83,19 @@ def escrow_call(
 def create_job_raw(
     client: EscrowClient, submitter: LocalAccount, spec_cid: bytes, deadline: int, bounty: int
 ) -> Sent:
-    """``createJob`` with ``spec_cid`` as raw bytes."""
+    """``createJob`` with ``spec_cid`` as raw bytes (the deployment's default terms)."""
+    t = client.default_terms(bounty, submitter.address)
     return escrow_call(
-        client, submitter, "createJob", os.urandom(32), spec_cid, deadline, value=bounty
+        client,
+        submitter,
+        "createJob",
+        os.urandom(32),
+        spec_cid,
+        deadline,
+        t.mediator,
+        t.collateral,
+        t.flags,
+        value=bounty,
     )
 
 

@@ -12,6 +12,10 @@ contract EventForger {
         uint96 bounty,
         uint40 deadline,
         uint16 feeBps,
+        address operator,
+        address mediator,
+        uint96 collateral,
+        uint8 flags,
         bytes32 salt,
         string specCid
     );
@@ -19,7 +23,19 @@ contract EventForger {
 
     /// @notice Emit `JobCreated` for `jobId` with `specCid` as raw bytes (any length, any bytes).
     function jobCreated(bytes32 jobId, bytes calldata specCid, uint40 deadline) external {
-        emit JobCreated(jobId, msg.sender, 1e16, deadline, 0, bytes32(0), string(specCid));
+        emit JobCreated(
+            jobId,
+            msg.sender,
+            1e16,
+            deadline,
+            0,
+            address(0),
+            msg.sender,
+            1e16,
+            0,
+            bytes32(0),
+            string(specCid)
+        );
     }
 
     /// @notice Emit `ProviderRegistered` for the caller with `metadataCid` as raw bytes.
