@@ -31,6 +31,11 @@ FAST = {
 is offline, a lease not renewed for 5 s is lost, an unreachable output is rejected after 4 s."""
 
 
+FAST_ESCROW = {"challenge_window": 5, "reassign_delay": 6}
+"""A result nobody disputes is paid 5 s after it is posted; the operator may take a job back
+from a silent node 6 s after assigning it (a lease is lost after 5 s)."""
+
+
 def _grid(work: Path, agents: int = 3, **overrides: str) -> Iterator[LocalGrid]:
     try:
         cm = run_grid(
@@ -38,6 +43,7 @@ def _grid(work: Path, agents: int = 3, **overrides: str) -> Iterator[LocalGrid]:
             agents=agents,
             with_frontend=False,
             scheduler_overrides={**FAST, **overrides},
+            escrow_overrides=FAST_ESCROW,
         )
         grid = cm.__enter__()
     except ServiceError as exc:

@@ -25,8 +25,8 @@ from devstack.grid import AgentProcess, LocalGrid
 from devstack.images import BUSYBOX_IMAGE
 from gridmarket.chain import Event
 from gridmarket.cid import bytes_cid
-from gridmarket.eip712 import sign_result
-from gridmarket.escrow import JobState
+from gridmarket.eip712 import sign_acceptance, sign_result
+from gridmarket.escrow import ZERO_ADDRESS, Job, JobState
 from gridmarket.wire import (
     API,
     JobSpec,
@@ -342,6 +342,33 @@ class WireProvider:
         assert r.status_code == 200, r.text
         data: dict[str, Any] = r.json()
         return data
+
+    def accept(self, assignment: dict[str, Any]) -> None:
+        """Sign the acceptance of the offered job's terms and post it, as the agent does."""
+        t = assignment["terms"]
+        terms = Job(
+            submitter=ZERO_ADDRESS,
+            bounty=int(t["bounty_wei"]),
+            deadline=int(t["deadline"]),
+            fee_bps=int(t["fee_bps"]),
+            collateral=int(t["collateral_wei"]),
+            mediator=t["mediator"],
+            flags=int(t["flags"]),
+        )
+        sig = sign_acceptance(
+            self.account,
+            assignment["chain_id"],
+            assignment["escrow"],
+            bytes.fromhex(assignment["job_id"][2:]),
+            assignment["attempt"],
+            terms,
+        )
+        r = self.http.post(
+            API.ACCEPT.format(node_id=self.node_id, job_id=assignment["job_id"]),
+            json={"attempt": assignment["attempt"], "signature": "0x" + sig.hex()},
+            headers=self.auth,
+        )
+        assert r.status_code == 200 and r.json()["accepted"], r.text
 
     def report_forged(self, assignment: dict[str, Any]) -> str:
         """Report success with a CID of bytes it never ran nor uploaded; returns that CID."""
