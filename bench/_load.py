@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,9 @@ class Client:
     path: str
     headers: dict[str, str]
     slots: int
+    accept: Callable[[RawHttp, bytes], Awaitable[bool]] | None = None
+    """What the node does with an offer before it counts as claimed (our scheduler: sign the
+    acceptance of the job's terms and post it on the same connection); None: nothing."""
 
 
 @dataclass
@@ -77,6 +80,9 @@ async def drain(
                 except (ConnectionError, asyncio.IncompleteReadError):
                     conn.close()  # the server dropped the request: count it, reconnect
                     status, body = 599, b""
+                if status == 200 and c.accept is not None and not await c.accept(conn, body):
+                    out.refused += 1  # the offer was gone by the time it was accepted
+                    continue
                 if status == 200:
                     out.lat.append(time.perf_counter() - t0)
                     jid = job_id(body)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import secrets
@@ -23,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ from devstack.providers import new_providers
 from devstack.scheduler import SchedulerProcess
 from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.deploy import EscrowParams, deploy_escrow
+from gridmarket.eip712 import sign_acceptance
+from gridmarket.escrow import ZERO_ADDRESS, Job
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import (
     API,
@@ -375,3 +378,32 @@ class RawHttp:
         if self._writer is not None:
             self._writer.close()
         self._reader = self._writer = None
+
+
+def acceptor(
+    account: LocalAccount, node_id: str, token: str
+) -> Callable[[RawHttp, bytes], Awaitable[bool]]:
+    """A node's answer to an offer, as the agent gives it: sign the EIP-712 acceptance of the
+    offered job's terms with the node's wallet and post it to ``API.ACCEPT``."""
+    headers = {"Authorization": f"Bearer {token}"}
+
+    async def accept(conn: RawHttp, body: bytes) -> bool:
+        a = json.loads(body)
+        t = a["terms"]
+        terms = Job(
+            submitter=ZERO_ADDRESS,
+            bounty=int(t["bounty_wei"]),
+            deadline=int(t["deadline"]),
+            fee_bps=int(t["fee_bps"]),
+            collateral=int(t["collateral_wei"]),
+            mediator=t["mediator"],
+            flags=int(t["flags"]),
+        )
+        job_id = bytes.fromhex(a["job_id"][2:])
+        sig = sign_acceptance(account, a["chain_id"], a["escrow"], job_id, a["attempt"], terms)
+        payload = json.dumps({"attempt": a["attempt"], "signature": "0x" + sig.hex()}).encode()
+        path = API.ACCEPT.format(node_id=node_id, job_id=a["job_id"])
+        status, _, answer = await conn.request("POST", path, headers, payload)
+        return status == 200 and bool(json.loads(answer).get("accepted"))
+
+    return accept

@@ -12,8 +12,11 @@ Ours (the production path, end to end):
 * ``--clients`` nodes, each a fresh wallet registered and staked on-chain, capacities from the
   published tier mix (``scripts/spawn_fleet.py``: RTX 4090, 3090, 4070, 3060, CPU-only), sign
   their registrations and long-poll ``POST /v1/nodes/{id}/next-job?wait_s=1`` back to back
-  (split over the replicas) until every job is leased. Each lease queues an ``assign`` in the
-  outbox; the leader sends them to anvil (``scheduler.service.loops.OutboxLoop``) while the
+  (split over the replicas) until every job is leased. A claim is an offer plus its
+  acceptance: the node signs the EIP-712 acceptance of the job's terms with its wallet and posts
+  it (``POST /v1/nodes/{id}/jobs/{job}/accept``) on the same connection, as the agent does; the
+  latency counted runs from the poll to the accepted answer. Each acceptance queues an
+  ``assign`` (carrying the signature) in the outbox; the leader sends them to anvil (``scheduler.service.loops.OutboxLoop``) while the
   claims run, and the bench waits for the outbox to drain.
 
 Counted: claims/s (distinct jobs handed out, first poll to the last job leased), claim latency
@@ -54,6 +57,7 @@ import httpx
 import psutil
 from _load import Client, Drained, drain
 from _stack import (
+    acceptor,
     fleet_capacity,
     fund_jobs,
     load_average,
@@ -130,6 +134,7 @@ def run_ours(
                         API.NEXT_JOB.format(node_id=node_id) + "?wait_s=1.0",
                         {"Authorization": f"Bearer {token}"},
                         slots,
+                        acceptor(st.providers[i], node_id, token),
                     )
                 )
             return await drain(clients, n_jobs, lambda b: str(json.loads(b)["job_id"]))

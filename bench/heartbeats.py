@@ -42,6 +42,7 @@ from typing import Any
 import httpx
 from _load import Client, drain
 from _stack import (
+    acceptor,
     RawHttp,
     fleet_capacity,
     fund_jobs,
@@ -156,6 +157,7 @@ def run(
                     API.NEXT_JOB.format(node_id=nid) + "?wait_s=1.0",
                     {"Authorization": f"Bearer {tok}"},
                     slots[i],
+                    acceptor(st.providers[i], nid, tok),
                 )
                 for i, (nid, tok) in enumerate(regs)
             ]

@@ -4,9 +4,15 @@
 
 Each node gets its own wallet (funded from anvil's first dev account, registered and staked on
 the escrow), registers with the scheduler with a signed registration, heartbeats on the
-scheduler's schedule and long-polls for work. Nodes are simulated, the protocol is not: a job a
-node takes is "run" for a short while, then the node adds a small real output to IPFS, signs its
-CID (EIP-712) and reports it, so the scheduler verifies and the escrow pays as for a real agent.
+scheduler's schedule and long-polls for work. Nodes are simulated, the protocol is not: a node
+signs its acceptance of each offered job's terms (EIP-712) and posts it, "runs" the job for a
+short while, then adds a small real output to IPFS, signs its CID and reports it, so the
+scheduler checks it and the escrow pays as for a real agent.
+
+Dishonest nodes, for the verification policies (docs/trust.md):
+  --cheaters 20   20 % of the nodes upload a plausible wrong output (a valid CID of bytes that
+                  are not the job's result): an integrity check cannot tell.
+  --lazy 10       10 % of the nodes replay an output they produced for an earlier job.
 
 Tier mix (the seeds' table): RTX 4090, 3090, 4070, 3060 and CPU-only in equal parts, spread over
 the pricing regions. Settings default to the running ``make up`` grid (.run/grid/grid.json).
@@ -37,7 +43,8 @@ from devstack.anvil import dev_accounts  # noqa: E402
 from devstack.images import BUSYBOX_IMAGE  # noqa: E402
 from devstack.providers import new_providers  # noqa: E402
 from gridmarket.chain import Deployment, EscrowClient  # noqa: E402
-from gridmarket.eip712 import sign_result  # noqa: E402
+from gridmarket.eip712 import sign_acceptance, sign_result  # noqa: E402
+from gridmarket.escrow import ZERO_ADDRESS, Job  # noqa: E402
 from gridmarket.ipfs import IpfsStore  # noqa: E402
 from gridmarket.tiers import REGIONS, TIERS  # noqa: E402
 from gridmarket.wire import (  # noqa: E402
@@ -69,28 +76,72 @@ def capacity(tier_key: str, region: str) -> NodeCapacityIn:
     )
 
 
-def submit(escrow: EscrowClient, ipfs: IpfsStore, count: int, over_s: float) -> None:
+def submit(
+    escrow: EscrowClient, ipfs: IpfsStore, count: int, over_s: float, on_verify: bool
+) -> None:
     """Fund ``count`` small jobs from the first submitter, spread over ``over_s`` seconds."""
     submitter = Account.from_key(dev_accounts(4)[3])
+    terms = escrow.default_terms(10**15, submitter.address, on_verify=on_verify)
     spec = JobSpec.model_validate(
         {"name": "fleet load", "executor": "docker", "image": BUSYBOX_IMAGE, "command": ["true"]}
     )
     spec_cid = ipfs.add_bytes(spec.to_bytes())
     for _ in range(count):
         now = int(escrow.w3.eth.get_block("latest")["timestamp"])
-        escrow.create_job(submitter, secrets.token_bytes(32), spec_cid, now + 3600, 10**15)
+        escrow.create_job(submitter, secrets.token_bytes(32), spec_cid, now + 3600, 10**15, terms)
         time.sleep(over_s / count)
 
 
 class Node:
+    """One simulated node; ``behaviour`` is ``honest``, ``cheater`` or ``lazy``."""
+
     def __init__(
         self, http: httpx.AsyncClient, base: str, account: LocalAccount, name: str,
-        cap: NodeCapacityIn, ipfs: IpfsStore, stats: dict[str, int],
+        cap: NodeCapacityIn, ipfs: IpfsStore, stats: dict[str, int], behaviour: str = "honest",
     ) -> None:  # fmt: skip
         self.http, self.base, self.account, self.name, self.cap = http, base, account, name, cap
-        self.ipfs, self.stats = ipfs, stats
+        self.ipfs, self.stats, self.behaviour = ipfs, stats, behaviour
         self.node_id = self.token = ""
         self.running: list[str] = []
+        self.outputs: list[str] = []
+
+    async def accept(self, a: dict[str, Any]) -> bool:
+        """Sign the acceptance of the offered job's terms and post it; whether it stands."""
+        t = a["terms"]
+        terms = Job(
+            submitter=ZERO_ADDRESS,
+            bounty=int(t["bounty_wei"]),
+            deadline=int(t["deadline"]),
+            fee_bps=int(t["fee_bps"]),
+            collateral=int(t["collateral_wei"]),
+            mediator=t["mediator"],
+            flags=int(t["flags"]),
+        )
+        job_id = bytes.fromhex(a["job_id"][2:])
+        sig = sign_acceptance(self.account, a["chain_id"], a["escrow"], job_id, a["attempt"], terms)
+        r = await self.http.post(
+            self.base + API.ACCEPT.format(node_id=self.node_id, job_id=a["job_id"]),
+            json={"attempt": a["attempt"], "signature": "0x" + sig.hex()},
+            headers=self.auth,
+        )
+        return r.status_code == 200 and bool(r.json().get("accepted"))
+
+    async def output(self, a: dict[str, Any]) -> str:
+        """The CID this node reports: the real result, a plausible wrong one, or a replay."""
+        if self.behaviour == "lazy" and self.outputs:
+            self.stats["replayed"] += 1
+            return random.choice(self.outputs)  # noqa: S311
+        line = f"job {a['job_id']} attempt {a['attempt']} simulated on {self.name}\n"
+        if self.behaviour == "cheater":
+            self.stats["forged"] += 1
+            line = f"job {a['job_id']} result {secrets.token_hex(8)} (made up)\n"
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "out"
+            out.mkdir()
+            (out / "result.txt").write_text(line)
+            cid = await asyncio.to_thread(self.ipfs.add_dir, out)
+        self.outputs.append(cid)
+        return cid
 
     async def register(self, chain_id: int, escrow: str) -> None:
         reg = NodeRegistration(
@@ -134,16 +185,13 @@ class Node:
                 continue
             r.raise_for_status()
             a = r.json()
+            if not await self.accept(a):
+                self.stats["offers_lost"] += 1
+                continue
             self.running.append(a["job_id"])
             self.stats["taken"] += 1
             await asyncio.sleep(run_s * random.uniform(0.5, 1.5))  # noqa: S311
-            with tempfile.TemporaryDirectory() as tmp:
-                out = Path(tmp) / "out"
-                out.mkdir()
-                (out / "result.txt").write_text(
-                    f"job {a['job_id']} attempt {a['attempt']} simulated on {self.name}\n"
-                )
-                cid = await asyncio.to_thread(self.ipfs.add_dir, out)
+            cid = await self.output(a)
             sig = sign_result(
                 self.account,
                 a["chain_id"],
@@ -178,7 +226,19 @@ async def fleet(args: argparse.Namespace, grid: dict[str, Any]) -> dict[str, int
         new_providers, escrow, funder, args.nodes, metadata_cid="bafkreisimulatednode"
     )
     ipfs = IpfsStore(grid["ipfs_api"])
-    stats = {"heartbeats": 0, "taken": 0, "reported": 0, "refused": 0}
+    stats = {
+        "heartbeats": 0,
+        "taken": 0,
+        "offers_lost": 0,
+        "reported": 0,
+        "refused": 0,
+        "forged": 0,
+        "replayed": 0,
+    }
+    n_cheat = round(args.nodes * args.cheaters / 100)
+    n_lazy = round(args.nodes * args.lazy / 100)
+    behaviours = ["cheater"] * n_cheat + ["lazy"] * n_lazy
+    behaviours += ["honest"] * (args.nodes - len(behaviours))
     regions = sorted(REGIONS)
     limits = httpx.Limits(max_connections=2 * args.nodes + 10)
     async with httpx.AsyncClient(limits=limits, timeout=30) as http:
@@ -192,16 +252,23 @@ async def fleet(args: argparse.Namespace, grid: dict[str, Any]) -> dict[str, int
                 capacity(MIX[i % len(MIX)], regions[i % len(regions)]),
                 ipfs,
                 stats,
+                behaviours[i],
             )
             for i, acct in enumerate(accounts)
         ]
         await asyncio.gather(*(n.register(info["chain_id"], info["escrow"]) for n in nodes))
-        print(f"{len(nodes)} nodes registered; running {args.seconds:.0f} s", flush=True)
+        print(
+            f"{len(nodes)} nodes registered ({n_cheat} cheaters, {n_lazy} lazy); "
+            f"running {args.seconds:.0f} s",
+            flush=True,
+        )
         until = time.monotonic() + args.seconds
         tasks = [n.heartbeats(info["heartbeat_interval_s"], until) for n in nodes]
         tasks += [n.work(until, args.job_seconds) for n in nodes]
         if args.jobs:
-            tasks.append(asyncio.to_thread(submit, escrow, ipfs, args.jobs, args.seconds / 2))
+            tasks.append(
+                asyncio.to_thread(submit, escrow, ipfs, args.jobs, args.seconds / 2, args.on_verify)
+            )
         await asyncio.gather(*tasks)
     ipfs.close()
     return stats
@@ -213,8 +280,17 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--jobs", type=int, default=0, help="also fund this many small jobs")
     ap.add_argument("--job-seconds", type=float, default=2.0, help="simulated run time per job")
+    ap.add_argument(
+        "--cheaters", type=float, default=0, help="percent of nodes uploading wrong outputs"
+    )
+    ap.add_argument("--lazy", type=float, default=0, help="percent of nodes replaying outputs")
+    ap.add_argument(
+        "--on-verify", action="store_true", help="fund jobs paid on the scheduler's check"
+    )
     ap.add_argument("--grid", type=Path, default=ROOT / ".run" / "grid" / "grid.json")
     args = ap.parse_args()
+    if not 0 <= args.cheaters + args.lazy <= 100:
+        ap.error("--cheaters plus --lazy must be between 0 and 100 percent")
     if not args.grid.exists():
         print(f"{args.grid} not found: start the grid first (`make up`)")
         return 1
