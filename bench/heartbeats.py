@@ -42,8 +42,8 @@ from typing import Any
 import httpx
 from _load import Client, drain
 from _stack import (
-    acceptor,
     RawHttp,
+    acceptor,
     fleet_capacity,
     fund_jobs,
     load_average,
