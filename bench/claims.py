@@ -17,7 +17,8 @@ Ours (the production path, end to end):
   it (``POST /v1/nodes/{id}/jobs/{job}/accept``) on the same connection, as the agent does; the
   latency counted runs from the poll to the accepted answer. Each acceptance queues an
   ``assign`` (carrying the signature) in the outbox; the leader sends them to anvil
-  (``scheduler.service.loops.OutboxLoop``) while the claims run, and the bench waits for the outbox to drain.
+  (``scheduler.service.loops.OutboxLoop``) while the claims run, and the bench waits for the
+  outbox to drain.
 
 Counted: claims/s (distinct jobs handed out, first poll to the last job leased), claim latency
 p50/p99, empty polls while jobs waited (retried), refused polls (error status), dispatch rounds
