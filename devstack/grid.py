@@ -48,6 +48,7 @@ from .anvil import Anvil, DevRoles, dev_accounts, free_port
 from .dockerd import Dockerd
 from .images import ensure_busybox_image
 from .ipfs import IpfsDaemon
+from .mediator import MediatorProcess
 from .scheduler import SchedulerProcess
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ class LocalGrid(DevRoles):
     docker_note: str
     scheduler: SchedulerProcess
     scheduler_settings: dict[str, str]
+    mediator: MediatorProcess
     frontend: ManagedProcess | None
     frontend_url: str | None
     accounts: list[LocalAccount]
@@ -144,6 +146,8 @@ class LocalGrid(DevRoles):
             "docker_host": self.dockerd.host if self.dockerd else None,
             "docker_note": self.docker_note,
             "scheduler_url": self.scheduler.url,
+            "mediator": self.accounts[10].address,
+            "mediator_log": str(self.mediator.log_path),
             "frontend_url": self.frontend_url,
             "agents": [a.name for a in self.agents],
         }
@@ -370,7 +374,7 @@ def run_grid(
     # repo and dockerd's image store are kept: they only hold content, and start faster)
     for stale in ("agents", "outputs", "scheduler-work"):
         shutil.rmtree(work / stale, ignore_errors=True)
-    for db in work.glob("scheduler.db*"):
+    for db in [*work.glob("scheduler.db*"), *work.glob("mediator.db*")]:
         db.unlink()
     state_file = work / "anvil-state.json"  # written on a clean stop: stop_chain/start_chain
     state_file.unlink(missing_ok=True)
@@ -427,6 +431,16 @@ def run_grid(
                 s.stop()
 
         stack.callback(stop_schedulers)
+        on_step("mediator")
+        mediator = MediatorProcess(
+            work,
+            rpc_url=anvil.url,
+            deployment_file=deployment_file,
+            ipfs_api=ipfs_daemon.api_addr,
+            key_hex="0x" + bytes(accounts[10].key).hex(),
+        )
+        mediator.start()
+        stack.callback(mediator.stop)
         frontend, frontend_url = None, None
         if with_frontend:
             on_step("web front end")
@@ -454,6 +468,7 @@ def run_grid(
             docker_note=note,
             scheduler=scheduler,
             scheduler_settings=settings,
+            mediator=mediator,
             frontend=frontend,
             frontend_url=frontend_url,
             accounts=accounts,

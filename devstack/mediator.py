@@ -1,0 +1,75 @@
+"""The devnet's mediator as a child process (``python -m scheduler.mediator run``): the key the
+submitters name by default (the deployment lists it), ruling on the integrity of results of the
+jobs that name it (docs/mediator.md)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Self
+
+from ._process import ROOT, ManagedProcess, Service
+
+KEY_ENV = "GRIDMARKET_MEDIATOR_KEY"
+"""Where ``gridmarket-mediator`` reads its private key (never a command-line argument)."""
+
+
+class MediatorProcess(Service):
+    """``python -m scheduler.mediator run`` following the devnet's escrow."""
+
+    def __init__(
+        self,
+        work_dir: Path,
+        *,
+        rpc_url: str,
+        deployment_file: Path,
+        ipfs_api: str,
+        key_hex: str,
+        poll_interval_s: float = 0.2,
+        fetch_timeout_s: float = 4.0,
+        name: str = "mediator",
+    ) -> None:
+        self.name = name
+        self.log_path = work_dir / f"{name}.log"
+        self.state_path = work_dir / f"{name}.db"
+        self._log_start = 0
+        self._env = dict(os.environ)
+        self._env[KEY_ENV] = key_hex
+        self._argv = [
+            sys.executable,
+            "-m",
+            "scheduler.mediator",
+            "run",
+            "--rpc-url",
+            rpc_url,
+            "--deployment",
+            str(deployment_file),
+            "--ipfs-api",
+            ipfs_api,
+            "--state",
+            str(self.state_path),
+            "--work-dir",
+            str(work_dir / f"{name}-work"),
+            "--poll-interval",
+            str(poll_interval_s),
+            "--fetch-timeout",
+            str(fetch_timeout_s),
+        ]
+
+    def _ready(self) -> bool:
+        """Up once it logged the block it follows from (its state file is open); the log is
+        appended to across starts, so only what this start wrote counts."""
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(self._log_start)
+                return b"mediator 0x" in f.read()
+        except OSError:
+            return False
+
+    def start(self, timeout: float = 30.0) -> Self:
+        if self._proc is None:
+            self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+            proc = ManagedProcess(self.name, self._argv, self.log_path, env=self._env, cwd=ROOT)
+            self._launch(proc, self._ready, timeout)
+        return self
