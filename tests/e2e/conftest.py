@@ -31,9 +31,10 @@ FAST = {
 is offline, a lease not renewed for 5 s is lost, an unreachable output is rejected after 4 s."""
 
 
-FAST_ESCROW = {"challenge_window": 5, "reassign_delay": 6}
-"""A result nobody disputes is paid 5 s after it is posted; the operator may take a job back
-from a silent node 6 s after assigning it (a lease is lost after 5 s)."""
+FAST_ESCROW = {"challenge_window": 12, "reassign_delay": 6}
+"""A result nobody disputes is paid 12 s after it is posted (time for the mediator to find an
+output missing: it fetches for 4 s); the operator may take a job back from a silent node 6 s
+after assigning it (a lease is lost after 5 s)."""
 
 
 def _grid(work: Path, agents: int = 3, **overrides: str) -> Iterator[LocalGrid]:

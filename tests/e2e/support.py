@@ -43,7 +43,6 @@ BOUNTY = 10**16
 FEE_BPS = 250  # run_grid deploys with EscrowParams' default fee
 FEE = BOUNTY * FEE_BPS // 10_000
 PAYOUT = BOUNTY - FEE
-SLASH_BPS = 1000  # EscrowParams' default: 10 % of the stake
 FINAL = frozenset({"released", "failed", "invalid", "refunded", "expired"})
 SMALL = {"cpu_cores": 1, "ram_mib": 256, "disk_mib": 64}
 
@@ -127,12 +126,16 @@ def fund(
     bounty: int = BOUNTY,
     ttl: int = 1800,
     spec_cid: str | None = None,
+    on_verify: bool = False,
 ) -> Funded:
-    """Add ``spec`` to IPFS (unless ``spec_cid`` is given) and fund it with ``createJob``."""
+    """Add ``spec`` to IPFS (unless ``spec_cid`` is given) and fund it with ``createJob`` on the
+    deployment's default terms: the devnet's mediator, the least collateral, and payment after
+    the challenge window (or at once on the scheduler's check: ``on_verify``)."""
     who = submitter or grid.submitters[0]
     cid = spec_cid or add_spec(grid, spec)
     now = max(int(time.time()), chain_now(grid))
-    state, sent = grid.escrow.create_job(who, os.urandom(32), cid, now + ttl, bounty)
+    terms = grid.escrow.default_terms(bounty, who.address, on_verify=on_verify)
+    state, sent = grid.escrow.create_job(who, os.urandom(32), cid, now + ttl, bounty, terms)
     return Funded("0x" + state.job_id.hex(), spec, who, bounty, sent.tx_hash, sent.block)
 
 
