@@ -310,6 +310,7 @@ class Mediator:
         if event.name not in JOB_EVENTS:
             return
         job_id = bytes(event.args["jobId"])
+        known: JobState | None = None
         if event.name == "JobCreated":
             if to_checksum_address(event.args["mediator"]) != self.address:
                 self.counters["jobs_ignored"] += 1
@@ -317,7 +318,7 @@ class Mediator:
             state = apply_event(self.state.job(job_id), event.name, event.args)
             self.counters["jobs_followed"] += 1
         else:
-            known = self.state.job(job_id)
+            known = self.state.job(job_id)  # the state before this event
             if known is None:
                 return  # another mediator's job
             state = apply_event(known, event.name, event.args)
@@ -329,15 +330,25 @@ class Mediator:
         elif event.name == "ResultDisputed":
             self.state.add_task(job_id, attempt, DISPUTE, time.time())
         elif event.name == "Ruled":
-            prior = self.state.ruling(job_id, int(event.args["attempt"]))
-            self.state.record_ruling(
-                job_id,
-                int(event.args["attempt"]),
-                bool(event.args["upheld"]),
-                prior.reason if prior else "ruled (seen on chain)",
-                "confirmed",
-                event.tx_hash,
-            )
+            ruled = int(event.args["attempt"])
+            upheld = bool(event.args["upheld"])
+            prior = self.state.ruling(job_id, ruled)
+            reason = prior.reason if prior else "ruled (seen on chain)"
+            self.state.record_ruling(job_id, ruled, upheld, reason, "confirmed", event.tx_hash)
+            if prior is not None and prior.outcome == "sending":
+                # sent, but the answer was lost (or the process died): the chain says it landed
+                kind = DISPUTE if known is not None and known.status is Status.DISPUTED else CHECK
+                self._log_decision(
+                    Decision(
+                        job_id,
+                        ruled,
+                        kind,
+                        "upheld" if upheld else "not upheld",
+                        f"{reason} (confirmed by its Ruled event)",
+                        event.tx_hash,
+                    ),
+                    known.job.provider if known is not None else "?",
+                )
 
     # ------------------------------------------------------------------ checks
     def work(self, stop: threading.Event | None = None) -> int:
@@ -533,15 +544,18 @@ class Mediator:
         reason = _one_line(reason)
         self.state.finish_task(task, f"{verdict}: {reason}"[:2000])
         decision = Decision(task.job_id, task.attempt, task.kind, verdict, reason, tx_hash)
+        self._log_decision(decision, state.job.provider)
+
+    def _log_decision(self, decision: Decision, provider: str) -> None:
         self.decisions.append(decision)
-        self.counters[f"decisions_{verdict.replace(' ', '_')}"] += 1
+        self.counters[f"decisions_{decision.verdict.replace(' ', '_')}"] += 1
         log.info(
             "mediator decision: job 0x%s attempt %d (%s) provider %s verdict=%s tx=%s reason=%s",
-            task.job_id.hex(),
-            task.attempt,
-            task.kind,
-            state.job.provider,
-            verdict.replace(" ", "_"),
-            tx_hash or "-",
-            reason,
+            decision.job_id.hex(),
+            decision.attempt,
+            decision.kind,
+            provider,
+            decision.verdict.replace(" ", "_"),
+            decision.tx_hash or "-",
+            decision.reason,
         )

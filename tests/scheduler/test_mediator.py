@@ -26,6 +26,7 @@ from gridmarket.eip712 import sign_acceptance
 from gridmarket.escrow import JobState, Status
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import JobLimits, JobSpec
+from scheduler.chain.retry import RetryPolicy
 from scheduler.mediator import (
     Decision,
     Mediator,
@@ -37,6 +38,7 @@ from scheduler.mediator import (
 
 from ..conftest import ROOT, Devnet
 from ..hostile import INVALID_UTF8, escrow_call
+from .chain_support import fault_proxy, make_w3
 from .harness import fresh_escrow, register_on_chain
 
 BOUNTY = 10**16
@@ -370,6 +372,63 @@ def test_an_event_that_does_not_fold_is_skipped_and_the_rest_are_handled(
         assert d is not None and d.verdict == "not upheld"
 
 
+def test_a_ruling_whose_reply_is_lost_is_never_sent_twice(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    spec_cid: str,
+    tmp_path: Path,
+) -> None:
+    """Through a JSON-RPC proxy in front of the real anvil: the first ruling reaches the node
+    but its reply is lost (the mediator then finds it in the events and never sends it again);
+    the second never reaches the node (sent again after backoff, once)."""
+    deployment, client = escrow
+    lost = submitted(devnet, client, spec_cid, INVALID_UTF8)
+    with fault_proxy(devnet.url) as proxy:
+        med = Mediator(
+            EscrowClient(make_w3(proxy.url), deployment),
+            devnet.mediator,
+            IpfsStore(ipfs_daemon.api_addr),
+            tmp_path / "m.db",
+            replace(CONFIG, error_backoff=RetryPolicy(initial_delay_s=0.2, max_delay_s=0.5)),
+        )
+        with med:
+            proxy.fail(1, "eth_sendRawTransaction", forward=True)
+            until(med, lambda: decision(med, lost) is not None, what="the lost ruling")
+            assert med.counters["errors"] == 1
+            d = decision(med, lost)
+            assert d is not None and d.verdict == "not upheld"
+            assert "confirmed by its Ruled event" in d.reason
+            assert proxy.counts["eth_sendRawTransaction"] == 1
+
+            unsent = submitted(devnet, client, spec_cid, INVALID_UTF8, provider=devnet.providers[1])
+            proxy.fail(1, "eth_sendRawTransaction")
+            until(med, lambda: decision(med, unsent) is not None, what="the resent ruling")
+            assert med.counters["errors"] == 2
+            d = decision(med, unsent)
+            assert d is not None and d.verdict == "not upheld" and d.tx_hash is not None
+            assert proxy.counts["eth_sendRawTransaction"] == 3
+            med.poll_once()
+            assert {r.outcome for r in med.state.rulings()} == {"confirmed"}
+    for job in (lost, unsent):
+        assert len(ruled_events(client, job)) == 1
+        assert status(client, job) is Status.FUNDED
+
+
+def test_no_ruling_once_the_challenge_window_is_about_to_close(
+    devnet: Devnet, ipfs_daemon: IpfsDaemon, spec_cid: str, tmp_path: Path
+) -> None:
+    deployment, client = fresh_escrow(devnet, challenge_window=20)
+    register_on_chain(client, devnet.providers[0])
+    job = submitted(devnet, client, spec_cid, INVALID_UTF8)
+    with mediator(devnet, deployment, ipfs_daemon, tmp_path / "m.db", window_margin_s=30) as med:
+        until(med, lambda: decision(med, job) is not None, what="the decision")
+        d = decision(med, job)
+        assert d is not None and d.verdict == "no ruling" and "challenge window closes" in d.reason
+    assert status(client, job) is Status.SUBMITTED
+    assert ruled_events(client, job) == []
+
+
 def test_its_own_ipfs_daemon_down_never_slashes_the_provider(
     devnet: Devnet,
     escrow: tuple[Deployment, EscrowClient],
@@ -389,7 +448,7 @@ def test_its_own_ipfs_daemon_down_never_slashes_the_provider(
         CONFIG,
     )
     with med:
-        deadline = time.monotonic() + 3 * CONFIG.fetch_timeout_s
+        deadline = time.monotonic() + 2.0  # several checks, each failing at once
         while time.monotonic() < deadline:
             med.poll_once()
             time.sleep(0.1)
