@@ -394,9 +394,10 @@ class Mediator:
             )
             return
         prior = self.state.ruling(task.job_id, task.attempt)
-        if prior is not None and prior.outcome != "sending":
+        if prior is not None and prior.outcome in ("sent", "confirmed"):
             self.state.finish_task(task, f"already ruled: {prior.outcome}")
             return
+        # a ruling the escrow refused (the job moved on, e.g. disputed meanwhile) blocks nothing
         now = self._chain_now()
         if task.kind == CHECK:
             closes = state.job.since + self.challenge_window
@@ -411,7 +412,7 @@ class Mediator:
                 return
         else:
             closes = state.job.disputed_at + self.mediation_window
-        if prior is not None:  # decided before, the transaction did not go through: send again
+        if prior is not None and prior.outcome == "sending":  # the send did not go through
             self._rule(task, state, prior.upheld, prior.reason)
             return
         check = self._check(state, task, now, closes)

@@ -276,6 +276,30 @@ def test_a_disputed_result_that_fails_is_ruled_wrong(
         assert client.balance_of(devnet.submitter.address) - before == job.job.collateral
 
 
+def test_a_ruling_refused_because_the_job_was_disputed_meanwhile_does_not_block_the_dispute(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    spec_cid: str,
+    tmp_path: Path,
+) -> None:
+    deployment, client = escrow
+    job = submitted(devnet, client, spec_cid, INVALID_UTF8)
+    with mediator(devnet, deployment, ipfs_daemon, tmp_path / "m.db") as med:
+        med.watcher.poll_once()  # it knows the result, has not checked it yet
+        deposit = int(client.call("disputeDeposit"))
+        client.send(devnet.submitter, "dispute", job.job_id, job.job.as_tuple(), value=deposit)
+        med.work()  # rules on the Submitted job it knows: the escrow refuses (it is Disputed)
+        refused = decision(med, job)
+        assert refused is not None and refused.verdict == "no ruling"
+        assert "refused by the escrow (JobEscrowJobMismatch" in refused.reason
+        until(med, lambda: decision(med, job, "dispute") is not None, what="the ruling")
+        d = decision(med, job, "dispute")
+        assert d is not None and d.verdict == "not upheld"
+    assert status(client, job) is Status.FUNDED
+    assert len(ruled_events(client, job)) == 1
+
+
 def test_a_job_naming_another_mediator_is_ignored(
     devnet: Devnet,
     escrow: tuple[Deployment, EscrowClient],
