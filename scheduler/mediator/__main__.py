@@ -1,0 +1,92 @@
+"""gridmarket-mediator: rule on the integrity of results of the jobs that name this mediator.
+
+    GRIDMARKET_MEDIATOR_KEY=0x... gridmarket-mediator run --rpc-url URL --deployment FILE \\
+        --ipfs-api MULTIADDR --state FILE
+
+The key is the mediator's own (never the operator's: it refuses to start with it). See
+docs/mediator.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from gridmarket.chain import ChainError
+from scheduler.mediator.service import Mediator, MediatorConfig, MediatorError
+from scheduler.mediator.state import StateError
+
+KEY_ENV = "GRIDMARKET_MEDIATOR_KEY"
+
+
+def parser() -> argparse.ArgumentParser:
+    defaults = MediatorConfig()
+    p = argparse.ArgumentParser(prog="gridmarket-mediator", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="follow the escrow and rule until interrupted")
+    run.add_argument("--rpc-url", required=True, help="JSON-RPC endpoint of the chain")
+    run.add_argument("--deployment", type=Path, required=True, help="the deployment file")
+    run.add_argument(
+        "--ipfs-api", required=True, help="Kubo RPC API multiaddr, e.g. /ip4/127.0.0.1/tcp/5001"
+    )
+    run.add_argument("--state", type=Path, required=True, help="the mediator's SQLite file")
+    run.add_argument("--work-dir", type=Path, default=None, help="where outputs are fetched")
+    run.add_argument("--fetch-timeout", type=float, default=defaults.fetch_timeout_s)
+    run.add_argument("--fetch-attempts", type=int, default=defaults.fetch_attempts)
+    run.add_argument("--retry-delay", type=float, default=defaults.retry_delay_s)
+    run.add_argument("--max-output-bytes", type=int, default=defaults.max_output_bytes)
+    run.add_argument("--window-margin", type=float, default=defaults.window_margin_s)
+    run.add_argument("--poll-interval", type=float, default=defaults.poll_interval_s)
+    run.add_argument("--confirmations", type=int, default=defaults.confirmations)
+    run.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    key = os.environ.get(KEY_ENV)
+    if not key:
+        print(f"error: set {KEY_ENV} to the mediator's private key", file=sys.stderr)
+        return 2
+    try:
+        config = MediatorConfig(
+            fetch_timeout_s=args.fetch_timeout,
+            fetch_attempts=args.fetch_attempts,
+            retry_delay_s=args.retry_delay,
+            max_output_bytes=args.max_output_bytes,
+            window_margin_s=args.window_margin,
+            poll_interval_s=args.poll_interval,
+            confirmations=args.confirmations,
+            work_dir=args.work_dir,
+        )
+        mediator = Mediator.connect(
+            args.rpc_url, args.deployment, key, args.ipfs_api, args.state, config
+        )
+    except (ChainError, MediatorError, StateError, ValueError, OSError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        mediator.run_forever(stop)
+    finally:
+        mediator.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,308 @@
+"""The mediator's own state, in one small SQLite file: the event cursor, the jobs that name it,
+the checks it still owes, and every ruling it decided (docs/mediator.md).
+
+The fold of a batch of events and the cursor move together in one transaction, so a crash
+between batches re-delivers only what was not committed. The ``rulings`` row of a job attempt is
+written before the transaction is sent: it is how the mediator never rules twice.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gridmarket.escrow import InvalidText, Job, JobState, Status
+
+__all__ = ["MediatorState", "Ruling", "StateError", "Task", "state_from_json", "state_to_json"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (job_id TEXT PRIMARY KEY, state TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tasks (
+    job_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    kind TEXT NOT NULL,            -- 'check' (a result within its window) or 'dispute'
+    done INTEGER NOT NULL DEFAULT 0,
+    tries INTEGER NOT NULL DEFAULT 0,  -- integrity checks that found the output unreachable
+    due REAL NOT NULL,             -- time.time() when it may run next
+    note TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (job_id, attempt, kind)
+);
+CREATE TABLE IF NOT EXISTS rulings (
+    job_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    upheld INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    outcome TEXT NOT NULL,         -- 'sending', 'sent' or 'refused: <revert>'
+    tx_hash TEXT,
+    at REAL NOT NULL,
+    PRIMARY KEY (job_id, attempt)
+);
+"""
+
+
+class StateError(RuntimeError):
+    """The state file belongs to another escrow, or cannot be used."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """A check the mediator owes a job attempt."""
+
+    job_id: bytes
+    attempt: int
+    kind: str
+    tries: int
+    due: float
+    note: str
+
+
+@dataclass(frozen=True)
+class Ruling:
+    """A ruling the mediator decided (and sent, once ``outcome`` is ``sent``)."""
+
+    job_id: bytes
+    attempt: int
+    upheld: bool
+    reason: str
+    outcome: str
+    tx_hash: str | None
+    at: float
+
+
+def _text(value: str | None) -> Any:
+    if isinstance(value, InvalidText):
+        return {"invalid": value.field, "raw": value.raw.hex(), "problem": value.problem}
+    return value
+
+
+def _untext(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return InvalidText(str(value["invalid"]), bytes.fromhex(value["raw"]), value["problem"])
+    return None if value is None else str(value)
+
+
+def state_to_json(state: JobState) -> str:
+    """A :class:`JobState` as JSON (invalid strings keep their raw bytes)."""
+    job = state.job
+    return json.dumps(
+        {
+            "job_id": state.job_id.hex(),
+            "status": int(state.status),
+            "spec_cid": _text(state.spec_cid),
+            "salt": state.salt.hex(),
+            "output_cid": _text(state.output_cid),
+            "spec_problem": state.spec_problem,
+            "output_problem": state.output_problem,
+            "job": {
+                "submitter": job.submitter,
+                "bounty": job.bounty,
+                "provider": job.provider,
+                "deadline": job.deadline,
+                "since": job.since,
+                "fee_bps": job.fee_bps,
+                "attempt": job.attempt,
+                "result_digest": job.result_digest.hex(),
+                "operator": job.operator,
+                "mediator": job.mediator,
+                "collateral": job.collateral,
+                "disputed_at": job.disputed_at,
+                "flags": job.flags,
+            },
+        },
+        sort_keys=True,
+    )
+
+
+def state_from_json(text: str) -> JobState:
+    """The inverse of :func:`state_to_json`."""
+    body = json.loads(text)
+    job = dict(body["job"])
+    job["result_digest"] = bytes.fromhex(job["result_digest"])
+    spec = _untext(body["spec_cid"])
+    return JobState(
+        job_id=bytes.fromhex(body["job_id"]),
+        job=Job(**job),
+        status=Status(body["status"]),
+        spec_cid=spec if spec is not None else "",
+        salt=bytes.fromhex(body["salt"]),
+        output_cid=_untext(body["output_cid"]),
+        spec_problem=body["spec_problem"],
+        output_problem=body["output_problem"],
+    )
+
+
+class MediatorState:
+    """The SQLite file; every method is thread-safe. Use :meth:`batch` to group writes."""
+
+    def __init__(self, path: Path, *, escrow: str, chain_id: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+        self._depth = 0
+        owner = f"{chain_id}:{escrow.lower()}"
+        with self.batch():
+            found = self._meta("escrow")
+            if found is None:
+                self._set_meta("escrow", owner)
+            elif found != owner:
+                raise StateError(
+                    f"state file {path} belongs to escrow {found}, not {owner}: "
+                    "give each escrow its own state file"
+                )
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """One transaction (nested calls join the outer one); rolled back if the block raises."""
+        with self._lock:
+            if self._depth == 0:
+                self._db.execute("BEGIN IMMEDIATE")
+            self._depth += 1
+            try:
+                yield
+            except BaseException:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._db.execute("ROLLBACK")
+                raise
+            self._depth -= 1
+            if self._depth == 0:
+                self._db.execute("COMMIT")
+
+    # ------------------------------------------------------------------ meta and cursor
+    def _meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def _set_meta(self, key: str, value: str) -> None:
+        self._db.execute(
+            "INSERT INTO meta (key, value) VALUES (?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
+
+    def load(self) -> int | None:
+        """The last block whose events were folded (the chain watcher's cursor)."""
+        with self._lock:
+            value = self._meta("cursor")
+        return None if value is None else int(value)
+
+    def set_cursor(self, block: int) -> None:
+        with self.batch():
+            self._set_meta("cursor", str(block))
+
+    # ------------------------------------------------------------------ jobs
+    def job(self, job_id: bytes) -> JobState | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT state FROM jobs WHERE job_id = ?", (job_id.hex(),)
+            ).fetchone()
+        return None if row is None else state_from_json(row[0])
+
+    def put_job(self, state: JobState) -> None:
+        with self.batch():
+            self._db.execute(
+                "INSERT INTO jobs (job_id, state) VALUES (?, ?) "
+                "ON CONFLICT (job_id) DO UPDATE SET state = excluded.state",
+                (state.job_id.hex(), state_to_json(state)),
+            )
+
+    def job_count(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT count(*) FROM jobs").fetchone()[0])
+
+    # ------------------------------------------------------------------ tasks
+    def add_task(self, job_id: bytes, attempt: int, kind: str, due: float) -> None:
+        """Owe a check (once per job, attempt and kind: a repeated add changes nothing)."""
+        with self.batch():
+            self._db.execute(
+                "INSERT OR IGNORE INTO tasks (job_id, attempt, kind, due) VALUES (?, ?, ?, ?)",
+                (job_id.hex(), attempt, kind, due),
+            )
+
+    def due_tasks(self, now: float, limit: int = 100) -> list[Task]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT job_id, attempt, kind, tries, due, note FROM tasks "
+                "WHERE done = 0 AND due <= ? ORDER BY due, job_id LIMIT ?",
+                (now, limit),
+            ).fetchall()
+        return [Task(bytes.fromhex(r[0]), r[1], r[2], r[3], r[4], r[5]) for r in rows]
+
+    def pending_tasks(self) -> list[Task]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT job_id, attempt, kind, tries, due, note FROM tasks WHERE done = 0 "
+                "ORDER BY due"
+            ).fetchall()
+        return [Task(bytes.fromhex(r[0]), r[1], r[2], r[3], r[4], r[5]) for r in rows]
+
+    def retry_task(self, task: Task, due: float, note: str, *, tried: bool) -> None:
+        with self.batch():
+            self._db.execute(
+                "UPDATE tasks SET due = ?, note = ?, tries = tries + ? "
+                "WHERE job_id = ? AND attempt = ? AND kind = ?",
+                (due, note, 1 if tried else 0, task.job_id.hex(), task.attempt, task.kind),
+            )
+
+    def finish_task(self, task: Task, note: str) -> None:
+        with self.batch():
+            self._db.execute(
+                "UPDATE tasks SET done = 1, note = ? WHERE job_id = ? AND attempt = ? AND kind = ?",
+                (note, task.job_id.hex(), task.attempt, task.kind),
+            )
+
+    # ------------------------------------------------------------------ rulings
+    def ruling(self, job_id: bytes, attempt: int) -> Ruling | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT job_id, attempt, upheld, reason, outcome, tx_hash, at FROM rulings "
+                "WHERE job_id = ? AND attempt = ?",
+                (job_id.hex(), attempt),
+            ).fetchone()
+        return None if row is None else _ruling(row)
+
+    def rulings(self) -> list[Ruling]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT job_id, attempt, upheld, reason, outcome, tx_hash, at FROM rulings "
+                "ORDER BY at"
+            ).fetchall()
+        return [_ruling(r) for r in rows]
+
+    def record_ruling(
+        self,
+        job_id: bytes,
+        attempt: int,
+        upheld: bool,
+        reason: str,
+        outcome: str,
+        tx_hash: str | None = None,
+    ) -> None:
+        with self.batch():
+            self._db.execute(
+                "INSERT INTO rulings (job_id, attempt, upheld, reason, outcome, tx_hash, at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job_id, attempt) DO UPDATE SET "
+                "upheld = excluded.upheld, reason = excluded.reason, "
+                "outcome = excluded.outcome, tx_hash = excluded.tx_hash",
+                (job_id.hex(), attempt, int(upheld), reason, outcome, tx_hash, time.time()),
+            )
+
+
+def _ruling(row: Any) -> Ruling:
+    return Ruling(bytes.fromhex(row[0]), row[1], bool(row[2]), row[3], row[4], row[5], row[6])

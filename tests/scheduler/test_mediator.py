@@ -1,0 +1,552 @@
+"""The mediator (scheduler/mediator, docs/mediator.md) on a real anvil and the real js-ipfs
+daemon: it rules wrong a result it cannot fetch or whose CID does not decode, leaves a good one
+to be paid and upholds it when disputed, ignores other mediators' jobs, resumes from its cursor
+without ruling twice, and no event stops it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eth_account.signers.local import LocalAccount
+
+from devstack.anvil import free_port
+from devstack.ipfs import IpfsDaemon
+from gridmarket.chain import Deployment, EscrowClient, Event
+from gridmarket.cid import bytes_cid
+from gridmarket.eip712 import sign_acceptance
+from gridmarket.escrow import JobState, Status
+from gridmarket.ipfs import IpfsStore
+from gridmarket.wire import JobLimits, JobSpec
+from scheduler.chain.retry import RetryPolicy
+from scheduler.mediator import (
+    Decision,
+    Mediator,
+    MediatorConfig,
+    MediatorError,
+    MediatorState,
+    StateError,
+)
+
+from ..conftest import ROOT, Devnet
+from ..hostile import INVALID_UTF8, escrow_call
+from .chain_support import fault_proxy, make_w3
+from .harness import fresh_escrow, register_on_chain
+
+BOUNTY = 10**16
+OUTPUT_CAP = 4096
+SPEC = JobSpec.model_validate(
+    {"executor": "docker", "image": "busybox", "limits": JobLimits(output_max_bytes=OUTPUT_CAP)}
+)
+
+
+@pytest.fixture
+def escrow(devnet: Devnet) -> tuple[Deployment, EscrowClient]:
+    deployment, client = fresh_escrow(devnet, challenge_window=3600, reassign_delay=60)
+    for provider in devnet.providers[:2]:
+        register_on_chain(client, provider)
+    return deployment, client
+
+
+@pytest.fixture
+def store(ipfs_daemon: IpfsDaemon) -> Iterator[IpfsStore]:
+    with IpfsStore(ipfs_daemon.api_addr) as s:
+        yield s
+
+
+@pytest.fixture
+def spec_cid(store: IpfsStore) -> str:
+    return store.add_bytes(SPEC.to_bytes())
+
+
+CONFIG = MediatorConfig(
+    fetch_timeout_s=2.0,
+    fetch_attempts=2,
+    retry_delay_s=0.3,
+    spec_timeout_s=5.0,
+    poll_interval_s=0.1,
+    window_margin_s=5.0,
+)
+
+
+def mediator(
+    devnet: Devnet, deployment: Deployment, ipfs: IpfsDaemon, state: Path, **config: Any
+) -> Mediator:
+    client = EscrowClient(devnet.w3, deployment)
+    return Mediator(
+        client,
+        devnet.mediator,
+        IpfsStore(ipfs.api_addr),
+        state,
+        replace(CONFIG, **config),
+    )
+
+
+def chain_now(client: EscrowClient) -> int:
+    return int(client.w3.eth.get_block("latest")["timestamp"])
+
+
+def submitted(
+    devnet: Devnet,
+    client: EscrowClient,
+    spec_cid: str,
+    output: str | bytes,
+    *,
+    provider: LocalAccount | None = None,
+    mediator: str | None = None,
+) -> JobState:
+    """A job funded by the submitter (its mediator: the listed one unless ``mediator``),
+    assigned to ``provider`` with its acceptance, and its result submitted (``output`` as raw
+    bytes goes on chain as they are)."""
+    provider = provider or devnet.providers[0]
+    submitter = devnet.submitter
+    terms = client.default_terms(BOUNTY, submitter.address)
+    if mediator is not None:
+        terms = replace(terms, mediator=mediator)
+    state, _ = client.create_job(
+        submitter, os.urandom(32), spec_cid, chain_now(client) + 3600, BOUNTY, terms
+    )
+    acceptance = sign_acceptance(
+        provider,
+        client.deployment.chain_id,
+        client.address,
+        state.job_id,
+        state.job.attempt + 1,
+        state.job,
+    )
+    state, _ = client.call_job(devnet.operator, "assign", state, provider.address, acceptance)
+    if isinstance(output, bytes):
+        escrow_call(client, provider, "submitResult", state.job_id, state.job.as_tuple(), output)
+        state = client.job_state(state.job_id)
+    else:
+        state, _ = client.call_job(provider, "submitResult", state, output)
+    assert state.status is Status.SUBMITTED
+    return state
+
+
+def until(med: Mediator, done: Callable[[], bool], timeout: float = 30.0, what: str = "it") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        med.poll_once()
+        if done():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not happen within {timeout} s: {med.decisions}")
+
+
+def decision(med: Mediator, job: JobState, kind: str = "check") -> Decision | None:
+    found = [d for d in med.decisions if d.job_id == job.job_id and d.kind == kind]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+def status(client: EscrowClient, job: JobState) -> Status:
+    return Status(client.call("statusOf", job.job_id))
+
+
+def ruled_events(client: EscrowClient, job: JobState) -> list[Event]:
+    return [
+        e
+        for e in client.events(client.deployment.block, "latest", [None, "0x" + job.job_id.hex()])
+        if e.name == "Ruled"
+    ]
+
+
+def test_an_unreachable_output_is_ruled_wrong_and_the_collateral_goes_to_the_submitter(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    spec_cid: str,
+    tmp_path: Path,
+) -> None:
+    deployment, client = escrow
+    missing = bytes_cid(b"never added " + os.urandom(16))
+    job = submitted(devnet, client, spec_cid, missing)
+    before = client.balance_of(devnet.submitter.address)
+    with mediator(devnet, deployment, ipfs_daemon, tmp_path / "m.db") as med:
+        t0 = time.monotonic()
+        until(med, lambda: decision(med, job) is not None, what="the ruling")
+        took = time.monotonic() - t0
+        d = decision(med, job)
+        assert d is not None and d.verdict == "not upheld" and d.upheld is False
+        assert "unreachable after 2 tries" in d.reason and missing in d.reason
+        assert took >= 2 * CONFIG.fetch_timeout_s  # two checks, each up to its time limit
+        assert d.tx_hash is not None
+        assert status(client, job) is Status.FUNDED
+        assert client.balance_of(devnet.submitter.address) - before == job.job.collateral
+        receipt = client.w3.eth.get_transaction_receipt(d.tx_hash)  # type: ignore[arg-type]
+        (slashed,) = [e for e in client.decode_logs(receipt["logs"]) if e.name == "ProviderSlashed"]
+        assert slashed.args["amount"] == job.job.collateral
+        assert slashed.args["toMediator"] == 0  # not disputed: no re-run fee
+        assert slashed.args["provider"] == devnet.providers[0].address
+        # the next poll folds its own ruling: the job is Funded again, the ruling confirmed
+        med.poll_once()
+        folded = med.state.job(job.job_id)
+        assert folded is not None and folded.status is Status.FUNDED
+        ruling = med.state.ruling(job.job_id, job.job.attempt)
+        assert ruling is not None and ruling.outcome == "confirmed" and not ruling.upheld
+        assert ruling.tx_hash == d.tx_hash
+
+
+def test_an_output_over_the_spec_cap_or_with_an_invalid_cid_is_ruled_wrong_at_once(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    store: IpfsStore,
+    spec_cid: str,
+    tmp_path: Path,
+) -> None:
+    deployment, client = escrow
+    big = store.add_bytes(os.urandom(OUTPUT_CAP + 1))
+    too_large = submitted(devnet, client, spec_cid, big)
+    poison = submitted(devnet, client, spec_cid, INVALID_UTF8, provider=devnet.providers[1])
+    assert poison.output_problem is not None
+    with mediator(devnet, deployment, ipfs_daemon, tmp_path / "m.db") as med:
+        until(med, lambda: len(med.decisions) == 2, what="two rulings")
+        big_d, poison_d = decision(med, too_large), decision(med, poison)
+        assert big_d is not None and big_d.verdict == "not upheld"
+        assert "too_large (the job spec's cap)" in big_d.reason
+        assert poison_d is not None and poison_d.verdict == "not upheld"
+        assert "output CID unusable: not valid UTF-8" in poison_d.reason
+        assert status(client, too_large) is Status.FUNDED
+        assert status(client, poison) is Status.FUNDED
+
+
+def test_a_good_result_is_left_alone_then_upheld_when_disputed(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    store: IpfsStore,
+    spec_cid: str,
+    tmp_path: Path,
+) -> None:
+    deployment, client = escrow
+    output = store.add_bytes(b"the provider's real output\n" + os.urandom(16))
+    job = submitted(devnet, client, spec_cid, output)
+    with mediator(devnet, deployment, ipfs_daemon, tmp_path / "m.db") as med:
+        until(med, lambda: decision(med, job) is not None, what="the check")
+        d = decision(med, job)
+        assert d is not None and d.verdict == "no ruling" and d.tx_hash is None
+        assert "integrity ok" in d.reason and output in d.reason
+        assert status(client, job) is Status.SUBMITTED
+        assert med.state.ruling(job.job_id, job.job.attempt) is None
+        assert ruled_events(client, job) == []
+
+        deposit = int(client.call("disputeDeposit"))
+        client.send(devnet.submitter, "dispute", job.job_id, job.job.as_tuple(), value=deposit)
+        mediator_before = client.balance_of(devnet.mediator.address)
+        until(med, lambda: decision(med, job, "dispute") is not None, what="the ruling")
+        d = decision(med, job, "dispute")
+        assert d is not None and d.verdict == "upheld" and d.tx_hash is not None
+        assert status(client, job) is Status.RELEASED
+        assert client.balance_of(devnet.mediator.address) - mediator_before == deposit
+        (ruled,) = ruled_events(client, job)
+        assert ruled.args["upheld"] is True
+
+
+def test_a_disputed_result_that_fails_is_ruled_wrong(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    spec_cid: str,
+    tmp_path: Path,
+) -> None:
+    """The submitter disputes before the mediator has looked: the dispute is ruled on (the
+    check of the submitted result is moot once the job is Disputed)."""
+    deployment, client = escrow
+    job = submitted(devnet, client, spec_cid, INVALID_UTF8)
+    deposit = int(client.call("disputeDeposit"))
+    client.send(devnet.submitter, "dispute", job.job_id, job.job.as_tuple(), value=deposit)
+    before = client.balance_of(devnet.submitter.address)
+    with mediator(devnet, deployment, ipfs_daemon, tmp_path / "m.db") as med:
+        until(med, lambda: decision(med, job, "dispute") is not None, what="the ruling")
+        d = decision(med, job, "dispute")
+        assert d is not None and d.verdict == "not upheld"
+        assert decision(med, job, "check") is None
+        assert status(client, job) is Status.FUNDED
+        # collateral less the mediator's re-run fee, plus the deposit back
+        assert client.balance_of(devnet.submitter.address) - before == job.job.collateral
+
+
+def test_a_ruling_refused_because_the_job_was_disputed_meanwhile_does_not_block_the_dispute(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    spec_cid: str,
+    tmp_path: Path,
+) -> None:
+    deployment, client = escrow
+    job = submitted(devnet, client, spec_cid, INVALID_UTF8)
+    with mediator(devnet, deployment, ipfs_daemon, tmp_path / "m.db") as med:
+        med.watcher.poll_once()  # it knows the result, has not checked it yet
+        deposit = int(client.call("disputeDeposit"))
+        client.send(devnet.submitter, "dispute", job.job_id, job.job.as_tuple(), value=deposit)
+        med.work()  # rules on the Submitted job it knows: the escrow refuses (it is Disputed)
+        refused = decision(med, job)
+        assert refused is not None and refused.verdict == "no ruling"
+        assert "refused by the escrow (JobEscrowJobMismatch" in refused.reason
+        until(med, lambda: decision(med, job, "dispute") is not None, what="the ruling")
+        d = decision(med, job, "dispute")
+        assert d is not None and d.verdict == "not upheld"
+    assert status(client, job) is Status.FUNDED
+    assert len(ruled_events(client, job)) == 1
+
+
+def test_a_job_naming_another_mediator_is_ignored(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    store: IpfsStore,
+    spec_cid: str,
+    tmp_path: Path,
+) -> None:
+    deployment, client = escrow
+    # the submitter names itself as mediator (the contract allows it), with a poisoned result
+    other = submitted(devnet, client, spec_cid, INVALID_UTF8, mediator=devnet.submitter.address)
+    ours = submitted(devnet, client, spec_cid, INVALID_UTF8, provider=devnet.providers[1])
+    with mediator(devnet, deployment, ipfs_daemon, tmp_path / "m.db") as med:
+        until(med, lambda: decision(med, ours) is not None, what="the ruling on its own job")
+        med.poll_once()
+        assert decision(med, other) is None
+        assert med.state.job(other.job_id) is None
+        assert med.counters["jobs_ignored"] == 1
+        assert status(client, other) is Status.SUBMITTED
+        assert ruled_events(client, other) == []
+
+
+def test_a_restart_resumes_from_the_cursor_and_never_rules_twice(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    spec_cid: str,
+    tmp_path: Path,
+) -> None:
+    deployment, client = escrow
+    path = tmp_path / "m.db"
+    first = submitted(devnet, client, spec_cid, INVALID_UTF8)
+    with mediator(devnet, deployment, ipfs_daemon, path) as med:
+        until(med, lambda: decision(med, first) is not None, what="the first ruling")
+        # stop before its own Ruled event is folded: a crash right after sending
+        cursor = med.state.load()
+    assert cursor is not None
+    second = submitted(devnet, client, spec_cid, INVALID_UTF8, provider=devnet.providers[1])
+    with mediator(devnet, deployment, ipfs_daemon, path) as med:
+        assert med.state.load() == cursor
+        until(med, lambda: decision(med, second) is not None, what="the ruling after restart")
+        med.poll_once()
+        assert [d.job_id for d in med.decisions] == [second.job_id]
+        assert {r.job_id: r.outcome for r in med.state.rulings()} == {
+            first.job_id: "confirmed",
+            second.job_id: "confirmed",
+        }
+        assert (med.state.load() or 0) > cursor
+    with mediator(devnet, deployment, ipfs_daemon, path) as med:  # and once more: nothing new
+        med.poll_once()
+        assert med.decisions == []
+    assert len(ruled_events(client, first)) == 1
+    assert len(ruled_events(client, second)) == 1
+
+
+def test_an_event_that_does_not_fold_is_skipped_and_the_rest_are_handled(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    spec_cid: str,
+    tmp_path: Path,
+) -> None:
+    """Forged events (ones that cannot follow the job's state, one missing its arguments) in
+    the same batch as the real ones: refused and counted, the cursor moves, the real result is
+    still ruled on."""
+    deployment, client = escrow
+    job = submitted(devnet, client, spec_cid, INVALID_UTF8)
+    with mediator(devnet, deployment, ipfs_daemon, tmp_path / "m.db") as med:
+        real = client.events(deployment.block)
+        (created,) = [e for e in real if e.name == "JobCreated"]
+        head = int(client.w3.eth.block_number)
+        reassigned = Event(
+            name="JobAssigned",
+            args={
+                "jobId": job.job_id,
+                "provider": devnet.providers[1].address,
+                "previousProvider": job.job.provider,
+                "attempt": 9,
+                "since": 1,
+            },
+            block=head,
+            tx_hash="0x" + "ab" * 32,
+            log_index=0,
+        )
+        no_args = replace(reassigned, name="ResultDisputed", args={"jobId": job.job_id})
+        med.watcher.sink([*real, reassigned, no_args, created], head)
+        assert med.counters["events_refused"] == 3
+        assert med.state.load() == head
+        folded = med.state.job(job.job_id)
+        assert folded is not None and folded.status is Status.SUBMITTED
+        assert folded.job.attempt == 1
+        until(med, lambda: decision(med, job) is not None, what="the ruling")
+        d = decision(med, job)
+        assert d is not None and d.verdict == "not upheld"
+
+
+def test_a_ruling_whose_reply_is_lost_is_never_sent_twice(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    spec_cid: str,
+    tmp_path: Path,
+) -> None:
+    """Through a JSON-RPC proxy in front of the real anvil: the first ruling reaches the node
+    but its reply is lost (the mediator then finds it in the events and never sends it again);
+    the second never reaches the node (sent again after backoff, once)."""
+    deployment, client = escrow
+    lost = submitted(devnet, client, spec_cid, INVALID_UTF8)
+    with fault_proxy(devnet.url) as proxy:
+        med = Mediator(
+            EscrowClient(make_w3(proxy.url), deployment),
+            devnet.mediator,
+            IpfsStore(ipfs_daemon.api_addr),
+            tmp_path / "m.db",
+            replace(CONFIG, error_backoff=RetryPolicy(initial_delay_s=0.2, max_delay_s=0.5)),
+        )
+        with med:
+            proxy.fail(1, "eth_sendRawTransaction", forward=True)
+            until(med, lambda: decision(med, lost) is not None, what="the lost ruling")
+            assert med.counters["errors"] == 1
+            d = decision(med, lost)
+            assert d is not None and d.verdict == "not upheld"
+            assert "confirmed by its Ruled event" in d.reason
+            assert proxy.counts["eth_sendRawTransaction"] == 1
+
+            unsent = submitted(devnet, client, spec_cid, INVALID_UTF8, provider=devnet.providers[1])
+            proxy.fail(1, "eth_sendRawTransaction")
+            until(med, lambda: decision(med, unsent) is not None, what="the resent ruling")
+            assert med.counters["errors"] == 2
+            d = decision(med, unsent)
+            assert d is not None and d.verdict == "not upheld" and d.tx_hash is not None
+            assert proxy.counts["eth_sendRawTransaction"] == 3
+            med.poll_once()
+            assert {r.outcome for r in med.state.rulings()} == {"confirmed"}
+    for job in (lost, unsent):
+        assert len(ruled_events(client, job)) == 1
+        assert status(client, job) is Status.FUNDED
+
+
+def test_no_ruling_once_the_challenge_window_is_about_to_close(
+    devnet: Devnet, ipfs_daemon: IpfsDaemon, spec_cid: str, tmp_path: Path
+) -> None:
+    deployment, client = fresh_escrow(devnet, challenge_window=20)
+    register_on_chain(client, devnet.providers[0])
+    job = submitted(devnet, client, spec_cid, INVALID_UTF8)
+    with mediator(devnet, deployment, ipfs_daemon, tmp_path / "m.db", window_margin_s=30) as med:
+        until(med, lambda: decision(med, job) is not None, what="the decision")
+        d = decision(med, job)
+        assert d is not None and d.verdict == "no ruling" and "challenge window closes" in d.reason
+    assert status(client, job) is Status.SUBMITTED
+    assert ruled_events(client, job) == []
+
+
+def test_its_own_ipfs_daemon_down_never_slashes_the_provider(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    spec_cid: str,
+    tmp_path: Path,
+) -> None:
+    """An output this mediator cannot fetch because its own daemon is down is not the
+    provider's fault: the check waits (no try counted against the provider), nothing is sent."""
+    deployment, client = escrow
+    job = submitted(devnet, client, spec_cid, bytes_cid(b"never added " + os.urandom(16)))
+    dead = f"/ip4/127.0.0.1/tcp/{free_port()}/http"
+    med = Mediator(
+        EscrowClient(devnet.w3, deployment),
+        devnet.mediator,
+        IpfsStore(dead),
+        tmp_path / "m.db",
+        CONFIG,
+    )
+    with med:
+        deadline = time.monotonic() + 2.0  # several checks, each failing at once
+        while time.monotonic() < deadline:
+            med.poll_once()
+            time.sleep(0.1)
+        assert med.decisions == []
+        (task,) = med.state.pending_tasks()
+        assert task.job_id == job.job_id and task.tries == 0
+        assert "IPFS daemon is down" in task.note
+    assert status(client, job) is Status.SUBMITTED
+    assert ruled_events(client, job) == []
+
+
+def test_refuses_the_operator_key_and_another_escrows_state(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    tmp_path: Path,
+) -> None:
+    deployment, client = escrow
+    with (
+        IpfsStore(ipfs_daemon.api_addr) as ipfs,
+        pytest.raises(MediatorError, match="operator"),
+    ):
+        Mediator(client, devnet.operator, ipfs, tmp_path / "op.db", CONFIG)
+    other = tmp_path / "other.db"
+    MediatorState(other, escrow="0x" + "11" * 20, chain_id=deployment.chain_id).close()
+    with pytest.raises(StateError, match="belongs to escrow"):
+        mediator(devnet, deployment, ipfs_daemon, other)
+
+
+def test_the_command_line_runs_until_terminated(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    spec_cid: str,
+    tmp_path: Path,
+) -> None:
+    deployment, client = escrow
+    dep_file = tmp_path / "deployment.json"
+    deployment.save(dep_file)
+    args = [
+        sys.executable,
+        "-m",
+        "scheduler.mediator",
+        "run",
+        "--rpc-url",
+        devnet.url,
+        "--deployment",
+        str(dep_file),
+        "--ipfs-api",
+        ipfs_daemon.api_addr,
+        "--state",
+        str(tmp_path / "cli.db"),
+        "--poll-interval",
+        "0.2",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("GRIDMARKET_MEDIATOR_KEY", None)
+    no_key = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+    assert no_key.returncode == 2 and "GRIDMARKET_MEDIATOR_KEY" in no_key.stderr
+    env["GRIDMARKET_MEDIATOR_KEY"] = "0x" + bytes(devnet.mediator.key).hex()
+    job = submitted(devnet, client, spec_cid, INVALID_UTF8)
+    proc = subprocess.Popen(
+        args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while status(client, job) is not Status.FUNDED and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            time.sleep(0.2)
+        assert status(client, job) is Status.FUNDED
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    (line,) = [ln for ln in out.splitlines() if "mediator decision" in ln]
+    assert f"job 0x{job.job_id.hex()} attempt 1" in line
+    assert "verdict=not_upheld" in line and "not valid UTF-8" in line
