@@ -29,7 +29,7 @@ import docker.errors
 
 from devstack._process import ROOT, ServiceError
 
-__all__ = ["BUSYBOX_IMAGE", "busybox_deb", "ensure_busybox_image", "push_image"]
+__all__ = ["BUSYBOX_IMAGE", "busybox_deb", "ensure_busybox_image", "publish_busybox", "push_image"]
 
 log = logging.getLogger(__name__)
 
@@ -178,3 +178,12 @@ def push_image(
         raise ServiceError(f"docker push {target}:{tag} reported no digest")
     log.info("pushed %s as %s@%s in %.1f s", image, target, digest, time.monotonic() - started)
     return f"{target}@{digest}"
+
+
+def publish_busybox(
+    client: docker.DockerClient, registry: str, auth_config: Mapping[str, str] | None = None
+) -> str:
+    """Build (if needed) ``gridmarket/busybox:test`` and push it to ``registry``: the pinned
+    reference ``registry/gridmarket/busybox@sha256:<hex>`` demo and e2e specs name."""
+    ensure_busybox_image(client)
+    return push_image(client, registry, BUSYBOX_IMAGE, auth_config=auth_config)

@@ -15,6 +15,8 @@ realm=...``, the token fetched from the realm with the same user and password), 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import ipaddress
 import json
@@ -22,6 +24,7 @@ import platform
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -35,8 +38,10 @@ __all__ = [
     "RegistryClient",
     "RegistryError",
     "RegistryUnavailableError",
+    "load_docker_credentials",
     "parse_image_ref",
     "parse_pinned",
+    "resolve_image",
 ]
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -167,6 +172,38 @@ class Credentials:
         if self.token:
             return {"registrytoken": self.token}
         return {"username": self.username, "password": self.password}
+
+
+def load_docker_credentials(path: str | Path) -> dict[str, Credentials]:
+    """Registry credentials from a Docker ``config.json`` (``{"auths": {"host[:port]": {"auth":
+    base64("user:password")}}}``; ``username``/``password`` or ``registrytoken`` also read).
+    Credential helpers (``credsStore``) are not run. Keys lose a leading ``https://``/``http://``
+    and a trailing ``/...``."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read registry credentials from {path}: {exc}") from exc
+    auths = doc.get("auths") if isinstance(doc, dict) else None
+    if not isinstance(auths, dict):
+        raise ValueError(f'{path}: no "auths" object')
+    found: dict[str, Credentials] = {}
+    for key, entry in auths.items():
+        if not isinstance(entry, dict):
+            continue
+        host = str(key).split("://", 1)[-1].split("/", 1)[0]
+        if entry.get("registrytoken"):
+            found[host] = Credentials(token=str(entry["registrytoken"]))
+        elif entry.get("auth"):
+            try:
+                user, sep, password = base64.b64decode(entry["auth"]).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError, TypeError) as exc:
+                raise ValueError(f"{path}: bad auth for {key}") from exc
+            if not sep:
+                raise ValueError(f"{path}: bad auth for {key} (no user:password)")
+            found[host] = Credentials(user, password)
+        elif entry.get("username"):
+            found[host] = Credentials(str(entry["username"]), str(entry.get("password", "")))
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +386,19 @@ class RegistryClient:
             return str(doc.get("token") or doc["access_token"])
         except (ValueError, KeyError, AttributeError) as exc:
             raise RegistryError(f"registry {host}: the token server answered no token") from exc
+
+
+def resolve_image(
+    ref: str, credentials: Mapping[str, Credentials] | None = None, *, timeout: float = 10.0
+) -> str:
+    """``host[:port]/name@sha256:<hex>`` for ``ref`` (a tag resolved through the registry now, a
+    digest checked to be there): what the CLI and the submit page put in a spec before funding.
+    Raises ImageRefError, RegistryError (RegistryUnavailableError when unreachable)."""
+    client = RegistryClient(credentials, timeout=timeout)
+    try:
+        return str(client.resolve(ref))
+    finally:
+        client.close()
 
 
 def _check(response: requests.Response, image: ImageRef, path: str) -> requests.Response:

@@ -6,11 +6,13 @@ A small HTTP proxy in front of the registry plays the slow and the lying registr
 
 from __future__ import annotations
 
+import base64
 import http.server
 import json
 import socket
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -108,6 +110,9 @@ class Proxy(http.server.ThreadingHTTPServer):
         self.swap: dict[str, str] = {}  # requested manifest path -> the path served instead
         self.hung_up = threading.Event()
         self.blob_requests = 0
+        self.token_login: tuple[str, str] | None = None  # token auth in front: (user, password)
+        self.token = "tok-" + uuid.uuid4().hex
+        self.token_requests: list[str] = []  # the query strings of the token requests
 
     @property
     def host(self) -> str:
@@ -127,7 +132,36 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._forward(head=False)
 
+    def _token_gate(self) -> bool:
+        """Token auth (the Docker registry token flow): False when the request was answered."""
+        login = self.server.token_login
+        if login is None:
+            return True
+        if self.path.startswith("/token"):
+            self.server.token_requests.append(self.path.partition("?")[2])
+            expected = "Basic " + base64.b64encode(":".join(login).encode()).decode()
+            ok = self.headers.get("Authorization") == expected
+            body = json.dumps({"token": self.server.token}).encode() if ok else b"{}"
+            self._answer(200 if ok else 401, body)
+            return False
+        if self.headers.get("Authorization") == f"Bearer {self.server.token}":
+            return True
+        realm = f"http://{self.server.host}/token"
+        self._answer(401, b"{}", f'Bearer realm="{realm}",service="proxy"')
+        return False
+
+    def _answer(self, status: int, body: bytes, challenge: str | None = None) -> None:
+        self.send_response(status)
+        if challenge:
+            self.send_header("WWW-Authenticate", challenge)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def _forward(self, head: bool) -> None:
+        if not self._token_gate():
+            return
         path = self.server.swap.get(self.path, self.path)
         blob = "/blobs/" in path and not head
         if blob:
@@ -413,3 +447,29 @@ def test_basic_auth_registry(
         )
         assert result.ok, result
         assert (result.output_dir / "marker").read_text() == "private"
+
+
+def test_token_auth_registry(
+    publish: PublishFn, proxy: Proxy, agent_engine: docker.DockerClient, tmp_path: Path
+) -> None:
+    """A registry behind the bearer-token flow (401 + ``WWW-Authenticate: Bearer realm=...``,
+    token fetched from the realm with the user and password): the manifest check and dockerd's
+    pull both go through it."""
+    ref = via(proxy, publish())
+    proxy.token_login = ("dave", "tokens please")
+    without = executor(agent_engine, tmp_path)
+    with pytest.raises(ImagePullError, match=r"this node does not run images from .*token server"):
+        without.run(marker_job(ref), None, tmp_path / "out0")
+    creds = {proxy.host: Credentials("dave", "tokens please")}
+    result = executor(agent_engine, tmp_path, credentials=creds).run(
+        marker_job(ref), None, tmp_path / "out1"
+    )
+    assert result.ok, result
+    wrong = {proxy.host: Credentials("dave", "nope")}
+    with pytest.raises(ImagePullUnavailableError, match="refused this node's credentials"):
+        executor(agent_engine, tmp_path, credentials=wrong).run(
+            marker_job(via(proxy, publish())), None, tmp_path / "out2"
+        )
+    name = parse_pinned(ref).name
+    scopes = [urllib.parse.parse_qs(q).get("scope") for q in proxy.token_requests]
+    assert [f"repository:{name}:pull"] in scopes, scopes  # ours, and dockerd's

@@ -3,7 +3,9 @@ Debian's docker-registry on loopback), with images pushed by the session's real 
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +14,7 @@ import docker
 import pytest
 import requests
 
-from devstack.images import ensure_busybox_image, push_image
+from devstack.images import BUSYBOX_IMAGE, ensure_busybox_image, publish_busybox, push_image
 from devstack.registry import Registry, free_port, htpasswd_line
 from gridmarket.images import (
     ACCEPT_MANIFESTS,
@@ -22,8 +24,10 @@ from gridmarket.images import (
     RegistryClient,
     RegistryError,
     RegistryUnavailableError,
+    load_docker_credentials,
     parse_image_ref,
     parse_pinned,
+    resolve_image,
 )
 
 DIGEST = "sha256:" + "ab" * 32
@@ -114,6 +118,7 @@ def test_resolve_tag_to_the_pushed_digest(
     ref = client.resolve(f"{registry.host}/{name}:v1")
     assert str(ref) == pinned and ref.pinned
     assert str(client.resolve(pinned)) == pinned  # a digest is checked, and kept
+    assert resolve_image(f"{registry.host}/{name}:v1") == pinned
 
     # What the registry says is the digest of the manifest's bytes, as served for our Accept.
     response = requests.get(
@@ -139,6 +144,15 @@ def test_resolve_tag_to_the_pushed_digest(
     assert other != pinned
     assert str(client.resolve(f"{registry.host}/{name}:v1")) == other
     assert str(client.resolve(pinned)) == pinned
+
+
+def test_publish_busybox_gives_the_pinned_reference(
+    registry: Registry, docker_client: docker.DockerClient
+) -> None:
+    ref = publish_busybox(docker_client, registry.host)
+    assert parse_pinned(ref).name == "gridmarket/busybox"
+    assert resolve_image(f"{registry.host}/{BUSYBOX_IMAGE}") == ref
+    assert ref in docker_client.images.get(BUSYBOX_IMAGE).attrs["RepoDigests"]
 
 
 def test_resolve_refuses_unknown_tags_digests_and_names(
@@ -182,6 +196,40 @@ def test_basic_auth_registry(
     good = RegistryClient({locked_registry.host: Credentials("alice", "s3cret pw")})
     assert str(good.resolve(tag_ref)) == pinned
     assert good.download_size(pinned) > 0
+
+
+def test_load_docker_credentials(
+    tmp_path: Path, locked_registry: Registry, docker_client: docker.DockerClient, test_image: str
+) -> None:
+    path = tmp_path / "config.json"
+    basic = base64.b64encode(b"alice:s3cret pw").decode()
+    path.write_text(
+        json.dumps(
+            {
+                "auths": {
+                    locked_registry.host: {"auth": basic},
+                    "https://reg.example.org/v1/": {"username": "u", "password": "p"},
+                    "tok.example.org": {"registrytoken": "abc"},
+                },
+                "credsStore": "desktop",
+            }
+        )
+    )
+    creds = load_docker_credentials(path)
+    assert creds == {
+        locked_registry.host: Credentials("alice", "s3cret pw"),
+        "reg.example.org": Credentials("u", "p"),
+        "tok.example.org": Credentials(token="abc"),
+    }
+    name = f"gridmarket/fromfile-{uuid.uuid4().hex[:8]}"
+    auth = creds[locked_registry.host].docker_auth()
+    pinned = push_image(
+        docker_client, locked_registry.host, test_image, repository=name, auth_config=auth
+    )
+    assert resolve_image(f"{locked_registry.host}/{name}:test", creds) == pinned
+    path.write_text(json.dumps({"auths": {"h": {"auth": base64.b64encode(b"nocolon").decode()}}}))
+    with pytest.raises(ValueError, match="bad auth"):
+        load_docker_credentials(path)
 
 
 def test_htpasswd_line_is_bcrypt(tmp_path: Path) -> None:
