@@ -166,20 +166,20 @@ class ImagePuller:
             self._forget_missing()
             candidates = sorted(self._cache.items(), key=lambda item: item[1].last_used)
             total = sum(entry.size for entry in self._cache.values())
-            busy = set(self._in_use)
         for ref, entry in candidates:
             if total <= self.policy.cache_bytes:
                 break
-            if ref == keep or ref in busy or self._has_containers(ref):
-                continue
-            try:
-                self.client.images.remove(ref, noprune=False)
-            except docker.errors.ImageNotFound:
-                pass
-            except docker.errors.APIError as exc:  # 409: a container still uses it
-                log.warning("cannot evict %s: %s", ref, exc)
-                continue
+            # Under the lock: a run cannot mark it in use between the check and the removal.
             with self._lock:
+                if ref == keep or ref in self._in_use or self._has_containers(ref):
+                    continue
+                try:
+                    self.client.images.remove(ref, noprune=False)
+                except docker.errors.ImageNotFound:
+                    pass
+                except docker.errors.APIError as exc:  # 409: a container still uses it
+                    log.warning("cannot evict %s: %s", ref, exc)
+                    continue
                 self._cache.pop(ref, None)
             total -= entry.size
             removed.append(ref)
