@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # System packages for the agent's real local services (docs/platform.md, "IPFS and Docker"):
 #   - Debian's docker.io, for dockerd (started by hand by devstack/dockerd.py);
+#   - Debian's docker-registry (the CNCF distribution registry 2.8), for a local OCI registry on
+#     a free loopback port (started by hand by devstack/registry.py; the package's own service,
+#     on :5000, is stopped and disabled);
 #   - Debian's busybox-static .deb, cached under .cache/debs/, the rootfs of the local test image
-#     (built on demand by devstack/images.py: no registry is ever contacted);
+#     (built on demand by devstack/images.py, then pushed to that local registry);
 #   - Debian's chromium, the browser of the front end's tests (driven by npm playwright-core:
 #     its own browser download cannot work offline).
 # js-ipfs is an npm dependency (package.json), installed by `npm ci` in scripts/setup.sh.
@@ -41,6 +44,23 @@ fi
 command -v dockerd >/dev/null 2>&1 || die "dockerd still missing after apt-get install docker.io"
 # mkfs.ext4 gives the executor its hard-capped /output file system (e2fsprogs: always on Debian).
 command -v mkfs.ext4 >/dev/null 2>&1 || apt_install e2fsprogs
+
+# ---------------------------------------------------------------- docker-registry (local OCI registry)
+# devstack/registry.py runs /usr/bin/docker-registry with its own config (127.0.0.1, a free port,
+# storage under its work dir). The package's postinst starts a system service on :5000 (all
+# interfaces) where an init system lets it (policy-rc.d in container images usually does not):
+# stop and disable that one, once, right after installing; nothing of ours uses it.
+if [ ! -x /usr/bin/docker-registry ]; then
+  say "apt-get install docker-registry (a local OCI registry; ~10 s)"
+  apt_install docker-registry
+  if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+    "${SUDO[@]}" systemctl disable --now docker-registry.service >/dev/null 2>&1 || true
+  elif [ -x /etc/init.d/docker-registry ]; then
+    "${SUDO[@]}" /etc/init.d/docker-registry stop >/dev/null 2>&1 || true
+    "${SUDO[@]}" update-rc.d docker-registry disable >/dev/null 2>&1 || true
+  fi
+fi
+[ -x /usr/bin/docker-registry ] || die "/usr/bin/docker-registry still missing after apt-get install"
 
 # ---------------------------------------------------------------- chromium (browser tests)
 if [ ! -x /usr/bin/chromium ]; then
@@ -90,4 +110,4 @@ if [ -z "${GRIDMARKET_PG_ADMIN_URL:-}" ] && ! pg_up; then
   pg_up || die "PostgreSQL $pgver/$pgcluster did not start listening on 127.0.0.1:5432"
 fi
 
-say "ready (dockerd: $(command -v dockerd), busybox: $(ls "$DEBS"/busybox-static_*.deb), chromium, PostgreSQL)"
+say "ready (dockerd: $(command -v dockerd), docker-registry, busybox: $(ls "$DEBS"/busybox-static_*.deb), chromium, PostgreSQL)"

@@ -8,8 +8,11 @@ memory with no swap, CPU share, process count, open files and no core dumps capp
 (no log files), GPUs only when asked for, a hard wall-clock timeout, and the container always
 removed afterwards.
 
-Images are never pulled: a job's image must already be in the engine (there is no registry to
-pull from here, and an agent must not hang on one).
+Images: one already in the engine runs as is. One that is not is pulled only when the job names
+it by digest (``host[:port]/name@sha256:<hex>``), within the :class:`PullPolicy`'s size cap and
+time limit, and checked against that digest; pulled images are kept in a cache with a size budget
+(least recently used evicted first). :mod:`agent.executors._pull` has the details, and whose fault
+each refusal is. ``PullPolicy(enabled=False)`` gives back the old behaviour: nothing is pulled.
 """
 
 from __future__ import annotations
@@ -35,9 +38,24 @@ from agent.errors import (
     InvalidSpecError,
 )
 from agent.executors._output import OutputArea, OutputCheck, OutputMode
+from agent.executors._pull import (
+    ImagePuller,
+    ImagePullError,
+    ImagePullUnavailableError,
+    PullPolicy,
+)
 from agent.executors.base import ExecutionResult, ExecutionSpec, Reason, TailBuffer
 
 log = logging.getLogger(__name__)
+
+__all__ = [
+    "LABEL",
+    "OWNER_LABEL",
+    "DockerExecutor",
+    "ImagePullError",
+    "ImagePullUnavailableError",
+    "PullPolicy",
+]
 
 LABEL = "org.gridmarket.executor"
 OWNER_LABEL = "org.gridmarket.owner"  # which agent started it (several may share one engine)
@@ -57,9 +75,12 @@ class DockerExecutor:
         user: str = "65534:65534",
         output_mode: OutputMode = OutputMode.AUTO,
         owner: str = "",
+        pull: PullPolicy | None = None,
     ) -> None:
         """``client`` or ``docker_host`` (``unix:///path``) picks the engine, else DOCKER_HOST.
-        ``owner`` labels this agent's containers (:func:`agent.assembly.executor_owner`)."""
+        ``owner`` labels this agent's containers (:func:`agent.assembly.executor_owner`);
+        ``pull`` says which images may be pulled, within which caps (default: :class:`PullPolicy`
+        defaults, by digest only)."""
         if client is None:
             client = docker.DockerClient(base_url=docker_host) if docker_host else docker.from_env()
         self.client = client
@@ -72,6 +93,12 @@ class DockerExecutor:
         self._owner = (int(uid), int(gid))
         self.output_mode = output_mode
         self.owner = owner
+        self.images = ImagePuller(client, pull)
+
+    def cached_images(self) -> list[str]:
+        """The images this node can run without pulling, by digest reference (sorted): for the
+        capacity advert, so that matching prefers nodes that already have a job's image."""
+        return self.images.cached_images()
 
     # ------------------------------------------------------------------ public
 
@@ -98,21 +125,24 @@ class DockerExecutor:
             raise InvalidSpecError("the Docker executor runs images; this spec has a WASM module")
         if input_dir is not None and not input_dir.is_dir():
             raise InvalidSpecError(f"input dir {input_dir} does not exist")
-        self._check_image(spec.image)
-        limits = spec.limits
-        with OutputArea(
-            output_dir,
-            limits.output_bytes,
-            limits.output_files,
-            mode=self.output_mode,
-            owner=self._owner,
-        ) as area:
-            container = self._create(spec, input_dir, area)
-            try:
-                outcome = self._execute(container, spec, area, cancel)
-            finally:
-                self._remove(container)  # before the output is checked and unmounted
-            check = area.finish()
+        self.images.acquire(spec.image, cancel)  # pulls it when allowed; in use until released
+        try:
+            limits = spec.limits
+            with OutputArea(
+                output_dir,
+                limits.output_bytes,
+                limits.output_files,
+                mode=self.output_mode,
+                owner=self._owner,
+            ) as area:
+                container = self._create(spec, input_dir, area)
+                try:
+                    outcome = self._execute(container, spec, area, cancel)
+                finally:
+                    self._remove(container)  # before the output is checked and unmounted
+                check = area.finish()
+        finally:
+            self.images.release(spec.image)
         reason, message = _verdict(spec, outcome, check)
         log.info("container %s: %s (%s) in %.2f s", outcome.id, reason, message, outcome.duration)
         return ExecutionResult(
@@ -131,17 +161,6 @@ class DockerExecutor:
         )
 
     # ------------------------------------------------------------------ steps
-
-    def _check_image(self, image: str) -> None:
-        try:
-            self.client.images.get(image)
-        except docker.errors.ImageNotFound:
-            raise ImageNotFoundError(
-                f"image {image!r} is not on this node and images are never pulled: "
-                "load it first (docker load / docker import)"
-            ) from None
-        except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
-            raise ExecutorError(f"the Docker engine did not answer: {exc}") from exc
 
     def _create(self, spec: ExecutionSpec, input_dir: Path | None, area: OutputArea) -> Container:
         limits = spec.limits
