@@ -43,7 +43,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devstack.grid import LocalGrid, run_grid  # noqa: E402
-from devstack.images import BUSYBOX_IMAGE  # noqa: E402
 from gridmarket.chain import EscrowClient  # noqa: E402
 from gridmarket.wire import API, JobSpec  # noqa: E402
 
@@ -183,6 +182,7 @@ class Bench:
         data = work / "bench-dataset"
         data.mkdir(parents=True, exist_ok=True)
         (data / "hello.txt").write_text("hello\n")
+        self.image = grid.busybox_image  # pinned by digest in the devnet's registry
         self.dataset = grid.ipfs.add_dir(data)
         self.module = grid.ipfs.add_bytes(bytes(wasmtime.wat2wasm(CLOCK_WAT)))
         self.spec_cids = {kind: grid.ipfs.add_bytes(self.spec(kind).to_bytes()) for kind in KINDS}
@@ -197,7 +197,7 @@ class Bench:
             "limits": LIMITS,
         }
         if kind == "docker":
-            base.update(image=BUSYBOX_IMAGE, command=["sh", "-c", DOCKER_COMMAND])
+            base.update(image=self.image, command=["sh", "-c", DOCKER_COMMAND])
         else:
             base.update(module_cid=self.module)
         return JobSpec.model_validate(base)

@@ -46,9 +46,10 @@ from gridmarket.ipfs import IpfsStore
 from ._process import ROOT, ManagedProcess, ServiceError
 from .anvil import Anvil, DevRoles, dev_accounts, free_port
 from .dockerd import Dockerd
-from .images import ensure_busybox_image
+from .images import BUSYBOX_IMAGE, ensure_busybox_image, publish_busybox
 from .ipfs import IpfsDaemon
 from .mediator import MediatorProcess
+from .registry import Registry
 from .scheduler import SchedulerProcess
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,10 @@ class LocalGrid(DevRoles):
     ipfs: IpfsStore
     dockerd: Dockerd | None
     docker_note: str
+    registry: Registry | None
+    busybox_image: str
+    """What Docker jobs name: the pinned reference in the devnet's registry (or the local tag
+    when no dockerd runs, and so no Docker job either)."""
     scheduler: SchedulerProcess
     scheduler_settings: dict[str, str]
     mediator: MediatorProcess
@@ -145,6 +150,8 @@ class LocalGrid(DevRoles):
             "ipfs_api": self.ipfs_daemon.api_addr,
             "docker_host": self.dockerd.host if self.dockerd else None,
             "docker_note": self.docker_note,
+            "registry": self.registry.host if self.registry else None,
+            "busybox_image": self.busybox_image,
             "scheduler_url": self.scheduler.url,
             "mediator": self.accounts[10].address,
             "mediator_log": str(self.mediator.log_path),
@@ -234,6 +241,24 @@ def _docker(work: Path) -> tuple[Dockerd | None, str]:
         engine.stop()
         return None, f"dockerd could not start ({str(exc).splitlines()[0]}): WASM jobs only"
     return engine, "dockerd running: agents serve Docker and WASM jobs"
+
+
+def _registry(work: Path, engine: Dockerd) -> tuple[Registry, str]:
+    """The devnet's OCI registry (Debian's docker-registry) with the job images pushed to it;
+    the busybox image's pinned reference ``127.0.0.1:<port>/gridmarket/busybox@sha256:…``.
+    The local tag is then dropped, so the agents' engine pulls the image by digest the first
+    time a job names it (the layers stay cached: the pull is quick)."""
+    registry = Registry(work / "registry").start()
+    client = docker.DockerClient(base_url=engine.host)
+    try:
+        ref = publish_busybox(client, registry.host)
+        client.images.remove(ref)
+    except Exception:
+        registry.stop()
+        raise
+    finally:
+        client.close()
+    return registry, ref
 
 
 def _frontend(work: Path, env: dict[str, str]) -> tuple[ManagedProcess | None, str | None]:
@@ -403,8 +428,13 @@ def run_grid(
         stack.callback(ipfs.close)
         on_step("dockerd")
         engine, note = _docker(work)
+        registry: Registry | None = None
+        busybox_image = BUSYBOX_IMAGE
         if engine is not None:
             stack.callback(engine.stop)
+            on_step("OCI registry (docker-registry, loopback) and job images by digest")
+            registry, busybox_image = _registry(work, engine)
+            stack.callback(registry.stop)
         on_step("scheduler")
         settings = {
             "database_url": f"sqlite:///{work / 'scheduler.db'}",
@@ -466,6 +496,8 @@ def run_grid(
             ipfs=ipfs,
             dockerd=engine,
             docker_note=note,
+            registry=registry,
+            busybox_image=busybox_image,
             scheduler=scheduler,
             scheduler_settings=settings,
             mediator=mediator,

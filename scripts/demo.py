@@ -36,7 +36,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devstack.grid import LocalGrid, run_grid  # noqa: E402
-from devstack.images import BUSYBOX_IMAGE  # noqa: E402
 from gridmarket.escrow import Status  # noqa: E402
 from gridmarket.wire import JobSpec  # noqa: E402
 
@@ -83,7 +82,7 @@ def specs(grid: LocalGrid, dataset_cid: str, module_cid: str) -> list[JobSpec]:
                 {
                     "name": "price summary (docker)",
                     "executor": "docker",
-                    "image": BUSYBOX_IMAGE,
+                    "image": grid.busybox_image,  # pinned by digest in the devnet's registry
                     "command": ["sh", "-c", SUMMARY],
                     "dataset_cid": dataset_cid,
                     "resources": {"cpu_cores": 1, "ram_mib": 256, "disk_mib": 64},

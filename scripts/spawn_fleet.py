@@ -77,13 +77,13 @@ def capacity(tier_key: str, region: str) -> NodeCapacityIn:
 
 
 def submit(
-    escrow: EscrowClient, ipfs: IpfsStore, count: int, over_s: float, on_verify: bool
+    escrow: EscrowClient, ipfs: IpfsStore, count: int, over_s: float, on_verify: bool, image: str
 ) -> None:
     """Fund ``count`` small jobs from the first submitter, spread over ``over_s`` seconds."""
     submitter = Account.from_key(dev_accounts(4)[3])
     terms = escrow.default_terms(10**15, submitter.address, on_verify=on_verify)
     spec = JobSpec.model_validate(
-        {"name": "fleet load", "executor": "docker", "image": BUSYBOX_IMAGE, "command": ["true"]}
+        {"name": "fleet load", "executor": "docker", "image": image, "command": ["true"]}
     )
     spec_cid = ipfs.add_bytes(spec.to_bytes())
     for _ in range(count):
@@ -267,7 +267,15 @@ async def fleet(args: argparse.Namespace, grid: dict[str, Any]) -> dict[str, int
         tasks += [n.work(until, args.job_seconds) for n in nodes]
         if args.jobs:
             tasks.append(
-                asyncio.to_thread(submit, escrow, ipfs, args.jobs, args.seconds / 2, args.on_verify)
+                asyncio.to_thread(
+                    submit,
+                    escrow,
+                    ipfs,
+                    args.jobs,
+                    args.seconds / 2,
+                    args.on_verify,
+                    grid.get("busybox_image") or BUSYBOX_IMAGE,
+                )
             )
         await asyncio.gather(*tasks)
     ipfs.close()

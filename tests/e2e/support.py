@@ -50,13 +50,16 @@ SMALL = {"cpu_cores": 1, "ram_mib": 256, "disk_mib": 64}
 # --------------------------------------------------------------------------- jobs
 
 
-def docker_spec(name: str, script: str, *, dataset_cid: str | None = None) -> JobSpec:
-    """A busybox job running ``sh -c script`` with small resources."""
+def docker_spec(
+    name: str, script: str, *, dataset_cid: str | None = None, image: str = BUSYBOX_IMAGE
+) -> JobSpec:
+    """A busybox job running ``sh -c script`` with small resources (``image``: the local tag
+    every engine of the grid has, or the grid's pinned ``busybox_image`` to be pulled)."""
     return JobSpec.model_validate(
         {
             "name": name,
             "executor": "docker",
-            "image": BUSYBOX_IMAGE,
+            "image": image,
             "command": ["sh", "-c", script],
             "dataset_cid": dataset_cid,
             "resources": SMALL,

@@ -113,7 +113,15 @@ class TestOneGrid:
     ) -> None:
         before = money(grid)
         # the default terms (paid once the challenge window passes) and the on-verify opt-in
-        docker = fund(grid, docker_spec("count lines", COUNT_LINES, dataset_cid=inputs.dataset_cid))
+        docker = fund(
+            grid,
+            docker_spec(
+                "count lines",
+                COUNT_LINES,
+                dataset_cid=inputs.dataset_cid,
+                image=grid.busybox_image,  # pinned in the devnet's registry: pulled by digest
+            ),
+        )
         wasm = fund(
             grid, wasm_spec("csv stats", inputs.module_cid, inputs.dataset_cid), on_verify=True
         )
