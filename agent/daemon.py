@@ -318,6 +318,8 @@ class Agent:
             log.warning("job %s: acceptance not delivered (%s); not running it", short, exc)
             with self._lock:
                 self.declined += 1
+            if isinstance(exc, SchedulerRejectedError):  # refused: give the offer back at once
+                self._hand_back(offer.job_id, count=False)
             return False
         if not ack.accepted:
             log.info("job %s: the scheduler withdrew the offer: %s", short, ack.message or "-")
