@@ -192,12 +192,22 @@ def chain_duties(config: AgentConfig, account: LocalAccount, client: NodeSession
     duties = ChainDuties(policy)
     if escrow is None:
         return duties
-    from agent.onchain import Finalizer, OnChainSubmitter, ResultGuard, guard_delay
+    from agent.onchain import (
+        Finalizer,
+        OnChainSubmitter,
+        ResultGuard,
+        guard_delay,
+        reassign_delay,
+    )
 
     submitter = OnChainSubmitter(escrow, account)
     if config.submit_on_chain:
         duties.submit_on_chain = submitter.submit
     elif config.guard_results:
-        duties.guard = ResultGuard(submitter.submit, guard_delay(config.guard_delay_s, deployment))
+        duties.guard = ResultGuard(
+            submitter.submit,
+            guard_delay(config.guard_delay_s, deployment),
+            take_back_s=reassign_delay(deployment),
+        )
     duties.finalize = Finalizer(escrow, account).run_once
     return duties

@@ -74,6 +74,7 @@ class _Job:
     assignment: Assignment
     cancel: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+    accepted_at: float = field(default_factory=time.monotonic)  # the acceptance was taken
     revoked: bool = False  # the scheduler said it is no longer ours: drop the result
     handing_back: bool = False  # cancelled by the shutdown: give it back, do not report
 
@@ -381,7 +382,8 @@ class Agent:
             report = None
         handing_back = job.handing_back and (report is None or report.reason is RunReason.CANCELLED)
         if report is not None and self._guard is not None:
-            self._guard.watch(job.job_id, report)  # on-chain state decides if it is still ours
+            # the chain decides whether it is still ours; the guard's clock is time.monotonic
+            self._guard.watch(job.job_id, report, accepted=job.accepted_at)
         with self._lock:
             if report is not None and not job.revoked and not handing_back:
                 self._unreported[job.job_id] = report

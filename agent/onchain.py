@@ -33,12 +33,14 @@ from gridmarket.wire import ResultReport, RunReason, checksum
 
 __all__ = [
     "DEFAULT_GUARD_DELAY_S",
+    "GRACE_S",
     "Finalizer",
     "OnChainSubmitter",
     "ResultGuard",
     "address_topic",
     "event_topic",
     "guard_delay",
+    "reassign_delay",
 ]
 
 log = logging.getLogger(__name__)
@@ -61,15 +63,18 @@ def address_topic(address: str) -> str:
     return "0x" + "00" * 12 + checksum(address)[2:].lower()
 
 
+def reassign_delay(deployment: Deployment | None) -> float | None:
+    """The escrow's ``reassignDelay`` as the deployment file records it, if it does."""
+    value = deployment.params.get("reassign_delay") if deployment is not None else None
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
 def guard_delay(configured: float | None, deployment: Deployment | None) -> float:
     """``configured``, else half the deployment's ``reassign_delay``, else 60 s."""
     if configured is not None:
         return configured
-    if deployment is not None:
-        reassign = deployment.params.get("reassign_delay")
-        if isinstance(reassign, int | float) and reassign > 0:
-            return float(reassign) / 2
-    return DEFAULT_GUARD_DELAY_S
+    reassign = reassign_delay(deployment)
+    return reassign / 2 if reassign is not None else DEFAULT_GUARD_DELAY_S
 
 
 def chain_now(client: EscrowClient) -> int:
@@ -128,15 +133,23 @@ class _Watch:
     tries: int = field(default=0, compare=False)
 
 
+GRACE_S = 10.0
+"""The least time the scheduler gets to relay a result (when the take-back window is open)."""
+
+
 class ResultGuard:
     """Puts a result on-chain from the node's wallet when nobody relayed it in ``delay_s``.
 
-    :meth:`watch` a succeeded result when it is handed to the scheduler; ``delay_s`` later the
-    guard calls ``submit`` (:meth:`OnChainSubmitter.submit`), which sends ``submitResult`` only
+    :meth:`watch` a succeeded result when it is ready; ``delay_s`` later the guard calls
+    ``submit`` (:meth:`OnChainSubmitter.submit`), which sends ``submitResult`` only
     while the job is still assigned to this wallet for that attempt and its result is not on-chain
     (otherwise it returns None or refuses with :class:`ChainError`: logged, nothing sent). An
     unreachable chain is retried every ``retry_s``, ``max_tries`` times. :meth:`stop` checks
     every result still waiting at once (the node is leaving: nobody else will).
+
+    ``take_back_s`` is the escrow's ``reassignDelay``: with the time the job was accepted, the
+    guard checks no later than ``delay_s`` before the operator may take the job back, and, for a
+    run that outlasted that, :data:`GRACE_S` after the result is ready (:meth:`due`).
     """
 
     def __init__(
@@ -144,12 +157,14 @@ class ResultGuard:
         submit: Callable[[str, ResultReport], str | None],
         delay_s: float,
         *,
+        take_back_s: float | None = None,
         retry_s: float = 5.0,
         max_tries: int = 20,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.submit = submit
         self.delay_s = delay_s
+        self.take_back_s = take_back_s
         self.retry_s = retry_s
         self.max_tries = max_tries
         self._clock = clock
@@ -160,11 +175,25 @@ class ResultGuard:
         self.sent: dict[str, str] = {}
         """job id -> tx hash of each result the guard put on-chain itself."""
 
-    def watch(self, job_id: str, report: ResultReport) -> None:
+    def due(self, ready: float, accepted: float | None = None) -> float:
+        """When to check a result ready at ``ready`` of a job accepted at ``accepted`` (both
+        on the guard's clock): ``delay_s`` after it is ready, but no later than ``delay_s``
+        before the take-back window opens, and no sooner than :data:`GRACE_S` after it is ready
+        (the scheduler needs a moment to relay)."""
+        due = ready + self.delay_s
+        if accepted is not None and self.take_back_s is not None:
+            opens = accepted + self.take_back_s
+            due = min(due, max(ready + min(self.delay_s, GRACE_S), opens - self.delay_s))
+        return due
+
+    def watch(self, job_id: str, report: ResultReport, accepted: float | None = None) -> None:
+        """Check ``report`` on-chain in time (``accepted``: when the job was accepted, on the
+        guard's clock, :func:`time.monotonic` by default)."""
         if report.reason is not RunReason.SUCCEEDED:
             return
+        watch = _Watch(self.due(self._clock(), accepted), job_id, report)
         with self._cond:
-            heapq.heappush(self._heap, _Watch(self._clock() + self.delay_s, job_id, report))
+            heapq.heappush(self._heap, watch)
             self._cond.notify_all()
 
     @property

@@ -17,7 +17,7 @@ import pytest
 from eth_account.signers.local import LocalAccount
 
 from agent.earnings import NothingToWithdrawError, earnings, eth, withdraw
-from agent.onchain import Finalizer, OnChainSubmitter, ResultGuard, guard_delay
+from agent.onchain import GRACE_S, Finalizer, OnChainSubmitter, ResultGuard, guard_delay
 from gridmarket.chain import ChainError, Deployment
 from gridmarket.eip712 import sign_result
 from gridmarket.escrow import JobState, Status
@@ -67,6 +67,23 @@ def test_guard_delay_defaults(chain: Chain) -> None:
     assert guard_delay(None, deployment) == 150.0  # half the reassign delay
     assert guard_delay(7.0, deployment) == 7.0
     assert guard_delay(None, None) == 60.0
+
+
+def test_guard_checks_before_the_take_back_window_opens() -> None:
+    """reassignDelay 600 s, delay 300 s: a result ready soon after the acceptance is checked
+    300 s before the operator may take the job back; one ready after a long run (the window is
+    open already) after the grace of 10 s; without the acceptance time, after the delay."""
+
+    def never(job_id: str, report: ResultReport) -> str | None:
+        raise AssertionError("not called")
+
+    guard = ResultGuard(never, delay_s=300, take_back_s=600)
+    assert guard.due(ready=1000 + 60, accepted=1000) == 1000 + 300
+    assert guard.due(ready=1000 + 250, accepted=1000) == 1000 + 300
+    assert guard.due(ready=1000 + 2000, accepted=1000) == 1000 + 2000 + GRACE_S
+    assert guard.due(ready=1000 + 60) == 1000 + 60 + 300
+    short = ResultGuard(never, delay_s=1, take_back_s=600)
+    assert short.due(ready=1000, accepted=1000) == 1001  # never later than the delay
 
 
 def test_guard_submits_only_what_nobody_relayed(chain: Chain) -> None:
