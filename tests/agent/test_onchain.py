@@ -203,6 +203,12 @@ def test_finalize_earnings_and_withdraw(chain: Chain, tmp_path: Path) -> None:
     for job in (a, b, c, d, e):  # each job on one line, its id whole
         assert sum(1 for line in lines if "0x" + job.job_id.hex() in line) == 1
 
+    stranger = cli(env, "earnings", "--wallet", chain.accounts[9].address.lower())
+    assert stranger.returncode == 0, stranger.stderr
+    assert "none assigned to this wallet yet" in stranger.stdout
+    assert f"wallet        {chain.accounts[9].address}" in stranger.stdout
+    assert "--wallet: not a 0x address" in cli(env, "earnings", "--wallet", "0x12").stderr
+
     recipient = chain.accounts[9].address
     before = int(chain.w3.eth.get_balance(recipient))
     done = cli(env, "withdraw", "--to", recipient)
