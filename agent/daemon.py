@@ -287,8 +287,13 @@ class Agent:
                 log.info("job %s arrived during shutdown: handing it back", _short(got.job_id))
                 self._hand_back(got.job_id)
                 break
-            if self._accept(got):
-                self._start(got)
+            if not self._accept(got):
+                continue
+            if self._stop.is_set():  # stopped while accepting: the shutdown would miss it
+                log.info("job %s accepted during shutdown: handing it back", _short(got.job_id))
+                self._hand_back(got.job_id)
+                break
+            self._start(got)
 
     def _expected(self) -> tuple[int, str] | None:
         """The chain and escrow of the scheduler this node registered with."""
