@@ -6,12 +6,15 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from agent.acceptance import AcceptancePolicy, EscrowFacts
 from agent.capacity import node_capacity, usable_executors
 from agent.client import Backoff, NodeSession
 from agent.config import AgentConfig
 from agent.daemon import Agent
+from agent.errors import AgentError
 from agent.runner import IpfsProbe, JobRunner, StepReporter
 from gridmarket.wire import ExecutorKind, NodeCapacityIn, RegisterResponse, ResultReport
 
@@ -21,9 +24,17 @@ if TYPE_CHECKING:
     from agent.executors.base import Executor
     from agent.executors.docker import DockerExecutor
     from agent.hardware import HardwareReport
+    from agent.onchain import ResultGuard
     from agent.storage.ipfs import AgentIpfsStore
 
-__all__ = ["build_agent", "build_runner", "executor_owner", "node_session"]
+__all__ = [
+    "ChainDuties",
+    "build_agent",
+    "build_runner",
+    "chain_duties",
+    "executor_owner",
+    "node_session",
+]
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +130,7 @@ def build_agent(
         report = detect_hardware(config.work_dir)
     client = node_session(config, account, node_capacity(config, report, kinds))
     runner = build_runner(config, account, kinds, steps=steps)
+    chain = chain_duties(config, account, client)
     return Agent(
         client,
         runner,
@@ -130,16 +142,72 @@ def build_agent(
         backoff=lambda: Backoff(config.backoff_base_s, config.backoff_cap_s),
         storage_alive=IpfsProbe(config.ipfs_url),
         on_registered=on_registered,
-        submit_on_chain=_on_chain(config, account),
+        submit_on_chain=chain.submit_on_chain,
+        policy=chain.policy.decide,
+        guard=chain.guard,
+        finalize=chain.finalize,
+        finalize_interval_s=config.finalize_interval_s,
     )
 
 
-def _on_chain(
-    config: AgentConfig, account: LocalAccount
-) -> Callable[[str, ResultReport], str | None] | None:
-    if not config.submit_on_chain:
-        return None
-    from agent.onchain import OnChainSubmitter
+@dataclass
+class ChainDuties:
+    """What the daemon does with the chain (all optional but the policy): see agent.onchain."""
 
-    assert config.rpc_url is not None and config.deployment is not None
-    return OnChainSubmitter(config.rpc_url, config.deployment, account).submit
+    policy: AcceptancePolicy
+    submit_on_chain: Callable[[str, ResultReport], str | None] | None = None
+    guard: ResultGuard | None = None
+    finalize: Callable[[], object] | None = None
+
+
+def chain_duties(config: AgentConfig, account: LocalAccount, client: NodeSession) -> ChainDuties:
+    """The acceptance policy, and with ``rpc_url`` and ``deployment`` the on-chain submitter,
+    the result guard and the finalizer, sharing one escrow client (one nonce cache)."""
+    from gridmarket.chain import ChainError, Deployment, EscrowClient
+
+    deployment = Deployment.load(config.deployment) if config.deployment is not None else None
+
+    def expected() -> tuple[int, str]:
+        info = client.info()
+        return info.chain_id, info.escrow
+
+    escrow: EscrowClient | None = None
+    if config.rpc_url is not None and deployment is not None:
+        try:
+            escrow = EscrowClient.connect(config.rpc_url, deployment)
+        except ChainError:
+            raise
+        except Exception as exc:  # the RPC node unreachable
+            raise AgentError(f"the chain at {config.rpc_url} does not answer: {exc}") from None
+    mediator = deployment.params.get("mediator") if deployment is not None else None
+    policy = AcceptancePolicy(
+        account.address,
+        accepted_mediators=config.accepted_mediators,
+        accept_self_mediated=config.accept_self_mediated,
+        max_collateral_wei=config.max_collateral_wei,
+        deployment_mediator=mediator if isinstance(mediator, str) else None,
+        chain=EscrowFacts(escrow) if escrow is not None else None,
+        expected=expected,
+    )
+    duties = ChainDuties(policy)
+    if escrow is None:
+        return duties
+    from agent.onchain import (
+        Finalizer,
+        OnChainSubmitter,
+        ResultGuard,
+        guard_delay,
+        reassign_delay,
+    )
+
+    submitter = OnChainSubmitter(escrow, account)
+    if config.submit_on_chain:
+        duties.submit_on_chain = submitter.submit
+    elif config.guard_results:
+        duties.guard = ResultGuard(
+            submitter.submit,
+            guard_delay(config.guard_delay_s, deployment),
+            take_back_s=reassign_delay(deployment),
+        )
+    duties.finalize = Finalizer(escrow, account).run_once
+    return duties

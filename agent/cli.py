@@ -5,6 +5,9 @@
     gridmarket-agent register   sign and send this node's registration (optionally stake on-chain)
     gridmarket-agent run        the daemon: pull jobs, run them sandboxed, report signed results
     gridmarket-agent status     what the scheduler knows about this node
+    gridmarket-agent earnings   what the wallet earned, per job and per day; pending; stake
+    gridmarket-agent withdraw   send the wallet's escrow balance out (withdraw / withdrawTo)
+    gridmarket-agent finalize   finalize the wallet's results whose challenge window passed
 
 Settings come from ``--config FILE`` (TOML or YAML), ``GRIDMARKET_AGENT_*`` variables and the
 flags (:mod:`agent.config`). On a terminal the output is a rich table or live progress; otherwise
@@ -15,9 +18,11 @@ traceback (``-v`` logs the traceback as well).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -40,6 +45,8 @@ from gridmarket.keystore import KeystoreError
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
+
+    from gridmarket.chain import EscrowClient
 
 
 __all__ = ["app", "main"]
@@ -258,8 +265,23 @@ def run(
     scheduler_url: Annotated[str | None, typer.Option(help="the scheduler's base URL")] = None,
     region: Annotated[str | None, typer.Option(help="pricing region code, e.g. eu-west")] = None,
     slots: Annotated[int | None, typer.Option(help="jobs to run at the same time")] = None,
+    accept_mediator: Annotated[
+        list[str] | None,
+        typer.Option(help="accept jobs with this mediator only (repeat for several)"),
+    ] = None,
+    max_collateral_wei: Annotated[
+        int | None, typer.Option(help="refuse jobs locking more collateral than this (wei)")
+    ] = None,
+    accept_self_mediated: Annotated[
+        bool | None,
+        typer.Option(
+            "--accept-self-mediated/--refuse-self-mediated",
+            help="take jobs whose submitter is their own mediator",
+        ),
+    ] = None,
 ) -> None:
-    """Run the daemon: register, pull jobs, run them sandboxed, report signed results.
+    """Run the daemon: register, pull jobs, accept them (signed), run them sandboxed, report
+    signed results.
 
     SIGTERM or Ctrl-C stops it cleanly (running jobs finish within stop_grace_s or are handed
     back); a second signal cancels them at once.
@@ -269,7 +291,15 @@ def run(
     sys.modules.setdefault("trio", None)  # type: ignore[arg-type]
     from agent.assembly import build_agent
 
-    config = _config(ctx, scheduler_url=scheduler_url, region=region, slots=slots)
+    config = _config(
+        ctx,
+        scheduler_url=scheduler_url,
+        region=region,
+        slots=slots,
+        accepted_mediators=accept_mediator or None,
+        max_collateral_wei=max_collateral_wei,
+        accept_self_mediated=accept_self_mediated,
+    )
     steps = None
     if _is_terminal():
         from rich.console import Console
@@ -349,6 +379,138 @@ def status(
     for key, value in node.items():
         table.add_row(key, value if isinstance(value, str) else json.dumps(value))
     Console().print(table)
+
+
+# --------------------------------------------------------------------------- chain
+
+
+def _escrow(config: AgentConfig) -> EscrowClient:
+    from gridmarket.chain import ChainError, Deployment, EscrowClient
+
+    if config.rpc_url is None or config.deployment is None:
+        raise CliError(
+            "this needs the chain: set rpc_url and deployment "
+            "(--rpc-url, --deployment or GRIDMARKET_AGENT_RPC_URL / _DEPLOYMENT)"
+        )
+    try:
+        return EscrowClient.connect(config.rpc_url, Deployment.load(config.deployment))
+    except ChainError as exc:
+        raise CliError(one_line(exc)) from None
+    except Exception as exc:  # the RPC node unreachable
+        raise CliError(f"the chain at {config.rpc_url} does not answer: {one_line(exc)}") from None
+
+
+@contextlib.contextmanager
+def _chain_errors(what: str) -> Iterator[None]:
+    """A chain failure inside the block becomes one CliError line."""
+    from gridmarket.chain import ChainError
+
+    try:
+        yield
+    except (CliError, ConfigError, KeystoreError):
+        raise
+    except ChainError as exc:
+        raise CliError(f"{what} failed: {one_line(exc)}") from None
+    except Exception as exc:  # web3's transport errors
+        raise CliError(f"{what} failed (is the chain reachable?): {one_line(exc)}") from None
+
+
+RpcUrl = Annotated[str | None, typer.Option(help="Ethereum JSON-RPC URL")]
+DeploymentFile = Annotated[Path | None, typer.Option(help="deployment JSON of the escrow")]
+
+
+@app.command()
+@friendly
+def earnings(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON (wei as strings)")] = False,
+    wallet: Annotated[
+        str | None, typer.Option(help="the provider's address (default: the keystore's)")
+    ] = None,
+    rpc_url: RpcUrl = None,
+    deployment: DeploymentFile = None,
+) -> None:
+    """What the wallet earned (per job, per day), pending results, stake and balance."""
+    from agent.earnings import earnings as read_earnings
+    from gridmarket.keystore import keystore_address
+    from gridmarket.wire import checksum
+
+    setup_logging(_opts(ctx).verbose, default=logging.WARNING)
+    config = _config(ctx, rpc_url=rpc_url, deployment=deployment)
+    escrow = _escrow(config)
+    if wallet is None:
+        address = keystore_address(config.keystore)
+    else:
+        try:
+            address = checksum(wallet)
+        except ValueError as exc:
+            raise CliError(f"--wallet: {exc}") from None
+    with _chain_errors("reading the chain"):
+        report = read_earnings(escrow, address)
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        for line in report.lines():
+            typer.echo(line)
+
+
+@app.command()
+@friendly
+def withdraw(
+    ctx: typer.Context,
+    to: Annotated[
+        str | None, typer.Option(help="send to this address (withdrawTo) instead of the wallet")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON (wei as strings)")] = False,
+    rpc_url: RpcUrl = None,
+    deployment: DeploymentFile = None,
+) -> None:
+    """Send the wallet's whole escrow balance (payouts, unstaked stake) to it or to --to."""
+    from agent.earnings import NothingToWithdrawError
+    from agent.earnings import withdraw as send_withdrawal
+    from gridmarket.wire import checksum
+
+    setup_logging(_opts(ctx).verbose, default=logging.WARNING)
+    config = _config(ctx, rpc_url=rpc_url, deployment=deployment)
+    escrow = _escrow(config)
+    try:
+        target = checksum(to) if to is not None else None
+    except ValueError as exc:
+        raise CliError(f"--to: {exc}") from None
+    account = _account(config)
+    with _chain_errors("withdraw"):
+        try:
+            done = send_withdrawal(escrow, account, target)
+        except NothingToWithdrawError as exc:
+            raise CliError(str(exc)) from None
+    if as_json:
+        typer.echo(json.dumps(done.to_json(), indent=2))
+    else:
+        for line in done.lines():
+            typer.echo(line)
+
+
+@app.command()
+@friendly
+def finalize(
+    ctx: typer.Context,
+    rpc_url: RpcUrl = None,
+    deployment: DeploymentFile = None,
+) -> None:
+    """Finalize the wallet's results whose challenge window passed (the daemon does this every
+    finalize_interval_s); print one transaction hash per job paid."""
+    from agent.onchain import Finalizer
+
+    setup_logging(_opts(ctx).verbose, default=logging.INFO)
+    config = _config(ctx, rpc_url=rpc_url, deployment=deployment)
+    escrow = _escrow(config)
+    account = _account(config)
+    with _chain_errors("finalize"):
+        sent = Finalizer(escrow, account).run_once()
+    for tx in sent:
+        typer.echo(tx)
+    if not sent:
+        typer.echo("nothing to finalize", err=True)
 
 
 def main() -> None:

@@ -32,6 +32,8 @@ from pydantic import BaseModel, ValidationError
 from agent.errors import AgentError
 from gridmarket.wire import (
     API,
+    AcceptAck,
+    AcceptRequest,
     Assignment,
     HeartbeatRequest,
     HeartbeatResponse,
@@ -336,6 +338,14 @@ class NodeSession:
             "POST", API.RESULT, job_id=job_id, json=_dump(report), what=f"result of {job_id}"
         )
         return self._parse(ResultAck, response, "result")
+
+    def accept(self, job_id: str, request: AcceptRequest) -> AcceptAck:
+        """Send the node's signed acceptance of an offered job; ``accepted`` says whether the
+        scheduler will assign it (false: the offer is gone, the node must not run the job)."""
+        response = self._authed(
+            "POST", API.ACCEPT, job_id=job_id, json=_dump(request), what=f"acceptance of {job_id}"
+        )
+        return self._parse(AcceptAck, response, "acceptance")
 
     def hand_back(self, job_id: str) -> None:
         """Give a job back unrun (shutdown): the scheduler reassigns it."""

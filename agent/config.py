@@ -168,6 +168,36 @@ class AgentConfig(BaseSettings):
         False,
         description="submit each result on-chain from this wallet (pays gas) before reporting it",
     )
+    guard_results: bool = Field(
+        True,
+        description="with rpc_url and deployment: submit a result on-chain from this wallet "
+        "when the scheduler has not relayed it after guard_delay_s",
+    )
+    guard_delay_s: float | None = Field(
+        None,
+        gt=0,
+        description="how long the scheduler gets to relay a result (default: half the "
+        "deployment's reassign_delay, else 60 s)",
+    )
+    finalize_interval_s: float = Field(
+        300.0,
+        ge=0,
+        description="with rpc_url and deployment: how often to finalize this wallet's results "
+        "whose challenge window passed (0: never)",
+    )
+
+    # acceptance policy (what the node signs before a job is assigned to it on-chain)
+    accepted_mediators: list[str] = Field(
+        default_factory=list,
+        description="mediators to accept; empty: any listed one (the deployment's, or "
+        "isListedMediator on-chain with rpc_url)",
+    )
+    accept_self_mediated: bool = Field(
+        False, description="accept jobs whose mediator is their submitter"
+    )
+    max_collateral_wei: int | None = Field(
+        None, ge=0, lt=2**96, description="largest collateral one job may lock (default: no cap)"
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -221,6 +251,13 @@ class AgentConfig(BaseSettings):
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return None if value is None else value.expanduser()
+
+    @field_validator("accepted_mediators")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        from gridmarket.wire import checksum
+
+        return [checksum(v) for v in value]
 
     @field_validator("executors")
     @classmethod

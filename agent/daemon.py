@@ -4,7 +4,10 @@ Threads (all waiting on events or sockets, never spinning):
 
 ``main``       :meth:`Agent.run`: registers, starts the others, waits for a stop signal, then
                drives the shutdown.
-``poll``       long-polls ``next-job`` whenever a slot is free; starts one worker per assignment.
+``poll``       long-polls ``next-job`` whenever a slot is free. Each offer is checked against the
+               node's acceptance policy (:mod:`agent.acceptance`): declined, it is handed back
+               with the reason logged; accepted, the node signs the EIP-712 acceptance and posts
+               it, and starts a worker only when the scheduler answers ``accepted: true``.
 ``heartbeat``  on its own schedule (the scheduler's interval, or the configured override):
                reports the running jobs (their leases are renewed) and cancels the runs the
                scheduler says are no longer this node's.
@@ -12,6 +15,10 @@ Threads (all waiting on events or sockets, never spinning):
 ``reporter``   sends finished results in order, retrying with backoff until the scheduler
                answers: a result is never dropped while the process lives (only a definite
                4xx refusal, e.g. the job was reassigned meanwhile, discards it).
+``result-guard`` (with a chain) puts a succeeded result on-chain from the node's wallet when the
+               scheduler has not relayed it in time (:class:`agent.onchain.ResultGuard`).
+``finalize``   (with a chain) every ``finalize_interval_s``: ``finalize`` this wallet's results
+               whose challenge window passed (:class:`agent.onchain.Finalizer`).
 
 Outages: scheduler errors (unreachable, 5xx) back off with full jitter and resume; an expired
 token re-registers (:class:`agent.client.NodeSession`); while the local IPFS daemon does not
@@ -35,7 +42,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
+from typing import TYPE_CHECKING
 
+from agent.acceptance import AcceptancePolicy, Decision, acceptance_request
 from agent.client import (
     Backoff,
     NodeSession,
@@ -46,6 +55,9 @@ from agent.client import (
 )
 from agent.runner import JobRunner
 from gridmarket.wire import Assignment, RegisterResponse, ResultReport, RunReason
+
+if TYPE_CHECKING:
+    from agent.onchain import ResultGuard
 
 __all__ = ["Agent"]
 
@@ -62,6 +74,7 @@ class _Job:
     assignment: Assignment
     cancel: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+    accepted_at: float = field(default_factory=time.monotonic)  # the acceptance was taken
     revoked: bool = False  # the scheduler said it is no longer ours: drop the result
     handing_back: bool = False  # cancelled by the shutdown: give it back, do not report
 
@@ -87,9 +100,18 @@ class Agent:
         storage_alive: Callable[[], bool] | None = None,
         on_registered: Callable[[RegisterResponse], None] | None = None,
         submit_on_chain: Callable[[str, ResultReport], str | None] | None = None,
+        policy: Callable[[Assignment], Decision] | None = None,
+        guard: ResultGuard | None = None,
+        finalize: Callable[[], object] | None = None,
+        finalize_interval_s: float = 300.0,
     ) -> None:
         self.client = client
         self._submit_on_chain = submit_on_chain
+        default = AcceptancePolicy(client.account.address, expected=self._expected)
+        self._policy = policy or default.decide
+        self._guard = guard
+        self._finalize = finalize
+        self.finalize_interval_s = finalize_interval_s
         self.runner = runner
         self.slots = slots
         self.poll_wait_s = poll_wait_s
@@ -112,6 +134,7 @@ class Agent:
         self._storage_suspect = storage_alive is not None  # checked before the first poll
         self.ready = threading.Event()  # registered and serving (for tests and status)
         self.completed = 0  # results delivered or runs handed back
+        self.declined = 0  # offers refused by the policy or withdrawn by the scheduler
 
     # ------------------------------------------------------------------ control
 
@@ -174,6 +197,13 @@ class Agent:
         heartbeat = _thread("heartbeat", self._heartbeat_loop)
         reporter = _thread("reporter", self._report_loop)
         poller = _thread("poll", self._poll_loop)
+        if self._guard is not None:
+            self._guard.start()
+        finalizer = (
+            _thread("finalize", self._finalize_loop)
+            if self._finalize is not None and self.finalize_interval_s > 0
+            else None
+        )
         self.ready.set()
         self._stop.wait()
         self._shutdown(poller)
@@ -186,9 +216,13 @@ class Agent:
             lost = list(self._unreported)
         if lost:
             log.error("%d result(s) could not be delivered: %s", len(lost), ", ".join(lost))
+        if self._guard is not None:
+            self._guard.stop(flush_s=max(self.report_flush_s, 1.0))
         self._heartbeat_stop.set()
         self._heartbeat_wake.set()
         heartbeat.join(30)
+        if finalizer is not None:
+            finalizer.join(30)
         self.client.close()
         log.info("stopped")
         return 0
@@ -253,7 +287,53 @@ class Agent:
                 log.info("job %s arrived during shutdown: handing it back", _short(got.job_id))
                 self._hand_back(got.job_id)
                 break
+            if not self._accept(got):
+                continue
+            if self._stop.is_set():  # stopped while accepting: the shutdown would miss it
+                log.info("job %s accepted during shutdown: handing it back", _short(got.job_id))
+                self._hand_back(got.job_id)
+                break
             self._start(got)
+
+    def _expected(self) -> tuple[int, str] | None:
+        """The chain and escrow of the scheduler this node registered with."""
+        info = self.client.info()
+        return info.chain_id, info.escrow
+
+    def _accept(self, offer: Assignment) -> bool:
+        """Check an offer against the policy; sign and send the acceptance. True: run it."""
+        short = _short(offer.job_id)
+        decision = self._policy(offer)
+        if not decision.accept:
+            log.info("job %s: declined (%s); handing it back", short, decision.reason)
+            with self._lock:
+                self.declined += 1
+            self._hand_back(offer.job_id, count=False)
+            return False
+        request = acceptance_request(self.client.account, offer)
+        left = max(1.0, offer.lease_expires_at - time.time())
+        try:
+            ack = retry_call(
+                functools.partial(self.client.accept, offer.job_id, request),
+                backoff=self._backoff(),
+                stop=self._stop,
+                deadline=time.monotonic() + left,
+                what=f"acceptance of {short}",
+            )
+        except NodeSessionError as exc:
+            log.warning("job %s: acceptance not delivered (%s); not running it", short, exc)
+            with self._lock:
+                self.declined += 1
+            if isinstance(exc, SchedulerRejectedError):  # refused: give the offer back at once
+                self._hand_back(offer.job_id, count=False)
+            return False
+        if not ack.accepted:
+            log.info("job %s: the scheduler withdrew the offer: %s", short, ack.message or "-")
+            with self._lock:
+                self.declined += 1
+            return False
+        log.info("job %s: accepted (%s)", short, decision.reason)
+        return True
 
     def _pause(self, backoff: Backoff, exc: Exception, hint: float | None = None) -> None:
         delay = max(backoff.next_delay(), hint or 0.0)
@@ -306,6 +386,9 @@ class Agent:
             log.exception("job %s: the runner crashed", _short(job.job_id))
             report = None
         handing_back = job.handing_back and (report is None or report.reason is RunReason.CANCELLED)
+        if report is not None and self._guard is not None:
+            # the chain decides whether it is still ours; the guard's clock is time.monotonic
+            self._guard.watch(job.job_id, report, accepted=job.accepted_at)
         with self._lock:
             if report is not None and not job.revoked and not handing_back:
                 self._unreported[job.job_id] = report
@@ -322,7 +405,7 @@ class Agent:
         else:
             self._hand_back(job.job_id)
 
-    def _hand_back(self, job_id: str) -> None:
+    def _hand_back(self, job_id: str, *, count: bool = True) -> None:
         deadline = time.monotonic() + max(self.report_flush_s, 1.0)
         try:
             retry_call(
@@ -334,8 +417,9 @@ class Agent:
         except NodeSessionError as exc:
             log.warning("job %s: hand-back failed (%s); its lease will expire", _short(job_id), exc)
             return
-        with self._lock:
-            self.completed += 1
+        if count:
+            with self._lock:
+                self.completed += 1
         log.info("job %s: handed back", _short(job_id))
 
     def _report_loop(self) -> None:
@@ -386,6 +470,16 @@ class Agent:
             )
         except Exception as exc:
             log.warning("job %s: on-chain submission failed: %s", _short(job_id), _line(exc))
+
+    # ------------------------------------------------------------------ finalize
+
+    def _finalize_loop(self) -> None:
+        assert self._finalize is not None
+        while not self._heartbeat_stop.wait(self.finalize_interval_s):
+            try:
+                self._finalize()
+            except Exception as exc:  # the chain unreachable: next round
+                log.warning("finalizing this wallet's results failed: %s", _line(exc))
 
     # ------------------------------------------------------------------ heartbeat
 

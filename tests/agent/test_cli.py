@@ -183,6 +183,24 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
         load_config().require_region()
 
 
+def test_config_acceptance_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mediator = "0x" + "ab" * 20
+    toml = tmp_path / "agent.toml"
+    toml.write_text(f'accepted_mediators = ["{mediator}"]\nmax_collateral_wei = 5\n')
+    config = load_config(toml)
+    assert config.accepted_mediators == ["0xABaBaBaBABabABabAbAbABAbABabababaBaBABaB"]  # EIP-55
+    assert config.max_collateral_wei == 5 and not config.accept_self_mediated
+    assert config.guard_results and config.guard_delay_s is None
+    monkeypatch.setenv("GRIDMARKET_AGENT_ACCEPT_SELF_MEDIATED", "true")
+    monkeypatch.setenv("GRIDMARKET_AGENT_ACCEPTED_MEDIATORS", "[]")
+    config = load_config(toml)
+    assert config.accept_self_mediated and config.accepted_mediators == []
+    with pytest.raises(ConfigError, match=r"accepted_mediators.*not a 0x address"):
+        load_config(accepted_mediators=["0x12"])
+    with pytest.raises(ConfigError, match="max_collateral_wei"):
+        load_config(max_collateral_wei=-1)
+
+
 def test_config_password_from_file(tmp_path: Path) -> None:
     secret = tmp_path / "pw"
     secret.write_text("from-file\nignored\n")

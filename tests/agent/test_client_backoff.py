@@ -32,6 +32,7 @@ from agent.client import (
 )
 from gridmarket.cid import bytes_cid
 from gridmarket.wire import (
+    AcceptRequest,
     Assignment,
     ExecutorKind,
     JobSpec,
@@ -45,6 +46,15 @@ ACCOUNT: LocalAccount = Account.from_key("0x" + "05" * 32)
 CAPACITY = NodeCapacityIn(
     cpu_cores=2, ram_mib=2048, disk_mib=1000, region="eu-west", executors=[ExecutorKind.WASM]
 )
+TERMS = {
+    "bounty_wei": 10**15,
+    "fee_bps": 250,
+    "deadline": int(time.time()) + 600,
+    "collateral_wei": 10**15,
+    "mediator": "0x" + "0a" * 20,
+    "flags": 0,
+    "operator": "0x" + "01" * 20,
+}
 
 # --------------------------------------------------------------------------- backoff maths
 
@@ -279,10 +289,11 @@ def test_next_job_assignment_or_retry_after(client: NodeSession, fake: FakeSched
         "spec_cid": bytes_cid(spec.to_bytes()),
         "spec": json.loads(spec.to_bytes()),
         "bounty_wei": 10**15,
-        "deadline": int(time.time()) + 600,
+        "deadline": TERMS["deadline"],
         "lease_expires_at": time.time() + 30,
         "chain_id": 31337,
         "escrow": ESCROW,
+        "terms": TERMS,
     }
     asked: list[str] = []
     answers = [
@@ -301,3 +312,48 @@ def test_next_job_assignment_or_retry_after(client: NodeSession, fake: FakeSched
     got = client.next_job(0.5)
     assert isinstance(got, Assignment) and got.spec == spec
     assert asked == ["3", "3", "0.5"]
+
+
+def test_accept_posts_the_signed_acceptance_with_the_token(
+    client: NodeSession, fake: FakeScheduler
+) -> None:
+    """``accept``: POST API.ACCEPT with the bearer token; a 401 re-registers and retries once,
+    as every node call; the answer is an AcceptAck (accepted true or false)."""
+    seen: list[tuple[str, str, AcceptRequest]] = []
+    request = AcceptRequest(attempt=2, signature="0x" + "ab" * 65)
+
+    def accept(req: httpx.Request) -> httpx.Response:
+        body = AcceptRequest.model_validate_json(req.content)
+        seen.append((req.url.path, req.headers["Authorization"], body))
+        accepted = len(seen) == 1
+        message = "" if accepted else "lease lost"
+        return httpx.Response(
+            200, json={"job_id": "0x" + "11" * 32, "accepted": accepted, "message": message}
+        )
+
+    fake.handler = accept
+    fake.tokens_refused = 1
+    ack = client.accept("0x" + "11" * 32, request)
+    assert ack.accepted and len(fake.registrations) == 2  # registered again after the 401
+    path, auth, body = seen[0]
+    assert path == f"/v1/nodes/n-1/jobs/0x{'11' * 32}/accept" and auth == "Bearer token-2"
+    assert body == request
+    assert not client.accept("0x" + "11" * 32, request).accepted
+
+
+def test_accept_failures_map_onto_the_error_tree(client: NodeSession, fake: FakeScheduler) -> None:
+    answers = [
+        httpx.Response(409, json={"detail": "no offer of this job to this node"}),
+        httpx.Response(503, headers={"Retry-After": "3"}),
+        httpx.Response(200, json={"job_id": "x"}),
+    ]
+    fake.handler = lambda request: answers.pop(0)
+    request = AcceptRequest(attempt=1, signature="0x" + "ab" * 65)
+    with pytest.raises(SchedulerRejectedError, match="no offer of this job") as refused:
+        client.accept("0x" + "22" * 32, request)
+    assert refused.value.status == 409
+    with pytest.raises(SchedulerUnavailableError) as busy:
+        client.accept("0x" + "22" * 32, request)
+    assert busy.value.retry_after == 3.0
+    with pytest.raises(NodeSessionError, match="not a valid AcceptAck"):
+        client.accept("0x" + "22" * 32, request)

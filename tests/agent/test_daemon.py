@@ -124,7 +124,11 @@ def stack(
     dockerd: Dockerd,
     test_image: str,
 ) -> Iterator[Stack]:
-    params = EscrowParams(operator=devnet.operator.address, treasury=devnet.treasury.address)
+    params = EscrowParams(
+        operator=devnet.operator.address,
+        treasury=devnet.treasury.address,
+        mediator=devnet.mediator.address,
+    )
     deployment: Deployment = deploy_escrow(devnet.w3, devnet.owner, params)
     deployment_file = tmp_path / "deployment.json"
     deployment.save(deployment_file)

@@ -28,7 +28,14 @@ from agent.storage.ipfs import AgentIpfsStore
 from devstack.ipfs import IpfsDaemon
 from gridmarket.cid import bytes_cid, path_cid
 from gridmarket.eip712 import recover_result_signer
-from gridmarket.wire import MAX_LOG_CHARS, Assignment, ExecutorKind, JobSpec, RunReason
+from gridmarket.wire import (
+    MAX_LOG_CHARS,
+    Assignment,
+    ExecutorKind,
+    JobSpec,
+    JobTerms,
+    RunReason,
+)
 from tests.agent import wat
 
 MiB = 1024 * 1024
@@ -83,6 +90,15 @@ def assignment(spec: JobSpec, attempt: int = 1) -> Assignment:
         lease_expires_at=now + 30,
         chain_id=CHAIN_ID,
         escrow=ESCROW,
+        terms=JobTerms(
+            bounty_wei=10**16,
+            fee_bps=250,
+            deadline=int(now) + 3600,
+            collateral_wei=10**16,
+            mediator="0x" + "0a" * 20,
+            flags=0,
+            operator="0x" + "01" * 20,
+        ),
     )
 
 

@@ -1,0 +1,275 @@
+"""The node's own chain duties on a real anvil (its own: these tests move the clock), jobs driven
+by hand (fund with terms, register and stake, signed acceptance, operator assign, submitResult,
+rulings, time travel): the result guard, finalize, ``earnings`` and ``withdraw``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from eth_account.signers.local import LocalAccount
+
+from agent.earnings import NothingToWithdrawError, earnings, eth, withdraw
+from agent.onchain import GRACE_S, Finalizer, OnChainSubmitter, ResultGuard, guard_delay
+from gridmarket.chain import ChainError, Deployment
+from gridmarket.eip712 import sign_result
+from gridmarket.escrow import JobState, Status
+from gridmarket.keystore import create_keystore
+from gridmarket.wire import ResultReport, RunReason
+from tests.agent.chain_support import Chain, own_chain
+
+ROOT = Path(__file__).resolve().parents[2]
+WINDOW = 600  # the challenge window of this chain
+CID_A = "bafkreigks6arfsq3xxfpvqrrwonchxcnu6do76auprhhfomao6c273sixm"  # bytes_cid(b"a")
+CID_B = "bafkreib6epubmabzlffdhckpmvsodmjuro6xuaei2qwevs3t52xnlhaatu"  # bytes_cid(b"b")
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
+    with own_chain(
+        tmp_path_factory.mktemp("onchain"), challenge_window=WINDOW, reassign_delay=300
+    ) as chain:
+        yield chain
+
+
+def submitted(chain: Chain, state: JobState, provider: LocalAccount, cid: str) -> JobState:
+    state, _ = chain.escrow.call_job(provider, "submitResult", state, cid)
+    return state
+
+
+def report(state: JobState, provider: LocalAccount, chain: Chain, cid: str) -> ResultReport:
+    signature = sign_result(
+        provider,
+        chain.escrow.deployment.chain_id,
+        chain.escrow.address,
+        state.job_id,
+        state.job.attempt,
+        cid,
+    )
+    return ResultReport(
+        attempt=state.job.attempt,
+        reason=RunReason.SUCCEEDED,
+        duration_s=1.0,
+        output_cid=cid,
+        signature="0x" + signature.hex(),
+    )
+
+
+def test_guard_delay_defaults(chain: Chain) -> None:
+    deployment = Deployment.load(chain.deployment_file)
+    assert guard_delay(None, deployment) == 150.0  # half the reassign delay
+    assert guard_delay(7.0, deployment) == 7.0
+    assert guard_delay(None, None) == 60.0
+
+
+def test_guard_checks_before_the_take_back_window_opens() -> None:
+    """reassignDelay 600 s, delay 300 s: a result ready soon after the acceptance is checked
+    300 s before the operator may take the job back; one ready after a long run (the window is
+    open already) after the grace of 10 s; without the acceptance time, after the delay."""
+
+    def never(job_id: str, report: ResultReport) -> str | None:
+        raise AssertionError("not called")
+
+    guard = ResultGuard(never, delay_s=300, take_back_s=600)
+    assert guard.due(ready=1000 + 60, accepted=1000) == 1000 + 300
+    assert guard.due(ready=1000 + 250, accepted=1000) == 1000 + 300
+    assert guard.due(ready=1000 + 2000, accepted=1000) == 1000 + 2000 + GRACE_S
+    assert guard.due(ready=1000 + 60) == 1000 + 60 + 300
+    short = ResultGuard(never, delay_s=1, take_back_s=600)
+    assert short.due(ready=1000, accepted=1000) == 1001  # never later than the delay
+
+
+def test_guard_submits_only_what_nobody_relayed(chain: Chain) -> None:
+    provider = chain.accounts[5]
+    chain.stake(provider, 10**17)
+    submitter = OnChainSubmitter(chain.escrow, provider)
+    guard = ResultGuard(submitter.submit, delay_s=0.5, retry_s=0.2).start()
+
+    sat_on = chain.assign(chain.fund(), provider)  # the scheduler keeps the result to itself
+    relayed = chain.assign(chain.fund(), provider)  # the scheduler relays it in time
+    taken = chain.assign(chain.fund(), provider)  # handed back before the guard looks
+    r_sat, r_relayed, r_taken = (
+        report(s, provider, chain, CID_A) for s in (sat_on, relayed, taken)
+    )
+    guard.watch("0x" + sat_on.job_id.hex(), r_sat)
+    guard.watch("0x" + relayed.job_id.hex(), r_relayed)
+    guard.watch("0x" + taken.job_id.hex(), r_taken)
+    relay = chain.accounts[2]  # anyone may relay a signed result
+    assert r_relayed.signature is not None
+    chain.escrow.call_job(
+        relay, "submitResultFor", relayed, CID_A, bytes.fromhex(r_relayed.signature[2:])
+    )
+    chain.escrow.call_job(provider, "unassign", taken)
+    deadline = time.monotonic() + 20
+    while guard.pending and time.monotonic() < deadline:
+        time.sleep(0.1)
+    guard.stop(flush_s=5)
+    assert not guard.pending
+    assert list(guard.sent) == ["0x" + sat_on.job_id.hex()]  # one transaction, the right one
+    state = chain.escrow.job_state(sat_on.job_id)
+    assert state.status is Status.SUBMITTED and state.output_cid == CID_A
+    tx = chain.w3.eth.get_transaction(guard.sent["0x" + sat_on.job_id.hex()])  # type: ignore[arg-type]
+    assert tx["from"] == provider.address
+    assert chain.escrow.job_state(relayed.job_id).status is Status.SUBMITTED
+    assert chain.escrow.job_state(taken.job_id).status is Status.FUNDED
+
+
+def test_guard_checks_everything_at_once_when_stopped(chain: Chain) -> None:
+    provider = chain.accounts[6]
+    chain.stake(provider, 10**17)
+    guard = ResultGuard(OnChainSubmitter(chain.escrow, provider).submit, delay_s=3600).start()
+    state = chain.assign(chain.fund(), provider)
+    guard.watch("0x" + state.job_id.hex(), report(state, provider, chain, CID_B))
+    guard.stop(flush_s=10)  # the node leaves: nobody else would submit it
+    assert chain.escrow.job_state(state.job_id).output_cid == CID_B
+    # a failed run is never watched
+    guard = ResultGuard(OnChainSubmitter(chain.escrow, provider).submit, delay_s=0)
+    guard.watch("0x" + "00" * 32, ResultReport(attempt=1, reason=RunReason.TIMEOUT, duration_s=1))
+    assert guard.pending == []
+
+
+def test_finalize_earnings_and_withdraw(chain: Chain, tmp_path: Path) -> None:
+    provider = chain.accounts[8]
+    stake = 10**17
+    chain.stake(provider, stake)
+    escrow = chain.escrow
+    # A: paid after the window (finalized by the node); D: the mediator rules it wrong
+    a = submitted(chain, chain.assign(chain.fund(10**16), provider), provider, CID_A)
+    d = submitted(chain, chain.assign(chain.fund(2 * 10**16), provider), provider, CID_B)
+    d, _ = escrow.call_job(chain.mediator, "rule", d, False)
+    assert d.status is Status.FUNDED
+    finalizer = Finalizer(escrow, provider)
+    assert finalizer.run_once() == []  # the window is open
+    chain.warp(WINDOW + 1)
+    sent = finalizer.run_once()
+    assert len(sent) == 1 and escrow.job_state(a.job_id).status is Status.RELEASED
+    assert finalizer.run_once() == [] and Finalizer(escrow, provider).run_once() == []
+    # B: pending (window open); C: running; E: handed back
+    b = submitted(chain, chain.assign(chain.fund(3 * 10**16), provider), provider, CID_B)
+    c = chain.assign(chain.fund(10**16), provider)
+    e = chain.assign(chain.fund(10**16), provider)
+    escrow.call_job(provider, "unassign", e)
+
+    got = earnings(escrow, provider.address)
+    by_id = {j.job_id: j for j in got.jobs}
+    jobs = {"a": a, "b": b, "c": c, "d": d, "e": e}
+    state_of = {key: by_id["0x" + s.job_id.hex()].state for key, s in jobs.items()}
+    assert state_of == {
+        "a": "released",
+        "b": "pending",
+        "c": "running",
+        "d": "lost",
+        "e": "lost",
+    }
+    payout_a = a.job.payout
+    assert got.earned_wei == payout_a == by_id["0x" + a.job_id.hex()].payout_wei
+    assert got.pending_wei == b.job.payout
+    assert got.slashed_wei == d.job.collateral == by_id["0x" + d.job_id.hex()].slashed_wei
+    released_at = by_id["0x" + a.job_id.hex()].released_at
+    assert released_at is not None
+    day = datetime.fromtimestamp(released_at, UTC).strftime("%Y-%m-%d")
+    assert got.per_day == {day: payout_a} and got.jobs_per_day == {day: 1}
+    assert got.stake_wei == stake - d.job.collateral
+    assert got.locked_wei == b.job.collateral + c.job.collateral
+    assert got.free_wei == got.stake_wei - got.locked_wei
+    assert got.withdrawable_wei == payout_a
+
+    # the command line: JSON for machines, plain lines for a pipe
+    keystore = tmp_path / "keystore.json"
+    create_keystore(keystore, "pw", private_key=bytes(provider.key), iterations=2**10)
+    env = {
+        "GRIDMARKET_AGENT_RPC_URL": chain.url,
+        "GRIDMARKET_AGENT_DEPLOYMENT": str(chain.deployment_file),
+        "GRIDMARKET_AGENT_KEYSTORE": str(keystore),
+        "GRIDMARKET_AGENT_PASSWORD": "pw",
+    }
+    done = cli(env, "earnings", "--json")
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout)
+    assert body["wallet"] == provider.address and body["earned_wei"] == str(payout_a)
+    assert body["per_day_wei"] == {day: str(payout_a)} and body["withdrawable_wei"] == str(payout_a)
+    assert {j["job_id"]: j["state"] for j in body["jobs"]}["0x" + b.job_id.hex()] == "pending"
+    text = cli(env, "earnings").stdout
+    lines = text.splitlines()
+    assert f"earned        {eth(payout_a)} (1 job)" in lines
+    assert f"  {day}  {eth(payout_a)}  (1 job)" in lines
+    for job in (a, b, c, d, e):  # each job on one line, its id whole
+        assert sum(1 for line in lines if "0x" + job.job_id.hex() in line) == 1
+
+    stranger = cli(env, "earnings", "--wallet", chain.accounts[9].address.lower())
+    assert stranger.returncode == 0, stranger.stderr
+    assert "none assigned to this wallet yet" in stranger.stdout
+    assert f"wallet        {chain.accounts[9].address}" in stranger.stdout
+    assert "--wallet: not a 0x address" in cli(env, "earnings", "--wallet", "0x12").stderr
+
+    recipient = chain.accounts[9].address
+    before = int(chain.w3.eth.get_balance(recipient))
+    done = cli(env, "withdraw", "--to", recipient)
+    assert done.returncode == 0, done.stderr
+    assert f"withdrew {eth(payout_a)} to {recipient}" in done.stdout
+    assert f"escrow balance  {eth(payout_a)} -> 0 ETH" in done.stdout
+    assert int(chain.w3.eth.get_balance(recipient)) == before + payout_a
+    again = cli(env, "withdraw")
+    assert again.returncode == 1 and "nothing to withdraw" in again.stderr
+    assert again.stderr.count("\n") == 1  # one line, no traceback
+
+    # B's window passes: `finalize` pays it; withdraw to the wallet itself, gas accounted
+    chain.warp(WINDOW + 1)
+    done = cli(env, "finalize")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.split()) == 1 and escrow.job_state(b.job_id).status is Status.RELEASED
+    out = withdraw(escrow, provider)
+    assert out.amount_wei == b.job.payout and out.escrow_after_wei == 0
+    assert out.to_after_wei == out.to_before_wei + out.amount_wei - out.gas_wei
+    with pytest.raises(NothingToWithdrawError):
+        withdraw(escrow, provider)
+
+
+def test_finalize_pays_a_dispute_the_mediator_left_unruled(chain: Chain) -> None:
+    provider = chain.accounts[7]
+    chain.stake(provider, 10**17)
+    state = submitted(chain, chain.assign(chain.fund(), provider), provider, CID_A)
+    deposit = int(chain.escrow.call("disputeDeposit"))
+    chain.escrow.send(chain.submitter, "dispute", state.job_id, state.job.as_tuple(), value=deposit)
+    finalizer = Finalizer(chain.escrow, provider)
+    chain.warp(WINDOW + 1)
+    assert finalizer.run_once() == []  # disputed: the mediation window counts now
+    assert earnings(chain.escrow, provider.address).jobs[0].state == "disputed"
+    chain.warp(chain.params.mediation_window + 1)
+    assert len(finalizer.run_once()) == 1
+    assert chain.escrow.job_state(state.job_id).status is Status.RELEASED
+
+
+def test_earnings_needs_the_chain(tmp_path: Path) -> None:
+    done = cli({"GRIDMARKET_AGENT_KEYSTORE": str(tmp_path / "none.json")}, "earnings")
+    assert done.returncode == 1 and "needs the chain" in done.stderr
+
+
+def test_submitter_refuses_a_job_that_is_not_ours(chain: Chain) -> None:
+    provider, other = chain.accounts[5], chain.accounts[4]
+    chain.stake(other, 10**17)
+    state = chain.assign(chain.fund(), other)
+    with pytest.raises(ChainError, match="is assigned to"):
+        OnChainSubmitter(chain.escrow, provider).submit(
+            "0x" + state.job_id.hex(), report(state, provider, chain, CID_A)
+        )
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GRIDMARKET_AGENT_")}
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**base, **env},
+        timeout=120,
+        check=False,
+    )
