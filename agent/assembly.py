@@ -60,9 +60,22 @@ def build_runner(
 
     @functools.cache  # one engine client: the runner's and the start-up clean-up's
     def docker_executor() -> DockerExecutor:
-        from agent.executors.docker import DockerExecutor
+        from agent.executors.docker import DockerExecutor, PullPolicy
+        from gridmarket.images import load_docker_credentials
 
-        return DockerExecutor(docker_host=config.docker_host, owner=executor_owner(config, account))
+        auth = config.registry_auth_file
+        pull = PullPolicy(
+            enabled=config.pull_images,
+            max_download_bytes=config.pull_max_bytes,
+            max_image_bytes=config.pull_max_image_bytes,
+            timeout_s=config.pull_timeout_s,
+            cache_bytes=config.image_cache_bytes,
+            credentials=load_docker_credentials(auth) if auth is not None else {},
+            state_file=config.work_dir.parent / "pulled-images.json",
+        )
+        return DockerExecutor(
+            docker_host=config.docker_host, owner=executor_owner(config, account), pull=pull
+        )
 
     def wasm_executor() -> Executor:
         from agent.executors.wasm import WasmExecutor

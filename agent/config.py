@@ -145,6 +145,15 @@ class AgentConfig(BaseSettings):
         64 * _GiB, ge=1, description="this node's own cap on a dataset, below the job's own cap"
     )
     max_module_bytes: int = Field(256 * 1024**2, ge=1, description="cap on a WASM module")
+    # image pulls (agent/executors/_pull.py): only host[:port]/name@sha256:<hex> is pulled
+    pull_images: bool = Field(True, description="pull images named by digest the engine lacks")
+    pull_max_bytes: int = Field(4 * _GiB, ge=1, description="largest download (layers + config)")
+    pull_max_image_bytes: int = Field(16 * _GiB, ge=1, description="largest image once unpacked")
+    pull_timeout_s: float = Field(600.0, gt=0, description="time limit of one pull")
+    image_cache_bytes: int = Field(50 * _GiB, ge=1, description="pulled images kept (LRU beyond)")
+    registry_auth_file: Path | None = Field(
+        None, description="a Docker config.json whose `auths` hold registry credentials"
+    )
 
     # the pull loop
     heartbeat_interval_s: float | None = Field(
@@ -247,7 +256,7 @@ class AgentConfig(BaseSettings):
         multiaddr_to_url(value)
         return value
 
-    @field_validator("keystore", "password_file", "work_dir", "deployment")
+    @field_validator("keystore", "password_file", "work_dir", "deployment", "registry_auth_file")
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return None if value is None else value.expanduser()
