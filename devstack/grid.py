@@ -127,7 +127,7 @@ class LocalGrid(DevRoles):
     when no dockerd runs, and so no Docker job either)."""
     scheduler: SchedulerProcess
     scheduler_settings: dict[str, str]
-    mediator: MediatorProcess
+    mediator_process: MediatorProcess
     frontend: ManagedProcess | None
     frontend_url: str | None
     accounts: list[LocalAccount]
@@ -154,7 +154,7 @@ class LocalGrid(DevRoles):
             "busybox_image": self.busybox_image,
             "scheduler_url": self.scheduler.url,
             "mediator": self.accounts[10].address,
-            "mediator_log": str(self.mediator.log_path),
+            "mediator_log": str(self.mediator_process.log_path),
             "frontend_url": self.frontend_url,
             "agents": [a.name for a in self.agents],
         }
@@ -500,7 +500,7 @@ def run_grid(
             busybox_image=busybox_image,
             scheduler=scheduler,
             scheduler_settings=settings,
-            mediator=mediator,
+            mediator_process=mediator,
             frontend=frontend,
             frontend_url=frontend_url,
             accounts=accounts,
