@@ -16,7 +16,7 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
 from gridmarket.eip712 import sign_acceptance, sign_result
-from gridmarket.escrow import JOB_EVENTS, FLAG_ON_VERIFY, JobState, apply_event
+from gridmarket.escrow import FLAG_ON_VERIFY, JOB_EVENTS, JobState, apply_event
 
 SPEC = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
 OUTPUT = "bafybeigdyrzt5sfp7udm7hu76uh7y26nf3efuylqabf3oclgtqy55fbzdi"
@@ -114,7 +114,8 @@ def spare(accounts: Any) -> Any:
 
 def local(account: Any) -> LocalAccount:
     """The eth-account signer behind an Ape test account (for EIP-712 signatures)."""
-    return Account.from_key(account.private_key)
+    signer: LocalAccount = Account.from_key(account.private_key)
+    return signer
 
 
 @pytest.fixture(scope="session")

@@ -198,9 +198,7 @@ def test_create_same_id_twice_reverts(book: Book, escrow: Any, submitter: Any) -
         book.create(submitter, salt=salt)
 
 
-def test_front_running_create_cannot_take_the_id(
-    book: Book, submitter: Any, stranger: Any
-) -> None:
+def test_front_running_create_cannot_take_the_id(book: Book, submitter: Any, stranger: Any) -> None:
     """An attacker copying a pending createJob (same spec, same salt) gets another id."""
     salt = os.urandom(32)
     theirs = book.create(stranger, salt=salt)
@@ -249,9 +247,7 @@ def test_acceptance_digest_matches_python(
     digest = bytes(escrow.acceptanceDigest(funded.job_id, funded.job.as_tuple()))
     assert Account._recover_hash(digest, signature=sig) == provider.address
     assert (
-        recover_acceptance_signer(
-            sig, chain.chain_id, escrow.address, funded.job_id, 1, funded.job
-        )
+        recover_acceptance_signer(sig, chain.chain_id, escrow.address, funded.job_id, 1, funded.job)
         == provider.address
     )
 
@@ -345,9 +341,7 @@ def test_reassign_after_the_delay_moves_the_collateral(
 
 
 # ------------------------------------------------------------------------- unassign
-def test_provider_hands_back_at_once(
-    book: Book, escrow: Any, assigned: Any, provider: Any
-) -> None:
+def test_provider_hands_back_at_once(book: Book, escrow: Any, assigned: Any, provider: Any) -> None:
     receipt = escrow.unassign(assigned.job_id, assigned.job.as_tuple(), sender=provider)
     assert names(receipt) == ["JobUnassigned"]
     state = book.fold(assigned, receipt)
@@ -448,9 +442,17 @@ def test_relayed_result_checks(
     book: Book, escrow: Any, assigned: Any, provider: Any, provider2: Any, operator: Any
 ) -> None:
     with ape.reverts(escrow.JobEscrowBadSignature, recovered=provider2.address):
-        book.do("submitResultFor", assigned, OUTPUT, book.sign(provider2, assigned), sender=operator)
+        book.do(
+            "submitResultFor", assigned, OUTPUT, book.sign(provider2, assigned), sender=operator
+        )
     with ape.reverts(escrow.JobEscrowBadSignature):  # signed another CID
-        book.do("submitResultFor", assigned, "bafkreievil", book.sign(provider, assigned), sender=operator)  # fmt: skip
+        book.do(
+            "submitResultFor",
+            assigned,
+            "bafkreievil",
+            book.sign(provider, assigned),
+            sender=operator,
+        )
     with ape.reverts(escrow.JobEscrowBadSignature):  # signed for another attempt
         sig = book.sign(provider, assigned, attempt=assigned.job.attempt + 1)
         book.do("submitResultFor", assigned, OUTPUT, sig, sender=operator)
@@ -536,11 +538,19 @@ def test_settle_refusals(
         with ape.reverts(escrow.JobEscrowNotOperator, caller=who.address):
             book.do("settle", verify_assigned, OUTPUT, sig, sender=who)
     with ape.reverts(escrow.JobEscrowBadSignature, recovered=stranger.address):
-        book.do("settle", verify_assigned, OUTPUT, book.sign(stranger, verify_assigned), sender=operator)  # fmt: skip
+        book.do(
+            "settle", verify_assigned, OUTPUT, book.sign(stranger, verify_assigned), sender=operator
+        )
     with ape.reverts(escrow.JobEscrowNotOnVerify, jobId=assigned.job_id):
         book.do("settle", assigned, OUTPUT, book.sign(provider, assigned), sender=operator)
     with ape.reverts(escrow.JobEscrowBadOutputCid, length=0):
-        book.do("settle", verify_assigned, "", book.sign(provider, verify_assigned, cid=""), sender=operator)  # fmt: skip
+        book.do(
+            "settle",
+            verify_assigned,
+            "",
+            book.sign(provider, verify_assigned, cid=""),
+            sender=operator,
+        )
 
 
 def test_settle_after_deadline_reverts(
@@ -614,9 +624,7 @@ def dispute(book: Book, state: Any, submitter: Any) -> Any:
     return book.do("dispute", state, sender=submitter, value=DISPUTE_DEPOSIT)
 
 
-def test_dispute_holds_the_deposit(
-    book: Book, escrow: Any, submitted: Any, submitter: Any
-) -> None:
+def test_dispute_holds_the_deposit(book: Book, escrow: Any, submitted: Any, submitter: Any) -> None:
     held = escrow.balance
     state = dispute(book, submitted, submitter)
     assert state.status is Status.DISPUTED and book.current(state)
@@ -853,7 +861,9 @@ def test_zero_fee_job_pays_everything(
     book: Book, escrow: Any, owner: Any, submitter: Any, provider: Any
 ) -> None:
     escrow.setFeeBps(0, sender=owner)
-    state = book.do("submitResult", book.assign(book.create(submitter), provider), OUTPUT, sender=provider)  # fmt: skip
+    state = book.do(
+        "submitResult", book.assign(book.create(submitter), provider), OUTPUT, sender=provider
+    )
     book.do("release", state, sender=submitter)
     assert escrow.balanceOf(provider) == BOUNTY and escrow.feesAccrued() == 0
 

@@ -50,9 +50,7 @@ def test_eligibility_needs_min_stake(escrow: Any, stranger: Any) -> None:
     assert escrow.isEligible(stranger)
 
 
-def test_operator_and_treasury_cannot_register(
-    escrow: Any, operator: Any, treasury: Any
-) -> None:
+def test_operator_and_treasury_cannot_register(escrow: Any, operator: Any, treasury: Any) -> None:
     for who in (operator, treasury):
         with ape.reverts(escrow.ProviderRegistryReservedAddress, account=who.address):
             escrow.registerProvider("bafkreime", sender=who, value=STAKE)
