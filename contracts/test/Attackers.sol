@@ -39,14 +39,17 @@ abstract contract Forwarder {
 contract ReentrantProvider is Forwarder {
     uint256 public reentries;
     bool public reentryBlocked;
+    bytes4 public blockedWith; // the selector of the error the re-entered withdraw reverted with
 
     constructor(IEscrowLike escrow_) Forwarder(escrow_) {}
 
     receive() external payable {
         if (reentries < 3) {
             reentries += 1;
-            try escrow.withdraw() {} catch {
+            try escrow.withdraw() {}
+            catch (bytes memory reason) {
                 reentryBlocked = true;
+                blockedWith = bytes4(reason);
             }
         }
     }

@@ -915,6 +915,7 @@ def test_reentrant_receiver_cannot_drain(
     held = escrow.balance
     attacker.drain(sender=operator)
     assert attacker.reentryBlocked() and attacker.reentries() >= 1
+    assert bytes(attacker.blockedWith()) == keccak(b"JobEscrowReentrancy()")[:4]
     assert attacker.balance == BOUNTY
     assert escrow.balance == held - BOUNTY
 
