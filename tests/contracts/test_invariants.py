@@ -34,11 +34,10 @@ logs; the whole comparison after a step is one batched request; anvil keeps no h
 is mined with, and a run does not depend on the wall clock.
 
 Steps: GRIDMARKET_INVARIANT_STEPS (default 6,000: about a minute on the 2-core dev machine,
-5.8 ms a step idle and 9 to 14 ms under the load of parallel work: 10,013 steps took 87.5 s
-at load 6).
-Set it to 10,000 or more for a longer run. A step is one transaction (accepted or refused) or
-one jump in time. Each run prints its steps, time, accepted calls by function, refusals by
-error, and how each payout and slash was authorised.
+5.8 ms a step idle and 9 to 14 ms under the load of parallel work; 10,013 steps took 87.5 s at
+load 6). Set it to 10,000 or more for a longer run. A step is one transaction (accepted or
+refused) or one jump in time. Each run prints its steps, time, accepted calls by function,
+refusals by error, and how each payout and slash was authorised.
 """
 
 from __future__ import annotations
