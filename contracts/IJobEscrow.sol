@@ -192,7 +192,6 @@ interface IJobEscrow {
     error JobEscrowNotOnVerify(bytes32 jobId);
     error JobEscrowConflictOfInterest(bytes32 jobId, address provider);
     error JobEscrowJobExists(bytes32 jobId);
-    error JobEscrowUnknownJob(bytes32 jobId);
     error JobEscrowJobMismatch(bytes32 jobId);
     error JobEscrowWrongStatus(bytes32 jobId, Status status);
     error JobEscrowDeadlinePassed(bytes32 jobId, uint256 deadline, uint256 nowTs);

@@ -79,15 +79,18 @@ contract JobEscrow is ProviderRegistry {
     address public owner;
     /// @notice Proposed owner, until it accepts.
     address public pendingOwner;
+    // Storage packing (docs/contracts.md): `operator` and `feeBps` share a slot, so createJob
+    // reads one slot for both; `feesAccrued` and `treasury` share the next, so collectFees
+    // reads one slot and a release writes the fee pot without touching the operator's.
     /// @notice The operator for jobs funded from now on (each job keeps the one it was funded
     ///         under).
     address public operator;
+    /// @notice Fee for jobs created from now on, in basis points of the bounty.
+    uint16 public feeBps;
     /// @notice Fees released but not yet credited to the treasury (`collectFees`).
     uint96 public feesAccrued;
     /// @notice Receives platform fees (into its withdrawable balance, via `collectFees`).
     address public treasury;
-    /// @notice Fee for jobs created from now on, in basis points of the bounty.
-    uint16 public feeBps;
     /// @notice Mediators a submitter may name (besides itself) for jobs funded from now on.
     mapping(address mediator => bool) public isListedMediator;
 

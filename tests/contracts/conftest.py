@@ -1,9 +1,13 @@
-"""Role and factory fixtures for the escrow tests (Ape on anvil)."""
+"""Role and factory fixtures for the escrow tests (Ape on anvil), escrow version 2.
+
+Roles are Ape's test accounts: 0 owner, 1 operator, 2 submitter, 3 and 4 providers, 5 treasury,
+6 a stranger, 7 the mediator (listed at deployment), 8 a provider with exactly one job's
+collateral, 9 a spare (unregistered) account.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +15,8 @@ import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
-from gridmarket.escrow import JobState, apply_event
+from gridmarket.eip712 import sign_acceptance, sign_result
+from gridmarket.escrow import FLAG_ON_VERIFY, JOB_EVENTS, JobState, apply_event
 
 SPEC = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
 OUTPUT = "bafybeigdyrzt5sfp7udm7hu76uh7y26nf3efuylqabf3oclgtqy55fbzdi"
@@ -23,11 +28,17 @@ MAX_DURATION = 30 * 24 * 3600
 CHALLENGE = 3600
 MIN_STAKE = 10**16
 UNSTAKE_DELAY = 7 * 24 * 3600
-SLASH_BPS = 1000
-STAKE = 10**17
+MIN_COLLATERAL_BPS = 10_000
+DISPUTE_DEPOSIT = 10**15
+MEDIATION_WINDOW = 3 * 24 * 3600
+REASSIGN_DELAY = 600
+STAKE = 3 * BOUNTY
+"""What the two regular providers stake: the collateral of three default jobs."""
+ON_VERIFY = FLAG_ON_VERIFY
 
 
-def params(operator: Any, treasury: Any, **over: Any) -> tuple[Any, ...]:
+def params(operator: Any, treasury: Any, mediator: Any, **over: Any) -> tuple[Any, ...]:
+    """JobEscrow.Params in constructor order; ``over`` replaces fields by name."""
     p = {
         "operator": operator,
         "treasury": treasury,
@@ -38,8 +49,14 @@ def params(operator: Any, treasury: Any, **over: Any) -> tuple[Any, ...]:
         "challenge": CHALLENGE,
         "min_stake": MIN_STAKE,
         "unstake_delay": UNSTAKE_DELAY,
-        "slash": SLASH_BPS,
+        "min_collateral_bps": MIN_COLLATERAL_BPS,
+        "dispute_deposit": DISPUTE_DEPOSIT,
+        "mediation_window": MEDIATION_WINDOW,
+        "reassign_delay": REASSIGN_DELAY,
+        "mediator": mediator,
     }
+    unknown = set(over) - set(p)
+    assert not unknown, f"unknown params: {unknown}"
     p.update(over)
     return tuple(p.values())
 
@@ -79,18 +96,43 @@ def stranger(accounts: Any) -> Any:
     return accounts[6]
 
 
+@pytest.fixture(scope="session")
+def mediator(accounts: Any) -> Any:
+    return accounts[7]
+
+
+@pytest.fixture(scope="session")
+def small(accounts: Any) -> Any:
+    """A provider staking exactly one default job's collateral (registered with the escrow)."""
+    return accounts[8]
+
+
+@pytest.fixture(scope="session")
+def spare(accounts: Any) -> Any:
+    return accounts[9]
+
+
 def local(account: Any) -> LocalAccount:
     """The eth-account signer behind an Ape test account (for EIP-712 signatures)."""
-    return Account.from_key(account.private_key)
+    signer: LocalAccount = Account.from_key(account.private_key)
+    return signer
 
 
 @pytest.fixture(scope="session")
 def escrow(
-    project: Any, owner: Any, operator: Any, treasury: Any, provider: Any, provider2: Any
+    project: Any,
+    owner: Any,
+    operator: Any,
+    treasury: Any,
+    mediator: Any,
+    provider: Any,
+    provider2: Any,
+    small: Any,
 ) -> Any:
-    contract = project.JobEscrow.deploy(params(operator, treasury), sender=owner)
+    contract = project.JobEscrow.deploy(params(operator, treasury, mediator), sender=owner)
     for p in (provider, provider2):
         contract.registerProvider("bafkreiprovidermetadata", sender=p, value=STAKE)
+    contract.registerProvider("bafkreismallprovider", sender=small, value=BOUNTY)
     return contract
 
 
@@ -100,13 +142,12 @@ class Book:
 
     escrow: Any
     chain: Any
+    mediator: Any
+    operator: Any
 
     def fold(self, state: JobState | None, receipt: Any) -> JobState:
         for log in receipt.events:
-            if log.event_name in {
-                "JobCreated", "JobAssigned", "JobUnassigned", "ResultSubmitted",
-                "ResultRejected", "JobReleased", "JobRefunded",
-            }:  # fmt: skip
+            if log.event_name in JOB_EVENTS:
                 state = apply_event(state, log.event_name, dict(log.event_arguments))
         assert state is not None
         return state
@@ -118,31 +159,82 @@ class Book:
         duration: int = 3600,
         spec: str = SPEC,
         salt: bytes | None = None,
+        mediator: Any = None,
+        collateral: int | None = None,
+        flags: int = 0,
     ) -> JobState:
         deadline = self.chain.pending_timestamp + duration
         receipt = self.escrow.createJob(
-            salt or os.urandom(32), spec, deadline, sender=submitter, value=bounty
+            salt or os.urandom(32),
+            spec,
+            deadline,
+            mediator if mediator is not None else self.mediator,
+            bounty * MIN_COLLATERAL_BPS // 10_000 if collateral is None else collateral,
+            flags,
+            sender=submitter,
+            value=bounty,
         )
         return self.fold(None, receipt)
 
-    def do(self, fn: str, state: JobState, *args: Any, sender: Any) -> JobState:
-        receipt = getattr(self.escrow, fn)(state.job_id, state.job.as_tuple(), *args, sender=sender)
+    def accept(self, signer: Any, state: JobState, **over: Any) -> bytes:
+        """``signer``'s EIP-712 acceptance of the next assignment of ``state``'s job."""
+        return sign_acceptance(
+            local(signer),
+            over.get("chain_id", self.chain.chain_id),
+            over.get("contract", self.escrow.address),
+            over.get("job_id", state.job_id),
+            over.get("attempt", state.job.attempt + 1),
+            over.get("job", state.job),
+        )
+
+    def sign(self, signer: Any, state: JobState, cid: str = OUTPUT, **over: Any) -> bytes:
+        """``signer``'s EIP-712 result ``cid`` for the current assignment of ``state``'s job."""
+        return sign_result(
+            local(signer),
+            over.get("chain_id", self.chain.chain_id),
+            over.get("contract", self.escrow.address),
+            over.get("job_id", state.job_id),
+            over.get("attempt", state.job.attempt),
+            cid,
+        )
+
+    def assign(
+        self, state: JobState, provider: Any, sender: Any = None, sig: bytes | None = None
+    ) -> JobState:
+        """``assign`` with ``provider``'s own acceptance unless ``sig`` is given."""
+        acceptance = self.accept(provider, state) if sig is None else sig
+        return self.do("assign", state, provider, acceptance, sender=sender or self.operator)
+
+    def do(self, fn: str, state: JobState, *args: Any, sender: Any, value: int = 0) -> JobState:
+        method = getattr(self.escrow, fn)
+        job = state.job.as_tuple()
+        if value:
+            receipt = method(state.job_id, job, *args, sender=sender, value=value)
+        else:
+            receipt = method(state.job_id, job, *args, sender=sender)
         return self.fold(state, receipt)
 
     def sleep(self, seconds: int) -> None:
         self.chain.pending_timestamp = self.chain.pending_timestamp + seconds
         self.chain.mine()
 
-
-@pytest.fixture
-def book(escrow: Any, chain: Any) -> Book:
-    return Book(escrow, chain)
+    def current(self, state: JobState) -> bool:
+        return bool(self.escrow.isCurrent(state.job_id, state.job.as_tuple()))
 
 
 @pytest.fixture
-def assigned(book: Book, submitter: Any, operator: Any, provider: Any) -> JobState:
-    state = book.create(submitter)
-    return book.do("assign", state, provider, sender=operator)
+def book(escrow: Any, chain: Any, mediator: Any, operator: Any) -> Book:
+    return Book(escrow, chain, mediator, operator)
+
+
+@pytest.fixture
+def funded(book: Book, submitter: Any) -> JobState:
+    return book.create(submitter)
+
+
+@pytest.fixture
+def assigned(book: Book, funded: JobState, provider: Any) -> JobState:
+    return book.assign(funded, provider)
 
 
 @pytest.fixture
@@ -150,4 +242,7 @@ def submitted(book: Book, assigned: JobState, provider: Any) -> JobState:
     return book.do("submitResult", assigned, OUTPUT, sender=provider)
 
 
-Factory = Callable[..., JobState]
+@pytest.fixture
+def verify_assigned(book: Book, submitter: Any, provider: Any) -> JobState:
+    """An on-verify job (the submitter's opt-in) assigned to ``provider``."""
+    return book.assign(book.create(submitter, flags=ON_VERIFY), provider)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from eth_account import Account
@@ -151,7 +152,8 @@ def _dry_run(
     assert w3.eth.get_transaction_count(deployer) == 1  # one transaction: the deployment
     # Ape's artifacts are the product's artifacts: the deployed code is what load_artifacts has
     receipt_block = w3.eth.get_block(deployment.block, full_transactions=True)
-    (tx,) = [t for t in receipt_block["transactions"] if t["from"] == deployer]
+    txs: list[Any] = list(receipt_block["transactions"])
+    (tx,) = [t for t in txs if t["from"] == deployer]
     assert bytes(tx["input"]).hex().startswith(load_artifacts()["JobEscrow"].bytecode[2:])
 
 
@@ -277,7 +279,9 @@ def test_gridmarket_deploy_cli_deploys_the_same_artifacts(
         monkeypatch.setenv("GRIDMARKET_DEPLOYER_KEY", KEYS[0])
         assert main(argv) == 0
         deployment = Deployment.load(out)
-        code = Web3(Web3.HTTPProvider(anvil.url)).eth.get_code(deployment.escrow)
+        code = Web3(Web3.HTTPProvider(anvil.url)).eth.get_code(
+            Web3.to_checksum_address(deployment.escrow)
+        )
         assert len(code) > 0
         assert deployment.abi == load_artifacts()["JobEscrow"].abi
         assert "explorer" not in capsys.readouterr().out  # chain 31337: none
