@@ -22,7 +22,7 @@ from scheduler.matching.reputation import Outcome
 
 from .jobs import JobStore
 from .rows import JobRow, job_to_json, pos_of
-from .tables import attempts, cursors, jobs
+from .tables import attempts, cursors, jobs, outbox
 
 __all__ = ["CHAIN_CURSOR", "ChainStore"]
 
@@ -195,6 +195,17 @@ class ChainStore(JobStore):
             if job.state in lifecycle.HOLDS_SLOT:
                 self._free_slot(conn, node_id)
                 self._held_drop(node_id, [job_id])
+        # a finalize still waiting (for the window, or for the mediator) has nothing left to pay,
+        # and must not hold back the next provider's assign
+        conn.execute(
+            update(outbox)
+            .where(
+                outbox.c.job_id == job_id,
+                outbox.c.status == "pending",
+                outbox.c.kind == "finalize",
+            )
+            .values(status="done", error="moot: the mediator ruled the result wrong")
+        )
         fresh = self._job(conn, job_id)
         state = self._requeue(
             conn,

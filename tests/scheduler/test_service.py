@@ -355,3 +355,50 @@ def test_bad_input_is_named(grid: tuple[Server, EscrowClient], devnet: Devnet) -
     q = server.http.post(API.QUOTE, json={"region": "us", "gpu_count": 1, "min_vram_mib": 20000})
     assert q.status_code == 200 and q.json()["quotes"]
     assert server.http.post(API.QUOTE, json={"region": "atlantis"}).status_code == 422
+
+
+def test_a_dispute_waits_for_the_mediator_and_a_ruling_against_requeues_elsewhere(
+    grid: tuple[Server, EscrowClient], devnet: Devnet, ipfs: IpfsStore, tmp_path: Path
+) -> None:
+    """The watcher folds the submitter's dispute (the job waits for the mediator: no finalize)
+    and the mediator's ruling against the result (the provider slashed, the job queued for
+    another wallet, the ruled-against node charged a node fault)."""
+    server, client = grid
+    wrong = Provider(devnet.providers[0], server, name="wrong")
+    right = Provider(devnet.providers[1], server, name="right")
+    assert wrong.register().status_code == 200
+    submitter = devnet.submitters[0]
+    job_id = submit_job(client, ipfs, submitter, SPEC)
+    jid = bytes.fromhex(job_id[2:])
+    a = wrong.take()
+    assert wrong.succeed(a, output(ipfs, tmp_path, "plausible but wrong")).status_code == 202
+    wait_chain(client, job_id, Status.SUBMITTED)
+    server.wait_job(job_id, {"settling"})
+    stake_before = client.call("providerOf", wrong.account.address)[0]
+    deposit = int(client.call("disputeDeposit"))
+    client.send(submitter, "dispute", jid, client.job_state(jid).job.as_tuple(), value=deposit)
+    job = server.wait_job(job_id, {"disputed"})
+    assert devnet.mediator.address in job["reason"]
+    advance(client.w3, WINDOW + 1)  # past the challenge window: a disputed job is not paid
+    time.sleep(1.5)
+    assert chain_status(client, job_id) is Status.DISPUTED
+    assert server.job(job_id)["state"] == "disputed"
+    state = client.job_state(jid)
+    client.call_job(devnet.mediator, "rule", state, False)
+    job = server.wait_job(job_id, {"queued", "leased"}, timeout=20)
+    assert wrong.node_id in job["excluded_nodes"] and "slashed" in job["reason"]
+    assert [x["outcome"] for x in job["attempts"]] == ["ruled_against"]
+    events = [e["event"] for e in job["audit"]]
+    assert "chain:ResultDisputed" in events and "chain:Ruled" in events
+    assert "chain:ProviderSlashed" in events and "chain:Credited" in events
+    view = server.get(API.NODE.format(node_id=wrong.node_id)).json()
+    assert view["jobs_failed"] == 1 and view["running"] == 0
+    assert client.call("providerOf", wrong.account.address)[0] == (
+        stake_before - state.job.collateral
+    )
+    # another wallet takes it: the chain is Funded at attempt 1, the offer is attempt 2
+    assert right.register().status_code == 200
+    b = right.take()
+    assert (b["job_id"], b["attempt"]) == (job_id, 2)
+    wait_chain(client, job_id, Status.ASSIGNED)
+    assert client.job_state(jid).job.provider == right.account.address

@@ -687,6 +687,8 @@ def test_a_dispute_waits_for_the_mediator_and_a_ruling_against_requeues_elsewher
     assert n.reputation.bad > 0 and n.jobs_failed == 1 and n.running == 0
     assert store.attempts_of(jid(1))[0]["outcome"] == "ruled_against"
     assert "chain:ProviderSlashed" in [r["event"] for r in store.audit_of(jid(1))]
+    # the finalize waiting for the window is moot: it holds back no later step
+    assert [i.kind for i in store.outbox_pending()] == ["assign"]
     # the chain is Funded again at attempt 1: the next offer is attempt 2, to another wallet
     assert take(store, b) == [jid(1)]
     assert store.job(jid(1)).attempt == 2
