@@ -116,7 +116,8 @@ class Event(StrEnum):
     LEASE_LOST = "lease lost"
     """The lease ran out (an offer not accepted in time too), or the node went offline."""
     HANDED_BACK = "hand back"
-    """The node gave the job back unfinished (clean shutdown): no penalty."""
+    """The node gave the job back unfinished (clean shutdown), or declined the offer: no
+    penalty."""
     RESULT_REPORTED = "result reported"
     """The node reported a successful run with an output CID."""
     RUN_FAILED = "run failed"
@@ -239,7 +240,11 @@ TABLE: tuple[Transition, ...] = (
         "another wallet; the node loses reputation; outbox: unassign (after reassignDelay)",
     ),
     Transition(
-        S.LEASED, E.HANDED_BACK, S.QUEUED, "no penalty; outbox: unassign (any wallet may take it)"
+        S.LEASED,
+        E.HANDED_BACK,
+        S.QUEUED,
+        "no penalty; accepted: outbox unassign (any wallet may take it); an offer declined: "
+        "not to that node again",
     ),
     Transition(S.LEASED, E.ASSIGN_REFUSED, S.QUEUED, "another wallet, no fault of this node"),
     Transition(S.LEASED, E.ASSIGN_REFUSED_FOR_GOOD, S.FAILED, "the chain will not take it"),

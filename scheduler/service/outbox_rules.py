@@ -168,6 +168,9 @@ class OutboxRules:
         if state.status is Status.SUBMITTED:
             self.store.relayed(item.job_id, state.job.since + self.challenge_window(sender))
             self.count("results_relayed")
+        elif state.status not in (Status.DISPUTED, Status.RELEASED):
+            # not assigned to the provider whose result this is (its assign never went on-chain)
+            raise ChainError(f"job is {state.status.name}", f"JobStatus({state.status.name})")
         return tx
 
     def _finalize(self, sender: TxSender, item: OutboxItem) -> str | None:

@@ -283,8 +283,9 @@ class LeaseStore(JobStore):
             return [JobRow.of(r) for r in conn.execute(q)]
 
     def hand_back(self, job_id: str, node_id: str) -> str:
-        """The node gives a job back unfinished (shutdown), or declines an offer: queued again,
-        no penalty, and an accepted lease's on-chain assignment undone (outbox ``unassign``,
+        """The node gives a job back unfinished (shutdown), or declines an offer (then the job is
+        not offered to that node again): queued again, no penalty, and an accepted lease's
+        on-chain assignment undone (outbox ``unassign``,
         written by the requeue; the escrow lets the operator do it ``reassignDelay`` after the
         assignment, while the provider itself may hand it back on-chain at any time)."""
         self._held_drop(node_id, [job_id])
@@ -301,6 +302,14 @@ class LeaseStore(JobStore):
             # undoes an accepted lease's assignment, so any wallet, this node's too (a
             # restarted agent), may take it again
             state = self._requeue(conn, job, Event.HANDED_BACK, exclude=False, reason=reason)
+            if declined and node_id not in job.excluded:
+                # its agent refused these terms: not offered to that node again (no fault, and
+                # the wallet's other nodes may still take it)
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.job_id == job_id)
+                    .values(excluded=[*job.excluded, node_id])
+                )
         if state == "queued":
             self.on_queued(1)
         return state

@@ -447,6 +447,9 @@ def test_hand_back_requeues_without_penalty(store: Store) -> None:
     assert store.hand_back(jid(1), a) == "queued"
     assert [i.kind for i in store.outbox_pending()] == ["assign", "unassign"]
     assert store.attempts_of(jid(1))[-1]["outcome"] == "declined"
+    job = store.job(jid(1))
+    assert job.excluded == (a,) and job.excluded_wallets == ()  # that node only, no fault
+    assert store.node(a).reputation.bad == 0
 
 
 def refunded(n: int, block: int) -> Event:
