@@ -432,6 +432,29 @@ def test_migration_0002_upgrades_existing_jobs(db_url: str) -> None:
     store.close()
 
 
+def test_migration_0003_upgrades_existing_jobs_and_outbox_rows(db_url: str) -> None:
+    store = Store(db_url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with store.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0002")
+        assert "acceptance" not in {c["name"] for c in sa.inspect(conn).get_columns("jobs")}
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox (job_id, kind, payload, status, tries, error, created_at, "
+                "updated_at) VALUES ('0xa', 'assign', '{}', 'pending', 0, '', 1.0, 1.0)"
+            )
+        )
+    store.migrate()
+    (item,) = store.outbox_pending(now=0.0)  # an old row waits for no time
+    assert (item.kind, item.not_before) == ("assign", None)
+    with store.engine.connect() as conn:
+        cols = {c["name"] for c in sa.inspect(conn).get_columns("jobs")}
+    assert "acceptance" in cols
+    store.close()
+
+
 def test_hand_back_requeues_without_penalty(store: Store) -> None:
     queue_jobs(store, 1)
     a = node(store)
