@@ -393,7 +393,7 @@ class Dispatcher:
 
     def _hand_back_quietly(self, job_id: str, node_id: str) -> None:
         try:
-            self.store.hand_back(job_id, node_id)
+            self.store.hand_back(job_id, node_id, delivered=False)
         except Exception:
             log.exception("could not hand back undelivered job %s", job_id)
 

@@ -282,12 +282,13 @@ class LeaseStore(JobStore):
             q = select(jobs).where(jobs.c.node_id == node_id, jobs.c.state == LEASED)
             return [JobRow.of(r) for r in conn.execute(q)]
 
-    def hand_back(self, job_id: str, node_id: str) -> str:
+    def hand_back(self, job_id: str, node_id: str, *, delivered: bool = True) -> str:
         """The node gives a job back unfinished (shutdown), or declines an offer (then the job is
-        not offered to that node again): queued again, no penalty, and an accepted lease's
-        on-chain assignment undone (outbox ``unassign``,
-        written by the requeue; the escrow lets the operator do it ``reassignDelay`` after the
-        assignment, while the provider itself may hand it back on-chain at any time)."""
+        not offered to that node again, unless the offer never reached it: ``delivered``
+        false): queued again, no penalty, and an accepted lease's on-chain assignment undone
+        (outbox ``unassign``, written by the requeue; the escrow lets the operator do it
+        ``reassignDelay`` after the assignment, while the provider itself may hand it back
+        on-chain at any time)."""
         self._held_drop(node_id, [job_id])
         with self.engine.begin() as conn:
             job = self._job(conn, job_id, lock=True)
@@ -302,7 +303,7 @@ class LeaseStore(JobStore):
             # undoes an accepted lease's assignment, so any wallet, this node's too (a
             # restarted agent), may take it again
             state = self._requeue(conn, job, Event.HANDED_BACK, exclude=False, reason=reason)
-            if declined and node_id not in job.excluded:
+            if declined and delivered and node_id not in job.excluded:
                 # its agent refused these terms: not offered to that node again (no fault, and
                 # the wallet's other nodes may still take it)
                 conn.execute(

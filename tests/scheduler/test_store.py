@@ -473,6 +473,12 @@ def test_hand_back_requeues_without_penalty(store: Store) -> None:
     job = store.job(jid(1))
     assert job.excluded == (a,) and job.excluded_wallets == ()  # that node only, no fault
     assert store.node(a).reputation.bad == 0
+    # an offer that never reached its node (its poll ended first) excludes nobody
+    queue_jobs(store, 1, start=2)
+    b = node(store, WALLETS[1])
+    offer(store, jid(2), b, accept=False)
+    assert store.hand_back(jid(2), b, delivered=False) == "queued"
+    assert store.job(jid(2)).excluded == ()
 
 
 def refunded(n: int, block: int) -> Event:
