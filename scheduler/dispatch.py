@@ -1,5 +1,9 @@
 """Pull-only dispatch: nodes long-poll ``next-job``; rounds match queued jobs to waiting nodes.
 
+What a node gets is an *offer* (escrow v2): the :class:`~gridmarket.wire.Assignment` carries
+the job's on-chain terms; the node signs its acceptance and posts it (``API.ACCEPT``) within the
+lease TTL, and only then is the job assigned on-chain (``scheduler/api/nodes.py``).
+
 A node's ``next-job`` request parks a waiter here. The waiting nodes of this replica sit in a
 :class:`~scheduler.matching.MatchingEngine` with the capacity they have free. A *round* runs
 when a node starts waiting, when a job is queued on this replica, and every ``dispatch_tick_s``
@@ -24,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gridmarket.tiers import classify_gpu
-from gridmarket.wire import Assignment, JobSpec, offered_price_wei_per_hour
+from gridmarket.wire import Assignment, JobSpec, JobTerms, offered_price_wei_per_hour
 from scheduler.matching import (
     GpuSpec,
     JobRequirements,
@@ -37,7 +41,7 @@ from scheduler.store import Claim, ClaimedJob, JobRow, NodeRow, Store
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Dispatcher", "free_capacity", "refused_wallets", "requirements"]
+__all__ = ["Dispatcher", "free_capacity", "refused_wallets", "requirements", "terms_of"]
 
 _EXPLAIN_EVERY_S = 2.0
 _COALESCE_S = 0.002
@@ -54,6 +58,21 @@ def refused_wallets(job: JobRow) -> frozenset[str]:
     if int(provider, 16):
         wallets.add(provider.lower())
     return frozenset(wallets)
+
+
+def terms_of(job: JobRow) -> JobTerms:
+    """The terms the node accepts for ``job`` (EIP-712 ``Acceptance``), from its on-chain
+    struct as funded: the same values the escrow hashes in ``acceptanceDigest``."""
+    j = job.chain.job
+    return JobTerms(
+        bounty_wei=j.bounty,
+        fee_bps=j.fee_bps,
+        deadline=j.deadline,
+        collateral_wei=j.collateral,
+        mediator=j.mediator,
+        flags=j.flags,
+        operator=j.operator,
+    )
 
 
 def requirements(
@@ -350,6 +369,7 @@ class Dispatcher:
         job = claimed.job
         assert job.spec is not None and job.lease_expires is not None
         assignment = Assignment(
+            terms=terms_of(job),
             job_id=job.job_id,
             attempt=job.attempt,
             spec_cid=job.spec_cid,
@@ -373,7 +393,7 @@ class Dispatcher:
 
     def _hand_back_quietly(self, job_id: str, node_id: str) -> None:
         try:
-            self.store.hand_back(job_id, node_id)
+            self.store.hand_back(job_id, node_id, delivered=False)
         except Exception:
             log.exception("could not hand back undelivered job %s", job_id)
 

@@ -11,8 +11,15 @@ A new state (disputes, replicas, verification policies, reorg rollbacks) is a me
 :class:`State`, its events members of :class:`Event`, and its moves rows of :data:`TABLE`.
 
 This is the scheduler's view of a job. The escrow's own state machine (``Funded -> Assigned ->
-Submitted -> Released``, the source of truth for money) lives in :mod:`gridmarket.escrow`; its
-events reach this table through :data:`CHAIN_EVENTS`.
+Submitted -> Released``, with ``Disputed`` and a mediator's ruling; the source of truth for money)
+lives in :mod:`gridmarket.escrow`; its events reach this table through :data:`CHAIN_EVENTS` (and
+:func:`chain_event`, which tells a ruling against the result from one that upholds it).
+
+Escrow version 2 (docs/trust.md): a lease is an *offer* until the node signs its acceptance of
+the job's terms (``API.ACCEPT``); only then does the outbox assign it on-chain. A verified result
+of an on-verify job is paid at once (``settle``); any other is relayed (``submitResultFor``) and
+finalized once the challenge window has passed. A result failing the scheduler's check is not
+relayed: the job is taken back (``unassign``, after ``reassignDelay``) and goes to another wallet.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from gridmarket.wire import RunReason
 
@@ -28,6 +36,7 @@ __all__ = [
     "CHAIN_EVENTS",
     "FAULTS",
     "FOLD_ONLY",
+    "HOLDS_SLOT",
     "OPEN",
     "SPEC_GIVE_UP_S",
     "SPEC_MIN_TRIES",
@@ -38,6 +47,7 @@ __all__ = [
     "State",
     "Transition",
     "assign_refusal",
+    "chain_event",
     "fault_of",
     "faults_table",
     "markdown_table",
@@ -58,11 +68,17 @@ class State(StrEnum):
     QUEUED = "queued"
     """Waiting for a node."""
     LEASED = "leased"
-    """Running on a node, which renews the lease with heartbeats."""
+    """Offered to a node (until it accepts, within the lease TTL), then running on it; the node
+    renews the lease with heartbeats."""
     VERIFYING = "verifying"
     """The node reported an output; the verifier checks it."""
     SETTLING = "settling"
-    """Verdict given; the outbox pays (settle/release) or rejects on-chain."""
+    """Verified: the outbox pays it (``settle``/``release``, on-verify jobs) or relays it
+    (``submitResultFor``) and finalizes it once the challenge window has passed."""
+    DISPUTED = "disputed"
+    """A result on-chain waits for the job's mediator: the submitter disputed it, or the provider
+    posted one itself that the scheduler's check failed (the scheduler does not finalize it; the
+    submitter may dispute it within the window)."""
     RELEASED = "released"
     """Paid on-chain. Final."""
     REFUNDED = "refunded"
@@ -83,16 +99,25 @@ class Event(StrEnum):
     CREATED = "chain:JobCreated"
     SUBMITTED_ON_CHAIN = "chain:ResultSubmitted"
     """The provider submitted its result on-chain itself."""
+    DISPUTED_ON_CHAIN = "chain:ResultDisputed"
+    """The submitter disputed the pending result: the job's mediator rules on it."""
+    RULED_AGAINST = "chain:Ruled"
+    """The mediator ruled the result wrong (``upheld`` false): the provider lost the job's
+    collateral and the job is Funded again. (A ruling that upholds it is followed by
+    ``JobReleased`` in the same transaction.)"""
     RELEASED_ON_CHAIN = "chain:JobReleased"
     REFUNDED_ON_CHAIN = "chain:JobRefunded"
     SPEC_FETCHED = "spec fetched"
     SPEC_INVALID = "spec invalid"
     LEASE_GRANTED = "lease granted"
-    """A dispatch round gave the job to a node with a free slot."""
+    """A dispatch round offered the job to a node with a free slot (nothing on-chain yet)."""
+    ACCEPTED = "accepted"
+    """The node signed its acceptance of the job's terms for this attempt (``API.ACCEPT``)."""
     LEASE_LOST = "lease lost"
-    """The lease ran out, or the node went offline."""
+    """The lease ran out (an offer not accepted in time too), or the node went offline."""
     HANDED_BACK = "hand back"
-    """The node gave the job back unfinished (clean shutdown): no penalty."""
+    """The node gave the job back unfinished (clean shutdown), or declined the offer: no
+    penalty."""
     RESULT_REPORTED = "result reported"
     """The node reported a successful run with an output CID."""
     RUN_FAILED = "run failed"
@@ -103,15 +128,19 @@ class Event(StrEnum):
     went over its own memory or output cap, trapped, its image or dataset is bad: :func:`fault_of`).
     Deterministic: no other node would do better."""
     ASSIGN_REFUSED = "assign refused"
-    """The on-chain assign reverted for a reason that may pass (the job goes to another node)."""
+    """The provider cannot take the job (its free collateral is below the job's), or the
+    on-chain assign reverted for a reason that may pass: the job goes to another wallet, no fault
+    of the node."""
     ASSIGN_REFUSED_FOR_GOOD = "assign refused for good"
     """The on-chain assign reverted because of the job itself (deadline, status)."""
     VERDICT_OK = "verdict ok"
     VERDICT_BAD = "verdict bad"
+    """The reported output failed the scheduler's check (never relayed)."""
+    VERDICT_BAD_POSTED = "verdict bad, posted"
+    """The output the provider posted on-chain itself failed the scheduler's check: it cannot
+    be taken back; only the submitter (dispute) and the mediator (ruling) can stop it."""
     PAID = "paid"
-    """The outbox's settle/release went through."""
-    REJECTED = "rejected"
-    """The outbox's reject went through: the provider is slashed, the job goes back."""
+    """The outbox's settle/release/finalize went through."""
     DEADLINE_PASSED = "deadline passed"
     ATTEMPTS_USED_UP = "attempts used up"
     GIVEN_UP = "given up"
@@ -121,12 +150,15 @@ class Event(StrEnum):
 CHAIN_EVENTS: dict[str, Event] = {
     "JobCreated": Event.CREATED,
     "ResultSubmitted": Event.SUBMITTED_ON_CHAIN,
+    "ResultDisputed": Event.DISPUTED_ON_CHAIN,
+    "Ruled": Event.RULED_AGAINST,
     "JobReleased": Event.RELEASED_ON_CHAIN,
     "JobRefunded": Event.REFUNDED_ON_CHAIN,
 }
-"""Escrow events that move the scheduler's state, by their name on-chain."""
+"""Escrow events that move the scheduler's state, by their name on-chain (``Ruled`` only when
+the result was not upheld: :func:`chain_event`)."""
 
-FOLD_ONLY: frozenset[str] = frozenset({"JobAssigned", "JobUnassigned", "ResultRejected"})
+FOLD_ONLY: frozenset[str] = frozenset({"JobAssigned", "JobUnassigned"})
 """Escrow events that only update the job's on-chain struct: they follow steps the scheduler
 took itself (through the outbox), so its state has already moved."""
 
@@ -136,8 +168,22 @@ OPEN: tuple[State, ...] = (
     State.LEASED,
     State.VERIFYING,
     State.SETTLING,
+    State.DISPUTED,
 )
 """States the scheduler still works on; the others are final for it."""
+
+HOLDS_SLOT: tuple[State, ...] = (State.LEASED, State.VERIFYING)
+"""States in which the job holds a slot of its node (``nodes.running``): the node's work ends
+with its verdict, so a result waiting out the challenge window does not keep the node busy."""
+
+
+def chain_event(name: str, args: Any) -> Event | None:
+    """The table's event for the escrow event ``name`` with ``args``; None for one that only
+    updates the struct (:data:`FOLD_ONLY`, a ruling that upheld the result, any other)."""
+    if name == "Ruled" and args["upheld"]:
+        return None  # JobReleased follows in the same transaction
+    return CHAIN_EVENTS.get(name)
+
 
 _ALL = tuple(State)
 
@@ -161,7 +207,18 @@ TABLE: tuple[Transition, ...] = (
     Transition(None, E.CREATED, S.PENDING_SPEC, "funded on-chain; fetch the spec"),
     Transition(S.PENDING_SPEC, E.SPEC_FETCHED, S.QUEUED, "spec valid: wait for a node"),
     Transition(S.PENDING_SPEC, E.SPEC_INVALID, S.INVALID, "the submitter can cancel"),
-    Transition(S.QUEUED, E.LEASE_GRANTED, S.LEASED, "outbox: assign on-chain"),
+    Transition(
+        S.QUEUED,
+        E.LEASE_GRANTED,
+        S.LEASED,
+        "an offer: the node accepts (signed) within the lease TTL, or loses it",
+    ),
+    Transition(
+        S.LEASED,
+        E.ACCEPTED,
+        S.LEASED,
+        "outbox: assign on-chain with the acceptance (retried after reassignDelay if too early)",
+    ),
     Transition(S.LEASED, E.RESULT_REPORTED, S.VERIFYING, "check the output"),
     Transition(S.LEASED, E.SUBMITTED_ON_CHAIN, S.VERIFYING, "check it like a relayed result"),
     Transition(
@@ -176,16 +233,52 @@ TABLE: tuple[Transition, ...] = (
         S.FAILED,
         "no other node, no reputation loss; outbox: unassign, the submitter can cancel",
     ),
-    Transition(S.LEASED, E.LEASE_LOST, S.QUEUED, "another wallet; the node loses reputation"),
     Transition(
-        S.LEASED, E.HANDED_BACK, S.QUEUED, "no penalty; outbox: unassign (any wallet may take it)"
+        S.LEASED,
+        E.LEASE_LOST,
+        S.QUEUED,
+        "another wallet; the node loses reputation; outbox: unassign (after reassignDelay)",
+    ),
+    Transition(
+        S.LEASED,
+        E.HANDED_BACK,
+        S.QUEUED,
+        "no penalty; accepted: outbox unassign (any wallet may take it); an offer declined: "
+        "not to that node again",
     ),
     Transition(S.LEASED, E.ASSIGN_REFUSED, S.QUEUED, "another wallet, no fault of this node"),
     Transition(S.LEASED, E.ASSIGN_REFUSED_FOR_GOOD, S.FAILED, "the chain will not take it"),
-    Transition(S.VERIFYING, E.VERDICT_OK, S.SETTLING, "outbox: settle or release"),
-    Transition(S.VERIFYING, E.VERDICT_BAD, S.SETTLING, "outbox: reject (slash)"),
+    Transition(
+        S.VERIFYING,
+        E.VERDICT_OK,
+        S.SETTLING,
+        "outbox: settle/release (on-verify), else relay and finalize after the challenge window",
+    ),
+    Transition(
+        S.VERIFYING,
+        E.VERDICT_BAD,
+        S.QUEUED,
+        "not relayed; another wallet, a node fault; outbox: unassign (after reassignDelay)",
+    ),
+    Transition(
+        S.VERIFYING,
+        E.VERDICT_BAD_POSTED,
+        S.DISPUTED,
+        "not finalized by the scheduler; the submitter may dispute, the mediator rules",
+    ),
+    *_rows(
+        (S.VERIFYING, S.SETTLING),
+        E.DISPUTED_ON_CHAIN,
+        S.DISPUTED,
+        "no finalize: the mediator rules (or its window passes)",
+    ),
+    *_rows(
+        (S.VERIFYING, S.SETTLING, S.DISPUTED),
+        E.RULED_AGAINST,
+        S.QUEUED,
+        "the provider was slashed; another wallet, its node takes a node fault",
+    ),
     Transition(S.SETTLING, E.PAID, S.RELEASED, "the node gains reputation"),
-    Transition(S.SETTLING, E.REJECTED, S.QUEUED, "another wallet; the node loses reputation"),
     Transition(
         S.QUEUED, E.ATTEMPTS_USED_UP, S.FAILED, "(on a requeue) outbox: unassign; cancel at once"
     ),

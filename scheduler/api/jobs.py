@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query
 
 from gridmarket.wire import API
+from scheduler.lifecycle import State
 from scheduler.store import JobRow, NotFoundError
 
 from .deps import StoreDep
@@ -16,7 +17,7 @@ from .deps import StoreDep
 router = APIRouter(tags=["jobs"])
 
 _JOB_ID = re.compile(r"^0x[0-9a-f]{64}$")
-STATES = "pending_spec|queued|leased|verifying|settling|released|failed|invalid|refunded|expired"
+STATES = "|".join(s.value for s in State)
 
 
 def job_view(job: JobRow) -> dict[str, Any]:

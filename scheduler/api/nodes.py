@@ -1,4 +1,5 @@
-"""Node endpoints: signed registration, heartbeats, long-poll for work, results, hand-back."""
+"""Node endpoints: signed registration, heartbeats, long-poll for work (an offer), its signed
+acceptance, results, hand-back."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from pydantic import BaseModel
 
 from gridmarket.chain import ChainError
-from gridmarket.eip712 import recover_result_signer
+from gridmarket.eip712 import recover_acceptance_signer, recover_result_signer
 from gridmarket.tiers import REGIONS, classify_gpu
 from gridmarket.wire import (
     API,
+    AcceptAck,
+    AcceptRequest,
     Assignment,
     HeartbeatRequest,
     HeartbeatResponse,
@@ -203,6 +206,80 @@ def _idle_advice(grid: Replica, dispatcher: Dispatcher, node: NodeRow, waited_s:
         return s.idle_retry_min_s
     delay = min(s.idle_retry_max_s, max(s.idle_retry_min_s, 0.5) * (1 << min(streak - 1, 10)))
     return delay * random.uniform(0.8, 1.0)  # noqa: S311 - spreading retries, not security
+
+
+@router.post(API.ACCEPT, response_model=AcceptAck)
+async def accept(
+    job_id: str, body: AcceptRequest, node: NodeDep, grid: GridDep, store: StoreDep
+) -> AcceptAck:
+    """Accept an offer: ``body.signature`` is the node's EIP-712 ``Acceptance`` of attempt
+    ``body.attempt`` of the job on its on-chain terms (the Assignment's ``terms``). The
+    scheduler checks that the lease is the node's current one with that attempt and that the
+    wallet signed it, that the wallet has the job's collateral free on-chain, stores the
+    signature and assigns the job on-chain with it (outbox). Run the job only after
+    ``accepted: true``.
+
+    A signature that is not the wallet's (or not over these terms) is refused with 401 and
+    the offer kept until its lease TTL (the node may post a correct one); a stale attempt or a
+    lease that is not the node's is 409. Free collateral below the job's ends the offer
+    (``accepted: false``; the job goes to another wallet, no fault of the node)."""
+    try:
+        row = await asyncio.to_thread(store.job, job_id)
+    except NotFoundError as exc:
+        raise _bad(str(exc), 404) from None
+    if row.node_id != node.node_id or row.state != "leased":
+        raise _bad(f"job {job_id} is not offered to node {node.node_id} (it is {row.state})", 409)
+    if body.attempt != row.attempt:
+        raise _bad(f"attempt {body.attempt} is stale: the offer is attempt {row.attempt}", 409)
+    chain = row.chain.job
+    if chain.attempt + 1 != body.attempt:
+        raise _bad(
+            f"job {job_id}: the chain is at attempt {chain.attempt}, the offer was attempt "
+            f"{body.attempt}: ask for work again",
+            409,
+        )
+    try:
+        signer = recover_acceptance_signer(
+            bytes.fromhex(body.signature[2:]),
+            grid.chain_id,
+            grid.escrow,
+            row.chain.job_id,
+            body.attempt,
+            chain,
+        )
+    except Exception as exc:
+        raise _bad(f"signature does not recover: {exc}", 401) from None
+    if signer != node.wallet:
+        raise _bad(
+            f"signature is by {signer}, not by the node's wallet {node.wallet}: sign the "
+            f"Acceptance of attempt {body.attempt} on the offer's terms (bounty "
+            f"{chain.bounty}, feeBps {chain.fee_bps}, deadline {chain.deadline}, collateral "
+            f"{chain.collateral}, mediator {chain.mediator}, flags {chain.flags}), chain "
+            f"{grid.chain_id}, escrow {grid.escrow}",
+            401,
+        )
+    if row.acceptance is None:
+        try:
+            free = int(await asyncio.to_thread(grid.chain.call, "freeCollateralOf", node.wallet))
+        except ChainError as exc:
+            raise _bad(f"chain unavailable: {exc}", status.HTTP_503_SERVICE_UNAVAILABLE) from None
+        if free < chain.collateral:
+            why = (
+                f"{node.wallet} has {free} wei of free collateral on-chain; the job locks "
+                f"{chain.collateral}: offer withdrawn (stake more, or finish other jobs)"
+            )
+            await asyncio.to_thread(store.offer_refused, job_id, node.node_id, body.attempt, why)
+            grid.count("offers_short_of_collateral")
+            return AcceptAck(job_id=job_id, accepted=False, message=why)
+    try:
+        await asyncio.to_thread(store.accept, job_id, node.node_id, body.attempt, body.signature)
+    except NotFoundError as exc:
+        raise _bad(str(exc), 404) from None
+    except ConflictError as exc:
+        raise _bad(str(exc), 409) from None
+    grid.wake("outbox")
+    grid.count("acceptances")
+    return AcceptAck(job_id=job_id, accepted=True, message="accepted; assigning on-chain")
 
 
 @router.post(API.RESULT, response_model=ResultAck, status_code=202)

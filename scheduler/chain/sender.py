@@ -1,4 +1,5 @@
-"""The scheduler's transactions with the operator key: assign, settle, relay, reject, release.
+"""The scheduler's transactions with the operator key: assign (with the provider's acceptance),
+unassign, settle, relay, release, finalize.
 
 Guarantees (docs/scheduler-chain.md):
 
@@ -177,12 +178,15 @@ class TxSender:
         return str(self.account.address)
 
     # ------------------------------------------------------------------ job transitions
-    def assign(self, state: JobState, provider: str) -> Sent:
-        """Assign a Funded job to ``provider``, or reassign an Assigned one (attempt + 1)."""
-        return self.send_job("assign", state, provider)
+    def assign(self, state: JobState, provider: str, acceptance: bytes) -> Sent:
+        """Assign a Funded job to ``provider``, or reassign an Assigned one (attempt + 1, only
+        ``reassignDelay`` after the assignment), with the provider's EIP-712 ``acceptance`` of
+        that attempt and the job's terms."""
+        return self.send_job("assign", state, provider, acceptance)
 
     def unassign(self, state: JobState) -> Sent:
-        """Take an Assigned job back (lease lost): it is Funded again."""
+        """Take an Assigned job back (lease lost, result refused): it is Funded again. The
+        escrow allows it only ``reassignDelay`` after the assignment (``JobEscrowTooEarly``)."""
         return self.send_job("unassign", state)
 
     def settle(self, state: JobState, output_cid: str, signature: bytes) -> Sent:
@@ -193,13 +197,14 @@ class TxSender:
         """Relay the assigned provider's signed result without paying (challenge window runs)."""
         return self.send_job("submitResultFor", state, output_cid, signature)
 
-    def reject(self, state: JobState) -> Sent:
-        """Reject a Submitted result: the provider is slashed and the job is Funded again."""
-        return self.send_job("reject", state)
-
     def release(self, state: JobState) -> Sent:
-        """Pay a Submitted result."""
+        """Pay a Submitted result of an on-verify job (the operator's own check)."""
         return self.send_job("release", state)
+
+    def finalize(self, state: JobState) -> Sent:
+        """Pay a Submitted result nobody objected to once the challenge window has passed (or a
+        Disputed one the mediator left unruled for ``mediationWindow``); anyone may."""
+        return self.send_job("finalize", state)
 
     def send_job(self, fn_name: str, state: JobState, *extra: Any) -> Sent:
         """``fn_name(jobId, job, *extra)`` for the job ``state`` describes."""

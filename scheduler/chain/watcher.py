@@ -40,6 +40,16 @@ blocks after the cursor up to ``through_block``, in (block, log_index) order, po
 and set the cursor to ``through_block``, atomically. Called from one thread at a time."""
 
 
+FREE_TEXT: frozenset[tuple[str, str]] = frozenset({("Credited", "reason")})
+"""Event strings the contract writes itself from constants ("deposit returned", ...): prose,
+not CIDs, so the CID check the decoder applies to every string does not make them invalid."""
+
+
+def _invalid(event: Event) -> int:
+    """How many of ``event``'s strings did not decode to a usable value."""
+    return sum(1 for name in event.problems if (event.name, name) not in FREE_TEXT)
+
+
 class CursorStore(Protocol):
     """Where the store keeps the watcher's progress."""
 
@@ -228,7 +238,7 @@ class ChainWatcher:
             cursor=last,
             events_delivered=self._status.events_delivered + len(events),
             logs_skipped=self.client.undecodable_logs,
-            invalid_fields=self._status.invalid_fields + sum(len(e.problems) for e in events),
+            invalid_fields=self._status.invalid_fields + sum(_invalid(e) for e in events),
         )
         return len(events), last >= target
 

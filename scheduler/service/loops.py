@@ -37,7 +37,7 @@ from scheduler.settings import Settings
 from scheduler.store import JobRow, Store
 from scheduler.verify import verify_output
 
-from .outbox_rules import OutboxRules
+from .outbox_rules import NotYetError, OutboxRules
 
 __all__ = [
     "OutboxLoop",
@@ -174,7 +174,9 @@ class OutboxLoop:
         self._sender: TxSender | None = None
 
     def once(self) -> int:
-        items = self.store.outbox_pending(limit=32)
+        # rows that wait for a time wait for the chain's clock (the escrow decides by it)
+        now = self._chain_time() if self.store.outbox_waiting() else None
+        items = self.store.outbox_pending(limit=32, now=now)
         if not items:
             return 0
         if self.operator is None:
@@ -194,6 +196,10 @@ class OutboxLoop:
             try:
                 self.rules.send(self._sender, item)
                 done += 1
+            except NotYetError as exc:
+                # the escrow takes this step later (reassignDelay, challenge window): wait
+                self.store.outbox_defer(item.id, exc.at, f"waiting: {exc.reason or exc}")
+                blocked.add(item.job_id)
             except (TxOutcomeUnknownError, ChainUnavailableError) as exc:
                 self.store.outbox_retry(item.id, line(exc))
                 blocked.add(item.job_id)
@@ -217,6 +223,9 @@ class OutboxLoop:
                 blocked.add(item.job_id)
                 raise
         return done
+
+    def _chain_time(self) -> float:
+        return float(self.chain.w3.eth.get_block("latest")["timestamp"])
 
     def _state_current(self, job_id: str) -> bool:
         state = self.store.job(job_id).chain

@@ -3,8 +3,9 @@
 The on-chain struct of each job (``chain_job``) is folded from escrow events in log order by
 :meth:`ChainStore.apply_chain_events` (the watcher) and :meth:`ChainStore.apply_sent` (our own
 receipts); ``chain_pos`` makes both idempotent. An event moves the job's scheduler state only
-where :mod:`scheduler.lifecycle` has a row for it (``CHAIN_EVENTS``); the others only update the
-struct.
+where :mod:`scheduler.lifecycle` has a row for it (``CHAIN_EVENTS``, :func:`lifecycle.chain_event`);
+the others only update the struct. Events that concern a job or the market without changing a
+struct (``ProviderSlashed``, ``Credited``, ``MediatorListed``) leave an audit row.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from sqlalchemy import Connection, insert, select, update
 from gridmarket.escrow import JOB_EVENTS, apply_event
 from scheduler import lifecycle
 from scheduler.lifecycle import Event, State
+from scheduler.matching.reputation import Outcome
 
 from .jobs import JobStore
 from .rows import JobRow, job_to_json, pos_of
-from .tables import cursors, jobs
+from .tables import attempts, cursors, jobs, outbox
 
 __all__ = ["CHAIN_CURSOR", "ChainStore"]
 
@@ -70,6 +72,7 @@ class ChainStore(JobStore):
     def _apply_event(self, conn: Connection, ev: Any) -> int:
         args = ev.args
         if ev.name not in JOB_EVENTS:
+            self._note_event(conn, ev)
             return 0
         job_id = "0x" + bytes(args["jobId"]).hex()
         pos = pos_of(ev.block, ev.log_index)
@@ -122,21 +125,39 @@ class ChainStore(JobStore):
             "chain_pos": pos,
             "updated_at": now,
         }
-        event = lifecycle.CHAIN_EVENTS.get(ev.name)
+        event = lifecycle.chain_event(ev.name, args)
         to = None if event is None else lifecycle.target(job.state, event)
+        holds = job.state in lifecycle.HOLDS_SLOT
         if event is Event.RELEASED_ON_CHAIN:
             values["output_cid"] = new.output_cid  # the struct's output, whatever our state
         if to is None:
-            pass  # a step we took ourselves (assign, unassign, reject): the struct only
+            pass  # a step we took ourselves (assign, unassign, relay): the struct only
         elif event is Event.REFUNDED_ON_CHAIN:
-            if job.state == State.LEASED and job.node_id:
-                self._free_slot(conn, job.node_id)
+            if job.node_id and job.state in lifecycle.OPEN:
+                if holds:
+                    self._free_slot(conn, job.node_id)
                 self._end_attempt(conn, job_id, job.attempt, "refunded", "submitter refunded")
             values.update(state=to.value, reason="refunded to the submitter", node_id=None)
         elif event is Event.RELEASED_ON_CHAIN:
             if job.node_id is not None:
-                self._paid(conn, job_id, job.node_id, job.attempt, f"paid in {ev.tx_hash}")
+                self._paid(
+                    conn,
+                    job_id,
+                    job.node_id,
+                    job.attempt,
+                    f"paid in {ev.tx_hash}",
+                    free_slot=holds,
+                )
             values.update(state=to.value, reason="paid", node_id=None, lease_expires=None)
+        elif event is Event.DISPUTED_ON_CHAIN:
+            values.update(
+                state=to.value,
+                reason=f"the submitter disputed the result: the mediator {new.job.mediator} "
+                "rules on it",
+            )
+        elif event is Event.RULED_AGAINST:
+            self._ruled_against(conn, job, new, values, ev)
+            return 0
         elif event is Event.SUBMITTED_ON_CHAIN:
             # the provider submitted on-chain itself: verify it like a relayed result
             values.update(state=to.value, reason="verifying the result submitted on-chain")
@@ -144,3 +165,92 @@ class ChainStore(JobStore):
         conn.execute(update(jobs).where(jobs.c.job_id == job_id).values(**values))
         self._audit(conn, "job", job_id, "chain:" + ev.name, tx=ev.tx_hash, block=ev.block)
         return 0
+
+    def _ruled_against(
+        self, conn: Connection, job: JobRow, new: Any, values: dict[str, Any], ev: Any
+    ) -> None:
+        """The mediator ruled the result wrong: the provider was slashed and the job is Funded
+        again. The node that ran it takes a node fault (unless its result already failed our
+        own check), and the job is queued again, never for that wallet."""
+        job_id = job.job_id
+        provider = str(ev.args["provider"]).lower()
+        wallets = list(job.excluded_wallets)
+        if provider not in wallets:
+            wallets.append(provider)
+        values.update(excluded_wallets=wallets, output_cid=None)
+        conn.execute(update(jobs).where(jobs.c.job_id == job_id).values(**values))
+        self._audit(conn, "job", job_id, "chain:" + ev.name, tx=ev.tx_hash, block=ev.block)
+        node_id = job.node_id
+        if node_id is not None:
+            judged = conn.execute(
+                select(attempts.c.id).where(
+                    attempts.c.job_id == job_id,
+                    attempts.c.attempt == job.attempt,
+                    attempts.c.outcome == "rejected",
+                )
+            ).first()
+            if judged is None:
+                self._reputation(conn, node_id, Outcome.REJECTED)
+            self._end_attempt(conn, job_id, job.attempt, "ruled_against", f"in {ev.tx_hash}")
+            if job.state in lifecycle.HOLDS_SLOT:
+                self._free_slot(conn, node_id)
+                self._held_drop(node_id, [job_id])
+        # a finalize still waiting (for the window, or for the mediator) has nothing left to pay,
+        # and must not hold back the next provider's assign
+        conn.execute(
+            update(outbox)
+            .where(
+                outbox.c.job_id == job_id,
+                outbox.c.status == "pending",
+                outbox.c.kind == "finalize",
+            )
+            .values(status="done", error="moot: the mediator ruled the result wrong")
+        )
+        fresh = self._job(conn, job_id)
+        state = self._requeue(
+            conn,
+            fresh,
+            Event.RULED_AGAINST,
+            exclude=True,
+            failed=True,
+            reason=f"the mediator ruled the result of attempt {new.job.attempt} wrong (provider "
+            f"{ev.args['provider']} slashed)",
+        )
+        if state == State.QUEUED:
+            conn.info["queued"] = conn.info.get("queued", 0) + 1
+
+    def _note_event(self, conn: Connection, ev: Any) -> None:
+        """An escrow event that changes no job struct but concerns a job or the market
+        (a slash, a credit, the mediator list): an audit row, so the job's history shows it."""
+        args = ev.args
+        if ev.name in ("ProviderSlashed", "Credited"):
+            job_id = "0x" + bytes(args["jobId"]).hex()
+            if not conn.execute(select(jobs.c.job_id).where(jobs.c.job_id == job_id)).first():
+                return
+            detail: dict[str, Any] = {"tx": ev.tx_hash, "block": ev.block}
+            if ev.name == "ProviderSlashed":
+                detail.update(
+                    provider=args["provider"],
+                    amount=str(args["amount"]),
+                    submitter=args["submitter"],
+                    to_mediator=str(args["toMediator"]),
+                )
+            else:
+                reason = args["reason"]
+                raw = getattr(reason, "raw", None)
+                detail.update(
+                    account=args["account"],
+                    amount=str(args["amount"]),
+                    reason=raw.decode("utf-8", "replace") if raw is not None else str(reason),
+                )
+            self._audit(conn, "job", job_id, "chain:" + ev.name, **detail)
+        elif ev.name == "MediatorListed":
+            self._audit(
+                conn,
+                "escrow",
+                str(args["mediator"]),
+                "chain:MediatorListed",
+                listed=bool(args["listed"]),
+                tx=ev.tx_hash,
+                block=ev.block,
+            )

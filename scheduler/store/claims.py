@@ -1,5 +1,8 @@
 """Claims: one dispatch round leases queued jobs to waiting nodes, exactly once.
 
+A lease starts as an offer: nothing goes on-chain until the node accepts it (escrow v2: the
+provider signs its acceptance of the job's terms, :meth:`JobStore.accept`).
+
 On PostgreSQL the queued rows are taken ``FOR UPDATE SKIP LOCKED``; a job is leased only by
 ``UPDATE ... WHERE state = 'queued'`` and a node's slot only by ``UPDATE ... WHERE running <
 slots``, so neither two nodes on one job nor two jobs on one node beyond its slots.
@@ -18,7 +21,7 @@ from scheduler.lifecycle import Event
 
 from .jobs import JobStore
 from .rows import Claim, ClaimedJob, JobRow
-from .tables import attempts, audit, jobs, nodes, outbox
+from .tables import attempts, audit, jobs, nodes
 
 __all__ = ["ClaimStore"]
 
@@ -53,7 +56,6 @@ class ClaimStore(JobStore):
         now = self.clock()
         won: list[ClaimedJob] = []
         new_attempts: list[dict[str, Any]] = []
-        new_outbox: list[dict[str, Any]] = []
         new_audit: list[dict[str, Any]] = []
         window = min(window or limit, limit)
         with self.engine.begin() as conn:
@@ -71,7 +73,7 @@ class ClaimStore(JobStore):
                 rows = [JobRow.of(r) for r in conn.execute(q)]
                 if not rows:
                     break
-                batch = (new_attempts, new_outbox, new_audit)
+                batch = (new_attempts, new_audit)
                 by_id = {j.job_id: j for j in rows}
                 self._lease(conn, decide(rows), by_id, now, lease_ttl, won, *batch)
                 if len(rows) < window or not wants_more():
@@ -79,7 +81,6 @@ class ClaimStore(JobStore):
                 offset += window
             if won:  # one multi-row statement each (executemany)
                 conn.execute(insert(attempts), new_attempts)
-                conn.execute(insert(outbox), new_outbox)
                 conn.execute(insert(audit), new_audit)
         for c in won:  # committed: this replica now knows these leases (see StoreBase)
             self._held_add(c.node_id, [(c.job.job_id, c.job.spec_cid)])
@@ -94,7 +95,6 @@ class ClaimStore(JobStore):
         lease_ttl: float,
         won: list[ClaimedJob],
         new_attempts: list[dict[str, Any]],
-        new_outbox: list[dict[str, Any]],
         new_audit: list[dict[str, Any]],
     ) -> None:
         for claim in claims:
@@ -111,7 +111,10 @@ class ClaimStore(JobStore):
             ).first()
             if slot is None:
                 continue
-            attempt = max(job.attempt, job.chain.job.attempt) + 1
+            # the attempt the escrow's next assign makes (the acceptance signs it); an offer
+            # that is never accepted leaves the chain where it is, so the next offer of the
+            # job has the same number
+            attempt = job.chain.job.attempt + 1
             expires = now + lease_ttl
             n = conn.execute(
                 update(jobs)
@@ -121,7 +124,8 @@ class ClaimStore(JobStore):
                     node_id=claim.node_id,
                     attempt=attempt,
                     lease_expires=expires,
-                    reason=f"running on {claim.node_id}",
+                    acceptance=None,
+                    reason=f"offered to {claim.node_id}; waiting for its acceptance",
                     updated_at=now,
                 )
             ).rowcount
@@ -137,18 +141,6 @@ class ClaimStore(JobStore):
                     "wallet": wallet,
                     "started_at": now,
                     "detail": "",
-                }
-            )
-            new_outbox.append(
-                {
-                    "job_id": job.job_id,
-                    "kind": "assign",
-                    "payload": {"provider": wallet, "attempt": attempt},
-                    "status": "pending",
-                    "tries": 0,
-                    "error": "",
-                    "created_at": now,
-                    "updated_at": now,
                 }
             )
             new_audit.append(

@@ -63,19 +63,24 @@ class JobStore(ReputationStore, OutboxStore):
         reason: str,
         failed: bool = False,
     ) -> str:
-        """Put a job back in the queue after ``event`` (lease lost, failed run, rejected, ...),
-        or on to where the queue sends it (failed when its attempts are used up, expired when its
-        deadline has passed). ``exclude``: the job never goes back to that node's wallet (any
-        of its nodes: the escrow sees one provider)."""
+        """Put a job back in the queue after ``event`` (lease lost, failed run, result failed
+        the check, ruled against, ...), or on to where the queue sends it (failed when its
+        attempts are used up, expired when its deadline has passed). ``exclude``: the job never
+        goes back to that node's wallet (any of its nodes: the escrow sees one provider).
+
+        A lease the node had accepted may be assigned on-chain (or about to be): the outbox
+        takes it back (``unassign``; the escrow lets the operator do that only
+        ``reassignDelay`` after the assignment, and the row waits until then). The offer's
+        acceptance is forgotten."""
         now = self.clock()
         excluded = list(job.excluded)
         wallets = list(job.excluded_wallets)
-        if exclude and job.node_id:
+        wallet = self._node(conn, job.node_id).wallet if job.node_id else None
+        if exclude and job.node_id and wallet:
             if job.node_id not in excluded:
                 excluded.append(job.node_id)
-            wallet = self._node(conn, job.node_id).wallet.lower()
-            if wallet not in wallets:
-                wallets.append(wallet)
+            if wallet.lower() not in wallets:
+                wallets.append(wallet.lower())
         failures = job.failures + (1 if failed else 0)
         max_attempts = job.spec.max_attempts if job.spec else 1
         queued = lifecycle.step(job.state, event)
@@ -87,7 +92,9 @@ class JobStore(ReputationStore, OutboxStore):
         if then is Event.ATTEMPTS_USED_UP:
             why = f"{reason}; {failures} failed attempts, no more tries"
             self._outbox(conn, job.job_id, "unassign", {})
-        elif then is Event.DEADLINE_PASSED:
+        elif job.acceptance is not None and event is not Event.RULED_AGAINST and wallet:
+            self._outbox(conn, job.job_id, "unassign", {"provider": wallet, "attempt": job.attempt})
+        if then is Event.DEADLINE_PASSED:
             why = f"{reason}; deadline passed"
         conn.execute(
             update(jobs)
@@ -97,6 +104,7 @@ class JobStore(ReputationStore, OutboxStore):
                 reason=why,
                 node_id=None,
                 lease_expires=None,
+                acceptance=None,
                 excluded=excluded,
                 excluded_wallets=wallets,
                 failures=failures,
@@ -244,6 +252,11 @@ class JobStore(ReputationStore, OutboxStore):
                 raise ConflictError(
                     f"attempt {report.attempt} is stale: the lease is attempt {job.attempt}"
                 )
+            if job.acceptance is None:
+                raise ConflictError(
+                    f"job {job_id} attempt {job.attempt} was offered but never accepted: "
+                    "post the signed acceptance first"
+                )
             result = report.model_dump(mode="json")
             if report.output_cid is not None and report.reason.value == "succeeded":
                 to = lifecycle.step(job.state, Event.RESULT_REPORTED).value
@@ -331,84 +344,219 @@ class JobStore(ReputationStore, OutboxStore):
             return [JobRow.of(r) for r in conn.execute(q)]
 
     def verified(self, job_id: str, ok: bool, detail: str) -> str:
-        """Verification done. Good: settle on-chain (relayed) or release (submitted directly).
-        Bad: the result goes on-chain and is rejected (slash), then the job is requeued."""
+        """Verification done.
+
+        Good: an on-verify job is paid at once (``settle`` a relayed result, ``release`` one the
+        provider posted); any other is relayed (``relay``: ``submitResultFor``) and finalized
+        after the challenge window (``finalize``: the relay rule writes it once the result is
+        on-chain, with its time). Bad: the result is not relayed; it is the node's fault, the
+        job is taken back (``unassign``) and queued for another wallet. A bad result the
+        provider posted on-chain itself cannot be taken back: the job waits (``disputed``) for
+        the submitter to dispute it and the mediator to rule; the scheduler never finalizes it.
+        The node's slot is free from the verdict on (its work is done)."""
         with self.engine.begin() as conn:
             job = self._job(conn, job_id, lock=True)
-            to = lifecycle.target(job.state, Event.VERDICT_OK if ok else Event.VERDICT_BAD)
+            posted = job.chain.status is Status.SUBMITTED
+            if ok:
+                event = Event.VERDICT_OK
+            else:
+                event = Event.VERDICT_BAD_POSTED if posted else Event.VERDICT_BAD
+            to = lifecycle.target(job.state, event)
             if to is None:
                 return job.state
-            on_chain = job.chain.status is Status.SUBMITTED
-            result = job.result
-            if ok:
-                if on_chain:
-                    kind, payload = "release", {}
-                else:
-                    assert result is not None and result.signature is not None
-                    payload = {"output_cid": job.output_cid, "signature": result.signature}
-                    kind = "settle"
-                self._outbox(conn, job_id, kind, payload)
-                reason = f"verified ({detail}); paying the provider"
-            else:
-                if on_chain:
-                    kind, payload = "reject", {}
-                else:
-                    assert result is not None and result.signature is not None
-                    payload = {"output_cid": job.output_cid, "signature": result.signature}
-                    kind = "submit_reject"
-                self._outbox(conn, job_id, kind, payload)
-                reason = f"verification failed ({detail}); rejecting on-chain"
-            conn.execute(
-                update(jobs)
-                .where(jobs.c.job_id == job_id)
-                .values(state=to.value, reason=reason, updated_at=self.clock())
-            )
-            self._audit(conn, "job", job_id, "verified" if ok else "rejected", detail=detail)
-            return to.value
-
-    def settled(self, job_id: str, *, paid: bool, detail: str = "") -> str:
-        """The outbox finished a settle/release (``paid``) or a reject (not paid)."""
-        with self.engine.begin() as conn:
-            job = self._job(conn, job_id, lock=True)
             node_id = job.node_id
-            to = lifecycle.target(job.state, Event.PAID if paid else Event.REJECTED)
-            if node_id is None or to is None:
-                return job.state
-            if paid:
-                self._paid(conn, job_id, node_id, job.attempt, detail)
+            holds = job.state in lifecycle.HOLDS_SLOT
+            if ok:
+                result = job.result
+                signed = {
+                    "output_cid": job.output_cid,
+                    "signature": None if result is None else result.signature,
+                }
+                if job.chain.job.on_verify:
+                    kind, payload = ("release", {}) if posted else ("settle", signed)
+                    reason = f"verified ({detail}); paying the provider"
+                elif posted:
+                    kind, payload = "finalize", {}
+                    reason = (
+                        f"verified ({detail}); the result is on-chain: finalized once the "
+                        "challenge window has passed"
+                    )
+                else:
+                    kind, payload = "relay", signed
+                    reason = (
+                        f"verified ({detail}); relaying the result: finalized once the "
+                        "challenge window has passed"
+                    )
+                if payload.get("signature", "") is None:
+                    raise ConflictError(f"job {job_id}: a verified result without a signature")
+                self._outbox(conn, job_id, kind, payload)
+                if holds and node_id is not None:
+                    self._free_slot(conn, node_id)
                 conn.execute(
                     update(jobs)
                     .where(jobs.c.job_id == job_id)
-                    .values(state=to.value, reason="paid", node_id=None, updated_at=self.clock())
+                    .values(state=to.value, reason=reason, updated_at=self.clock())
                 )
-                self._audit(conn, "job", job_id, to.value, node_id=node_id)
+                self._audit(conn, "job", job_id, "verified", detail=detail)
                 return to.value
-            self._end_attempt(conn, job_id, job.attempt, "rejected", detail)
-            self._free_slot(conn, node_id)
-            self._reputation(conn, node_id, Outcome.REJECTED)
+            if node_id is not None:
+                self._end_attempt(conn, job_id, job.attempt, "rejected", detail)
+                if holds:
+                    self._free_slot(conn, node_id)
+                self._reputation(conn, node_id, Outcome.REJECTED)
+            self._audit(conn, "job", job_id, "rejected", detail=detail)
+            if posted:
+                reason = (
+                    f"the result the provider posted on-chain failed verification ({detail}): "
+                    "not finalized by the scheduler; dispute it before the challenge window "
+                    "closes, the mediator rules"
+                )
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.job_id == job_id)
+                    .values(state=to.value, reason=reason, updated_at=self.clock())
+                )
+                self._audit(conn, "job", job_id, to.value, reason=reason)
+                return to.value
             state = self._requeue(
                 conn,
                 job,
-                Event.REJECTED,
+                event,
                 exclude=True,
                 failed=True,
-                reason=f"result rejected: {detail}",
+                reason=f"result failed verification ({detail}); not relayed",
             )
         if state == "queued":
             self.on_queued(1)
         return state
 
-    def _paid(self, conn: Connection, job_id: str, node_id: str, attempt: int, detail: str) -> None:
+    def relayed(self, job_id: str, finalize_at: float) -> None:
+        """The outbox relayed the result (``submitResultFor`` mined): ``finalize`` it at chain
+        time ``finalize_at`` (the end of the challenge window)."""
+        with self.engine.begin() as conn:
+            self._outbox(conn, job_id, "finalize", {}, not_before=finalize_at)
+            conn.execute(
+                update(jobs)
+                .where(jobs.c.job_id == job_id, jobs.c.state == State.SETTLING.value)
+                .values(
+                    reason=f"result relayed on-chain; finalized after the challenge window "
+                    f"(chain time {int(finalize_at)})",
+                    updated_at=self.clock(),
+                )
+            )
+
+    def settled(self, job_id: str, *, detail: str = "") -> str:
+        """The outbox paid the job (settle/release/finalize; usually the receipt's
+        ``JobReleased`` already moved it)."""
+        with self.engine.begin() as conn:
+            job = self._job(conn, job_id, lock=True)
+            node_id = job.node_id
+            to = lifecycle.target(job.state, Event.PAID)
+            if node_id is None or to is None:
+                return job.state
+            self._paid(conn, job_id, node_id, job.attempt, detail, free_slot=False)
+            conn.execute(
+                update(jobs)
+                .where(jobs.c.job_id == job_id)
+                .values(state=to.value, reason="paid", node_id=None, updated_at=self.clock())
+            )
+            self._audit(conn, "job", job_id, to.value, node_id=node_id)
+            return to.value
+
+    def _paid(
+        self,
+        conn: Connection,
+        job_id: str,
+        node_id: str,
+        attempt: int,
+        detail: str,
+        *,
+        free_slot: bool,
+    ) -> None:
         """The job was paid to ``node_id`` (our settle, or seen on-chain): its attempt ends, the
-        node gains reputation; the nodes that ran out of time on it lose some (it fitted)."""
+        node gains reputation; the nodes that ran out of time on it lose some (it fitted).
+        ``free_slot``: the job still held the node's slot (:data:`lifecycle.HOLDS_SLOT`)."""
         self._end_attempt(conn, job_id, attempt, "success", detail)
-        self._free_slot(conn, node_id)
+        if free_slot:
+            self._free_slot(conn, node_id)
         self._reputation(conn, node_id, Outcome.SUCCESS)
         q = select(attempts.c.node_id).where(
             attempts.c.job_id == job_id, attempts.c.outcome == TIMED_OUT
         )
         for (slow,) in conn.execute(q).all():
             self._reputation(conn, slow, Outcome.FAILURE)
+
+    def accept(self, job_id: str, node_id: str, attempt: int, signature: str) -> str:
+        """The node accepted its offer: ``signature`` (checked by the caller against the job's
+        on-chain struct, for attempt ``chain attempt + 1``) is stored and the outbox assigns the
+        job on-chain with it. Accepting twice with the same signature is a no-op. Raises
+        :class:`ConflictError` when the lease is not this node's, or not that attempt, or the
+        chain moved on (another assignment: the offer no longer fits the chain)."""
+        with self.engine.begin() as conn:
+            job = self._job(conn, job_id, lock=True)
+            if job.node_id != node_id or job.state not in lifecycle.sources(Event.ACCEPTED):
+                raise ConflictError(
+                    f"job {job_id} is not offered to node {node_id} (it is {job.state})"
+                )
+            if attempt != job.attempt:
+                raise ConflictError(
+                    f"attempt {attempt} is stale: the offer is attempt {job.attempt}"
+                )
+            if job.acceptance is not None:
+                if job.acceptance.lower() == signature.lower():
+                    return job.state
+                raise ConflictError(f"job {job_id} attempt {attempt} is already accepted")
+            if job.chain.job.attempt + 1 != attempt:
+                raise ConflictError(
+                    f"job {job_id}: the chain is at attempt {job.chain.job.attempt}, the offer "
+                    f"was attempt {attempt}: ask for work again"
+                )
+            to = lifecycle.step(job.state, Event.ACCEPTED).value
+            wallet = self._node(conn, node_id).wallet
+            self._outbox(
+                conn,
+                job_id,
+                "assign",
+                {
+                    "provider": wallet,
+                    "attempt": attempt,
+                    "node_id": node_id,
+                    "acceptance": signature,
+                },
+            )
+            conn.execute(
+                update(jobs)
+                .where(jobs.c.job_id == job_id)
+                .values(
+                    state=to,
+                    acceptance=signature,
+                    reason=f"accepted by {node_id}; assigning on-chain",
+                    updated_at=self.clock(),
+                )
+            )
+            self._audit(conn, "job", job_id, "accepted", node_id=node_id, attempt=attempt)
+            return to
+
+    def offer_refused(self, job_id: str, node_id: str, attempt: int, reason: str) -> str:
+        """The offer of ``attempt`` cannot go on-chain for a reason of the provider's that is no
+        fault of the node (its free collateral is below the job's): the lease ends, the job is
+        queued for another wallet, the node keeps its reputation."""
+        with self.engine.begin() as conn:
+            job = self._job(conn, job_id, lock=True)
+            event = Event.ASSIGN_REFUSED
+            if (
+                job.node_id != node_id
+                or job.attempt != attempt
+                or lifecycle.target(job.state, event) is None
+            ):
+                return job.state
+            self._held_drop(node_id, [job_id])
+            self._end_attempt(conn, job_id, attempt, "not_taken", reason)
+            self._free_slot(conn, node_id)
+            state = self._requeue(conn, job, event, exclude=True, reason=reason)
+        if state == "queued":
+            self.on_queued(1)
+        return state
 
     def assign_failed(self, job_id: str, attempt: int, error: str) -> str:
         """The on-chain assign of ``attempt`` reverted: end that lease (no fault of the node)."""
@@ -421,10 +569,14 @@ class JobStore(ReputationStore, OutboxStore):
                 or job.node_id is None
             ):
                 return job.state
+            self._held_drop(job.node_id, [job_id])
             self._end_attempt(conn, job_id, attempt, "assign_failed", error)
-            self._free_slot(conn, job.node_id)
+            if job.state in lifecycle.HOLDS_SLOT:
+                self._free_slot(conn, job.node_id)
             conn.execute(
-                update(jobs).where(jobs.c.job_id == job_id).values(attempt=job.chain.job.attempt)
+                update(jobs)
+                .where(jobs.c.job_id == job_id)
+                .values(attempt=job.chain.job.attempt, acceptance=None)
             )
             job = self._job(conn, job_id)
             if event is Event.ASSIGN_REFUSED_FOR_GOOD:
@@ -458,7 +610,8 @@ class JobStore(ReputationStore, OutboxStore):
                 return
             if job.node_id is not None:
                 self._end_attempt(conn, job_id, job.attempt, "failed", reason)
-                self._free_slot(conn, job.node_id)
+                if job.state in lifecycle.HOLDS_SLOT:
+                    self._free_slot(conn, job.node_id)
             conn.execute(
                 update(jobs)
                 .where(jobs.c.job_id == job_id)

@@ -55,9 +55,14 @@ class LeaseStore(JobStore):
             }
             leased = [j for j, s in mine.items() if s == LEASED]
             if leased:
+                # an offer is not renewed: it must be accepted within the lease TTL
                 conn.execute(
                     update(jobs)
-                    .where(jobs.c.job_id.in_(leased), jobs.c.node_id == node_id)
+                    .where(
+                        jobs.c.job_id.in_(leased),
+                        jobs.c.node_id == node_id,
+                        jobs.c.acceptance.is_not(None),
+                    )
                     .values(lease_expires=expires)
                 )
             keep = set(mine)  # verifying/settling: the node may still be uploading its result
@@ -125,6 +130,7 @@ class LeaseStore(JobStore):
                         jobs.c.job_id == bindparam("jid"),
                         jobs.c.node_id == bindparam("nid"),
                         jobs.c.state == LEASED,
+                        jobs.c.acceptance.is_not(None),  # an offer is not renewed
                     )
                     .values(lease_expires=bindparam("exp")),
                     lease_rows,
@@ -276,22 +282,35 @@ class LeaseStore(JobStore):
             q = select(jobs).where(jobs.c.node_id == node_id, jobs.c.state == LEASED)
             return [JobRow.of(r) for r in conn.execute(q)]
 
-    def hand_back(self, job_id: str, node_id: str) -> str:
-        """The node gives a job back unfinished (shutdown): queued again, no penalty, and the
-        on-chain assignment undone (outbox ``unassign``)."""
+    def hand_back(self, job_id: str, node_id: str, *, delivered: bool = True) -> str:
+        """The node gives a job back unfinished (shutdown), or declines an offer (then the job is
+        not offered to that node again, unless the offer never reached it: ``delivered``
+        false): queued again, no penalty, and an accepted lease's on-chain assignment undone
+        (outbox ``unassign``, written by the requeue; the escrow lets the operator do it
+        ``reassignDelay`` after the assignment, while the provider itself may hand it back
+        on-chain at any time)."""
         self._held_drop(node_id, [job_id])
         with self.engine.begin() as conn:
             job = self._job(conn, job_id, lock=True)
             if job.node_id != node_id or lifecycle.target(job.state, Event.HANDED_BACK) is None:
                 raise ConflictError(f"job {job_id} is not leased to node {node_id}")
-            self._end_attempt(conn, job_id, job.attempt, "handed_back")
+            outcome = "declined" if job.acceptance is None else "handed_back"
+            self._end_attempt(conn, job_id, job.attempt, outcome)
             self._free_slot(conn, node_id)
-            reason = f"handed back by {node_id}"
+            declined = job.acceptance is None
+            reason = f"{'declined' if declined else 'handed back'} by {node_id}"
+            # the escrow refuses to assign a job to the provider it holds it for: the requeue
+            # undoes an accepted lease's assignment, so any wallet, this node's too (a
+            # restarted agent), may take it again
             state = self._requeue(conn, job, Event.HANDED_BACK, exclude=False, reason=reason)
-            # the escrow refuses to assign a job to the provider it holds it for: undo the
-            # assignment, so any wallet, this node's too (a restarted agent), may take it again
-            if state == State.QUEUED:
-                self._outbox(conn, job_id, "unassign", {})
+            if declined and delivered and node_id not in job.excluded:
+                # its agent refused these terms: not offered to that node again (no fault, and
+                # the wallet's other nodes may still take it)
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.job_id == job_id)
+                    .values(excluded=[*job.excluded, node_id])
+                )
         if state == "queued":
             self.on_queued(1)
         return state

@@ -175,6 +175,8 @@ class JobRow:
     result: ResultReport | None
     spec_tries: int = 0
     spec_retry_at: float | None = None
+    acceptance: str | None = None
+    """The node's signed acceptance of the current lease (0x hex); None while only offered."""
 
     @classmethod
     def of(cls, r: Any) -> JobRow:
@@ -228,6 +230,7 @@ class JobRow:
             result=None if r.result is None else ResultReport.model_validate(r.result),
             spec_tries=r.spec_tries,
             spec_retry_at=r.spec_retry_at,
+            acceptance=r.acceptance,
         )
 
 
@@ -256,3 +259,4 @@ class OutboxItem:
     payload: dict[str, Any]
     tries: int
     created_at: float
+    not_before: float | None = None

@@ -80,8 +80,8 @@ jobs = Table(
     # failed fetches of the spec, and when the next is due (pending_spec only)
     Column("spec_tries", Integer, nullable=False, default=0, server_default="0"),
     Column("spec_retry_at", Float, nullable=True),
-    # pending_spec | queued | leased | verifying | settling | released | failed | invalid |
-    # refunded | expired
+    # pending_spec | queued | leased | verifying | settling | disputed | released | failed |
+    # invalid | refunded | expired
     Column("state", String(16), nullable=False),
     Column("reason", Text, nullable=False, default=""),
     Column("created_block", BigInteger, nullable=False),
@@ -102,6 +102,8 @@ jobs = Table(
     Column("excluded_wallets", JSON, nullable=True),
     Column("failures", Integer, nullable=False, default=0),
     Column("result", JSON, nullable=True),  # wire.ResultReport of the last attempt
+    # the node's EIP-712 Acceptance (0x hex) of the current lease; NULL while only offered
+    Column("acceptance", String(132), nullable=True),
     Index("ix_jobs_state_queued_at", "state", "queued_at"),
     Index("ix_jobs_node_id", "node_id"),
     Index("ix_jobs_state_lease_expires", "state", "lease_expires"),
@@ -127,7 +129,8 @@ outbox = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("job_id", String(66), nullable=False),
-    Column("kind", String(24), nullable=False),  # assign | settle | submit_reject | unassign
+    # assign | settle | release | relay | finalize | unassign
+    Column("kind", String(24), nullable=False),
     Column("payload", JSON, nullable=False),
     Column("status", String(12), nullable=False),  # pending | done | failed
     Column("tries", Integer, nullable=False, default=0),
@@ -135,7 +138,9 @@ outbox = Table(
     Column("error", Text, nullable=False, default=""),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
+    Column("not_before", Float, nullable=True),  # chain time before which it is not sent
     Index("ix_outbox_status_id", "status", "id"),
+    Index("ix_outbox_job_id", "job_id"),
 )
 
 cursors = Table(

@@ -30,6 +30,7 @@ from web3 import Web3
 from devstack.anvil import Anvil, DevRoles, dev_accounts
 from gridmarket.chain import Deployment, EscrowClient, Event
 from gridmarket.deploy import EscrowParams, deploy_escrow
+from gridmarket.eip712 import sign_acceptance
 from gridmarket.escrow import JobState
 
 
@@ -48,16 +49,42 @@ def chain_now(w3: Web3) -> int:
 
 
 def ensure_provider(client: EscrowClient, provider: LocalAccount, stake: int) -> None:
-    """Register and stake ``provider`` unless it already is eligible."""
+    """Register and stake ``provider`` unless it already is eligible, and top its free
+    collateral up to ``stake`` (jobs other tests left assigned to it keep theirs locked)."""
     if not client.call("isEligible", provider.address):
         client.send(provider, "registerProvider", "bafkreiprovidermeta", value=stake)
+    free = int(client.call("freeCollateralOf", provider.address))
+    if free < stake:
+        client.send(provider, "stake", value=stake - free)
+
+
+def acceptance(via: Any, state: JobState, provider: LocalAccount) -> bytes:
+    """``provider``'s EIP-712 acceptance of the next assignment of ``state`` (what the agent
+    signs from the offer's terms); ``via``: the escrow's client, or a sender holding one."""
+    client: EscrowClient = getattr(via, "client", via)
+    return sign_acceptance(
+        provider,
+        client.deployment.chain_id,
+        client.address,
+        state.job_id,
+        state.job.attempt + 1,
+        state.job,
+    )
 
 
 def create_job(
-    client: EscrowClient, submitter: LocalAccount, bounty: int = 10**16, ttl: int = 86_400
+    client: EscrowClient,
+    submitter: LocalAccount,
+    bounty: int = 10**16,
+    ttl: int = 86_400,
+    *,
+    on_verify: bool = False,
 ) -> JobState:
+    """Fund a job on the deployment's default terms (``on_verify``: the operator may pay it at
+    once on its own check, ``settle``)."""
+    terms = client.default_terms(bounty, submitter.address, on_verify=on_verify)
     state, _ = client.create_job(
-        submitter, os.urandom(32), "bafkreijobspec", chain_now(client.w3) + ttl, bounty
+        submitter, os.urandom(32), "bafkreijobspec", chain_now(client.w3) + ttl, bounty, terms
     )
     return state
 

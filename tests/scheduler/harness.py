@@ -20,10 +20,12 @@ from eth_account.signers.local import LocalAccount
 from devstack.anvil import free_port
 from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.deploy import EscrowParams, deploy_escrow
-from gridmarket.eip712 import sign_result
+from gridmarket.eip712 import sign_acceptance, sign_result
+from gridmarket.escrow import ZERO_ADDRESS, Job
 from gridmarket.wire import (
     API,
     JobSpec,
+    JobTerms,
     NodeCapacityIn,
     NodeRegistration,
     RegisterRequest,
@@ -199,6 +201,48 @@ class Provider:
             timeout=wait_s + 10,
         )
 
+    def accept(
+        self,
+        assignment: dict[str, Any],
+        *,
+        signer: LocalAccount | None = None,
+        attempt: int | None = None,
+    ) -> httpx.Response:
+        """Sign the EIP-712 acceptance of ``assignment`` from its terms (what the agent does)
+        and post it; ``signer`` / ``attempt`` override the wallet and the attempt signed."""
+        t = JobTerms.model_validate(assignment["terms"])
+        job = Job(
+            submitter=ZERO_ADDRESS,
+            bounty=t.bounty_wei,
+            deadline=t.deadline,
+            fee_bps=t.fee_bps,
+            collateral=t.collateral_wei,
+            mediator=t.mediator,
+            flags=t.flags,
+        )
+        n = assignment["attempt"] if attempt is None else attempt
+        sig = sign_acceptance(
+            signer or self.account,
+            assignment["chain_id"],
+            assignment["escrow"],
+            bytes.fromhex(assignment["job_id"][2:]),
+            n,
+            job,
+        )
+        return self.server.http.post(
+            API.ACCEPT.format(node_id=self.node_id, job_id=assignment["job_id"]),
+            json={"attempt": n, "signature": "0x" + sig.hex()},
+            headers=self.auth,
+        )
+
+    def take(self, wait_s: float = 20.0) -> dict[str, Any]:
+        """Poll for an offer and accept it; the assignment."""
+        r = self.next_job(wait_s=wait_s)
+        assert r.status_code == 200, (r.status_code, r.text)
+        assignment: dict[str, Any] = r.json()
+        accept(self.server, self, assignment)
+        return assignment
+
     def report(self, job_id: str, body: dict[str, Any]) -> httpx.Response:
         return self.server.http.post(
             API.RESULT.format(node_id=self.node_id, job_id=job_id), json=body, headers=self.auth
@@ -227,6 +271,25 @@ class Provider:
         )
 
 
+def accept(server: Server, node: Provider, assignment: dict[str, Any]) -> dict[str, Any]:
+    """``node`` accepts the offer ``assignment`` (signed by its wallet); the AcceptAck, which
+    must say accepted."""
+    r = node.accept(assignment)
+    assert r.status_code == 200, (r.status_code, r.text)
+    ack: dict[str, Any] = r.json()
+    assert ack["accepted"] is True and ack["job_id"] == assignment["job_id"], ack
+    return ack
+
+
+def advance(w3: Any, seconds: int) -> None:
+    """Move the chain's clock ``seconds`` ahead and mine a block (anvil): time-gated steps
+    (finalize after the challenge window, a take-back after reassignDelay) read the latest
+    block's time."""
+    for method, params in (("evm_increaseTime", [seconds]), ("evm_mine", [])):
+        response = w3.provider.make_request(method, params)
+        assert "error" not in response, response
+
+
 def submit_job(
     client: EscrowClient,
     ipfs: Any,
@@ -235,9 +298,12 @@ def submit_job(
     *,
     bounty: int = 10**17,
     ttl: int = 3600,
+    on_verify: bool = False,
 ) -> str:
-    """Add ``spec`` to IPFS and fund it on-chain; returns the job id (0x hex)."""
+    """Add ``spec`` to IPFS and fund it on-chain on the deployment's default terms
+    (``on_verify``: the operator pays it at once on its own check); the job id (0x hex)."""
     spec_cid = ipfs.add_bytes(spec.to_bytes())
     now = max(int(time.time()), int(client.w3.eth.get_block("latest")["timestamp"]))
-    state, _ = client.create_job(submitter, os.urandom(32), spec_cid, now + ttl, bounty)
+    terms = client.default_terms(bounty, submitter.address, on_verify=on_verify)
+    state, _ = client.create_job(submitter, os.urandom(32), spec_cid, now + ttl, bounty, terms)
     return "0x" + state.job_id.hex()

@@ -6,23 +6,45 @@ counted. An honest job funded after them is delivered like any other."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
+from eth_account.signers.local import LocalAccount
 from eth_utils.crypto import keccak
 
-from gridmarket.chain import EscrowClient
+from gridmarket.chain import EscrowClient, Sent
 from gridmarket.escrow import InvalidText, JobState, Status, apply_event
 from scheduler.chain import ChainWatcher, TxSender, apply_sent
-from tests.hostile import INVALID_UTF8, ODD_128, Forger, create_job_raw, escrow_call
+from tests.hostile import INVALID_UTF8, ODD_128, Forger, escrow_call
 
 from ..conftest import Devnet
-from .chain_support import SqliteStore, chain_now, create_job, ensure_provider
+from .chain_support import SqliteStore, acceptance, chain_now, create_job, ensure_provider
 
 
 @pytest.fixture
 def client(devnet: Devnet) -> EscrowClient:
     return EscrowClient(devnet.w3, devnet.deployment)
+
+
+def create_job_raw(
+    client: EscrowClient, submitter: LocalAccount, spec_cid: bytes, deadline: int, bounty: int
+) -> Sent:
+    """``createJob`` (escrow v2, the deployment's default terms) with ``spec_cid`` as raw
+    bytes."""
+    t = client.default_terms(bounty, submitter.address)
+    return escrow_call(
+        client,
+        submitter,
+        "createJob",
+        os.urandom(32),
+        spec_cid,
+        deadline,
+        t.mediator,
+        t.collateral,
+        t.flags,
+        value=bounty,
+    )
 
 
 def test_poison_strings_are_recorded_and_the_watcher_moves_on(
@@ -78,13 +100,16 @@ def test_poison_strings_are_recorded_and_the_watcher_moves_on(
 def test_an_undecodable_output_cid_keeps_the_digest_the_contract_hashed(
     devnet: Devnet, client: EscrowClient
 ) -> None:
-    """A provider that submits a result whose CID is not UTF-8 is still rejected (and slashed):
-    the folded struct carries keccak256 of the raw bytes, so the contract accepts it back."""
+    """A provider that submits a result whose CID is not UTF-8 can still be ruled wrong (and
+    slashed): the folded struct carries keccak256 of the raw bytes, so the contract accepts it
+    back."""
     provider = devnet.providers[4]
     ensure_provider(client, provider, 2 * devnet.params.min_stake)
     sender = TxSender(client, devnet.operator)
     state = create_job(client, devnet.submitters[0])
-    state = apply_sent(state, sender.assign(state, provider.address))
+    state = apply_sent(
+        state, sender.assign(state, provider.address, acceptance(sender, state, provider))
+    )
     sent = escrow_call(
         client, provider, "submitResult", state.job_id, state.job.as_tuple(), INVALID_UTF8
     )
@@ -95,7 +120,8 @@ def test_an_undecodable_output_cid_keeps_the_digest_the_contract_hashed(
     assert state.output_problem is not None and state.problem is not None
     assert state.job.result_digest == keccak(INVALID_UTF8)
     assert client.call("isCurrent", state.job_id, state.job.as_tuple()) is True
-    rejected = apply_sent(state, sender.reject(state))
+    ruled = escrow_call(client, devnet.mediator, "rule", state.job_id, state.job.as_tuple(), False)
+    rejected = apply_sent(state, ruled)
     assert rejected.status is Status.FUNDED and rejected.output_problem is None
 
 

@@ -5,6 +5,7 @@ the node (refused connections, lost replies, node restarts, dropped or displaced
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -31,10 +32,13 @@ from scheduler.chain import (
     nonces,
 )
 from scheduler.chain.sender import REGISTRY, bumped
+from scheduler.service.outbox_rules import not_yet
 
 from ..conftest import Devnet
 from .chain_support import (
     OwnChain,
+    acceptance,
+    chain_now,
     create_job,
     ensure_provider,
     fault_proxy,
@@ -43,6 +47,7 @@ from .chain_support import (
     rpc,
     wait_until,
 )
+from .harness import fresh_escrow
 
 FAST = RetryPolicy(deadline_s=10, initial_delay_s=0.02, max_delay_s=0.2)
 CID = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
@@ -97,11 +102,13 @@ def test_assign_then_settle_pays_provider_and_fee(
 ) -> None:
     provider = devnet.providers[0]
     ensure_provider(client, provider, stake(devnet))
-    state = create_job(client, devnet.submitters[0], bounty=10**16)
+    state = create_job(client, devnet.submitters[0], bounty=10**16, on_verify=True)
     paid_before = client.balance_of(provider.address)
     fees_before = int(client.call("feesAccrued"))
 
-    assigned = apply_sent(state, sender.assign(state, provider.address))
+    assigned = apply_sent(
+        state, sender.assign(state, provider.address, acceptance(sender, state, provider))
+    )
     assert assigned.status is Status.ASSIGNED
     assert assigned.job.provider == provider.address
     assert assigned.job.attempt == 1
@@ -118,18 +125,29 @@ def test_assign_then_settle_pays_provider_and_fee(
     assert int(client.call("feesAccrued")) - fees_before == fee
 
 
-def test_reassign_relay_then_release(
-    devnet: Devnet, client: EscrowClient, sender: TxSender
+def test_reassign_after_the_delay_relay_then_finalize_after_the_window(
+    devnet: Devnet, sender: TxSender
 ) -> None:
+    _, client = fresh_escrow(devnet, challenge_window=120, reassign_delay=60)
+    sender = TxSender(client, devnet.operator, retry=FAST)
     first, second = devnet.providers[0], devnet.providers[1]
     for p in (first, second):
         ensure_provider(client, p, stake(devnet))
-    state = apply_sent(
-        s := create_job(client, devnet.submitters[1]), sender.assign(s, first.address)
-    )
+    s = create_job(client, devnet.submitters[1])
+    state = apply_sent(s, sender.assign(s, first.address, acceptance(sender, s, first)))
     stale_signature = sign(client, first, state)
 
-    sent = sender.assign(state, second.address)  # the contract's assign also reassigns
+    # the operator takes the job back only reassignDelay after the assignment
+    with pytest.raises(ChainError) as err:
+        sender.assign(state, second.address, acceptance(sender, state, second))
+    assert (err.value.reason or "").startswith("JobEscrowTooEarly(")
+    rpc(client.w3, "evm_increaseTime", 61)
+    rpc(client.w3, "evm_mine")
+    # an acceptance signed for another attempt (or other terms) is refused
+    with pytest.raises(ChainError) as err:
+        sender.assign(state, second.address, acceptance(sender, s, second))
+    assert (err.value.reason or "").startswith("JobEscrowBadSignature(")
+    sent = sender.assign(state, second.address, acceptance(sender, state, second))
     (event,) = [e for e in sent.events if e.name == "JobAssigned"]
     assert event.args["previousProvider"] == first.address
     state = apply_sent(state, sent)
@@ -137,57 +155,90 @@ def test_reassign_relay_then_release(
 
     # The first provider's signature was for attempt 1 and is void now.
     with pytest.raises(ChainError) as err:
-        sender.settle(state, CID, stale_signature)
+        sender.submit_result_for(state, CID, stale_signature)
     assert err.value.reason is not None
     assert err.value.reason.startswith("JobEscrowBadSignature(")
 
     paid_before = client.balance_of(second.address)
     state = apply_sent(state, sender.submit_result_for(state, CID, sign(client, second, state)))
     assert state.status is Status.SUBMITTED
-    state = apply_sent(state, sender.release(state))
+    # not an on-verify job: the operator may not pay it, and nobody before the window closes
+    with pytest.raises(ChainError) as err:
+        sender.release(state)
+    assert (err.value.reason or "").startswith("JobEscrowNotAllowed(")
+    with pytest.raises(ChainError) as err:
+        sender.finalize(state)
+    assert (err.value.reason or "").startswith("JobEscrowChallengeWindowOpen(")
+    rpc(client.w3, "evm_increaseTime", 121)
+    rpc(client.w3, "evm_mine")
+    state = apply_sent(state, sender.finalize(state))
     assert state.status is Status.RELEASED
     assert client.balance_of(second.address) - paid_before == state.job.payout
+    assert int(client.call("freeCollateralOf", second.address)) >= stake(devnet)
 
 
-def test_unassign_puts_the_job_back(devnet: Devnet, client: EscrowClient, sender: TxSender) -> None:
+def test_unassign_puts_the_job_back(devnet: Devnet, sender: TxSender) -> None:
+    _, client = fresh_escrow(devnet, reassign_delay=30)
+    sender = TxSender(client, devnet.operator, retry=FAST)
     provider = devnet.providers[0]
     ensure_provider(client, provider, stake(devnet))
     state = create_job(client, devnet.submitters[0])
-    state = apply_sent(state, sender.assign(state, provider.address))
+    state = apply_sent(
+        state, sender.assign(state, provider.address, acceptance(sender, state, provider))
+    )
+    free = int(client.call("freeCollateralOf", provider.address))
+    with pytest.raises(ChainError) as err:  # too early: a "retry later", never a refusal
+        sender.unassign(state)
+    assert not_yet(err.value) is not None
+    assert not_yet(err.value).at == state.job.since + 30  # type: ignore[union-attr]
+    rpc(client.w3, "evm_increaseTime", 31)
+    rpc(client.w3, "evm_mine")
     state = apply_sent(state, sender.unassign(state))
     assert (state.status, state.job.provider) == (Status.FUNDED, ZERO_ADDRESS)
-    state = apply_sent(state, sender.assign(state, provider.address))
+    assert int(client.call("freeCollateralOf", provider.address)) == free + state.job.collateral
+    state = apply_sent(
+        state, sender.assign(state, provider.address, acceptance(sender, state, provider))
+    )
     assert (state.status, state.job.attempt) == (Status.ASSIGNED, 2)
 
 
-def test_reject_slashes_and_requeues(
+def test_an_on_verify_job_is_paid_by_the_operator_and_a_ruling_slashes(
     devnet: Devnet, client: EscrowClient, sender: TxSender
 ) -> None:
     bad, good = devnet.providers[2], devnet.providers[3]
     for p in (bad, good):
         ensure_provider(client, p, stake(devnet))
     submitter = devnet.submitters[0]
+    terms = client.default_terms(10**16, submitter.address, on_verify=True)
+    state, _ = client.create_job(
+        submitter, os.urandom(32), "bafkreijobspec", chain_now(client.w3) + 86_400, 10**16, terms
+    )
+    assert state.job.on_verify and state.job.mediator == devnet.mediator.address
+    state = apply_sent(state, sender.assign(state, good.address, acceptance(sender, state, good)))
+    paid = apply_sent(state, sender.settle(state, CID, sign(client, good, state)))
+    assert paid.status is Status.RELEASED and paid.output_cid == CID
+
+    # a result the mediator rules wrong: the provider loses the job's collateral
     state = create_job(client, submitter)
-    state = apply_sent(state, sender.assign(state, bad.address))
+    state = apply_sent(state, sender.assign(state, bad.address, acceptance(sender, state, bad)))
     state = apply_sent(state, sender.submit_result_for(state, CID, sign(client, bad, state)))
     stake_before = int(client.call("providerOf", bad.address)[0])
     refund_before = client.balance_of(submitter.address)
-
-    sent = sender.reject(state)
+    sent = client.send(devnet.mediator, "rule", state.job_id, state.job.as_tuple(), False)
     state = apply_sent(state, sent)
-    slashed = stake_before * devnet.params.slash_bps // 10_000
-    (rejected,) = [e for e in sent.events if e.name == "ResultRejected"]
+    (ruled,) = [e for e in sent.events if e.name == "Ruled"]
     (slash,) = [e for e in sent.events if e.name == "ProviderSlashed"]
-    assert rejected.args["slashed"] == slash.args["amount"] == slashed > 0
-    assert slash.args["beneficiary"] == submitter.address
-    assert int(client.call("providerOf", bad.address)[0]) == stake_before - slashed
-    assert client.balance_of(submitter.address) - refund_before == slashed
+    assert ruled.args["upheld"] is False and ruled.args["provider"] == bad.address
+    assert slash.args["amount"] == state.job.collateral > 0
+    assert slash.args["submitter"] == submitter.address and slash.args["toMediator"] == 0
+    assert int(client.call("providerOf", bad.address)[0]) == stake_before - state.job.collateral
+    assert client.balance_of(submitter.address) - refund_before == state.job.collateral
     assert (state.status, state.output_cid, state.job.provider) == (
         Status.FUNDED,
         None,
         ZERO_ADDRESS,
     )
-    state = apply_sent(state, sender.assign(state, good.address))  # queued again
+    state = apply_sent(state, sender.assign(state, good.address, acceptance(sender, state, good)))
     assert (state.status, state.job.attempt) == (Status.ASSIGNED, 2)
 
 
@@ -200,18 +251,20 @@ def test_revert_is_decoded_and_not_retried(devnet: Devnet, client: EscrowClient)
     with fault_proxy(devnet.url) as proxy:
         sender = TxSender(EscrowClient(make_w3(proxy.url), devnet.deployment), devnet.operator)
         state = create_job(client, devnet.submitters[0])
-        state = apply_sent(state, sender.assign(state, provider.address))
+        state = apply_sent(
+            state, sender.assign(state, provider.address, acceptance(sender, state, provider))
+        )
         nonce = nonce_of(client, devnet.operator)
         stranger = Account.create().address
         cases = [
             (provider.address, f"JobEscrowSameProvider(jobId=0x{state.job_id.hex()}, "),
-            (stranger, f"ProviderRegistryNotRegistered(provider={stranger.lower()})"),
+            (stranger, f"JobEscrowBadSignature(jobId=0x{state.job_id.hex()}, "),
         ]
         for target, reason in cases:
             proxy.counts.clear()
             started = time.monotonic()
             with pytest.raises(ChainError) as err:
-                sender.assign(state, target)
+                sender.assign(state, target, acceptance(client, state, provider))
             assert not isinstance(err.value, ChainUnavailableError)
             assert err.value.reason is not None and err.value.reason.startswith(reason)
             assert time.monotonic() - started < 2
@@ -229,7 +282,7 @@ def test_deadline_passed_is_final(own_chain: OwnChain) -> None:
     rpc(client.w3, "evm_increaseTime", own_chain.params.min_duration + 60)
     rpc(client.w3, "evm_mine")
     with pytest.raises(ChainError) as err:
-        sender.assign(state, provider.address)
+        sender.assign(state, provider.address, acceptance(sender, state, provider))
     assert err.value.reason is not None
     assert err.value.reason.startswith(
         f"JobEscrowDeadlinePassed(jobId=0x{state.job_id.hex()}, deadline={state.job.deadline}, "
@@ -262,7 +315,9 @@ def test_revert_in_a_mined_transaction_is_decoded(own_chain: OwnChain) -> None:
     client.w3.eth.send_raw_transaction(signed.raw_transaction)
     outcome: list[Any] = []
     worker = threading.Thread(
-        target=lambda: outcome.append(_capture(sender.assign, state, provider.address))
+        target=lambda: outcome.append(
+            _capture(sender.assign, state, provider.address, acceptance(sender, state, provider))
+        )
     )
     worker.start()
     wait_until(lambda: int(rpc(client.w3, "txpool_status")["pending"], 16) == 2, what="2 pending")
@@ -289,7 +344,7 @@ def test_concurrent_sends_keep_nonces_unique(devnet: Devnet, client: EscrowClien
     """8 threads over two TxSender instances for the same key: one nonce sequence."""
     providers = devnet.providers[:2]
     for p in providers:
-        ensure_provider(client, p, stake(devnet))
+        ensure_provider(client, p, 21 * 10**16)  # 20 jobs' collateral each
     jobs = [create_job(client, devnet.submitters[i % 2]) for i in range(40)]
     senders = [TxSender(client, devnet.operator, retry=FAST) for _ in range(2)]
     start = nonce_of(client, devnet.operator)
@@ -299,7 +354,11 @@ def test_concurrent_sends_keep_nonces_unique(devnet: Devnet, client: EscrowClien
     def work(worker: int) -> None:
         try:
             for state in jobs[worker::8]:
-                sent = senders[worker % 2].assign(state, providers[worker % 2].address)
+                sent = senders[worker % 2].assign(
+                    state,
+                    providers[worker % 2].address,
+                    acceptance(client, state, providers[worker % 2]),
+                )
                 results[state.job_id] = sent
         except BaseException as exc:
             errors.append(exc)
@@ -328,7 +387,9 @@ def test_stale_nonce_cache_resyncs(devnet: Devnet, client: EscrowClient, sender:
         create_job(client, devnet.submitters[0]),
         create_job(client, devnet.submitters[0]),
     )
-    sender.assign(first, provider.address)  # the sequence now caches the next nonce
+    sender.assign(
+        first, provider.address, acceptance(sender, first, provider)
+    )  # the sequence now caches the next nonce
     stolen = nonce_of(client, devnet.operator)
     other = devnet.operator.sign_transaction(
         {"to": devnet.treasury.address, "value": 1, "gas": 21_000, "nonce": stolen,
@@ -337,7 +398,7 @@ def test_stale_nonce_cache_resyncs(devnet: Devnet, client: EscrowClient, sender:
     client.w3.eth.wait_for_transaction_receipt(
         client.w3.eth.send_raw_transaction(other.raw_transaction)
     )
-    sent = sender.assign(second, provider.address)
+    sent = sender.assign(second, provider.address, acceptance(sender, second, provider))
     assert int(client.w3.eth.get_transaction(HexBytes(sent.tx_hash))["nonce"]) == stolen + 1
     assert apply_sent(second, sent).status is Status.ASSIGNED
 
@@ -356,7 +417,7 @@ def test_lost_reply_is_looked_up_not_resent(devnet: Devnet, client: EscrowClient
         nonce = nonce_of(client, devnet.operator)
         # anvil mines the transaction, then the reply is lost on the way back.
         proxy.fail(1, "eth_sendRawTransaction", status=502, forward=True)
-        sent = sender.assign(state, provider.address)
+        sent = sender.assign(state, provider.address, acceptance(sender, state, provider))
         assert proxy.counts["eth_sendRawTransaction"] == 1  # looked up by hash, not resent
         assert proxy.counts["eth_getTransactionByHash"] >= 1
         assert nonce_of(client, devnet.operator) == nonce + 1
@@ -367,7 +428,7 @@ def test_lost_reply_is_looked_up_not_resent(devnet: Devnet, client: EscrowClient
         state = create_job(client, devnet.submitters[0])
         proxy.counts.clear()
         proxy.fail(2, "eth_sendRawTransaction", status=503)
-        sent = sender.assign(state, provider.address)
+        sent = sender.assign(state, provider.address, acceptance(sender, state, provider))
         assert proxy.counts["eth_sendRawTransaction"] == 3
         assert proxy.counts["eth_getTransactionByHash"] >= 2
         assert nonce_of(client, devnet.operator) == nonce + 2
@@ -385,7 +446,12 @@ def test_transient_errors_are_retried_until_the_deadline(
         )
         state = create_job(client, devnet.submitters[0])
         proxy.fail(4, status=503)  # whatever the sender asks first
-        assert apply_sent(state, sender.assign(state, provider.address)).status is Status.ASSIGNED
+        assert (
+            apply_sent(
+                state, sender.assign(state, provider.address, acceptance(sender, state, provider))
+            ).status
+            is Status.ASSIGNED
+        )
 
         state = create_job(client, devnet.submitters[0])
         impatient = TxSender(
@@ -395,7 +461,7 @@ def test_transient_errors_are_retried_until_the_deadline(
         proxy.fail(10_000, status=500)
         started = time.monotonic()
         with pytest.raises(ChainUnavailableError, match=r"RPC unreachable, gave up after 0\.5s"):
-            impatient.assign(state, provider.address)
+            impatient.assign(state, provider.address, acceptance(impatient, state, provider))
         assert time.monotonic() - started < 3
         assert sum(proxy.counts.values()) > 2, proxy.counts  # retried (web3 asks chainId first)
         assert proxy.counts["eth_sendRawTransaction"] == 0
@@ -416,10 +482,12 @@ def test_sender_rides_out_a_node_restart(own_chain: OwnChain) -> None:
         client, own_chain.operator, retry=RetryPolicy(deadline_s=0.3, initial_delay_s=0.05)
     )
     with pytest.raises(ChainUnavailableError):
-        impatient.assign(state, provider.address)
+        impatient.assign(state, provider.address, acceptance(impatient, state, provider))
     outcome: list[Any] = []
     worker = threading.Thread(
-        target=lambda: outcome.append(_capture(sender.assign, state, provider.address))
+        target=lambda: outcome.append(
+            _capture(sender.assign, state, provider.address, acceptance(sender, state, provider))
+        )
     )
     worker.start()
     time.sleep(1.5)
@@ -443,7 +511,9 @@ def test_dropped_transaction_is_rebroadcast_not_rebuilt(own_chain: OwnChain) -> 
     rpc(client.w3, "evm_setAutomine", False)
     outcome: list[Any] = []
     worker = threading.Thread(
-        target=lambda: outcome.append(_capture(sender.assign, state, provider.address))
+        target=lambda: outcome.append(
+            _capture(sender.assign, state, provider.address, acceptance(sender, state, provider))
+        )
     )
     worker.start()
     wait_until(lambda: _pending(client) == 1, what="the assign in the pool")
@@ -472,7 +542,9 @@ def test_displaced_transaction_is_rebuilt_with_a_new_nonce(own_chain: OwnChain) 
     rpc(client.w3, "evm_setAutomine", False)
     outcome: list[Any] = []
     worker = threading.Thread(
-        target=lambda: outcome.append(_capture(sender.assign, state, provider.address))
+        target=lambda: outcome.append(
+            _capture(sender.assign, state, provider.address, acceptance(sender, state, provider))
+        )
     )
     worker.start()
     wait_until(lambda: _pending(client) == 1, what="the assign in the pool")
@@ -529,7 +601,9 @@ def test_pending_transaction_lost_in_a_node_restart_is_rebroadcast(own_chain: Ow
     rpc(client.w3, "evm_setAutomine", False)
     outcome: list[Any] = []
     worker = threading.Thread(
-        target=lambda: outcome.append(_capture(sender.assign, state, provider.address))
+        target=lambda: outcome.append(
+            _capture(sender.assign, state, provider.address, acceptance(sender, state, provider))
+        )
     )
     worker.start()
     wait_until(lambda: _pending(client) == 1, what="the assign in the pool")
@@ -596,7 +670,11 @@ def test_stuck_transaction_is_replaced_with_higher_fees_and_mined_once(
     try:
         outcome: list[Any] = []
         worker = threading.Thread(
-            target=lambda: outcome.append(_capture(sender.assign, state, provider.address))
+            target=lambda: outcome.append(
+                _capture(
+                    sender.assign, state, provider.address, acceptance(sender, state, provider)
+                )
+            )
         )
         worker.start()
         wait_until(lambda: pooled(client, own_chain.operator, nonce) is not None, what="in pool")
@@ -653,7 +731,7 @@ def test_base_fee_above_the_cap_sends_nothing(
     capped = metric("gridmarket_tx_fee_cap_hits_total")
     make_dearer(client, than=50 * 10**9)
     with pytest.raises(FeeCapExceededError, match="above the cap") as excinfo:
-        sender.assign(state, provider.address)
+        sender.assign(state, provider.address, acceptance(sender, state, provider))
     assert isinstance(excinfo.value, ChainUnavailableError)  # the outbox retries it later
     assert nonce_of(client, own_chain.operator) == nonce
     assert rpc(client.w3, "txpool_status")["pending"] == "0x0"
@@ -663,7 +741,7 @@ def test_base_fee_above_the_cap_sends_nothing(
     # cheaper again: it goes through, offering no more than the cap
     rpc(client.w3, "anvil_setNextBlockBaseFeePerGas", hex(10**9))
     rpc(client.w3, "evm_mine")
-    sent = sender.assign(state, provider.address)
+    sent = sender.assign(state, provider.address, acceptance(sender, state, provider))
     tx = client.w3.eth.get_transaction(HexBytes(sent.tx_hash))
     assert tx["type"] == 2 and int(tx["maxFeePerGas"]) <= cap
 
@@ -692,7 +770,9 @@ def test_restart_settles_in_flight_transactions_before_sending(
             fees=FeePolicy(priority_fee=10**9, replace_after_s=60),
         )
         with pytest.raises(TxOutcomeUnknownError) as excinfo:
-            first.assign(state, provider.address)  # the process "dies" waiting
+            first.assign(
+                state, provider.address, acceptance(first, state, provider)
+            )  # the process "dies" waiting
         old = pooled(client, own_chain.operator, nonce)
         assert old is not None and old["hash"] == excinfo.value.tx_hash
         if restart:
@@ -702,7 +782,14 @@ def test_restart_settles_in_flight_transactions_before_sending(
         )
         outcome: list[Any] = []
         worker = threading.Thread(
-            target=lambda: outcome.append(_capture(restarted.assign, state, provider.address))
+            target=lambda: outcome.append(
+                _capture(
+                    restarted.assign,
+                    state,
+                    provider.address,
+                    acceptance(restarted, state, provider),
+                )
+            )
         )
         worker.start()
         wait_until(
@@ -728,7 +815,7 @@ def test_restart_settles_in_flight_transactions_before_sending(
     assert job_events(client, state, "JobAssigned") == 1
     # and the restarted sender goes on from the next nonce
     assigned = client.job_state(state.job_id)
-    sent = restarted.unassign(assigned)
+    sent = restarted.submit_result_for(assigned, CID, sign(client, provider, assigned))
     assert client.w3.eth.get_transaction(HexBytes(sent.tx_hash))["nonce"] == nonce + 1
 
 
@@ -765,7 +852,11 @@ def test_stuck_transaction_at_the_cap_waits_instead_of_overpaying(
     try:
         outcome: list[Any] = []
         worker = threading.Thread(
-            target=lambda: outcome.append(_capture(sender.assign, state, provider.address))
+            target=lambda: outcome.append(
+                _capture(
+                    sender.assign, state, provider.address, acceptance(sender, state, provider)
+                )
+            )
         )
         worker.start()
         wait_until(lambda: pooled(client, own_chain.operator, nonce) is not None, what="in pool")

@@ -22,6 +22,7 @@ from ..conftest import Devnet
 from .chain_support import (
     OwnChain,
     SqliteStore,
+    acceptance,
     create_job,
     ensure_provider,
     make_w3,
@@ -64,8 +65,11 @@ def job_life(client: EscrowClient, devnet: Devnet, sender: TxSender) -> JobState
     """Create, assign and settle one job: JobCreated, JobAssigned, ResultSubmitted,
     JobReleased."""
     provider = devnet.providers[4]
-    state = create_job(client, devnet.submitters[0])
-    state = apply_sent(state, sender.assign(state, provider.address))
+    ensure_provider(client, provider, 2 * devnet.params.min_stake)
+    state = create_job(client, devnet.submitters[0], on_verify=True)
+    state = apply_sent(
+        state, sender.assign(state, provider.address, acceptance(sender, state, provider))
+    )
     signature = sign_result(
         provider, devnet.deployment.chain_id, client.address, state.job_id, state.job.attempt, CID
     )

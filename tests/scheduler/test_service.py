@@ -17,11 +17,35 @@ from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import API, JobSpec
 
 from ..conftest import Devnet
-from .harness import Provider, Server, fresh_escrow, register_on_chain, scheduler, submit_job
+from .harness import (
+    Provider,
+    Server,
+    accept,
+    advance,
+    fresh_escrow,
+    register_on_chain,
+    scheduler,
+    submit_job,
+)
 
 SPEC = JobSpec.model_validate(
     {"executor": "docker", "image": "busybox:1", "command": ["true"], "max_attempts": 3}
 )
+
+
+WINDOW = 60
+DELAY = 10
+
+
+def chain_status(client: EscrowClient, job_id: str) -> Status:
+    return client.job_state(bytes.fromhex(job_id[2:])).status
+
+
+def wait_chain(client: EscrowClient, job_id: str, want: Status, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while (got := chain_status(client, job_id)) is not want:
+        assert time.monotonic() < deadline, f"job {job_id} is {got.name} on-chain, not {want.name}"
+        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -39,8 +63,9 @@ def grid(
     ipfs: IpfsStore,
     db_url: str,
 ) -> Iterator[tuple[Server, EscrowClient]]:
-    """A scheduler on a fresh escrow, once on SQLite and once on PostgreSQL (``db_url``)."""
-    deployment, client = fresh_escrow(devnet)
+    """A scheduler on a fresh escrow, once on SQLite and once on PostgreSQL (``db_url``), with
+    a short challenge window and reassign delay (tests move the chain's clock past them)."""
+    deployment, client = fresh_escrow(devnet, challenge_window=WINDOW, reassign_delay=DELAY)
     for p in devnet.providers[:4]:
         register_on_chain(client, p)
     addr = ipfs_daemon.api_addr
@@ -105,14 +130,14 @@ def test_registration_rejects_forged_replayed_expired_and_unregistered(
 # --------------------------------------------------------------------------- the happy path
 
 
-def test_long_poll_dispatch_verify_and_settle(
+def test_long_poll_offer_accept_verify_and_settle(
     grid: tuple[Server, EscrowClient], devnet: Devnet, ipfs: IpfsStore, tmp_path: Path
 ) -> None:
     server, client = grid
     node = Provider(devnet.providers[0], server)
     assert node.register().status_code == 200
     submitter = devnet.submitters[0]
-    job_id = submit_job(client, ipfs, submitter, SPEC)
+    job_id = submit_job(client, ipfs, submitter, SPEC, on_verify=True)
     t0 = time.monotonic()
     r = node.next_job(wait_s=20)
     waited = time.monotonic() - t0
@@ -120,16 +145,27 @@ def test_long_poll_dispatch_verify_and_settle(
     a = r.json()
     assert a["job_id"] == job_id and a["attempt"] == 1 and a["spec"]["image"] == "busybox:1"
     assert waited < 5, f"dispatch took {waited:.2f}s"
-    # the assignment reaches the chain
-    deadline = time.monotonic() + 10
-    while client.job_state(bytes.fromhex(job_id[2:])).status is not Status.ASSIGNED:
-        assert time.monotonic() < deadline, "assign never reached the chain"
-        time.sleep(0.05)
+    # the offer carries the job's on-chain terms, and nothing goes on-chain before the node
+    # accepts them
+    chain = client.job_state(bytes.fromhex(job_id[2:])).job
+    assert a["terms"] == {
+        "bounty_wei": chain.bounty,
+        "fee_bps": chain.fee_bps,
+        "deadline": chain.deadline,
+        "collateral_wei": chain.collateral,
+        "mediator": chain.mediator,
+        "flags": 1,
+        "operator": devnet.operator.address,
+    }
+    time.sleep(0.5)
+    assert chain_status(client, job_id) is Status.FUNDED
+    assert accept(server, node, a)["message"]
+    wait_chain(client, job_id, Status.ASSIGNED)
     before = client.balance_of(devnet.providers[0].address)
     cid = output(ipfs, tmp_path, "hello")
     r = node.succeed(a, cid)
     assert r.status_code == 202, r.text
-    job = server.wait_job(job_id, {"released"}, timeout=30)
+    job = server.wait_job(job_id, {"released"}, timeout=30)  # on-verify: settled at once
     assert job["output_cid"] == cid
     state = client.job_state(bytes.fromhex(job_id[2:]))
     assert state.status is Status.RELEASED and state.output_cid == cid
@@ -146,31 +182,133 @@ def test_long_poll_dispatch_verify_and_settle(
     assert 0 < advice[0] < advice[-1]  # backs off while the grid stays idle
 
 
-def test_forged_output_cid_is_rejected_slashed_and_redone(
+def test_a_result_is_relayed_and_finalized_after_the_challenge_window(
+    grid: tuple[Server, EscrowClient], devnet: Devnet, ipfs: IpfsStore, tmp_path: Path
+) -> None:
+    server, client = grid
+    node = Provider(devnet.providers[0], server)
+    assert node.register().status_code == 200
+    job_id = submit_job(client, ipfs, devnet.submitters[0], SPEC)
+    a = node.take()
+    wait_chain(client, job_id, Status.ASSIGNED)
+    before = client.balance_of(devnet.providers[0].address)
+    cid = output(ipfs, tmp_path, "relayed")
+    assert node.succeed(a, cid).status_code == 202
+    wait_chain(client, job_id, Status.SUBMITTED)  # relayed; the window runs
+    job = server.wait_job(job_id, {"settling"})
+    assert "challenge window" in job["reason"]
+    assert node.heartbeat().status_code == 200
+    assert server.get(API.NODES).json()["nodes"][0]["running"] == 0  # its work is done
+    time.sleep(1.0)
+    advance(client.w3, WINDOW // 2)
+    time.sleep(1.0)
+    assert chain_status(client, job_id) is Status.SUBMITTED  # not before the window closes
+    advance(client.w3, WINDOW // 2 + 1)
+    job = server.wait_job(job_id, {"released"}, timeout=30)
+    state = client.job_state(bytes.fromhex(job_id[2:]))
+    assert state.status is Status.RELEASED and state.output_cid == cid == job["output_cid"]
+    assert client.balance_of(devnet.providers[0].address) - before == state.job.payout
+    assert [x["outcome"] for x in job["attempts"]] == ["success"]
+
+
+def test_accept_checks_the_signer_the_attempt_and_the_lease(
+    grid: tuple[Server, EscrowClient], devnet: Devnet, ipfs: IpfsStore
+) -> None:
+    server, client = grid
+    node = Provider(devnet.providers[0], server, name="a")
+    other = Provider(devnet.providers[1], server, name="b")
+    assert node.register().status_code == 200 and other.register().status_code == 200
+    assert other.heartbeat().status_code == 200
+    job_id = submit_job(client, ipfs, devnet.submitters[0], SPEC)
+    a = node.next_job(wait_s=20).json()
+    # signed by another wallet: 401 naming both, and the offer stays
+    r = node.accept(a, signer=devnet.providers[3])
+    assert r.status_code == 401, r.text
+    assert devnet.providers[3].address in r.json()["detail"]
+    assert devnet.providers[0].address in r.json()["detail"]
+    assert server.job(job_id)["state"] == "leased" and server.job(job_id)["node_id"] == node.node_id
+    # another attempt: 409
+    r = node.accept(a, attempt=a["attempt"] + 1)
+    assert r.status_code == 409 and "stale" in r.json()["detail"]
+    # another node's offer: 409
+    r = other.accept(a, signer=devnet.providers[1])
+    assert r.status_code == 409 and "not offered" in r.json()["detail"]
+    time.sleep(0.3)
+    assert chain_status(client, job_id) is Status.FUNDED  # nothing sent for any of them
+    # the good one, twice (idempotent)
+    accept(server, node, a)
+    accept(server, node, a)
+    wait_chain(client, job_id, Status.ASSIGNED)
+    assert client.job_state(bytes.fromhex(job_id[2:])).job.provider == node.account.address
+    outbox = server.job(job_id)["audit"]
+    assert [e["event"] for e in outbox].count("accepted") == 1
+
+    # an offer not accepted within the lease TTL (3 s) is lost like a lease: stale afterwards
+    second = submit_job(client, ipfs, devnet.submitters[0], SPEC)
+    b = other.next_job(wait_s=20).json()
+    assert b["job_id"] == second
+    job = server.wait_job(second, {"queued"}, timeout=20)
+    assert other.node_id in job["excluded_nodes"]
+    r = other.accept(b)
+    assert r.status_code == 409 and "not offered" in r.json()["detail"]
+    assert chain_status(client, second) is Status.FUNDED
+
+
+def test_an_offer_to_a_wallet_short_of_collateral_is_withdrawn_without_a_fault(
+    grid: tuple[Server, EscrowClient], devnet: Devnet, ipfs: IpfsStore
+) -> None:
+    server, client = grid
+    poor = devnet.providers[4]
+    register_on_chain(client, poor, stake=devnet.params.min_stake)  # eligible, but short
+    node = Provider(poor, server, name="poor")
+    assert node.register().status_code == 200
+    job_id = submit_job(client, ipfs, devnet.submitters[0], SPEC, bounty=10**17)
+    a = node.next_job(wait_s=20).json()
+    r = node.accept(a)
+    assert r.status_code == 200, r.text
+    ack = r.json()
+    assert ack["accepted"] is False and "free collateral" in ack["message"]
+    job = server.job(job_id)
+    assert job["state"] == "queued" and "free collateral" in job["reason"]
+    n = server.get(API.NODE.format(node_id=node.node_id)).json()
+    assert (n["jobs_failed"], n["running"]) == (0, 0)
+    assert chain_status(client, job_id) is Status.FUNDED
+    assert node.next_job(wait_s=0.5).status_code == 204  # never offered to that wallet again
+
+
+def test_forged_output_cid_is_not_relayed_and_the_job_is_taken_back(
     grid: tuple[Server, EscrowClient], devnet: Devnet, ipfs: IpfsStore, tmp_path: Path
 ) -> None:
     server, client = grid
     cheat = Provider(devnet.providers[0], server, name="cheat")
     honest = Provider(devnet.providers[1], server, name="honest")
     assert cheat.register().status_code == 200
-    job_id = submit_job(client, ipfs, devnet.submitters[0], SPEC)
-    a = cheat.next_job(wait_s=20).json()
+    job_id = submit_job(client, ipfs, devnet.submitters[0], SPEC, on_verify=True)
+    a = cheat.take()
     assert honest.register().status_code == 200
+    wait_chain(client, job_id, Status.ASSIGNED)
     # a CID the cheat never produced (no such content anywhere)
     forged = "bafkreie7q3iidccmpvszul7kudcvvuavuo7u6gzlbobczuk5nqk3b4akba"
     stake_before = client.call("providerOf", devnet.providers[0].address)[0]
     assert cheat.succeed(a, forged).status_code == 202
     job = server.wait_job(job_id, {"queued", "leased"}, timeout=40)
-    assert cheat.node_id in job["excluded_nodes"]
-    assert client.call("providerOf", devnet.providers[0].address)[0] < stake_before  # slashed
+    assert cheat.node_id in job["excluded_nodes"] and "not relayed" in job["reason"]
+    assert [x["outcome"] for x in job["attempts"]] == ["rejected"]
+    cheat_view = server.get(API.NODE.format(node_id=cheat.node_id)).json()
+    assert cheat_view["jobs_failed"] == 1  # a node fault
+    # never relayed, nobody slashed; the take-back waits for reassignDelay
+    assert chain_status(client, job_id) is Status.ASSIGNED
+    assert client.call("providerOf", devnet.providers[0].address)[0] == stake_before
     assert honest.heartbeat().status_code == 200  # silent past the timeout: offline till now
-    r = honest.next_job(wait_s=20)
-    assert r.status_code == 200
-    b = r.json()
+    b = honest.take()
     assert b["attempt"] == 2
+    advance(client.w3, DELAY + 1)
     assert honest.succeed(b, output(ipfs, tmp_path, "real")).status_code == 202
     server.wait_job(job_id, {"released"}, timeout=30)
-    assert client.job_state(bytes.fromhex(job_id[2:])).job.provider == devnet.providers[1].address
+    state = client.job_state(bytes.fromhex(job_id[2:]))
+    assert (state.job.provider, state.job.attempt) == (devnet.providers[1].address, 2)
+    assert client.call("providerOf", devnet.providers[0].address)[0] == stake_before
+    assert client.call("freeCollateralOf", devnet.providers[0].address) == stake_before
 
 
 def test_lease_loss_reassigns_to_another_node(
@@ -180,16 +318,26 @@ def test_lease_loss_reassigns_to_another_node(
     lost = Provider(devnet.providers[0], server, name="lost")
     other = Provider(devnet.providers[1], server, name="other")
     assert lost.register().status_code == 200
-    job_id = submit_job(client, ipfs, devnet.submitters[0], SPEC)
-    a = lost.next_job(wait_s=20).json()
+    job_id = submit_job(client, ipfs, devnet.submitters[0], SPEC, on_verify=True)
+    a = lost.take()
+    wait_chain(client, job_id, Status.ASSIGNED)
     assert other.register().status_code == 200
     # `lost` never heartbeats: lease (3 s) expires, the job goes to `other`, never back to `lost`
     r = other.next_job(wait_s=20)
     assert r.status_code == 200, r.text
     b = r.json()
     assert b["job_id"] == job_id and b["attempt"] == a["attempt"] + 1
+    accept(server, other, b)
     # the stale attempt's result is refused
     assert lost.succeed(a, output(ipfs, tmp_path, "late")).status_code in (404, 409)
+    # the chain still holds it for `lost` until reassignDelay has passed: then it is taken back
+    time.sleep(0.5)
+    assert client.job_state(bytes.fromhex(job_id[2:])).job.provider == lost.account.address
+    advance(client.w3, DELAY + 1)
+    deadline = time.monotonic() + 15
+    while client.job_state(bytes.fromhex(job_id[2:])).job.provider != other.account.address:
+        assert time.monotonic() < deadline, "never reassigned on-chain"
+        time.sleep(0.05)
     assert other.succeed(b, output(ipfs, tmp_path, "ok")).status_code == 202
     server.wait_job(job_id, {"released"}, timeout=30)
     state = client.job_state(bytes.fromhex(job_id[2:]))
@@ -207,3 +355,50 @@ def test_bad_input_is_named(grid: tuple[Server, EscrowClient], devnet: Devnet) -
     q = server.http.post(API.QUOTE, json={"region": "us", "gpu_count": 1, "min_vram_mib": 20000})
     assert q.status_code == 200 and q.json()["quotes"]
     assert server.http.post(API.QUOTE, json={"region": "atlantis"}).status_code == 422
+
+
+def test_a_dispute_waits_for_the_mediator_and_a_ruling_against_requeues_elsewhere(
+    grid: tuple[Server, EscrowClient], devnet: Devnet, ipfs: IpfsStore, tmp_path: Path
+) -> None:
+    """The watcher folds the submitter's dispute (the job waits for the mediator: no finalize)
+    and the mediator's ruling against the result (the provider slashed, the job queued for
+    another wallet, the ruled-against node charged a node fault)."""
+    server, client = grid
+    wrong = Provider(devnet.providers[0], server, name="wrong")
+    right = Provider(devnet.providers[1], server, name="right")
+    assert wrong.register().status_code == 200
+    submitter = devnet.submitters[0]
+    job_id = submit_job(client, ipfs, submitter, SPEC)
+    jid = bytes.fromhex(job_id[2:])
+    a = wrong.take()
+    assert wrong.succeed(a, output(ipfs, tmp_path, "plausible but wrong")).status_code == 202
+    wait_chain(client, job_id, Status.SUBMITTED)
+    server.wait_job(job_id, {"settling"})
+    stake_before = client.call("providerOf", wrong.account.address)[0]
+    deposit = int(client.call("disputeDeposit"))
+    client.send(submitter, "dispute", jid, client.job_state(jid).job.as_tuple(), value=deposit)
+    job = server.wait_job(job_id, {"disputed"})
+    assert devnet.mediator.address in job["reason"]
+    advance(client.w3, WINDOW + 1)  # past the challenge window: a disputed job is not paid
+    time.sleep(1.5)
+    assert chain_status(client, job_id) is Status.DISPUTED
+    assert server.job(job_id)["state"] == "disputed"
+    state = client.job_state(jid)
+    client.call_job(devnet.mediator, "rule", state, False)
+    job = server.wait_job(job_id, {"queued", "leased"}, timeout=20)
+    assert wrong.node_id in job["excluded_nodes"] and "slashed" in job["reason"]
+    assert [x["outcome"] for x in job["attempts"]] == ["ruled_against"]
+    events = [e["event"] for e in job["audit"]]
+    assert "chain:ResultDisputed" in events and "chain:Ruled" in events
+    assert "chain:ProviderSlashed" in events and "chain:Credited" in events
+    view = server.get(API.NODE.format(node_id=wrong.node_id)).json()
+    assert view["jobs_failed"] == 1 and view["running"] == 0
+    assert client.call("providerOf", wrong.account.address)[0] == (
+        stake_before - state.job.collateral
+    )
+    # another wallet takes it: the chain is Funded at attempt 1, the offer is attempt 2
+    assert right.register().status_code == 200
+    b = right.take()
+    assert (b["job_id"], b["attempt"]) == (job_id, 2)
+    wait_chain(client, job_id, Status.ASSIGNED)
+    assert client.job_state(jid).job.provider == right.account.address

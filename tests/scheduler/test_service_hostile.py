@@ -26,11 +26,23 @@ from scheduler.store import Store
 from scheduler.store.tables import outbox
 
 from ..conftest import Devnet
-from .harness import Provider, Server, fresh_escrow, register_on_chain, scheduler, submit_job
+from .harness import (
+    Provider,
+    Server,
+    advance,
+    fresh_escrow,
+    register_on_chain,
+    scheduler,
+    submit_job,
+)
 
 SPEC = JobSpec.model_validate(
     {"executor": "docker", "image": "busybox:1", "command": ["true"], "max_attempts": 3}
 )
+
+
+DELAY = 10
+"""The escrow's reassignDelay here: tests move the chain's clock past it (``advance``)."""
 
 
 @pytest.fixture
@@ -44,9 +56,9 @@ def ipfs(ipfs_daemon: Any) -> Iterator[IpfsStore]:
 def grid(
     tmp_path: Path, devnet: Devnet, ipfs_daemon: Any, db_url: str
 ) -> Iterator[tuple[Server, EscrowClient]]:
-    deployment, client = fresh_escrow(devnet)
+    deployment, client = fresh_escrow(devnet, reassign_delay=DELAY)
     for p in devnet.providers[:2]:
-        register_on_chain(client, p)
+        register_on_chain(client, p, stake=5 * 10**17)  # several jobs' collateral at once
     with scheduler(
         tmp_path, deployment, devnet, ipfs_daemon.api_addr, database_url=db_url
     ) as server:
@@ -54,8 +66,10 @@ def grid(
 
 
 def fund(client: EscrowClient, submitter: Any, spec_cid: str, ttl: int = 3600) -> str:
+    """Fund an on-verify job (paid at once once verified) with ``spec_cid`` as given."""
     now = max(int(time.time()), int(client.w3.eth.get_block("latest")["timestamp"]))
-    state, _ = client.create_job(submitter, os.urandom(32), spec_cid, now + ttl, 10**17)
+    terms = client.default_terms(10**17, submitter.address, on_verify=True)
+    state, _ = client.create_job(submitter, os.urandom(32), spec_cid, now + ttl, 10**17, terms)
     return "0x" + state.job_id.hex()
 
 
@@ -169,7 +183,7 @@ def test_any_cid_encoding_works_for_spec_and_output(
     job_id = fund(client, devnet.submitters[0], spec_cid)
     job = server.wait_job(job_id, {"queued", "invalid"}, timeout=20)
     assert job["state"] == "queued", job["reason"]
-    a = node.next_job(wait_s=20).json()
+    a = node.take()
     assert a["job_id"] == job_id and a["spec_cid"] == spec_cid
     out = tmp_path / "out"
     out.mkdir()
@@ -193,7 +207,7 @@ def test_one_wallet_s_nodes_are_one_provider_for_a_requeued_job(
     for p in wallet_a:
         assert p.register().status_code == 200
     job_id = submit_job(client, ipfs, devnet.submitters[0], SPEC)
-    first = wallet_a[0].next_job(wait_s=20).json()
+    first = wallet_a[0].take()
     wait_chain(client, job_id, Status.ASSIGNED)
     # a node-side failure: requeued, and no node of wallet A is offered the job again
     fail(wallet_a[0], first, "agent_error", "the IPFS daemon is down (output)")
@@ -211,8 +225,9 @@ def test_one_wallet_s_nodes_are_one_provider_for_a_requeued_job(
         t.join()
     assert codes == [204] * 5, codes
     assert b.register().status_code == 200
-    second = b.next_job(wait_s=20).json()
+    second = b.take()
     assert second["job_id"] == job_id and second["attempt"] == 2
+    advance(client.w3, DELAY + 1)  # A's assignment is taken back after reassignDelay
     deadline = time.monotonic() + 15
     while client.job_state(bytes.fromhex(job_id[2:])).job.attempt < 2:
         assert time.monotonic() < deadline, "the second assign never reached the chain"
@@ -223,22 +238,24 @@ def test_one_wallet_s_nodes_are_one_provider_for_a_requeued_job(
     assigns = [(s, p["provider"]) for k, s, p in rows if k == "assign"]
     assert assigns == [("done", wallet_a[0].account.address), ("done", b.account.address)]
     assert all(s == "done" for _, s, _ in rows), rows
+    assert [k for k, _, _ in rows] == ["assign", "unassign", "assign"]
     # a hand-back is no fault: the assignment is undone on-chain (the escrow would refuse B
     # again while it holds the job for B), then B's other node may take it
     r = server.http.post(API.HAND_BACK.format(node_id=b.node_id, job_id=job_id), headers=b.auth)
     assert r.status_code in (200, 202), r.text
+    advance(client.w3, DELAY + 1)
     wait_chain(client, job_id, Status.FUNDED)
     b2 = Provider(devnet.providers[1], server, name="b1")
     assert b2.register().status_code == 200
     assert wallet_a[1].next_job(wait_s=1.0).status_code == 204  # A stays excluded
-    third = b2.next_job(wait_s=20).json()
+    third = b2.take()
     assert third["job_id"] == job_id and third["attempt"] == 3
     deadline = time.monotonic() + 15
     while client.job_state(bytes.fromhex(job_id[2:])).job.attempt < 3:
         assert time.monotonic() < deadline, "the third assign never reached the chain"
         time.sleep(0.05)
     rows = settled_outbox(server, job_id)
-    assert [k for k, _, _ in rows] == ["assign", "assign", "unassign", "assign"]
+    assert [k for k, _, _ in rows] == ["assign", "unassign", "assign", "unassign", "assign"]
     assert all(s == "done" for _, s, _ in rows), rows  # none refused
 
 
@@ -256,7 +273,7 @@ def test_a_job_that_fails_by_its_own_fault_fails_fast_and_spares_the_node(
     before = node_view(server, node.node_id)
     submitter = devnet.submitters[0]
     job_id = submit_job(client, ipfs, submitter, SPEC)
-    a = node.next_job(wait_s=20).json()
+    a = node.take()
     wait_chain(client, job_id, Status.ASSIGNED)
     fail(node, a, "exit_code", "exited with code 3")
     job = server.wait_job(job_id, {"failed"}, timeout=10)
@@ -267,7 +284,9 @@ def test_a_job_that_fails_by_its_own_fault_fails_fast_and_spares_the_node(
     assert after["reputation"] == before["reputation"]
     assert after["jobs_failed"] == 0 and after["running"] == 0
     assert other.next_job(wait_s=1.5).status_code == 204
-    # the refund path: the outbox unassigns on-chain, the submitter cancels at once
+    # the refund path: the outbox unassigns on-chain (once reassignDelay has passed), then the
+    # submitter cancels
+    advance(client.w3, DELAY + 1)
     state = wait_chain(client, job_id, Status.FUNDED)
     balance = client.balance_of(submitter.address)
     client.call_job(submitter, "cancel", state)
@@ -286,15 +305,15 @@ def test_a_node_s_own_failure_costs_it_and_a_timeout_once_the_job_is_done_elsewh
         assert p.register().status_code == 200
     start = node_view(server, broken.node_id)["reputation"]
     # an agent error is the node's: it costs at once
-    first = submit_job(client, ipfs, devnet.submitters[0], SPEC)
-    a = broken.next_job(wait_s=20).json()
+    first = submit_job(client, ipfs, devnet.submitters[0], SPEC, on_verify=True)
+    a = broken.take()
     assert a["job_id"] == first
     fail(broken, a, "agent_error", "the IPFS daemon is down (output)")
     server.wait_job(first, {"queued"}, timeout=10)
     assert node_view(server, broken.node_id)["reputation"] < start
     # a timeout costs nothing yet: a job that runs forever would time out anywhere
-    second = submit_job(client, ipfs, devnet.submitters[0], SPEC)
-    b = slow.next_job(wait_s=20).json()
+    second = submit_job(client, ipfs, devnet.submitters[0], SPEC, on_verify=True)
+    b = slow.take()
     assert b["job_id"] == second
     fail(slow, b, "timeout", "killed at the time limit of 600 s")
     server.wait_job(second, {"queued"}, timeout=10)
@@ -302,8 +321,9 @@ def test_a_node_s_own_failure_costs_it_and_a_timeout_once_the_job_is_done_elsewh
     # ... until another wallet does the job in time: then it fitted, and the slow node pays
     got = {}
     for _ in range(2):
-        c = fast.next_job(wait_s=20).json()
+        c = fast.take()
         got[c["job_id"]] = c
+        advance(client.w3, DELAY + 1)  # the failed node's assignment is taken back first
         wait_chain_attempt(client, c["job_id"], c["attempt"])
         out = tmp_path / f"out-{len(got)}"
         out.mkdir()

@@ -46,7 +46,12 @@ def store(db_url: str) -> Iterator[Store]:
     s.close()
 
 
-def created(n: int, *, block: int = 10, deadline: int | None = None) -> Event:
+OPERATOR = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"
+MEDIATOR = "0xBcd4042DE499D14e55001CcbB24a551F3b954096"
+SIG = "0x" + "22" * 65  # the store keeps an acceptance; the API checks its signer
+
+
+def created(n: int, *, block: int = 10, deadline: int | None = None, flags: int = 0) -> Event:
     return Event(
         name="JobCreated",
         args={
@@ -55,6 +60,10 @@ def created(n: int, *, block: int = 10, deadline: int | None = None) -> Event:
             "bounty": 10**17,
             "deadline": deadline or int(time.time()) + 3600,
             "feeBps": 250,
+            "operator": OPERATOR,
+            "mediator": MEDIATOR,
+            "collateral": 10**17,
+            "flags": flags,
             "salt": b"\x01" * 32,
             "specCid": "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy",
         },
@@ -82,11 +91,25 @@ def node(store: Store, wallet: str = WALLETS[0], *, slots: int = 1, nonce: int =
     ).node_id
 
 
-def take(store: Store, node_id: str, lease_ttl: float = 30.0) -> list[str]:
+def take(store: Store, node_id: str, lease_ttl: float = 30.0, *, accept: bool = True) -> list[str]:
+    """One round offering the oldest queued job to ``node_id``, which accepts it (unless not
+    ``accept``)."""
     won = store.dispatch(
         lambda rows: [Claim(rows[0].job_id, node_id)] if rows else [], limit=8, lease_ttl=lease_ttl
     )
+    if accept:
+        for c in won:
+            store.accept(c.job.job_id, node_id, c.job.attempt, SIG)
     return [c.job.job_id for c in won]
+
+
+def offer(store: Store, job_id: str, node_id: str, *, accept: bool = True) -> int:
+    """Offer ``job_id`` to ``node_id`` (and accept it); the attempt."""
+    won = store.dispatch(lambda rows: [Claim(job_id, node_id)], limit=8, lease_ttl=30.0)
+    assert [c.job.job_id for c in won] == [job_id]
+    if accept:
+        store.accept(job_id, node_id, won[0].job.attempt, SIG)
+    return won[0].job.attempt
 
 
 def ok_report(attempt: int) -> ResultReport:
@@ -134,7 +157,69 @@ def test_dispatch_leases_once_and_respects_slots(store: Store) -> None:
     job = store.job(jid(1))
     assert (job.state, job.node_id, job.attempt) == ("leased", n, 1)
     assert [i.kind for i in store.outbox_pending()] == ["assign", "assign"]
+    assert store.outbox_pending()[0].payload == {
+        "provider": WALLETS[0],
+        "attempt": 1,
+        "node_id": n,
+        "acceptance": SIG,
+    }
     assert store.node(n).running == 2
+
+
+def test_an_offer_goes_on_chain_only_once_accepted(store: Store) -> None:
+    queue_jobs(store, 1)
+    a, b = node(store, WALLETS[0]), node(store, WALLETS[1])
+    assert take(store, a, accept=False) == [jid(1)]
+    job = store.job(jid(1))
+    assert (job.state, job.acceptance, job.attempt) == ("leased", None, 1)
+    assert store.outbox_pending() == []  # nothing on-chain for an offer
+    with pytest.raises(ConflictError, match="never accepted"):  # no result before accepting
+        store.record_result(jid(1), a, ok_report(attempt=1))
+    with pytest.raises(ConflictError, match="stale"):
+        store.accept(jid(1), a, 2, SIG)
+    with pytest.raises(ConflictError, match="not offered to node"):
+        store.accept(jid(1), b, 1, SIG)
+    # heartbeats do not renew an offer
+    before = job.lease_expires
+    store.heartbeat(a, [jid(1)], lease_ttl=300)
+    assert store.job(jid(1)).lease_expires == before
+    assert store.accept(jid(1), a, 1, SIG) == "leased"
+    assert store.accept(jid(1), a, 1, SIG) == "leased"  # the same acceptance again: a no-op
+    with pytest.raises(ConflictError, match="already accepted"):
+        store.accept(jid(1), a, 1, "0x" + "33" * 65)
+    assert [i.kind for i in store.outbox_pending()] == ["assign"]
+    assert store.job(jid(1)).acceptance == SIG
+    store.heartbeat(a, [jid(1)], lease_ttl=300)
+    assert (store.job(jid(1)).lease_expires or 0) > (before or 0)
+
+
+def test_an_offer_not_accepted_in_time_is_lost_like_a_lease(store: Store) -> None:
+    queue_jobs(store, 1)
+    a, b = node(store, WALLETS[0]), node(store, WALLETS[1])
+    assert take(store, a, lease_ttl=-1, accept=False) == [jid(1)]
+    assert store.expire_leases() == [jid(1)]
+    job = store.job(jid(1))
+    assert job.state == "queued" and job.excluded_wallets == (WALLETS[0].lower(),)
+    assert store.node(a).reputation.bad > 0 and store.node(a).running == 0
+    assert store.outbox_pending() == []  # never accepted: nothing to take back on-chain
+    # the chain never moved: the next offer is the same attempt, for another wallet
+    assert take(store, b, accept=False) == [jid(1)]
+    assert store.job(jid(1)).attempt == 1
+
+
+def test_an_offer_short_of_collateral_ends_without_a_fault(store: Store) -> None:
+    queue_jobs(store, 1)
+    a = node(store)
+    take(store, a, accept=False)
+    why = "free collateral 0 < 10**17"
+    assert store.offer_refused(jid(1), a, 2, why) == "leased"  # another attempt: not this one
+    assert store.offer_refused(jid(1), a, 1, why) == "queued"
+    job = store.job(jid(1))
+    assert job.excluded_wallets == (WALLETS[0].lower(),) and why in job.reason
+    n = store.node(a)
+    assert (n.running, n.reputation.bad, n.jobs_failed) == (0, 0, 0)
+    assert store.attempts_of(jid(1))[0]["outcome"] == "not_taken"
+    assert store.outbox_pending() == []
 
 
 def test_heartbeat_renews_and_cancels(store: Store) -> None:
@@ -154,10 +239,14 @@ def test_expired_lease_requeues_elsewhere(store: Store) -> None:
     assert take(store, a, lease_ttl=-1) == [jid(1)]
     assert store.expire_leases() == [jid(1)]
     job = store.job(jid(1))
-    assert job.state == "queued" and job.excluded == (a,)
+    assert job.state == "queued" and job.excluded == (a,) and job.acceptance is None
     assert store.node(a).running == 0 and store.node(a).reputation.bad > 0
+    # the accepted lease may be on-chain: the outbox takes it back from that provider
+    assert [(i.kind, i.payload) for i in store.outbox_pending()][1:] == [
+        ("unassign", {"provider": WALLETS[0], "attempt": 1})
+    ]
     assert take(store, b) == [jid(1)]
-    assert store.job(jid(1)).attempt == 2
+    assert store.job(jid(1)).attempt == 1  # the chain's next attempt (no receipt folded here)
 
 
 def test_offline_node_loses_its_jobs(store: Store) -> None:
@@ -179,8 +268,10 @@ def test_results_success_failure_and_attempts(store: Store) -> None:
     with pytest.raises(ConflictError, match="not leased to node"):
         store.record_result(jid(1), b, ok_report(attempt=1))
     assert store.record_result(jid(1), a, ok_report(attempt=1)) == "verifying"
+    assert store.node(a).running == 1  # verifying: the node's slot is still held
     assert store.verified(jid(1), True, "ok") == "settling"
-    assert store.outbox_pending()[-1].kind == "settle"
+    assert store.outbox_pending()[-1].kind == "relay"  # not on-verify: relay, then finalize
+    assert store.node(a).running == 0  # the node's work is done
     # job 2 fails twice on the nodes' side (max_attempts=2): failed, the chain assignment undone
     failed = ResultReport(
         attempt=1, reason=RunReason.AGENT_ERROR, message="IPFS down", duration_s=1
@@ -188,8 +279,7 @@ def test_results_success_failure_and_attempts(store: Store) -> None:
     take(store, b)
     assert store.record_result(jid(2), b, failed) == "queued"
     take(store, c)
-    failed2 = failed.model_copy(update={"attempt": 2})
-    assert store.record_result(jid(2), c, failed2) == "failed"
+    assert store.record_result(jid(2), c, failed) == "failed"
     assert store.outbox_pending()[-1].kind == "unassign"
     assert store.node(c).running == 0
     assert store.node(b).reputation.bad > 0 and store.node(b).jobs_failed == 1
@@ -258,7 +348,7 @@ def test_a_requeue_for_a_node_fault_excludes_the_node_s_whole_wallet(store: Stor
     assert store.job(jid(2)).excluded_wallets == (WALLETS[0].lower(),)
     # a hand-back excludes nobody
     queue_jobs(store, 1, start=3)
-    store.dispatch(lambda rows: [Claim(jid(3), other)], limit=8, lease_ttl=30.0)
+    offer(store, jid(3), other)
     assert store.hand_back(jid(3), other) == "queued"
     assert store.job(jid(3)).excluded_wallets == ()
 
@@ -342,6 +432,29 @@ def test_migration_0002_upgrades_existing_jobs(db_url: str) -> None:
     store.close()
 
 
+def test_migration_0003_upgrades_existing_jobs_and_outbox_rows(db_url: str) -> None:
+    store = Store(db_url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with store.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0002")
+        assert "acceptance" not in {c["name"] for c in sa.inspect(conn).get_columns("jobs")}
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox (job_id, kind, payload, status, tries, error, created_at, "
+                "updated_at) VALUES ('0xa', 'assign', '{}', 'pending', 0, '', 1.0, 1.0)"
+            )
+        )
+    store.migrate()
+    (item,) = store.outbox_pending(now=0.0)  # an old row waits for no time
+    assert (item.kind, item.not_before) == ("assign", None)
+    with store.engine.connect() as conn:
+        cols = {c["name"] for c in sa.inspect(conn).get_columns("jobs")}
+    assert "acceptance" in cols
+    store.close()
+
+
 def test_hand_back_requeues_without_penalty(store: Store) -> None:
     queue_jobs(store, 1)
     a = node(store)
@@ -352,6 +465,20 @@ def test_hand_back_requeues_without_penalty(store: Store) -> None:
     assert job.excluded_wallets == ()
     # the escrow would refuse the same provider: the assignment is undone on-chain
     assert [i.kind for i in store.outbox_pending()] == ["assign", "unassign"]
+    # declining an offer (never accepted) is a hand-back with nothing to undo on-chain
+    take(store, a, accept=False)
+    assert store.hand_back(jid(1), a) == "queued"
+    assert [i.kind for i in store.outbox_pending()] == ["assign", "unassign"]
+    assert store.attempts_of(jid(1))[-1]["outcome"] == "declined"
+    job = store.job(jid(1))
+    assert job.excluded == (a,) and job.excluded_wallets == ()  # that node only, no fault
+    assert store.node(a).reputation.bad == 0
+    # an offer that never reached its node (its poll ended first) excludes nobody
+    queue_jobs(store, 1, start=2)
+    b = node(store, WALLETS[1])
+    offer(store, jid(2), b, accept=False)
+    assert store.hand_back(jid(2), b, delivered=False) == "queued"
+    assert store.job(jid(2)).excluded == ()
 
 
 def refunded(n: int, block: int) -> Event:
@@ -377,22 +504,18 @@ def test_every_state_the_store_writes_is_a_row_of_the_lifecycle_table(store: Sto
             steps.add((before, after))
 
     def lease(job_id: str, node_id: str) -> None:
-        pick = [j for j in store.jobs(state="queued") if j.job_id == job_id]
-        won = store.dispatch(
-            lambda rows: [Claim(job_id, node_id)] if pick else [], limit=8, lease_ttl=30.0
-        )
-        assert [c.job.job_id for c in won] == [job_id]
+        assert [j for j in store.jobs(state="queued") if j.job_id == job_id]
+        offer(store, job_id, node_id)
 
     one, two, three, four, five = queue_jobs(store, 5)
     a, b, c = (node(store, w) for w in WALLETS[:3])
     do(one, lambda: lease(one, a))  # paid
     do(one, lambda: store.record_result(one, a, ok_report(attempt=1)))
     do(one, lambda: store.verified(one, True, "ok"))
-    do(one, lambda: store.settled(one, paid=True))
-    do(two, lambda: lease(two, b))  # rejected, handed back, refused for good
+    do(one, lambda: store.settled(one))
+    do(two, lambda: lease(two, b))  # failed the check, handed back, refused for good
     do(two, lambda: store.record_result(two, b, ok_report(attempt=1)))
     do(two, lambda: store.verified(two, False, "bad"))
-    do(two, lambda: store.settled(two, paid=False))
     do(two, lambda: lease(two, c))
     do(two, lambda: store.hand_back(two, c))
     do(two, lambda: lease(two, c))
@@ -423,7 +546,7 @@ def test_a_move_the_table_refuses_changes_nothing(store: Store) -> None:
     queue_jobs(store, 1)
     a = node(store)
     take(store, a)
-    assert store.settled(jid(1), paid=True) == "leased"  # not settling: nothing to pay
+    assert store.settled(jid(1)) == "leased"  # not settling: nothing to pay
     assert store.verified(jid(1), True, "ok") == "leased"
     job = store.job(jid(1))
     assert (job.state, job.node_id) == ("leased", a)
@@ -501,21 +624,149 @@ def test_a_timeout_costs_the_node_only_once_another_node_is_paid_for_the_job(
     why = "killed at the time limit of 600 s"
     timeout = ResultReport(attempt=1, reason=RunReason.TIMEOUT, message=why, duration_s=1)
     # job 1: times out on `slow`, requeued; nothing counted yet
-    store.dispatch(lambda rows: [Claim(jid(1), slow)], limit=8, lease_ttl=30.0)
+    offer(store, jid(1), slow)
     assert store.record_result(jid(1), slow, timeout) == "queued"
     assert store.attempts_of(jid(1))[0]["outcome"] == "timed_out"
     assert (store.node(slow).reputation.bad, store.node(slow).jobs_failed) == (0, 0)
     # `fast` does it in time and is paid: the job fitted, so `slow` is at fault
-    store.dispatch(lambda rows: [Claim(jid(1), fast)], limit=8, lease_ttl=30.0)
-    assert store.record_result(jid(1), fast, ok_report(attempt=2)) == "verifying"
+    offer(store, jid(1), fast)
+    assert store.record_result(jid(1), fast, ok_report(attempt=1)) == "verifying"
     assert store.verified(jid(1), True, "ok") == "settling"
-    assert store.settled(jid(1), paid=True) == "released"
+    assert store.settled(jid(1)) == "released"
     assert (store.node(slow).reputation.bad, store.node(slow).jobs_failed) == (1.0, 1)
     assert store.node(fast).jobs_done == 1
     # job 2 times out everywhere (max_attempts=2): failed, and nobody is counted
-    store.dispatch(lambda rows: [Claim(jid(2), slow)], limit=8, lease_ttl=30.0)
+    offer(store, jid(2), slow)
     assert store.record_result(jid(2), slow, timeout) == "queued"
-    store.dispatch(lambda rows: [Claim(jid(2), fast)], limit=8, lease_ttl=30.0)
-    late = timeout.model_copy(update={"attempt": 2})
-    assert store.record_result(jid(2), fast, late) == "failed"
+    offer(store, jid(2), fast)
+    assert store.record_result(jid(2), fast, timeout) == "failed"
     assert store.node(slow).jobs_failed == 1 and store.node(fast).jobs_failed == 0
+
+
+def chain_event(name: str, n: int, block: int, **args: Any) -> Event:
+    return Event(
+        name=name,
+        args={"jobId": n.to_bytes(32, "big"), **args},
+        block=block,
+        tx_hash="0x" + f"{block:02x}" * 32,
+        log_index=0,
+    )
+
+
+def test_a_dispute_waits_for_the_mediator_and_a_ruling_against_requeues_elsewhere(
+    store: Store,
+) -> None:
+    queue_jobs(store, 1)
+    a, b = node(store, WALLETS[0]), node(store, WALLETS[1])
+    take(store, a)
+    cid = ok_report(1).output_cid
+    now = int(time.time())
+    store.apply_chain_events(
+        [
+            chain_event(
+                "JobAssigned",
+                1,
+                11,
+                provider=WALLETS[0],
+                previousProvider=OPERATOR[:2] + "0" * 40,
+                attempt=1,
+                since=now,
+            ),
+            chain_event(
+                "ResultSubmitted",
+                1,
+                12,
+                provider=WALLETS[0],
+                attempt=1,
+                submittedAt=now,
+                outputCid=cid,
+            ),
+        ],
+        through_block=12,
+    )
+    assert store.job(jid(1)).state == "verifying"  # posted on-chain by the provider itself
+    assert store.verified(jid(1), True, "ok") == "settling"
+    assert [i.kind for i in store.outbox_pending()] == ["assign", "finalize"]
+    assert store.node(a).running == 0
+    store.apply_chain_events(
+        [chain_event("ResultDisputed", 1, 13, provider=WALLETS[0], disputedAt=now, deposit=1)],
+        through_block=13,
+    )
+    job = store.job(jid(1))
+    assert job.state == "disputed" and "mediator" in job.reason
+    store.apply_chain_events(
+        [
+            chain_event(
+                "Ruled", 1, 14, mediator=MEDIATOR, provider=WALLETS[0], attempt=1, upheld=False
+            ),
+            chain_event(
+                "ProviderSlashed",
+                1,
+                15,
+                provider=WALLETS[0],
+                amount=10**17,
+                submitter=SUBMITTER,
+                toMediator=1,
+            ),
+        ],
+        through_block=15,
+    )
+    job = store.job(jid(1))
+    assert (job.state, job.node_id, job.chain.status.name) == ("queued", None, "FUNDED")
+    assert job.excluded_wallets == (WALLETS[0].lower(),) and "slashed" in job.reason
+    assert job.failures == 1
+    n = store.node(a)
+    assert n.reputation.bad > 0 and n.jobs_failed == 1 and n.running == 0
+    assert store.attempts_of(jid(1))[0]["outcome"] == "ruled_against"
+    assert "chain:ProviderSlashed" in [r["event"] for r in store.audit_of(jid(1))]
+    # the finalize waiting for the window is moot: it holds back no later step
+    assert [i.kind for i in store.outbox_pending()] == ["assign"]
+    # the chain is Funded again at attempt 1: the next offer is attempt 2, to another wallet
+    assert take(store, b) == [jid(1)]
+    assert store.job(jid(1)).attempt == 2
+
+
+def test_a_result_that_fails_the_check_is_not_relayed_and_the_job_is_taken_back(
+    store: Store,
+) -> None:
+    queue_jobs(store, 1)
+    a = node(store, WALLETS[0])
+    take(store, a)
+    assert store.record_result(jid(1), a, ok_report(attempt=1)) == "verifying"
+    assert store.verified(jid(1), False, "output is not on IPFS") == "queued"
+    job = store.job(jid(1))
+    assert job.excluded_wallets == (WALLETS[0].lower(),) and job.failures == 1
+    assert "not relayed" in job.reason
+    kinds = [(i.kind, i.payload) for i in store.outbox_pending()]
+    assert kinds[1:] == [("unassign", {"provider": WALLETS[0], "attempt": 1})]  # no relay
+    n = store.node(a)
+    assert n.reputation.bad > 0 and n.running == 0
+    assert store.attempts_of(jid(1))[0]["outcome"] == "rejected"
+
+
+def test_an_on_verify_job_is_settled_at_once(store: Store) -> None:
+    store.apply_chain_events([created(1, flags=1)], through_block=10)
+    assert store.set_spec(jid(1), SPEC) == "queued"
+    a = node(store)
+    take(store, a)
+    store.record_result(jid(1), a, ok_report(attempt=1))
+    assert store.verified(jid(1), True, "ok") == "settling"
+    (_, settle) = store.outbox_pending()
+    assert settle.kind == "settle" and settle.payload["signature"] == "0x" + "11" * 65
+
+
+def test_outbox_rows_wait_for_their_chain_time_and_hold_their_job_back(store: Store) -> None:
+    store.outbox_add("0xa", "finalize", {}, not_before=1000.0)
+    store.outbox_add("0xa", "unassign", {})
+    store.outbox_add("0xb", "unassign", {})
+    assert store.outbox_waiting()
+    assert [(i.job_id, i.kind) for i in store.outbox_pending(now=999)] == [("0xb", "unassign")]
+    assert [(i.job_id, i.kind) for i in store.outbox_pending(now=1000)] == [
+        ("0xa", "finalize"),
+        ("0xa", "unassign"),
+        ("0xb", "unassign"),
+    ]
+    first = store.outbox_pending(now=1000)[0]
+    store.outbox_defer(first.id, 2000.0, "too early")
+    assert [i.job_id for i in store.outbox_pending(now=1500)] == ["0xb"]
+    assert len(store.outbox_pending()) == 3  # without a time: everything pending

@@ -114,7 +114,7 @@ def test_reasons_are_written_in_one_go_to_queued_jobs_only(store: Store) -> None
     store.set_reasons([(jid(2), "no idle node is waiting for work"), (taken, "nope")])
     store.set_reasons([])
     assert store.job(jid(2)).reason == "no idle node is waiting for work"
-    assert store.job(taken).reason == f"running on {n}"  # leased: left alone
+    assert store.job(taken).reason == f"accepted by {n}; assigning on-chain"  # leased: left alone
     assert store.job(jid(3)).reason != "nope"
 
 
