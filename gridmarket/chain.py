@@ -30,10 +30,12 @@ from web3.types import LogReceipt, TxParams, TxReceipt
 from gridmarket.escrow import (
     FLAG_ON_VERIFY,
     JOB_EVENTS,
+    PROSE_FIELDS,
     InvalidText,
     JobState,
     Terms,
     apply_event,
+    decode_prose,
     decode_text,
 )
 
@@ -344,9 +346,7 @@ class EscrowClient:
         self, account: LocalAccount, fn_name: str, state: JobState, *extra: Any, value: int = 0
     ) -> tuple[JobState, Sent]:
         """Call a job transition (``assign``, ``settle``, ``dispute``...); fold its events."""
-        sent = self.send(
-            account, fn_name, state.job_id, state.job.as_tuple(), *extra, value=value
-        )
+        sent = self.send(account, fn_name, state.job_id, state.job.as_tuple(), *extra, value=value)
         for event in sent.events:
             if event.name in JOB_EVENTS and bytes(event.args["jobId"]) == state.job_id:
                 state = apply_event(state, event.name, event.args)
@@ -425,7 +425,9 @@ class EscrowClient:
             raise UndecodableLogError(f"{abi['name']}: {exc}") from exc
         for param, value in zip(plain, values, strict=True):
             name = str(param["name"])
-            if param["type"] == "string":
+            if param["type"] == "string" and name in PROSE_FIELDS:
+                value = decode_prose(value)
+            elif param["type"] == "string":
                 value = decode_text(name, value)
                 if isinstance(value, InvalidText):
                     problems[name] = value.problem

@@ -110,6 +110,18 @@ def decode_text(field: str, raw: bytes) -> str:
     return raw.decode("utf-8") if problem is None else InvalidText(field, raw, problem)
 
 
+PROSE_FIELDS = frozenset({"reason"})
+"""``string`` event arguments that are the contract's own words (``Credited.reason``), not CIDs:
+decoded with :func:`decode_prose`, never as :class:`InvalidText`."""
+
+
+def decode_prose(raw: bytes) -> str:
+    """A contract-written ``string`` as text: UTF-8 (invalid bytes replaced), control
+    characters dropped, at most :data:`MAX_TEXT_BYTES` characters."""
+    text = bytes(raw[: MAX_TEXT_BYTES * 4]).decode("utf-8", errors="replace")
+    return "".join(ch for ch in text if ch.isprintable())[:MAX_TEXT_BYTES]
+
+
 def text_digest(value: str) -> bytes:
     """keccak256 of the bytes the contract saw for a decoded string argument."""
     if isinstance(value, InvalidText):

@@ -40,14 +40,10 @@ blocks after the cursor up to ``through_block``, in (block, log_index) order, po
 and set the cursor to ``through_block``, atomically. Called from one thread at a time."""
 
 
-FREE_TEXT: frozenset[tuple[str, str]] = frozenset({("Credited", "reason")})
-"""Event strings the contract writes itself from constants ("deposit returned", ...): prose,
-not CIDs, so the CID check the decoder applies to every string does not make them invalid."""
-
-
 def _invalid(event: Event) -> int:
-    """How many of ``event``'s strings did not decode to a usable value."""
-    return sum(1 for name in event.problems if (event.name, name) not in FREE_TEXT)
+    """How many of ``event``'s strings did not decode to a usable value (the contract's own
+    prose, ``Credited.reason``, is decoded as text: gridmarket.escrow.PROSE_FIELDS)."""
+    return len(event.problems)
 
 
 class CursorStore(Protocol):

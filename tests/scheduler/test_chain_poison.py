@@ -6,17 +6,15 @@ counted. An honest job funded after them is delivered like any other."""
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import pytest
-from eth_account.signers.local import LocalAccount
 from eth_utils.crypto import keccak
 
-from gridmarket.chain import EscrowClient, Sent
+from gridmarket.chain import EscrowClient
 from gridmarket.escrow import InvalidText, JobState, Status, apply_event
 from scheduler.chain import ChainWatcher, TxSender, apply_sent
-from tests.hostile import INVALID_UTF8, ODD_128, Forger, escrow_call
+from tests.hostile import INVALID_UTF8, ODD_128, Forger, create_job_raw, escrow_call
 
 from ..conftest import Devnet
 from .chain_support import SqliteStore, acceptance, chain_now, create_job, ensure_provider
@@ -25,26 +23,6 @@ from .chain_support import SqliteStore, acceptance, chain_now, create_job, ensur
 @pytest.fixture
 def client(devnet: Devnet) -> EscrowClient:
     return EscrowClient(devnet.w3, devnet.deployment)
-
-
-def create_job_raw(
-    client: EscrowClient, submitter: LocalAccount, spec_cid: bytes, deadline: int, bounty: int
-) -> Sent:
-    """``createJob`` (escrow v2, the deployment's default terms) with ``spec_cid`` as raw
-    bytes."""
-    t = client.default_terms(bounty, submitter.address)
-    return escrow_call(
-        client,
-        submitter,
-        "createJob",
-        os.urandom(32),
-        spec_cid,
-        deadline,
-        t.mediator,
-        t.collateral,
-        t.flags,
-        value=bounty,
-    )
 
 
 def test_poison_strings_are_recorded_and_the_watcher_moves_on(
