@@ -17,6 +17,8 @@ import json
 import shutil
 import socket
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
@@ -63,7 +65,10 @@ class Anvil(Service):
     ``log_file`` the log goes to a temporary file, removed by :meth:`stop` (kept when a start
     fails: the error names it). ``prune_history``
     keeps no past states: calls at old blocks fail, but long runs (many thousand blocks) stay
-    as fast as the first block instead of slowing down as the history grows.
+    as fast as the first block instead of slowing down as the history grows. ``idle_block_s``
+    mines an empty block whenever the chain has been idle that long (transactions are still
+    mined at once): the escrow judges its windows by block time, and an idle automine chain's
+    clock would otherwise stand still, as no public chain's does.
     """
 
     port: int = 0
@@ -74,7 +79,10 @@ class Anvil(Service):
     state_file: Path | None = None
     log_file: Path | None = None
     prune_history: bool = False
+    idle_block_s: float | None = None
     _proc: ManagedProcess | None = field(default=None, init=False, repr=False)
+    _ticker: threading.Thread | None = field(default=None, init=False, repr=False)
+    _ticking: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
     _temp_log: Path | None = field(default=None, init=False, repr=False)
     _log_offset: int = field(default=0, init=False, repr=False)
 
@@ -104,6 +112,7 @@ class Anvil(Service):
             try:
                 self._proc.start()
                 self._proc.wait_ready(self._ready, timeout)
+                self._start_ticker()
                 return self
             except ServiceError as exc:
                 proc, self._proc = self._proc, None
@@ -118,6 +127,10 @@ class Anvil(Service):
 
     def stop(self) -> None:
         """SIGTERM anvil (it writes ``state_file``), SIGKILL after 15 s; a no-op when stopped."""
+        self._ticking.set()
+        if self._ticker is not None:
+            self._ticker.join(5)
+            self._ticker = None
         super().stop()
         if self._temp_log is not None:
             self._temp_log.unlink(missing_ok=True)
@@ -126,6 +139,35 @@ class Anvil(Service):
             self._temp_log = None
 
     # ------------------------------------------------------------------ steps
+
+    def _start_ticker(self) -> None:
+        if not self.idle_block_s or self._ticker is not None:
+            return
+        self._ticking.clear()
+        self._ticker = threading.Thread(target=self._tick, name="anvil-idle-blocks", daemon=True)
+        self._ticker.start()
+
+    def _rpc(self, method: str, params: list[object]) -> object:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        try:
+            body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+            conn.request("POST", "/", body, {"Content-Type": "application/json"})
+            return json.loads(conn.getresponse().read()).get("result")
+        finally:
+            conn.close()
+
+    def _tick(self) -> None:
+        """Mine an empty block when the latest is ``idle_block_s`` old (by the wall clock; a
+        test that moved the chain's clock ahead just sees blocks a second apart)."""
+        assert self.idle_block_s is not None
+        while not self._ticking.wait(self.idle_block_s / 2):
+            try:
+                block = self._rpc("eth_getBlockByNumber", ["latest", False])
+                stamp = int(block["timestamp"], 16) if isinstance(block, dict) else 0
+                if time.time() - stamp >= self.idle_block_s:
+                    self._rpc("evm_mine", [])
+            except (OSError, http.client.HTTPException, ValueError):
+                continue  # anvil restarting or stopping: try again next tick
 
     def _argv(self, binary: str) -> list[str]:
         cmd = [

@@ -405,7 +405,7 @@ def run_grid(
     state_file.unlink(missing_ok=True)
     with contextlib.ExitStack() as stack:
         on_step("anvil devnet")
-        anvil = Anvil(log_file=work / "anvil.log", state_file=state_file)
+        anvil = Anvil(log_file=work / "anvil.log", state_file=state_file, idle_block_s=1.0)
         stack.enter_context(anvil)
         w3 = Web3(Web3.HTTPProvider(anvil.url))
         accounts = [Account.from_key(k) for k in dev_accounts(11)]
