@@ -52,26 +52,10 @@ _LOCALHOST_ANY_PORT = "/ip4/127.0.0.1/tcp/0"
 # @libp2p/tcp 6.2.2 and @libp2p/websockets 5.0.10 (and their mafmt 12) resolve the hoisted
 # multiaddr 12, which does not recognise a version-11 object: every listen address is filtered
 # out and the daemon hangs in start-up ("no valid addresses were provided for transports").
-# This ESM resolve hook (registered with --import, node_modules untouched) sends every import
-# that would load the hoisted multiaddr to libp2p's own copy instead (docs/platform.md).
-_MULTIADDR_HOOKS = """\
-// Written by devstack/ipfs.py: see _MULTIADDR_HOOKS there and docs/platform.md.
-import { pathToFileURL } from 'node:url'
-const FROM = pathToFileURL(%(from)s).href + '/'
-const TO = pathToFileURL(%(to)s).href + '/'
-export async function resolve (specifier, context, next) {
-  const result = await next(specifier, context)
-  if (result.url.startsWith(FROM)) {
-    return { ...result, url: TO + result.url.slice(FROM.length) }
-  }
-  return result
-}
-"""
-_MULTIADDR_REGISTER = """\
-// Written by devstack/ipfs.py: registers multiaddr-hooks.mjs (one multiaddr for libp2p).
-import { register } from 'node:module'
-register('./multiaddr-hooks.mjs', import.meta.url)
-"""
+# A swarm daemon therefore runs from an overlay node_modules in its work dir: one symlink per
+# package of the real tree, except the hoisted multiaddr, which points at libp2p's own copy;
+# `node --preserve-symlinks` resolves every import inside the overlay (docs/platform.md).
+_OVERLAY = "node_modules"
 
 
 def _package_version(package_dir: Path) -> str | None:
@@ -149,9 +133,12 @@ class IpfsDaemon(Service):
         if not (self.repo / "config").is_file():
             self._init(node, env)
         self._configure()
-        argv = [node, str(self.cli), "daemon", "--enable-preload=false"]
-        if not self.swarm:
-            argv.insert(3, "--offline")
+        argv = [node, str(self.cli), "daemon", "--offline", "--enable-preload=false"]
+        if self.swarm:
+            overlay = self._overlay()
+            cli = str(overlay / "ipfs" / "src" / "cli.js") if overlay else str(self.cli)
+            flags = ["--preserve-symlinks", "--preserve-symlinks-main"] if overlay else []
+            argv = [node, *flags, cli, "daemon", "--enable-preload=false"]
         proc = ManagedProcess("js-ipfs daemon", argv, self.log_path, env=env, cwd=self.work_dir)
         self._launch(
             proc, self._ready, self.start_timeout, lambda pid: self._pidfile.write_text(str(pid))
@@ -230,34 +217,43 @@ class IpfsDaemon(Service):
         env = dict(os.environ)
         env["IPFS_PATH"] = str(self.repo)
         # Node 20 lacks Promise.withResolvers, which newer transitive dependencies call.
-        options = [env.get("NODE_OPTIONS", ""), f"--require {self.polyfills}"]
-        if self.swarm:
-            hooks = self._multiaddr_hooks()
-            if hooks is not None:
-                options.append(f"--import {hooks}")
-        env["NODE_OPTIONS"] = " ".join(o for o in options if o)
+        require = f"--require {self.polyfills}"
+        env["NODE_OPTIONS"] = f"{env.get('NODE_OPTIONS', '')} {require}".strip()
         env.pop("DEBUG", None)  # js-ipfs debug logging floods the log
         return env
 
-    def _multiaddr_hooks(self) -> Path | None:
-        """Write the resolve hook that gives libp2p's transports one multiaddr version (see
-        ``_MULTIADDR_HOOKS``); None when the installed tree needs none."""
-        hoisted = (self.node_modules / "@multiformats" / "multiaddr").resolve()
-        own = (
-            self.node_modules / "libp2p" / "node_modules" / "@multiformats" / "multiaddr"
-        ).resolve()
+    def _overlay(self) -> Path | None:
+        """Build ``<work_dir>/node_modules``: the real tree as symlinks, with the hoisted
+        multiaddr replaced by libp2p's own copy (see ``_OVERLAY``); None when the installed
+        tree has no such split (then the real tree is used as it is)."""
+        real = self.node_modules.resolve()
+        hoisted = real / "@multiformats" / "multiaddr"
+        own = real / "libp2p" / "node_modules" / "@multiformats" / "multiaddr"
         hoisted_version, own_version = _package_version(hoisted), _package_version(own)
-        if own_version is None or hoisted_version is None:
+        if hoisted_version is None or own_version is None:
             return None  # libp2p uses the hoisted copy itself: nothing to reconcile
         if hoisted_version.split(".")[0] == own_version.split(".")[0]:
             return None
-        hooks = self.work_dir / "multiaddr-hooks.mjs"
-        hooks.write_text(
-            _MULTIADDR_HOOKS % {"from": json.dumps(str(hoisted)), "to": json.dumps(str(own))}
-        )
-        register = self.work_dir / "multiaddr-register.mjs"
-        register.write_text(_MULTIADDR_REGISTER)
-        return register
+        overlay = self.work_dir / _OVERLAY
+        if overlay.is_symlink() or overlay.is_file():
+            overlay.unlink()
+        elif overlay.is_dir():
+            shutil.rmtree(overlay)  # symlinks only: rmtree unlinks them, never follows them
+        overlay.mkdir()
+        for entry in real.iterdir():  # rebuilt at every start: follows `npm install`
+            if entry.name.startswith("."):  # .bin, .package-lock.json
+                continue
+            if entry.name.startswith("@") and entry.is_dir():
+                scope = overlay / entry.name
+                scope.mkdir()
+                for member in entry.iterdir():
+                    (scope / member.name).symlink_to(member)
+            else:
+                (overlay / entry.name).symlink_to(entry)
+        link = overlay / "@multiformats" / "multiaddr"
+        link.unlink()
+        link.symlink_to(own)
+        return overlay
 
     def _clear_stale_state(self) -> None:
         clear_stale_pidfile(self._pidfile, "a js-ipfs daemon")
