@@ -7,7 +7,7 @@ One offline daemon (the default)::
 
 Several daemons that move content between them over a loopback swarm (bitswap)::
 
-    with IpfsSwarm(work_dir, ["scheduler", "agent-1"]).start() as swarm:
+    with IpfsSwarm(work_dir, ["scheduler", "agent-1"]) as swarm:  # started, fully connected
         cid = add_on(swarm["agent-1"].api_addr)
         fetch_from(swarm["scheduler"].api_addr, cid)  # the bytes cross the swarm
 
@@ -15,8 +15,10 @@ The repository lives in ``<work_dir>/repo`` (initialised once, reused by later s
 ``<work_dir>/ipfs.log``. Every daemon listens on 127.0.0.1 only, on ports the OS picks, with no
 bootstrap peers, no routing (no DHT), no MDNS and no preload nodes: nothing leaves the machine.
 An offline daemon has no swarm at all; a swarm daemon (``swarm=True``) listens for peers on a
-loopback TCP port and talks only to the peers it is told to :meth:`IpfsDaemon.connect` to.
-Pitfalls behind each step are in docs/platform.md ("IPFS and Docker", "IPFS swarm on loopback").
+loopback TCP port and talks only to the peers it is told to :meth:`IpfsDaemon.connect` to; it
+runs from an overlay ``<work_dir>/node_modules`` (symlinks) that works around a dependency split
+in the locked tree (``_OVERLAY`` below). Pitfalls behind each step are in docs/platform.md
+("IPFS and Docker", "IPFS swarm on loopback").
 """
 
 from __future__ import annotations
