@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import logging
 import os
 import secrets
@@ -30,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import docker
 import httpx
@@ -47,7 +46,7 @@ from ._process import ROOT, ManagedProcess, ServiceError
 from .anvil import Anvil, DevRoles, dev_accounts, free_port
 from .dockerd import Dockerd
 from .images import BUSYBOX_IMAGE, ensure_busybox_image, publish_busybox
-from .ipfs import IpfsDaemon
+from .ipfs import IpfsDaemon, IpfsSwarm
 from .mediator import MediatorProcess
 from .registry import Registry
 from .scheduler import SchedulerProcess
@@ -84,27 +83,13 @@ class AgentProcess:
         return self.process.log_path
 
 
-class _PinnedIpfsDaemon(IpfsDaemon):
-    """An :class:`IpfsDaemon` whose API keeps its port across restarts: the first start takes
-    a port the OS picks, later starts ask for that same port, so the scheduler and the agents
-    (configured with the API address) reach it again after an outage."""
-
-    api_port: int | None = None
-
-    def start(self) -> Self:
-        super().start()
-        if self.api_port is None and self.api_addr:
-            self.api_port = int(self.api_addr.split("/")[4])
-        return self
-
-    def _configure(self) -> None:
-        super()._configure()
-        if self.api_port is None:
-            return
-        path = self.repo / "config"
-        config = json.loads(path.read_text())
-        config["Addresses"]["API"] = f"/ip4/127.0.0.1/tcp/{self.api_port}"
-        path.write_text(json.dumps(config, indent=2))
+SUBMITTER_IPFS, SCHEDULER_IPFS, MEDIATOR_IPFS, FRONTEND_IPFS = (
+    "submitter",
+    "scheduler",
+    "mediator",
+    "frontend",
+)
+"""Names of the parties' IPFS nodes in ``LocalGrid.ipfs_swarm`` (agents: their own names)."""
 
 
 @dataclass
@@ -117,8 +102,12 @@ class LocalGrid(DevRoles):
     deployment: Deployment
     deployment_file: Path
     escrow: EscrowClient
-    ipfs_daemon: IpfsDaemon
+    ipfs_swarm: IpfsSwarm
+    """One js-ipfs node per party on a loopback swarm (full mesh): ``submitter`` (``ipfs``),
+    ``scheduler`` (its replicas too), ``mediator``, ``frontend`` and one per agent, named after
+    it. Content moves between them by bitswap; none shares another's blockstore."""
     ipfs: IpfsStore
+    """The submitter's node (tests and the demo add specs and inputs here)."""
     dockerd: Dockerd | None
     docker_note: str
     registry: Registry | None
@@ -135,6 +124,11 @@ class LocalGrid(DevRoles):
     replicas: list[SchedulerProcess] = field(default_factory=list)
     """Scheduler replicas started by :func:`start_replica` (stopped with the grid)."""
 
+    @property
+    def ipfs_daemon(self) -> IpfsDaemon:
+        """The submitter's IPFS node (what ``ipfs`` talks to)."""
+        return self.ipfs_swarm[SUBMITTER_IPFS]
+
     def api(self, path: str) -> Any:
         r = httpx.get(self.scheduler.url + path, timeout=10)
         r.raise_for_status()
@@ -148,6 +142,7 @@ class LocalGrid(DevRoles):
             "escrow": self.deployment.escrow,
             "deployment_file": str(self.deployment_file),
             "ipfs_api": self.ipfs_daemon.api_addr,
+            "ipfs_nodes": {d.name: d.api_addr for d in self.ipfs_swarm},
             "docker_host": self.dockerd.host if self.dockerd else None,
             "docker_note": self.docker_note,
             "registry": self.registry.host if self.registry else None,
@@ -195,17 +190,17 @@ class LocalGrid(DevRoles):
         return self.scheduler
 
     def stop_ipfs(self) -> None:
-        """Stop the IPFS daemon (SIGTERM); :meth:`start_ipfs` brings it back on the same port."""
-        self.ipfs_daemon.stop()
+        """Stop every party's IPFS node (SIGTERM); :meth:`start_ipfs` brings them back."""
+        self.ipfs_swarm.stop()
 
     def start_ipfs(self) -> None:
-        """Start the IPFS daemon again: same repository (content kept), same API address."""
-        before = self.ipfs_daemon.api_addr
-        self.ipfs_daemon.start()
-        if self.ipfs_daemon.api_addr != before:
-            raise ServiceError(
-                f"the IPFS daemon came back on {self.ipfs_daemon.api_addr}, not {before}"
-            )
+        """Start every IPFS node again (same repositories, API and swarm ports) and reconnect
+        them all."""
+        before = {d.name: d.api_addr for d in self.ipfs_swarm}
+        self.ipfs_swarm.start()
+        after = {d.name: d.api_addr for d in self.ipfs_swarm}
+        if after != before:
+            raise ServiceError(f"IPFS nodes came back on {after}, not {before}")
 
     def stop_chain(self) -> None:
         """Stop anvil cleanly (SIGTERM): it writes its state file, which the restart loads."""
@@ -315,7 +310,7 @@ def start_agent(
         grid.escrow.send(account, "registerProvider", "bafkreidevnetprovider", value=PROVIDER_STAKE)
     config = {
         "scheduler_url": scheduler_url or grid.scheduler.url,
-        "ipfs_api": grid.ipfs_daemon.api_addr,
+        "ipfs_api": _agent_ipfs(grid, name).api_addr,
         "keystore": str(keystore),
         "password": AGENT_PASSWORD,
         "name": name,
@@ -342,6 +337,14 @@ def start_agent(
     agent = AgentProcess(name, account, proc, config_path)
     grid.agents.append(agent)
     return agent
+
+
+def _agent_ipfs(grid: LocalGrid, name: str) -> IpfsDaemon:
+    """The agent's own IPFS node: started and connected to every other party's on first use,
+    kept (same repo and ports) when the agent restarts."""
+    if name in grid.ipfs_swarm.names:
+        return grid.ipfs_swarm[name]
+    return grid.ipfs_swarm.add(name)
 
 
 def start_replica(grid: LocalGrid, name: str = "scheduler-b") -> SchedulerProcess:
@@ -420,11 +423,14 @@ def run_grid(
         deployment_file = work / "deployment.json"
         deployment.save(deployment_file)
         escrow = EscrowClient(w3, deployment)
-        on_step("IPFS daemon (js-ipfs, offline, loopback)")
-        ipfs_daemon = _PinnedIpfsDaemon(work / "ipfs")
-        ipfs_daemon.start()
-        stack.callback(ipfs_daemon.stop)
-        ipfs = IpfsStore(ipfs_daemon.api_addr)
+        on_step("IPFS nodes (js-ipfs, one per party, loopback swarm)")
+        parties = [SUBMITTER_IPFS, SCHEDULER_IPFS, MEDIATOR_IPFS]
+        parties += [FRONTEND_IPFS] if with_frontend else []
+        parties += [FLEET[i % len(FLEET)][0] for i in range(agents)]
+        ipfs_swarm = IpfsSwarm(work / "ipfs", parties)
+        stack.callback(ipfs_swarm.stop)
+        ipfs_swarm.start()  # in parallel, then a full mesh
+        ipfs = IpfsStore(ipfs_swarm[SUBMITTER_IPFS].api_addr)
         stack.callback(ipfs.close)
         on_step("dockerd")
         engine, note = _docker(work)
@@ -441,7 +447,7 @@ def run_grid(
             "rpc_url": anvil.url,
             "deployment_file": str(deployment_file),
             "operator_key": "0x" + bytes(accounts[1].key).hex(),
-            "ipfs_api": ipfs_daemon.api_addr,
+            "ipfs_api": ipfs_swarm[SCHEDULER_IPFS].api_addr,
             "token_secret": secrets.token_hex(32),
             "heartbeat_interval_s": "2",
             "node_timeout_s": "10",
@@ -466,7 +472,7 @@ def run_grid(
             work,
             rpc_url=anvil.url,
             deployment_file=deployment_file,
-            ipfs_api=ipfs_daemon.api_addr,
+            ipfs_api=ipfs_swarm[MEDIATOR_IPFS].api_addr,
             key_hex="0x" + bytes(accounts[10].key).hex(),
         )
         mediator.start()
@@ -480,7 +486,7 @@ def run_grid(
                     "GRIDMARKET_FRONTEND_SCHEDULER_URL": scheduler.url,
                     "GRIDMARKET_FRONTEND_RPC_URL": anvil.url,
                     "GRIDMARKET_FRONTEND_DEPLOYMENT_FILE": str(deployment_file),
-                    "GRIDMARKET_FRONTEND_IPFS_API": ipfs_daemon.api_addr,
+                    "GRIDMARKET_FRONTEND_IPFS_API": ipfs_swarm[FRONTEND_IPFS].api_addr,
                 },
             )
             if frontend is not None:
@@ -492,7 +498,7 @@ def run_grid(
             deployment=deployment,
             deployment_file=deployment_file,
             escrow=escrow,
-            ipfs_daemon=ipfs_daemon,
+            ipfs_swarm=ipfs_swarm,
             ipfs=ipfs,
             dockerd=engine,
             docker_note=note,

@@ -2,7 +2,7 @@
 
     make demo
 
-Starts anvil and deploys the escrow, the IPFS daemon (offline, loopback), dockerd when it can
+Starts anvil and deploys the escrow, one IPFS node per party (loopback swarm), dockerd when it can
 run, the scheduler, the web front end (when installed) and a fleet of real provider agents with
 distinct wallets. A submitter then funds jobs that do real work on the dataset in
 examples/datasets/gpu-hours: a Docker job (busybox awk: GPU-hours and mean price per tier) and a
