@@ -91,3 +91,17 @@ def size(n: int | None) -> str:
             return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{n} B"
+
+
+def duration(seconds: int | None) -> str:
+    """``1 h``, ``10 min``, ``3 d``: a window's length for people."""
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s >= 86400 and s % 86400 == 0:
+        return f"{s // 86400} d"
+    if s >= 3600 and s % 3600 == 0:
+        return f"{s // 3600} h"
+    if s >= 60 and s % 60 == 0:
+        return f"{s // 60} min"
+    return f"{s} s"
