@@ -105,3 +105,20 @@ def duration(seconds: int | None) -> str:
     if s >= 60 and s % 60 == 0:
         return f"{s // 60} min"
     return f"{s} s"
+
+
+STATE_LABELS = {
+    "verifying": "integrity check",
+    "verified": "integrity-checked",
+    "pending_spec": "pending spec",
+    "handed_back": "handed back",
+}
+"""How a state reads for people: the scheduler's check of a result is an integrity check (the
+output exists and hashes to its CID), not a verification that it is correct."""
+
+
+def state_label(state: str | None) -> str:
+    """``verifying`` -> ``integrity check``; other states with spaces for underscores."""
+    if not state:
+        return "-"
+    return STATE_LABELS.get(str(state), str(state).replace("_", " "))

@@ -35,7 +35,7 @@ import typer
 from gridmarket.cmdline import command_app, root_options
 from gridmarket.cmdline import friendly as cmdline_friendly
 
-from .format import ago, duration, eth, short, when
+from .format import ago, duration, eth, short, state_label, when
 from .submitter_client import (
     CliError,
     Frontend,
@@ -172,13 +172,13 @@ def submit(
         ),
     ] = None,
     payment: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="after-window: paid when you accept, or when nobody disputed within the "
             "challenge window (trustless); on-verify: paid at once on the scheduler's check "
             "(you trust the scheduler)"
         ),
-    ] = "after-window",
+    ] = None,
 ) -> None:
     """Upload the job's files to IPFS, fund it from your keystore, print its id and page."""
     from gridmarket.cid import bytes_cid
@@ -187,10 +187,12 @@ def submit(
     from .jobfile import load_job_file, parse_deadline
 
     opts = _opts(ctx)
-    payment_mode = payment.strip().lower().replace("_", "-")
+    job = load_job_file(job_file)
+    payment_mode = (payment or job.payment or "after-window").strip().lower().replace("_", "-")
     if payment_mode not in ("after-window", "on-verify"):
         raise CliError(f"--payment: {payment!r} is not after-window or on-verify")
-    job = load_job_file(job_file)
+    mediator = mediator if mediator is not None else job.mediator
+    collateral = collateral if collateral is not None else job.collateral_eth
     bounty_eth, bounty_wei = (
         (bounty, None) if bounty is not None else (job.bounty_eth, job.bounty_wei)
     )
@@ -315,7 +317,7 @@ def _follow(fe: Frontend, job_id: str, timeout: float, quiet: bool = False) -> d
                 raise
             time.sleep(1)
             continue
-        line = f"{view.get('state')} (on-chain {view.get('chain_status')})"
+        line = f"{state_label(view.get('state'))} (on-chain {view.get('chain_status')})"
         reason = (view.get("scheduler") or {}).get("reason")
         if reason:
             line += f": {reason}"
@@ -355,7 +357,11 @@ def status(
     sched = view.get("scheduler") or {}
     rows = [
         ("job", jid),
-        ("state", f"{view.get('state')}  (on-chain: {view.get('chain_status') or 'not yet'})"),
+        (
+            "state",
+            f"{state_label(view.get('state'))}  "
+            f"(on-chain: {view.get('chain_status') or 'not yet'})",
+        ),
     ]
     if sched.get("reason"):
         rows.append(("why", sched["reason"]))

@@ -23,6 +23,7 @@ env.filters.update(
     mib=fmt.mib,
     size=fmt.size,
     duration=fmt.duration,
+    state_label=fmt.state_label,
 )
 env.globals.update(node_state=svg.node_state, status_colors=svg.STATUS_COLORS)
 

@@ -186,6 +186,9 @@ def test_bad_job_files_are_refused_naming_the_field(
         "executor: docker\nimage: busybox\nbounty: 0.01\ndeadline: 10s\n": "ttl_s",
         "executor: docker\nimage: busybox\nbounty: 99999\n": "not enough ETH",
         "- just\n- a list\n": "mapping",
+        "executor: docker\nimage: busybox\nbounty: 0.01\npayment: someday\n": "payment",
+        "executor: docker\nimage: busybox\nbounty: 0.01\nmediator: 0x12\n": "mediator",
+        "executor: docker\nimage: busybox\nbounty: 0.01\ncollateral: 0.001\n": "collateral_eth",
     }
     for n, (text, words) in enumerate(cases.items()):
         path = tmp_path / f"bad{n}.yaml"
@@ -274,6 +277,16 @@ def test_terms_from_the_terminal_default_explicit_and_refused(
     assert state.job.mediator == me and state.job.collateral == 10**16 and state.job.on_verify
     status = gm(stack, home, "status", out["job_id"])
     assert "on the scheduler's check" in status.stdout and "0.01 ETH" in status.stdout
+    assert gm(stack, home, "cancel", out["job_id"]).returncode == 0
+
+    # the same terms from the job file; an option overrides the file
+    in_file = tmp_path / "terms-in-file.yaml"
+    in_file.write_text(job.read_text() + f"mediator: {me}\ncollateral: 0.02\npayment: on-verify\n")
+    done = gm(stack, home, "submit", str(in_file), "--collateral", "0.03", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["terms"]["mediator"] == me and out["terms"]["payment"] == "on_verify"
+    assert out["terms"]["collateral_wei"] == str(3 * 10**16)
     assert gm(stack, home, "cancel", out["job_id"]).returncode == 0
 
 
