@@ -403,7 +403,8 @@ def status(
             )
             rows.append(("ruling", f"attempt {r['attempt']}: {verdict}"))
     rows.append(("output", view.get("output_cid") or "-"))
-    allowed = [name for name, ok in (view.get("actions") or {}).items() if ok]
+    commands = {"release": "accept"}  # the CLI's name for the submitter's release
+    allowed = [commands.get(name, name) for name, ok in (view.get("actions") or {}).items() if ok]
     if allowed:
         rows.append(("you may", ", ".join(allowed)))
     rows.append(("page", f"{opts.url}/jobs/{jid}"))

@@ -579,6 +579,8 @@ def test_funding_with_default_and_explicit_terms(stack: FrontendStack) -> None:
     assert "0.05 ETH" in page
     listed = {j["job_id"]: j for j in stack.get("/api/jobs").json()["jobs"]}
     assert listed[explicit["job_id"]]["payment"] == "on_verify"
+    jobs_page = stack.get("/jobs", headers={"accept": "text/html"}).text
+    assert 'data-payment="on_verify"' in jobs_page and 'data-payment="after_window"' in jobs_page
     assert listed[default["job_id"]]["mediator"] == stack.mediator.address
 
     # an on-verify job's operator may pay it at once (the flag is on-chain, not a label)

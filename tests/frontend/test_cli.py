@@ -301,7 +301,7 @@ def test_dispute_accept_and_finalize_from_the_terminal(
     status = gm(stack, home, "status", disputed)
     assert status.returncode == 0, status.stderr
     assert "window" in status.stdout and "closes" in status.stdout
-    assert "dispute" in status.stdout  # "you may" lists it
+    assert "accept, dispute" in status.stdout  # what "you may" do now
     done = gm(stack, home, "dispute", disputed)
     assert done.returncode == 0, done.stderr
     assert "disputed (tx 0x" in done.stdout
