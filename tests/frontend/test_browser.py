@@ -158,7 +158,7 @@ def test_terms_dispute_and_ruling_in_chromium(stack: FrontendStack, tmp_path: Pa
         GM_MEDIATOR=stack.mediator.address,
         GM_SIGNAL=str(tmp_path / "signal"),
     )
-    start = stack.escrow.w3.eth.block_number
+    start = stack.escrow.w3.eth.block_number + 1  # blocks mined from now on
     provider = stack.manual_provider.address
     stake_before = int(stack.get(f"/api/address/{provider}").json()["account"]["stake_wei"])
     script = subprocess.Popen(
