@@ -122,7 +122,8 @@ def _created_by(stack: FrontendStack, account: str, from_block: int, timeout: fl
     """The id of the first job ``account`` funds from ``from_block`` on."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for event in stack.escrow.events(from_block):
+        head = stack.escrow.w3.eth.block_number
+        for event in stack.escrow.events(from_block, head) if head >= from_block else []:
             if event.name == "JobCreated" and event.args["submitter"] == account:
                 return "0x" + bytes(event.args["jobId"]).hex()
         time.sleep(0.3)
