@@ -169,8 +169,8 @@ class Backend:
 
     # ------------------------------------------------------------------ IPFS
     def spec_of(self, spec_cid: str) -> dict[str, Any] | None:
-        """The job spec document at ``spec_cid`` (verified, capped at 64 KiB), cached by CID;
-        None if IPFS does not have it or it is not JSON."""
+        """The job spec document at ``spec_cid`` (integrity-checked against its CID, capped at
+        64 KiB), cached by CID; None if IPFS does not have it or it is not JSON."""
         cached = self._spec_cache.get(spec_cid)
         if cached is not None:
             return cached
@@ -193,8 +193,8 @@ class Backend:
         return spec
 
     def fetch_tree(self, cid: str) -> Path:
-        """``cid`` fetched (verified against its CID, capped) into the cache; its path: the
-        directory itself, or the single file. Content-addressed, so fetched once."""
+        """``cid`` fetched (integrity-checked against its CID, capped) into the cache; its path:
+        the directory itself, or the single file. Content-addressed, so fetched once."""
         with self._fetch_lock:
             lock = self._fetch_locks.setdefault(cid, threading.Lock())
         with lock:
