@@ -593,7 +593,7 @@ def jobs(
     limit: Annotated[int, typer.Option(help="at most this many")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
-    """Your jobs, newest first: id, on-chain status, bounty, deadline, output."""
+    """Your jobs, newest first: id, on-chain status, bounty, payment mode, deadline, output."""
     opts = _opts(ctx)
     who = None if everyone else (submitter or wallet_address(opts))
     fe = Frontend(opts.url)
@@ -612,10 +612,13 @@ def jobs(
         typer.echo("no jobs" + (f" from {who}" if who else ""))
         return
     buf = io.StringIO()
-    buf.write(f"{'job':<66}  {'status':<9}  {'bounty':>14}  {'deadline':<23}  output\n")
+    buf.write(
+        f"{'job':<66}  {'status':<9}  {'bounty':>14}  {'paid':<12}  {'deadline':<23}  output\n"
+    )
     for j in rows:
+        paid = "on check" if j.get("payment") == "on_verify" else "after window"
         buf.write(
-            f"{j['job_id']:<66}  {j['status']:<9}  {eth(j['bounty_wei']):>14}  "
+            f"{j['job_id']:<66}  {j['status']:<9}  {eth(j['bounty_wei']):>14}  {paid:<12}  "
             f"{when(j['deadline']):<23}  {j.get('output_cid') or '-'}\n"
         )
     typer.echo(buf.getvalue().rstrip("\n"))

@@ -288,6 +288,10 @@ def test_terms_from_the_terminal_default_explicit_and_refused(
     assert out["terms"]["mediator"] == me and out["terms"]["payment"] == "on_verify"
     assert out["terms"]["collateral_wei"] == str(3 * 10**16)
     assert gm(stack, home, "cancel", out["job_id"]).returncode == 0
+    listed = gm(stack, home, "jobs")
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [line for line in listed.stdout.splitlines() if line.startswith(out["job_id"])]
+    assert "on check" in row and "refunded" in row
 
 
 def test_dispute_accept_and_finalize_from_the_terminal(
