@@ -17,14 +17,16 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 
+from gridmarket.escrow import Terms
 from gridmarket.escrow import job_id as compute_job_id
 from gridmarket.tiers import REGIONS, TIERS
 from gridmarket.wire import QuoteRequest
 
-from .backend import Backend, dumps
-from .format import parse_eth
+from .backend import ON_VERIFY_TRUST, Backend, dumps
+from .format import duration, parse_eth
 from .forms import (
     AddressRequest,
+    CheckedJob,
     FieldError,
     PrepareJobRequest,
     ProviderSignup,
@@ -32,6 +34,7 @@ from .forms import (
     check_job,
     check_quote,
     field_error,
+    min_collateral,
     quote_fits,
 )
 from .records import NotFoundError, hexstr
@@ -93,6 +96,8 @@ async def info(b: BackendDep) -> dict[str, Any]:
         "head_block": head,
         "chain_time": b.chain_now(),
         "params": {k: str(v) if isinstance(v, int) else v for k, v in b.params.items()},
+        "mediator": b.default_mediator(),
+        "mediators": b.index.mediators(),
         "scheduler": sched,
         "scheduler_error": sched_error,
         "scheduler_url": b.settings.scheduler_url,
@@ -146,7 +151,9 @@ async def jobs(
     b: BackendDep,
     submitter: str | None = None,
     provider: str | None = None,
-    status: str | None = Query(None, pattern="^(funded|assigned|submitted|released|refunded)$"),
+    status: str | None = Query(
+        None, pattern="^(funded|assigned|submitted|disputed|released|refunded)$"
+    ),
     limit: int = Query(100, ge=1, le=5000),
     offset: int = Query(0, ge=0),
 ) -> dict[str, Any]:
@@ -287,17 +294,95 @@ async def quote(body: QuoteRequest, b: BackendDep) -> dict[str, Any]:
     return answer
 
 
+@router.get("/terms")
+async def terms(
+    b: BackendDep,
+    bounty_wei: str | None = None,
+    bounty_eth: str | None = None,
+    submitter: str | None = None,
+) -> dict[str, Any]:
+    """The terms a job funded now gets unless its submitter chooses others: the default
+    mediator (and every listed one), the least collateral for the bounty, the challenge window,
+    the dispute deposit, and what each payment mode means."""
+    sub = _address(submitter, "submitter")
+    bounty: int | None = None
+    try:
+        if bounty_wei not in (None, ""):
+            bounty = int(str(bounty_wei).strip())
+        elif bounty_eth not in (None, ""):
+            bounty = parse_eth(str(bounty_eth), "bounty_eth")
+    except ValueError as exc:
+        raise field_error(exc, "bounty_wei" if bounty_wei else "bounty_eth") from None
+    if bounty is not None and bounty < 0:
+        raise FieldError("bounty_wei", "the bounty cannot be negative")
+    await b.refresh()
+    params = b.params
+    return terms_body(b, params, bounty, sub)
+
+
+def terms_body(
+    b: Backend, params: dict[str, Any], bounty: int | None, submitter: str | None
+) -> dict[str, Any]:
+    window = int(params.get("challenge_window", 0))
+    return {
+        "mediator": b.default_mediator(submitter),
+        "mediators": b.index.mediators(),
+        "operator": params.get("operator"),
+        "min_collateral_bps": int(params.get("min_collateral_bps", 10_000)),
+        "min_collateral_wei": None if bounty is None else str(min_collateral(bounty, params)),
+        "challenge_window_s": window,
+        "dispute_deposit_wei": str(int(params.get("dispute_deposit", 0))),
+        "mediation_window_s": int(params.get("mediation_window", 0)),
+        "payments": {
+            "after_window": (
+                f"Paid when you accept the result, or when nobody disputed it within "
+                f"{duration(window)} of its submission (trustless: you can dispute it before)."
+            ),
+            "on_verify": ON_VERIFY_TRUST,
+        },
+    }
+
+
+def check_mediator(b: Backend, checked: CheckedJob) -> None:
+    """A job's mediator must be listed on the escrow, or be its submitter, and never the
+    operator in office (``createJob``'s checks, asked first to name the field)."""
+    mediator = checked.mediator
+    if mediator == checked.sender:
+        return
+    operator = str(b.escrow.call("operator"))
+    if mediator.lower() == operator.lower():
+        raise FieldError("mediator", f"{mediator} is the operator (the scheduler): it cannot rule")
+    if not bool(b.escrow.call("isListedMediator", mediator)):
+        listed = b.index.mediators()
+        raise FieldError(
+            "mediator",
+            f"{mediator} is not a listed mediator; choose one of {', '.join(listed) or 'none'} "
+            "or yourself",
+        )
+
+
 @router.post("/jobs/prepare")
 async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
     """Check a job, add its spec to IPFS, and build the ``createJob`` transaction for the
-    submitter's wallet. Nothing is created when a check fails: the spec is added to IPFS only
-    once the transaction's dry run passed (the spec's CID is computed locally first)."""
+    submitter's wallet, with its terms (mediator, collateral, payment). Nothing is created when
+    a check fails: the spec is added to IPFS only once the transaction's dry run passed (the
+    spec's CID is computed locally first)."""
     from gridmarket.cid import bytes_cid
 
     await b.refresh(force=True)
-    checked = check_job(req, chain_now=b.chain_now(), params=b.params)
+    params = b.params
+    checked = check_job(req, chain_now=b.chain_now(), params=params)
+    await asyncio.to_thread(check_mediator, b, checked)
     spec_bytes = checked.spec.to_bytes()
     spec_cid = bytes_cid(spec_bytes)
+    job_terms = Terms(
+        mediator=checked.mediator, collateral=checked.collateral_wei, flags=checked.flags
+    )
+    fields = {
+        "collateral": checked.collateral_field,
+        "bounty": "bounty_wei" if req.bounty_wei is not None else "bounty_eth",
+        "deadline": "deadline" if req.deadline is not None else "ttl_s",
+    }
     tx = await asyncio.to_thread(
         b.txs.create_job,
         checked.sender,
@@ -305,6 +390,8 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
         spec_cid,
         checked.deadline,
         checked.bounty_wei,
+        job_terms,
+        fields,
     )
     jid = hexstr(compute_job_id(checked.sender, spec_cid, checked.salt))
     if not req.dry_run:
@@ -319,6 +406,14 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
         "salt": hexstr(checked.salt),
         "bounty_wei": str(checked.bounty_wei),
         "deadline": checked.deadline,
+        "terms": {
+            "mediator": checked.mediator,
+            "collateral_wei": str(checked.collateral_wei),
+            "flags": checked.flags,
+            "payment": checked.payment,
+        },
+        "challenge_window_s": int(params.get("challenge_window", 0)),
+        "dispute_deposit_wei": str(int(params.get("dispute_deposit", 0))),
         "tx": tx,
         "job_url": f"/jobs/{jid}",
     }
@@ -335,10 +430,15 @@ async def prepare_job_action(
     job_id: str, action: str, req: AddressRequest, b: BackendDep
 ) -> dict[str, Any]:
     """``cancel`` (before assignment, by the submitter), ``refund`` (after the deadline, by
-    anyone) or ``release`` (accept a submitted result, by the submitter) as an unsigned
-    transaction from ``from``; refused with the contract's reason when it would revert."""
-    if action not in ("cancel", "refund", "release"):
-        raise HTTPException(404, f"no action {action!r}: use cancel, refund or release")
+    anyone), ``release`` (accept a submitted result now, by the submitter; ``accept`` is the
+    same), ``dispute`` (within the challenge window, by the submitter, with the dispute deposit
+    as value) or ``finalize`` (pay a result nobody disputed once the window passed, by anyone)
+    as an unsigned transaction from ``from``; refused with the contract's reason when it would
+    revert."""
+    actions = ("cancel", "refund", "release", "accept", "dispute", "finalize")
+    if action not in actions:
+        raise HTTPException(404, f"no action {action!r}: use {', '.join(actions)}")
+    fn_name = "release" if action == "accept" else action
     jid = _job_id(job_id)
     sender = _required_address(req.sender, "from")
     await b.refresh(force=True)
@@ -346,8 +446,13 @@ async def prepare_job_action(
     if found is None:
         raise NotFoundError(f"no job {jid} on escrow {b.escrow.address}")
     state, _ = found
-    tx = await asyncio.to_thread(b.txs.job_call, sender, action, state)
-    return {"job_id": jid, "action": action, "tx": tx}
+    value = int(b.params.get("dispute_deposit", 0)) if fn_name == "dispute" else 0
+    tx = await asyncio.to_thread(b.txs.job_call, sender, fn_name, state, value)
+    body: dict[str, Any] = {"job_id": jid, "action": fn_name, "tx": tx}
+    if fn_name == "dispute":
+        body["deposit_wei"] = str(value)
+        body["mediator"] = state.job.mediator
+    return body
 
 
 @router.post("/withdraw/prepare")

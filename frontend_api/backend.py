@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gridmarket.chain import Deployment, EscrowClient
-from gridmarket.escrow import JobState, Status
+from gridmarket.escrow import ZERO_ADDRESS, JobState, Status
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import MAX_SPEC_BYTES
 
@@ -28,6 +28,22 @@ from .scheduler import SchedulerClient, SchedulerError
 from .settings import Settings
 from .txs import TxBuilder
 from .waits import Waits
+
+ON_VERIFY_TRUST = (
+    "The scheduler pays the provider as soon as its own integrity check passes (the output "
+    "exists and hashes to its CID): you trust the scheduler's operator to pay only a result "
+    "you would accept, and you cannot dispute it afterwards."
+)
+"""The one sentence the submit page and the CLI show about FLAG_ON_VERIFY's trust."""
+
+CONSTANTS = {
+    "challenge_window": "challengeWindow",
+    "dispute_deposit": "disputeDeposit",
+    "mediation_window": "mediationWindow",
+    "min_collateral_bps": "minCollateralBps",
+    "reassign_delay": "reassignDelay",
+}
+"""Deployment parameters the escrow also has as immutable views (read once, params as fallback)."""
 
 TERMINAL_STATES = frozenset({"released", "refunded", "failed", "invalid", "expired"})
 """Scheduler states after which a job's page stops changing (with the chain's terminal ones)."""
@@ -63,6 +79,7 @@ class Backend:
         # the IPFS proxy's cache: CID -> (bytes on disk, last use), least recently used first
         self._cached: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self._spec_misses: dict[str, float] = {}  # spec CID -> monotonic time to retry after
+        self._constants: dict[str, int] | None = None
 
     async def aclose(self) -> None:
         self.waits.close()
@@ -89,7 +106,61 @@ class Backend:
 
     @property
     def params(self) -> dict[str, Any]:
-        return dict(self.deployment.params)
+        """The deployment's parameters, with the escrow's immutable values read from the
+        contract (a deployment file written by an older tool may lack them)."""
+        out = dict(self.deployment.params)
+        out.update(self.constants())
+        return out
+
+    def constants(self) -> dict[str, int]:
+        """``challengeWindow``, ``disputeDeposit``... read from the contract once (they are
+        immutable); the deployment file's values while the chain cannot be asked."""
+        if self._constants is not None:
+            return dict(self._constants)
+        found: dict[str, int] = {}
+        try:
+            for key, view in CONSTANTS.items():
+                found[key] = int(self.escrow.call(view))
+        except Exception as exc:  # the chain is down: the file's values, asked again later
+            log.warning("escrow constants unreadable (%s); using the deployment file", exc)
+            return {k: int(v) for k, v in self.deployment.params.items() if k in CONSTANTS and v}
+        self._constants = found
+        return dict(found)
+
+    def default_mediator(self, sender: str | None = None) -> str | None:
+        """The deployment's listed mediator; else ``sender`` (a submitter may rule itself)."""
+        listed = self.deployment.params.get("mediator")
+        if listed and str(listed).lower() != ZERO_ADDRESS:
+            return str(listed)
+        return sender
+
+    def terms_view(self, state: JobState, now: int) -> dict[str, Any]:
+        """A job's terms and where it stands in its challenge or mediation window."""
+        job = state.job
+        c = self.constants()
+        window = int(c.get("challenge_window", 0))
+        mediation = int(c.get("mediation_window", 0))
+        out: dict[str, Any] = {
+            "operator": job.operator,
+            "mediator": job.mediator,
+            "mediator_is_submitter": job.mediator == job.submitter,
+            "collateral_wei": str(job.collateral),
+            "flags": job.flags,
+            "payment": "on_verify" if job.on_verify else "after_window",
+            "challenge_window_s": window,
+            "dispute_deposit_wei": str(int(c.get("dispute_deposit", 0))),
+            "since": job.since or None,
+            "window_ends": None,
+            "window_open": False,
+            "disputed_at": job.disputed_at or None,
+            "mediation_ends": None,
+        }
+        if state.status is Status.SUBMITTED:
+            out["window_ends"] = job.since + window
+            out["window_open"] = now < job.since + window
+        elif state.status is Status.DISPUTED:
+            out["mediation_ends"] = job.disputed_at + mediation
+        return out
 
     def explorer_link(self, kind: str, value: str) -> str | None:
         """``<explorer_url>/tx/<hash>`` or ``/address/<addr>`` when a public explorer is set."""
@@ -98,8 +169,8 @@ class Backend:
 
     # ------------------------------------------------------------------ IPFS
     def spec_of(self, spec_cid: str) -> dict[str, Any] | None:
-        """The job spec document at ``spec_cid`` (verified, capped at 64 KiB), cached by CID;
-        None if IPFS does not have it or it is not JSON."""
+        """The job spec document at ``spec_cid`` (integrity-checked against its CID, capped at
+        64 KiB), cached by CID; None if IPFS does not have it or it is not JSON."""
         cached = self._spec_cache.get(spec_cid)
         if cached is not None:
             return cached
@@ -122,8 +193,8 @@ class Backend:
         return spec
 
     def fetch_tree(self, cid: str) -> Path:
-        """``cid`` fetched (verified against its CID, capped) into the cache; its path: the
-        directory itself, or the single file. Content-addressed, so fetched once."""
+        """``cid`` fetched (integrity-checked against its CID, capped) into the cache; its path:
+        the directory itself, or the single file. Content-addressed, so fetched once."""
         with self._fetch_lock:
             lock = self._fetch_locks.setdefault(cid, threading.Lock())
         with lock:
@@ -217,10 +288,17 @@ class Backend:
             "scheduler_error": sched_error,
         }
         now = self.chain_now()
-        actions = {"cancel": False, "refund": False, "release": False}
+        actions = {
+            "cancel": False,
+            "refund": False,
+            "release": False,
+            "dispute": False,
+            "finalize": False,
+        }
         if found is not None:
             state, events = found
             job = state.job
+            terms = self.terms_view(state, now)
             view["chain"] = {
                 "status": state.status.name.lower(),
                 "submitter": job.submitter,
@@ -231,19 +309,38 @@ class Backend:
                 "deadline": job.deadline,
                 "provider": None if int(job.provider, 16) == 0 else job.provider,
                 "attempt": job.attempt,
+                "since": job.since or None,
+                "terms": terms,
                 "spec_cid": state.spec_cid,
                 "salt": hexstr(state.salt),
                 "output_cid": state.output_cid,
                 "problem": state.problem,
                 "events": [e.to_json() for e in events],
+                "rulings": rulings(events),
+                "credits": [
+                    {
+                        "account": str(e.args.get("account")),
+                        "amount_wei": str(e.args.get("amount")),
+                        "reason": str(e.args.get("reason")),
+                        "tx_hash": e.tx_hash,
+                        "time": e.time,
+                    }
+                    for e in events
+                    if e.name == "Credited"
+                ],
             }
-            # What the contract allows now (JobEscrow.cancel / refund / release preconditions);
-            # the transaction is still dry-run from the wallet's address before it is offered.
+            # What the contract allows now (the preconditions of JobEscrow.cancel, refund,
+            # release, dispute, finalize); who may is the dry run's check, from the wallet's
+            # address, before a transaction is offered.
             actions["cancel"] = state.status is Status.FUNDED
             actions["refund"] = state.status in (Status.FUNDED, Status.ASSIGNED) and (
                 now > job.deadline
             )
             actions["release"] = state.status is Status.SUBMITTED
+            actions["dispute"] = state.status is Status.SUBMITTED and bool(terms["window_open"])
+            actions["finalize"] = (
+                state.status is Status.SUBMITTED and not terms["window_open"]
+            ) or (state.status is Status.DISPUTED and now >= int(terms["mediation_ends"] or 0))
         chain = view["chain"]
         view["state"] = (sched or {}).get("state") or (chain or {}).get("status")
         view["chain_status"] = (chain or {}).get("status")
@@ -344,6 +441,31 @@ class Backend:
         }
 
 
+def rulings(events: list[ChainEvent]) -> list[dict[str, Any]]:
+    """A job's ``Ruled`` events, each with the slash (``ProviderSlashed``) that followed it."""
+    out: list[dict[str, Any]] = []
+    for n, e in enumerate(events):
+        if e.name != "Ruled":
+            continue
+        slash = next(
+            (x for x in events[n + 1 :] if x.name == "ProviderSlashed" and x.tx_hash == e.tx_hash),
+            None,
+        )
+        out.append(
+            {
+                "upheld": bool(e.args.get("upheld")),
+                "mediator": str(e.args.get("mediator")),
+                "provider": str(e.args.get("provider")),
+                "attempt": e.args.get("attempt"),
+                "tx_hash": e.tx_hash,
+                "time": e.time,
+                "slashed_wei": str(slash.args.get("amount")) if slash else None,
+                "to_mediator_wei": str(slash.args.get("toMediator")) if slash else None,
+            }
+        )
+    return out
+
+
 def job_summary(state: JobState) -> dict[str, Any]:
     """One line of a job list, from the chain's fold."""
     job = state.job
@@ -354,6 +476,9 @@ def job_summary(state: JobState) -> dict[str, Any]:
         "provider": None if int(job.provider, 16) == 0 else job.provider,
         "bounty_wei": str(job.bounty),
         "deadline": job.deadline,
+        "mediator": job.mediator,
+        "collateral_wei": str(job.collateral),
+        "payment": "on_verify" if job.on_verify else "after_window",
         "spec_cid": state.spec_cid,
         "output_cid": state.output_cid,
         "problem": state.problem,

@@ -91,3 +91,34 @@ def size(n: int | None) -> str:
             return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{n} B"
+
+
+def duration(seconds: int | None) -> str:
+    """``1 h``, ``10 min``, ``3 d``: a window's length for people."""
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s >= 86400 and s % 86400 == 0:
+        return f"{s // 86400} d"
+    if s >= 3600 and s % 3600 == 0:
+        return f"{s // 3600} h"
+    if s >= 60 and s % 60 == 0:
+        return f"{s // 60} min"
+    return f"{s} s"
+
+
+STATE_LABELS = {
+    "verifying": "integrity check",
+    "verified": "integrity-checked",
+    "pending_spec": "pending spec",
+    "handed_back": "handed back",
+}
+"""How a state reads for people: the scheduler's check of a result is an integrity check (the
+output exists and hashes to its CID), not a verification that it is correct."""
+
+
+def state_label(state: str | None) -> str:
+    """``verifying`` -> ``integrity check``; other states with spaces for underscores."""
+    if not state:
+        return "-"
+    return STATE_LABELS.get(str(state), str(state).replace("_", " "))

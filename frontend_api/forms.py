@@ -8,11 +8,11 @@ the message next to that field.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gridmarket.escrow import MAX_TIMESTAMP, MAX_WEI
+from gridmarket.escrow import FLAG_ON_VERIFY, MAX_TIMESTAMP, MAX_WEI, ZERO_ADDRESS
 from gridmarket.wire import MAX_SPEC_BYTES, JobSpec, QuoteRequest
 
 from .format import parse_eth
@@ -68,6 +68,13 @@ class PrepareJobRequest(BaseModel):
     Exactly one of ``bounty_wei`` and ``bounty_eth``; at most one of ``deadline`` (Unix seconds)
     and ``ttl_s`` (seconds from now; default: one day). ``salt`` (0x + 64 hex) is random when
     left out.
+
+    The terms (docs/trust.md): ``mediator`` (default: the deployment's listed mediator, or the
+    submitter itself when none is listed), the provider's collateral (at most one of
+    ``collateral_wei`` and ``collateral_eth``; default and minimum ``minCollateral(bounty)``)
+    and ``payment``: ``after_window`` (default: paid when the submitter accepts, or when nobody
+    disputed within the challenge window) or ``on_verify`` (``FLAG_ON_VERIFY``: the scheduler
+    may pay at once on its own check).
     """
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -79,6 +86,10 @@ class PrepareJobRequest(BaseModel):
     deadline: int | None = None
     ttl_s: int | None = None
     salt: str | None = None
+    mediator: str | None = None
+    collateral_wei: int | str | None = None
+    collateral_eth: str | float | None = None
+    payment: Literal["after_window", "on_verify"] = "after_window"
     dry_run: bool = False
     """Check everything (the transaction's dry run included) but add nothing to IPFS."""
 
@@ -91,6 +102,29 @@ class CheckedJob(BaseModel):
     bounty_wei: int
     deadline: int
     salt: bytes
+    mediator: str
+    collateral_wei: int
+    flags: int
+    collateral_field: str = "collateral_eth"
+    """The request field the collateral came from (or would have: it was left out)."""
+
+    @property
+    def payment(self) -> str:
+        return "on_verify" if self.flags & FLAG_ON_VERIFY else "after_window"
+
+
+def min_collateral(bounty: int, params: dict[str, Any]) -> int:
+    """``JobEscrow.minCollateral(bounty)`` from the deployment's ``min_collateral_bps``."""
+    return bounty * int(params.get("min_collateral_bps", 10_000)) // 10_000
+
+
+def default_mediator(params: dict[str, Any], sender: str) -> str:
+    """The mediator a job gets unless its submitter names one (``EscrowClient.default_terms``):
+    the one listed at deployment, or the submitter itself when none was."""
+    listed = params.get("mediator")
+    if listed and str(listed).lower() != ZERO_ADDRESS:
+        return parse_address(str(listed), "mediator")
+    return sender
 
 
 def check_job(req: PrepareJobRequest, *, chain_now: int, params: dict[str, Any]) -> CheckedJob:
@@ -165,7 +199,67 @@ def check_job(req: PrepareJobRequest, *, chain_now: int, params: dict[str, Any])
             salt = parse_bytes32(req.salt, "salt")
         except ValueError as exc:
             raise field_error(exc, "salt") from None
-    return CheckedJob(sender=sender, spec=spec, bounty_wei=bounty, deadline=deadline, salt=salt)
+
+    mediator, collateral, collateral_field = check_terms(req, sender, bounty, params)
+    return CheckedJob(
+        sender=sender,
+        spec=spec,
+        bounty_wei=bounty,
+        deadline=deadline,
+        salt=salt,
+        mediator=mediator,
+        collateral_wei=collateral,
+        flags=FLAG_ON_VERIFY if req.payment == "on_verify" else 0,
+        collateral_field=collateral_field,
+    )
+
+
+def check_terms(
+    req: PrepareJobRequest, sender: str, bounty: int, params: dict[str, Any]
+) -> tuple[str, int, str]:
+    """The mediator, collateral (wei) and the collateral's field name, checked against what
+    the deployment allows. Whether the mediator is listed on-chain is the caller's check."""
+    if req.mediator is None or str(req.mediator).strip() == "":
+        mediator = default_mediator(params, sender)
+    else:
+        try:
+            mediator = parse_address(str(req.mediator), "mediator")
+        except ValueError as exc:
+            raise field_error(exc, "mediator") from None
+        if mediator.lower() == ZERO_ADDRESS:
+            raise FieldError("mediator", "the zero address cannot rule on a result")
+    operator = params.get("operator")
+    if operator and mediator.lower() == str(operator).lower():
+        raise FieldError(
+            "mediator", f"{mediator} is the operator (the scheduler): it cannot also rule"
+        )
+    if req.collateral_wei is not None and req.collateral_eth is not None:
+        raise FieldError("collateral_eth", "give the collateral once: collateral_eth or _wei")
+    least = min_collateral(bounty, params)
+    if req.collateral_wei is not None:
+        field = "collateral_wei"
+        try:
+            collateral = int(str(req.collateral_wei).strip())
+        except ValueError:
+            raise FieldError(field, f"{req.collateral_wei!r} is not a whole number") from None
+    elif req.collateral_eth is not None and str(req.collateral_eth).strip() != "":
+        field = "collateral_eth"
+        try:
+            collateral = parse_eth(str(req.collateral_eth), field)
+        except ValueError as exc:
+            raise field_error(exc, field) from None
+    else:
+        field, collateral = "collateral_eth", least
+    if collateral < least:
+        raise FieldError(
+            field,
+            f"the collateral must be at least {least} wei "
+            f"(minCollateral: {int(params.get('min_collateral_bps', 10_000)) / 100:g}% of the "
+            "bounty)",
+        )
+    if collateral > MAX_WEI:
+        raise FieldError(field, f"the collateral must be at most {MAX_WEI} wei (uint96)")
+    return mediator, collateral, field
 
 
 def check_quote(req: QuoteRequest) -> None:

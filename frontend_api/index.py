@@ -19,6 +19,7 @@ records of :mod:`frontend_api.records`.
 from __future__ import annotations
 
 import bisect
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -42,7 +43,10 @@ from .records import (
     TxView,
     hexstr,
     pick_bucket,
+    relax_text,
 )
+
+log = logging.getLogger(__name__)
 
 
 def _named(param: dict[str, Any], value: Any) -> Any:
@@ -78,6 +82,8 @@ class ChainIndex:
         self._payouts: list[Payout] = []
         self._addresses: dict[str, AddressStats] = {}
         self._block_times: dict[int, int] = {}
+        self._mediators: dict[str, bool] = {}  # MediatorListed, in log order
+        self._bad_events: list[tuple[int, str]] = []  # (seq, why) events that did not fold
         self._selectors: dict[bytes, dict[str, Any]] = {
             function_abi_to_4byte_selector(f): f  # type: ignore[arg-type]
             for f in escrow.deployment.abi
@@ -128,15 +134,16 @@ class ChainIndex:
 
     def _ingest(self, raw: Event) -> None:
         seq = len(self._events)
+        args, problems = relax_text(raw.name, dict(raw.args), dict(raw.problems))
         event = ChainEvent(
             seq=seq,
             name=raw.name,
-            args=dict(raw.args),
+            args=args,
             block=raw.block,
             time=self._block_time(raw.block),
             tx_hash=raw.tx_hash,
             log_index=raw.log_index,
-            problems=dict(raw.problems),
+            problems=problems,
         )
         self._events.append(event)
         args = event.args
@@ -148,13 +155,19 @@ class ChainIndex:
         for address in named:
             self._stats(address).events.append(seq)
         job_id = event.job_id
-        if event.name in JOB_EVENTS and job_id is not None:
-            previous = self._jobs.get(job_id)
-            self._jobs[job_id] = apply_event(previous, event.name, args)
-            if previous is None:
-                self._job_order.append(job_id)
+        if job_id is not None and (event.name in JOB_EVENTS or job_id in self._jobs):
             self._job_events.setdefault(job_id, []).append(seq)
-        self._account(event)
+        try:
+            if event.name in JOB_EVENTS and job_id is not None:
+                previous = self._jobs.get(job_id)
+                self._jobs[job_id] = apply_event(previous, event.name, args)
+                if previous is None:
+                    self._job_order.append(job_id)
+            self._account(event)
+        except Exception as exc:  # one bad event never stops the index: it is shown, not folded
+            why = f"{type(exc).__name__}: {exc}"
+            self._bad_events.append((seq, why))
+            log.warning("event %s #%d (tx %s) not folded: %s", event.name, seq, event.tx_hash, why)
 
     def _account(self, event: ChainEvent) -> None:
         """Per-address totals for one event."""
@@ -188,12 +201,26 @@ class ChainIndex:
         elif name == "Withdrawn":
             self._stats(to_checksum_address(args["account"])).withdrawn += int(args["amount"])
         elif name == "ProviderSlashed":
+            amount, to_mediator = int(args["amount"]), int(args["toMediator"])
             p = self._stats(to_checksum_address(args["provider"]))
-            p.slashed += int(args["amount"])
+            p.slashed += amount
             p.slash_count += 1
-            p.staked = max(0, p.staked - int(args["amount"]))
-            b = self._stats(to_checksum_address(args["beneficiary"]))
-            b.slash_credits += int(args["amount"])
+            p.staked = max(0, p.staked - amount)
+            s = self._stats(to_checksum_address(args["submitter"]))
+            s.slash_credits += amount - to_mediator
+            state = job_of(self._jobs, event)
+            if to_mediator and state is not None:
+                self._stats(state.job.mediator).mediator_fees += to_mediator
+        elif name == "Credited":
+            c = self._stats(to_checksum_address(args["account"]))
+            c.credited += int(args["amount"])
+        elif name == "Ruled":
+            m = self._stats(to_checksum_address(args["mediator"]))
+            m.rulings += 1
+            if not args["upheld"]:
+                m.rulings_against += 1
+        elif name == "MediatorListed":
+            self._mediators[to_checksum_address(args["mediator"])] = bool(args["listed"])
         elif name == "ProviderRegistered":
             s = self._stats(to_checksum_address(args["provider"]))
             s.registered = True
@@ -206,6 +233,16 @@ class ChainIndex:
             t.fees_collected += int(args["amount"])
 
     # ------------------------------------------------------------------ queries
+    def mediators(self) -> list[str]:
+        """Mediators listed now (``MediatorListed`` events), in the order they were listed."""
+        with self._lock:
+            return [m for m, listed in self._mediators.items() if listed]
+
+    def bad_events(self) -> dict[int, str]:
+        """Events the index could not fold (``seq`` -> why): shown, counted nowhere."""
+        with self._lock:
+            return dict(self._bad_events)
+
     def payouts(
         self,
         *,
@@ -312,11 +349,15 @@ class ChainIndex:
     def account(self, address: str) -> dict[str, Any]:
         """Live contract reads for ``address``: withdrawable balance and registry entry."""
         balance = int(self.escrow.call("balanceOf", address))
-        stake, unstake_pending, unstake_at, registered = self.escrow.call("providerOf", address)
+        stake, locked, unstake_at, registered, unstake_pending = self.escrow.call(
+            "providerOf", address
+        )
         eligible = bool(self.escrow.call("isEligible", address))
         return {
             "balance_wei": str(balance),
             "stake_wei": str(int(stake)),
+            "locked_wei": str(int(locked)),
+            "free_collateral_wei": str(int(stake) - int(locked)),
             "unstake_pending_wei": str(int(unstake_pending)),
             "unstake_at": int(unstake_at),
             "registered": bool(registered),
@@ -367,16 +408,10 @@ class ChainIndex:
             gas_used = int(receipt["gasUsed"])
             status = "success" if receipt["status"] == 1 else "reverted"
             for n, raw in enumerate(self.escrow.decode_logs(receipt["logs"])):
+                args, problems = relax_text(raw.name, dict(raw.args), dict(raw.problems))
                 events.append(
                     ChainEvent(
-                        n,
-                        raw.name,
-                        dict(raw.args),
-                        raw.block,
-                        when,
-                        raw.tx_hash,
-                        raw.log_index,
-                        dict(raw.problems),
+                        n, raw.name, args, raw.block, when, raw.tx_hash, raw.log_index, problems
                     )
                 )
         return TxView(
@@ -392,6 +427,12 @@ class ChainIndex:
             gas_used=gas_used,
             events=events,
         )
+
+
+def job_of(jobs: dict[str, JobState], event: ChainEvent) -> JobState | None:
+    """The folded job an event names, if the index has it."""
+    job_id = event.job_id
+    return jobs.get(job_id) if job_id is not None else None
 
 
 def status_name(status: Status) -> str:

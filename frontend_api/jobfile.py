@@ -12,7 +12,15 @@ submission fields, which are not part of the spec:
     ETH, e.g. ``0.01`` (or ``bounty_wei``, an integer);
 ``deadline``
     ``90m``, ``2h``, ``1d``, ``3600s``; a bare number under 10^9 is seconds from now, above it a
-    Unix time; or an ISO 8601 date (``2026-12-01T12:00:00Z``).
+    Unix time; or an ISO 8601 date (``2026-12-01T12:00:00Z``);
+``mediator``
+    who rules if the result is disputed: a listed mediator or the submitter's own address
+    (default: the deployment's listed mediator);
+``collateral``
+    ETH the provider locks while it holds the job (default and minimum: ``minCollateral``);
+``payment``
+    ``after-window`` (default: paid when accepted, or when nobody disputed within the challenge
+    window) or ``on-verify`` (paid at once on the scheduler's check: you trust the scheduler).
 
 Relative paths are relative to the job file. See docs/submitter.md and examples/.
 """
@@ -33,7 +41,17 @@ from gridmarket.wire import JobSpec
 
 from .forms import spec_error
 
-SUBMISSION_FIELDS = ("dataset", "module", "bounty", "bounty_wei", "deadline")
+SUBMISSION_FIELDS = (
+    "dataset",
+    "module",
+    "bounty",
+    "bounty_wei",
+    "deadline",
+    "mediator",
+    "collateral",
+    "payment",
+)
+PAYMENTS = ("after-window", "on-verify")
 PLACEHOLDER_CID = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
 """The CID of zero bytes: stands in for a file still to upload when the spec is checked."""
 
@@ -57,6 +75,10 @@ class JobFile:
     bounty_wei: str | None
     deadline: int | None
     ttl_s: int | None
+    mediator: str | None = None
+    collateral_eth: str | None = None
+    payment: str | None = None
+    """``after-window`` or ``on-verify``; None: the default (after the window)."""
 
     def spec_with(
         self, *, dataset_cid: str | None = None, module_cid: str | None = None
@@ -142,6 +164,18 @@ def load_job_file(path: Path) -> JobFile:
         except JobFileError as exc:
             raise JobFileError(f"{path}: {exc}") from None
 
+    payment = data.get("payment")
+    if payment is not None:
+        payment = str(payment).strip().lower().replace("_", "-")
+        if payment not in PAYMENTS:
+            raise JobFileError(f"{path}: payment: {data['payment']!r} is not one of {PAYMENTS}")
+    mediator = data.get("mediator")
+    if isinstance(mediator, int) and not isinstance(mediator, bool) and 0 <= mediator < 2**160:
+        mediator = f"0x{mediator:040x}"  # YAML reads an unquoted 0x address as a number
+    if mediator is not None and not isinstance(mediator, str):
+        raise JobFileError(f"{path}: mediator: {mediator!r} is not a 0x address")
+    collateral = data.get("collateral")
+
     # The spec is checked here, with placeholders for what is still to upload, so that a typo
     # is reported before anything is uploaded or signed.
     probe = dict(spec)
@@ -163,4 +197,7 @@ def load_job_file(path: Path) -> JobFile:
         bounty_wei=None if bounty_wei is None else str(bounty_wei),
         deadline=deadline,
         ttl_s=ttl_s,
+        mediator=mediator,
+        collateral_eth=None if collateral is None else str(collateral),
+        payment=payment,
     )

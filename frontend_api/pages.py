@@ -21,7 +21,7 @@ from gridmarket.tiers import REGIONS, TIERS
 
 from . import svg
 from .api import BackendDep, _address, _job_id, _required_address
-from .backend import Backend, job_summary
+from .backend import ON_VERIFY_TRUST, Backend, job_summary
 from .forms import FieldError
 from .records import NotFoundError, hexstr
 from .scheduler import SchedulerError
@@ -173,6 +173,9 @@ async def submit_page(request: Request, b: BackendDep) -> Response:
         regions=sorted(REGIONS.values(), key=lambda r: r.code),
         tiers=[t for t in TIERS.values() if t.key != "cpu"],
         params=b.params,
+        mediator=b.default_mediator() or "",
+        mediators=b.index.mediators(),
+        on_verify_trust=ON_VERIFY_TRUST,
     )
 
 
@@ -268,9 +271,9 @@ async def ipfs_root(
     archive: str | None = Query(None, pattern="^tar$"),
     format: str | None = Query(None, pattern="^json$"),
 ) -> Response:
-    """Content from IPFS, verified against its CID: a file as is; a directory as a listing
-    page, as JSON (``?format=json``) or as one tar file (``?archive=tar``). The ``X-Ipfs-Kind``
-    header says which (``file``/``directory``)."""
+    """Content from IPFS, integrity-checked (its bytes hash to its CID): a file as is; a
+    directory as a listing page, as JSON (``?format=json``) or as one tar file
+    (``?archive=tar``). The ``X-Ipfs-Kind`` header says which (``file``/``directory``)."""
     cid = _cid(cid)
     target = await _tree(b, cid, request)
     if target.is_file():
@@ -292,7 +295,7 @@ async def ipfs_root(
 
 @router.get("/ipfs/{cid}/{path:path}")
 async def ipfs_path(cid: str, path: str, request: Request, b: BackendDep) -> Response:
-    """A file (or sub-directory listing) inside a directory CID, from the verified tree."""
+    """A file (or sub-directory listing) inside a directory CID, from the integrity-checked tree."""
     cid = _cid(cid)
     root = await _tree(b, cid, request)
     if root.is_file():

@@ -9,12 +9,42 @@ from typing import Any
 
 from hexbytes import HexBytes
 
-WEI_FIELDS = frozenset({"bounty", "payout", "fee", "amount", "slashed", "totalStake"})
+from gridmarket.escrow import InvalidText
+
+WEI_FIELDS = frozenset(
+    {"bounty", "payout", "fee", "amount", "slashed", "totalStake", "collateral", "deposit"}
+    | {"toMediator"}
+)
 """Event arguments that are wei: JSON carries them as decimal strings (JavaScript numbers lose
 precision past 2**53)."""
 
 BUCKETS_S = (60, 300, 900, 3600, 6 * 3600, 86400, 7 * 86400, 30 * 86400)
 """Bucket widths the totals chart picks from (the smallest that gives at most 48 buckets)."""
+
+
+FREE_TEXT = frozenset({("Credited", "reason")})
+"""Event ``string`` arguments that are prose, not CIDs: the decoder's CID rules (printable ASCII,
+no spaces) do not apply; they are shown as text when they are short, printable UTF-8."""
+FREE_TEXT_MAX = 120
+
+
+def relax_text(
+    name: str, args: dict[str, Any], problems: dict[str, str]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``args`` and ``problems`` with the prose arguments of :data:`FREE_TEXT` read as text
+    (spaces allowed); anything not short printable UTF-8 stays an :class:`InvalidText`."""
+    for event, field_name in FREE_TEXT:
+        value = args.get(field_name)
+        if event != name or not isinstance(value, InvalidText):
+            continue
+        try:
+            text = value.raw.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if 0 < len(text) <= FREE_TEXT_MAX and text.isprintable():
+            args = {**args, field_name: text}
+            problems = {k: v for k, v in problems.items() if k != field_name}
+    return args, problems
 
 
 class NotFoundError(LookupError):
@@ -109,10 +139,20 @@ class AddressStats:
     jobs_paid: int = 0
     withdrawn: int = 0
     slashed: int = 0
-    """Stake it lost to rejected results."""
+    """Collateral it lost to mediators' rulings against its results."""
     slash_count: int = 0
     slash_credits: int = 0
-    """Slashed stake credited to it as the submitter of the job."""
+    """Slashed collateral credited to it as the submitter of the job (less the mediator's
+    re-run fee)."""
+    credited: int = 0
+    """Dispute deposits credited to it (``Credited``): returned to it as a submitter, or paid
+    to it as the mediator of an upheld dispute."""
+    mediator_fees: int = 0
+    """Slashed collateral paid to it as the mediator of a dispute it ruled against."""
+    rulings: int = 0
+    """``Ruled`` events it emitted as a job's mediator."""
+    rulings_against: int = 0
+    """Of its rulings, those that did not uphold the result (the provider was slashed)."""
     staked: int = 0
     """Current stake according to the last ``Staked``/``Unstaked`` event (slashes subtracted)."""
     registered: bool = False
@@ -136,6 +176,10 @@ class AddressStats:
             "slashed_wei": str(self.slashed),
             "slash_count": self.slash_count,
             "slash_credits_wei": str(self.slash_credits),
+            "credited_wei": str(self.credited),
+            "mediator_fees_wei": str(self.mediator_fees),
+            "rulings": self.rulings,
+            "rulings_against": self.rulings_against,
             "staked_wei": str(self.staked),
             "registered": self.registered,
             "metadata_problem": self.metadata_problem,

@@ -7,13 +7,16 @@
     gridmarket get JOB|CID        download the output, checked against its CID
     gridmarket cancel JOB         take the bounty back before anyone is assigned
     gridmarket refund JOB         take the bounty back after the deadline
+    gridmarket accept JOB         accept a submitted result now (pays the provider)
+    gridmarket dispute JOB        dispute a submitted result within its challenge window
+    gridmarket finalize JOB       pay a result nobody disputed, once its window has passed
     gridmarket withdraw           send your escrow balance (refunds) to your wallet
     gridmarket jobs               your jobs
 
 The front end (``--url``, ``$GRIDMARKET_URL``) builds each transaction; the CLI checks it (to the
-escrow, the right function, spec, deadline and value), signs it with the local key and has the
-front end relay it. The key never leaves this process. Errors print one line on stderr and exit
-with status 1. The front end's API, the wallet and the transaction checks are in
+escrow, the right function and job, spec, deadline, terms and value), signs it with the local key
+and has the front end relay it. The key never leaves this process. Errors print one line on
+stderr and exit with status 1. The front end's API, the wallet and the transaction checks are in
 :mod:`frontend_api.submitter_client`; uploads and downloads in :mod:`frontend_api.submitter_files`.
 """
 
@@ -32,12 +35,14 @@ import typer
 from gridmarket.cmdline import command_app, root_options
 from gridmarket.cmdline import friendly as cmdline_friendly
 
-from .format import ago, eth, short, when
+from .format import ago, duration, eth, short, state_label, when
 from .submitter_client import (
     CliError,
     Frontend,
     Options,
     check_create_job,
+    check_job_call,
+    job_call_signature,
     parse_job_id,
     read_password,
     relay,
@@ -152,6 +157,28 @@ def submit(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="check everything, upload and fund nothing")
     ] = False,
+    mediator: Annotated[
+        str | None,
+        typer.Option(
+            help="who rules if you dispute a result: a listed mediator or your own address "
+            "(default: the deployment's listed mediator)"
+        ),
+    ] = None,
+    collateral: Annotated[
+        str | None,
+        typer.Option(
+            help="ETH the provider locks while it holds the job (default and minimum: "
+            "minCollateral(bounty))"
+        ),
+    ] = None,
+    payment: Annotated[
+        str | None,
+        typer.Option(
+            help="after-window: paid when you accept, or when nobody disputed within the "
+            "challenge window (trustless); on-verify: paid at once on the scheduler's check "
+            "(you trust the scheduler)"
+        ),
+    ] = None,
 ) -> None:
     """Upload the job's files to IPFS, fund it from your keystore, print its id and page."""
     from gridmarket.cid import bytes_cid
@@ -161,6 +188,11 @@ def submit(
 
     opts = _opts(ctx)
     job = load_job_file(job_file)
+    payment_mode = (payment or job.payment or "after-window").strip().lower().replace("_", "-")
+    if payment_mode not in ("after-window", "on-verify"):
+        raise CliError(f"--payment: {payment!r} is not after-window or on-verify")
+    mediator = mediator if mediator is not None else job.mediator
+    collateral = collateral if collateral is not None else job.collateral_eth
     bounty_eth, bounty_wei = (
         (bounty, None) if bounty is not None else (job.bounty_eth, job.bounty_wei)
     )
@@ -182,6 +214,11 @@ def submit(
             terms["deadline"] = abs_deadline
         if ttl_s is not None:
             terms["ttl_s"] = ttl_s
+        terms["payment"] = payment_mode.replace("-", "_")
+        if mediator is not None:
+            terms["mediator"] = mediator
+        if collateral is not None:
+            terms["collateral_eth"] = collateral
         # 1. everything checked (the transaction's dry run included) before any upload
         from .jobfile import PLACEHOLDER_CID
 
@@ -190,11 +227,15 @@ def submit(
             module_cid=PLACEHOLDER_CID if job.module else None,
         )
         checked = fe.post("/api/jobs/prepare", json={**terms, "spec": probe, "dry_run": True})
+        asked = checked["terms"]
+        if mediator is not None and asked["mediator"].lower() != mediator.strip().lower():
+            raise CliError(f"the front end chose mediator {asked['mediator']}, not {mediator}")
         if dry_run:
             typer.echo(
                 f"ok: {job_file} would lock {eth(checked['bounty_wei'])} from {account.address} "
                 f"until {when(checked['deadline'])}"
             )
+            typer.echo(f"  terms    {_terms_line(asked, checked)}")
             return
         # 2. the files, then the spec and the transaction
         dataset_cid = upload_dataset(fe, job.dataset) if job.dataset else None
@@ -207,7 +248,12 @@ def submit(
                 f"the front end stored the spec as {prepared['spec_cid']}, not {spec_cid}"
             )
         check_create_job(
-            prepared["tx"], info, spec_cid, int(prepared["deadline"]), int(prepared["bounty_wei"])
+            prepared["tx"],
+            info,
+            spec_cid,
+            int(prepared["deadline"]),
+            int(prepared["bounty_wei"]),
+            asked,
         )
         # 3. signed here, relayed there
         result = relay(fe, sign_tx(account, prepared["tx"]))
@@ -221,6 +267,7 @@ def submit(
             "tx_hash": result["tx_hash"],
             "bounty_wei": prepared["bounty_wei"],
             "deadline": prepared["deadline"],
+            "terms": asked,
             "url": f"{opts.url}/jobs/{job_id}",
             "tx_url": tx_link(info, opts.url, result["tx_hash"]),
         }
@@ -231,6 +278,7 @@ def submit(
             typer.echo(
                 f"  funded   {eth(prepared['bounty_wei'])}, deadline {when(prepared['deadline'])}"
             )
+            typer.echo(f"  terms    {_terms_line(asked, prepared)}")
             typer.echo(f"  spec     {spec_cid}")
             typer.echo(f"  tx       {out['tx_url']}")
             typer.echo(f"  follow   {out['url']}")
@@ -240,6 +288,17 @@ def submit(
                 raise typer.Exit(1)
     finally:
         fe.close()
+
+
+def _terms_line(terms: dict[str, Any], prepared: dict[str, Any]) -> str:
+    """``mediator 0x…, collateral 0.01 ETH, paid after the challenge window (1 h)``."""
+    window = int(prepared.get("challenge_window_s") or 0)
+    mode = (
+        "paid on the scheduler's check (instant; you trust the scheduler, no dispute)"
+        if terms["payment"] == "on_verify"
+        else f"paid after the challenge window ({duration(window)}; you may dispute before)"
+    )
+    return f"mediator {terms['mediator']}, collateral {eth(terms['collateral_wei'])}, {mode}"
 
 
 # --------------------------------------------------------------------------- following
@@ -258,7 +317,7 @@ def _follow(fe: Frontend, job_id: str, timeout: float, quiet: bool = False) -> d
                 raise
             time.sleep(1)
             continue
-        line = f"{view.get('state')} (on-chain {view.get('chain_status')})"
+        line = f"{state_label(view.get('state'))} (on-chain {view.get('chain_status')})"
         reason = (view.get("scheduler") or {}).get("reason")
         if reason:
             line += f": {reason}"
@@ -298,7 +357,11 @@ def status(
     sched = view.get("scheduler") or {}
     rows = [
         ("job", jid),
-        ("state", f"{view.get('state')}  (on-chain: {view.get('chain_status') or 'not yet'})"),
+        (
+            "state",
+            f"{state_label(view.get('state'))}  "
+            f"(on-chain: {view.get('chain_status') or 'not yet'})",
+        ),
     ]
     if sched.get("reason"):
         rows.append(("why", sched["reason"]))
@@ -310,8 +373,38 @@ def status(
             ("provider", chain.get("provider") or "not assigned"),
             ("spec", chain["spec_cid"]),
         ]
+        t = chain.get("terms") or {}
+        if t:
+            rows += [
+                ("mediator", t["mediator"]),
+                ("collateral", eth(t["collateral_wei"])),
+                (
+                    "payment",
+                    "on the scheduler's check"
+                    if t["payment"] == "on_verify"
+                    else f"after the challenge window ({duration(t['challenge_window_s'])})",
+                ),
+            ]
+            if t.get("window_ends"):
+                verb = "closes" if t.get("window_open") else "closed"
+                rows.append(
+                    ("window", f"{verb} {when(t['window_ends'])} ({ago(t['window_ends'])})")
+                )
+            if t.get("mediation_ends"):
+                rows.append(
+                    (
+                        "disputed",
+                        f"the mediator rules; finalizable from {when(t['mediation_ends'])}",
+                    )
+                )
+        for r in chain.get("rulings") or []:
+            verdict = (
+                "upheld" if r["upheld"] else f"not upheld: provider slashed {eth(r['slashed_wei'])}"
+            )
+            rows.append(("ruling", f"attempt {r['attempt']}: {verdict}"))
     rows.append(("output", view.get("output_cid") or "-"))
-    allowed = [name for name, ok in (view.get("actions") or {}).items() if ok]
+    commands = {"release": "accept"}  # the CLI's name for the submitter's release
+    allowed = [commands.get(name, name) for name, ok in (view.get("actions") or {}).items() if ok]
     if allowed:
         rows.append(("you may", ", ".join(allowed)))
     rows.append(("page", f"{opts.url}/jobs/{jid}"))
@@ -358,7 +451,8 @@ def get(
         Path | None, typer.Option("--output", "-o", help="where to put it (default: ./<CID>)")
     ] = None,
 ) -> None:
-    """Download a job's output (or any CID) and check that its bytes hash back to the CID."""
+    """Download a job's output (or any CID), integrity-checked: its bytes must hash back to
+    the CID (which says it is the output submitted, not that it is correct)."""
     from gridmarket.cid import normalize_cid, path_cid
 
     opts = _opts(ctx)
@@ -391,26 +485,31 @@ def get(
             raise CliError(f"downloaded bytes hash to {computed}, not {cid}: discarded")
     finally:
         fe.close()
+    typer.echo(f"integrity-checked: the bytes hash to {cid}", err=True)
     typer.echo(str(got))
 
 
 # --------------------------------------------------------------------------- money back
 
 
-def _job_action(ctx: typer.Context, job_id: str, action: str, done: str) -> None:
+def _job_action(ctx: typer.Context, job_id: str, action: str, done: str) -> dict[str, Any]:
+    """Prepare ``action`` on the job from the keystore's address, check it is that call on that
+    job (with the dispute deposit as value for a dispute, nothing otherwise), sign, relay."""
     opts = _opts(ctx)
     jid = parse_job_id(job_id)
     account = unlock_account(opts)
     fe = Frontend(opts.url)
     try:
+        info = fe.get("/api/info")
         prepared = fe.post(f"/api/jobs/{jid}/{action}/prepare", json={"from": account.address})
         tx = prepared["tx"]
-        if tx["to"].lower() != str(fe.get("/api/info")["escrow"]).lower() or tx["value"] != "0x0":
-            raise CliError("the front end's transaction is not a plain escrow call")
+        value = int(info["params"].get("dispute_deposit", 0)) if action == "dispute" else 0
+        check_job_call(tx, info, job_call_signature(prepared["action"]), jid, value)
         result = relay(fe, sign_tx(account, tx))
     finally:
         fe.close()
     typer.echo(f"{done} (tx {result['tx_hash']})")
+    return dict(prepared)
 
 
 @app.command()
@@ -429,6 +528,40 @@ def refund(
 ) -> None:
     """After the deadline with no result pending, return the bounty to your escrow balance."""
     _job_action(ctx, job_id, "refund", "refunded: the bounty is in your escrow balance")
+
+
+@app.command()
+@friendly
+def accept(
+    ctx: typer.Context, job_id: Annotated[str, typer.Argument(help="the job id (0x...)")]
+) -> None:
+    """Accept the job's submitted result now: the provider is paid without waiting for the
+    challenge window (you give up disputing it)."""
+    _job_action(ctx, job_id, "accept", "accepted: the provider is paid")
+
+
+@app.command()
+@friendly
+def dispute(
+    ctx: typer.Context, job_id: Annotated[str, typer.Argument(help="the job id (0x...)")]
+) -> None:
+    """Dispute the job's submitted result within its challenge window, paying the dispute
+    deposit: the job's mediator re-checks it. Upheld, the deposit pays the mediator; not upheld,
+    you get the deposit back and the provider's collateral, and the job is offered again."""
+    prepared = _job_action(ctx, job_id, "dispute", "disputed")
+    typer.echo(
+        f"  deposit  {eth(prepared['deposit_wei'])}\n  mediator {prepared['mediator']} rules"
+    )
+
+
+@app.command()
+@friendly
+def finalize(
+    ctx: typer.Context, job_id: Annotated[str, typer.Argument(help="the job id (0x...)")]
+) -> None:
+    """Pay a submitted result nobody disputed once its challenge window has passed (or a
+    disputed one the mediator left unruled past the mediation window). Anyone may."""
+    _job_action(ctx, job_id, "finalize", "finalized: the provider is paid")
 
 
 @app.command()
@@ -460,7 +593,7 @@ def jobs(
     limit: Annotated[int, typer.Option(help="at most this many")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
-    """Your jobs, newest first: id, on-chain status, bounty, deadline, output."""
+    """Your jobs, newest first: id, on-chain status, bounty, payment mode, deadline, output."""
     opts = _opts(ctx)
     who = None if everyone else (submitter or wallet_address(opts))
     fe = Frontend(opts.url)
@@ -479,10 +612,13 @@ def jobs(
         typer.echo("no jobs" + (f" from {who}" if who else ""))
         return
     buf = io.StringIO()
-    buf.write(f"{'job':<66}  {'status':<9}  {'bounty':>14}  {'deadline':<23}  output\n")
+    buf.write(
+        f"{'job':<66}  {'status':<9}  {'bounty':>14}  {'paid':<12}  {'deadline':<23}  output\n"
+    )
     for j in rows:
+        paid = "on check" if j.get("payment") == "on_verify" else "after window"
         buf.write(
-            f"{j['job_id']:<66}  {j['status']:<9}  {eth(j['bounty_wei']):>14}  "
+            f"{j['job_id']:<66}  {j['status']:<9}  {eth(j['bounty_wei']):>14}  {paid:<12}  "
             f"{when(j['deadline']):<23}  {j.get('output_cid') or '-'}\n"
         )
     typer.echo(buf.getvalue().rstrip("\n"))

@@ -13,7 +13,17 @@ import httpx
 
 from gridmarket.cmdline import prompt_password
 
-CREATE_JOB_SIGNATURE = "createJob(bytes32,string,uint40)"
+CREATE_JOB_SIGNATURE = "createJob(bytes32,string,uint40,address,uint96,uint8)"
+JOB_TUPLE = (
+    "(address,uint96,address,uint40,uint40,uint16,uint16,bytes32,address,address,uint96,uint40,"
+    "uint8)"
+)
+"""``IJobEscrow.Job`` as the ABI spells it in a function signature."""
+
+
+def job_call_signature(fn_name: str) -> str:
+    """``cancel(bytes32,(…))``: the signature of a job call taking the id and the struct."""
+    return f"{fn_name}(bytes32,{JOB_TUPLE})"
 
 
 class CliError(RuntimeError):
@@ -90,10 +100,17 @@ def wallet_address(opts: Options) -> str:
 
 
 def check_create_job(
-    tx: dict[str, str], info: dict[str, Any], spec_cid: str, deadline: int, bounty: int
+    tx: dict[str, str],
+    info: dict[str, Any],
+    spec_cid: str,
+    deadline: int,
+    bounty: int,
+    terms: dict[str, Any] | None = None,
 ) -> None:
     """Refuse a ``createJob`` transaction that is not the one asked for: another contract or
-    chain, another function, spec, deadline or value (a front end cannot redirect funds)."""
+    chain, another function, spec, deadline or value, or other terms than ``terms``
+    (``mediator``, ``collateral_wei``, ``flags``: what the user asked for, the defaults filled
+    in), so a front end cannot redirect funds or change who rules."""
     from eth_abi.abi import decode
     from eth_utils.crypto import keccak
 
@@ -104,9 +121,34 @@ def check_create_job(
     data = bytes.fromhex(tx["data"][2:])
     if data[:4] != keccak(text=CREATE_JOB_SIGNATURE)[:4]:
         raise CliError("the transaction does not call createJob")
-    _, cid, got_deadline = decode(["bytes32", "string", "uint40"], data[4:])
+    _, cid, got_deadline, mediator, collateral, flags = decode(
+        ["bytes32", "string", "uint40", "address", "uint96", "uint8"], data[4:]
+    )
     if cid != spec_cid or got_deadline != deadline or int(tx["value"], 16) != bounty:
         raise CliError("the transaction's spec, deadline or bounty is not the one prepared")
+    if terms is not None:
+        if str(mediator).lower() != str(terms["mediator"]).lower():
+            raise CliError(f"the transaction names mediator {mediator}, not {terms['mediator']}")
+        if int(collateral) != int(terms["collateral_wei"]) or int(flags) != int(terms["flags"]):
+            raise CliError("the transaction's collateral or payment mode is not the one asked")
+
+
+def check_job_call(
+    tx: dict[str, str], info: dict[str, Any], fn_signature: str, job_id: str, value: int = 0
+) -> None:
+    """Refuse a job transaction that is not ``fn_signature`` on ``job_id`` to the escrow with
+    exactly ``value`` wei (a dispute's deposit, or nothing)."""
+    from eth_utils.crypto import keccak
+
+    if tx["to"].lower() != str(info["escrow"]).lower():
+        raise CliError(f"the transaction goes to {tx['to']}, not to the escrow {info['escrow']}")
+    if int(tx["chainId"], 16) != int(info["chain_id"]):
+        raise CliError(f"the transaction is for chain {int(tx['chainId'], 16)}")
+    data = bytes.fromhex(tx["data"][2:])
+    if data[:4] != keccak(text=fn_signature)[:4] or data[4:36].hex() != job_id[2:].lower():
+        raise CliError(f"the transaction is not {fn_signature.partition('(')[0]} of {job_id}")
+    if int(tx["value"], 16) != value:
+        raise CliError(f"the transaction sends {int(tx['value'], 16)} wei, not {value}")
 
 
 def sign_tx(account: Any, tx: dict[str, str]) -> str:

@@ -29,11 +29,22 @@ from web3.exceptions import (
 from web3.types import TxParams
 
 from gridmarket.chain import EscrowClient, rpc_error_message
-from gridmarket.escrow import JobState
+from gridmarket.escrow import JobState, Terms
 
-from .records import ChainEvent, hexstr
+from .records import ChainEvent, hexstr, relax_text
 
 MAX_RAW_TX_BYTES = 128 * 1024
+
+CREATE_JOB_ERROR_FIELDS = (
+    ("JobEscrowMediatorNotListed", "mediator"),
+    ("JobEscrowConflictOfInterest", "mediator"),
+    ("JobEscrowCollateralTooLow", "collateral"),
+    ("JobEscrowBadFlags", "payment"),
+    ("JobEscrowBountyTooLow", "bounty"),
+    ("JobEscrowBountyTooHigh", "bounty"),
+    ("JobEscrowDeadlineOutOfRange", "deadline"),
+)
+"""``createJob``'s custom errors and the input each is about (``from`` for anything else)."""
 
 
 class TxError(ValueError):
@@ -96,13 +107,43 @@ class TxBuilder:
             raise TxError(field, f"{fn_name} cannot be sent: {message}") from None
 
     def create_job(
-        self, sender: str, salt: bytes, spec_cid: str, deadline: int, bounty: int
+        self,
+        sender: str,
+        salt: bytes,
+        spec_cid: str,
+        deadline: int,
+        bounty: int,
+        terms: Terms,
+        fields: dict[str, str] | None = None,
     ) -> dict[str, str]:
-        return self.unsigned(sender, "createJob", salt, spec_cid, deadline, value=bounty)
+        """``createJob(salt, specCid, deadline, mediator, collateral, flags)`` with ``bounty``
+        as value. A revert names the input at fault: ``fields`` maps ``mediator``,
+        ``collateral``, ``payment``, ``bounty`` and ``deadline`` to the request's field names."""
+        names = fields or {}
+        try:
+            return self.unsigned(
+                sender,
+                "createJob",
+                salt,
+                spec_cid,
+                deadline,
+                terms.mediator,
+                terms.collateral,
+                terms.flags,
+                value=bounty,
+            )
+        except TxError as exc:
+            for error, key in CREATE_JOB_ERROR_FIELDS:
+                if error in exc.message:
+                    raise TxError(names.get(key, key), exc.message) from None
+            raise
 
-    def job_call(self, sender: str, fn_name: str, state: JobState) -> dict[str, str]:
-        """``cancel``, ``refund`` or ``release`` of a job, with its struct as the events tell."""
-        return self.unsigned(sender, fn_name, state.job_id, state.job.as_tuple())
+    def job_call(
+        self, sender: str, fn_name: str, state: JobState, value: int = 0
+    ) -> dict[str, str]:
+        """``cancel``, ``refund``, ``release``, ``dispute`` (``value``: the deposit) or
+        ``finalize`` of a job, with its struct as the events tell."""
+        return self.unsigned(sender, fn_name, state.job_id, state.job.as_tuple(), value=value)
 
     # ------------------------------------------------------------------ relaying
     def decode_raw(self, raw_tx: str) -> tuple[bytes, dict[str, Any]]:
@@ -192,13 +233,14 @@ class TxBuilder:
         return self.receipt_view(receipt)
 
     def receipt_view(self, receipt: Any) -> dict[str, Any]:
+        events = []
+        for n, e in enumerate(self.escrow.decode_logs(receipt["logs"])):
+            args, problems = relax_text(e.name, dict(e.args), dict(e.problems))
+            events.append(
+                ChainEvent(n, e.name, args, e.block, 0, e.tx_hash, e.log_index, problems).to_json()
+            )
         return {
             "status": "success" if receipt["status"] == 1 else "reverted",
             "block": int(receipt["blockNumber"]),
-            "events": [
-                ChainEvent(
-                    n, e.name, dict(e.args), e.block, 0, e.tx_hash, e.log_index, dict(e.problems)
-                ).to_json()
-                for n, e in enumerate(self.escrow.decode_logs(receipt["logs"]))
-            ],
+            "events": events,
         }

@@ -22,6 +22,8 @@ env.filters.update(
     ago=fmt.ago,
     mib=fmt.mib,
     size=fmt.size,
+    duration=fmt.duration,
+    state_label=fmt.state_label,
 )
 env.globals.update(node_state=svg.node_state, status_colors=svg.STATUS_COLORS)
 
@@ -34,6 +36,7 @@ STATE_CLASSES = {
     "verifying": "work",
     "settling": "work",
     "submitted": "work",
+    "disputed": "warn",
     "released": "ok",
     "refunded": "warn",
     "expired": "warn",

@@ -70,11 +70,40 @@
   }
 
   function request(spec) {
-    return {
+    const body = {
       spec,
       bounty_eth: $("bounty").value.trim(),
       ttl_s: Math.round(Number($("deadline").value) * 3600),
+      payment: radio("payment"),
     };
+    const mediator = $("mediator").value.trim();
+    if (mediator) body.mediator = mediator;
+    const collateral = $("collateral").value.trim();
+    if (collateral) body.collateral_eth = collateral;
+    return body;
+  }
+
+  /** The least collateral for the bounty typed (minCollateral), as wei; null if unreadable. */
+  function minCollateral() {
+    const bounty = GM.toWei($("bounty").value);
+    if (bounty === null) return null;
+    const bps = BigInt(form.getAttribute("data-min-collateral-bps") || "10000");
+    return (BigInt(bounty) * bps) / 10000n;
+  }
+
+  function showTerms() {
+    const pay = radio("payment");
+    $("payment-hint-after_window").classList.toggle("hidden", pay !== "after_window");
+    $("payment-hint-on_verify").classList.toggle("hidden", pay !== "on_verify");
+    const least = minCollateral();
+    const shown = least === null ? "" : GM.eth(least.toString(), 18);
+    $("collateral").placeholder = least === null ? "the minimum" : `${shown.replace(" ETH", "")} (the minimum)`;
+    const line = $("quote-collateral");
+    if (line) {
+      line.textContent = least === null
+        ? ""
+        : `The provider locks at least ${shown} of collateral for a bounty of ${GM.eth(GM.toWei($("bounty").value), 18)}.`;
+    }
   }
 
   /** Take the error off the field that holds `input` (the user is fixing it). */
@@ -170,6 +199,7 @@
       use.onclick = () => {
         $("bounty").value = GM.eth(suggested.toString(), 18).replace(" ETH", "");
         clearError($("bounty"));
+        showTerms();
       };
       const table = document.createElement("table");
       table.innerHTML = "<thead><tr><th>Tier</th><th class='num'>Per hour</th><th class='num'>Total</th></tr></thead>";
@@ -185,13 +215,17 @@
         tbody.append(tr);
       }
       table.append(tbody);
+      const collateral = document.createElement("p");
+      collateral.className = "small";
+      collateral.id = "quote-collateral";
       const fits = document.createElement("p");
       fits.className = "small";
       fits.id = "quote-providers";
       fits.textContent = q.provider_count
         ? `${q.provider_count} online node(s) offer these resources now.`
         : "No online node offers these resources right now; the job waits in the queue until one does.";
-      box.append(head, total, fee, use, table, fits);
+      box.append(head, total, fee, use, table, collateral, fits);
+      showTerms();
     } catch (err) {
       box.innerHTML = "";
       const div = document.createElement("div");
@@ -264,12 +298,18 @@
     }
   }
 
-  form.addEventListener("change", (e) => { toggle(); if (e.target.id !== "bounty") scheduleQuote(); });
+  form.addEventListener("change", (e) => {
+    toggle();
+    showTerms();
+    if (!["bounty", "mediator", "collateral"].includes(e.target.id) && e.target.name !== "payment") scheduleQuote();
+  });
   form.addEventListener("input", (e) => {
     clearError(e.target);
+    if (e.target.id === "bounty") showTerms();
     if (["cpu", "ram", "disk", "gpus", "vram", "timeout"].includes(e.target.id)) scheduleQuote();
   });
   form.addEventListener("submit", fund);
   toggle();
+  showTerms();
   quote();
 })();

@@ -5,7 +5,12 @@ staked on-chain. Nothing is mocked; the API, CLI and browser tests all use this 
 
 Accounts (anvil dev accounts of the ``devnet`` fixture): submitters[0] is the API and CLI tests'
 submitter (a local key), submitters[1] the browser's wallet (anvil signs for it), providers[3]
-the agent's wallet.
+the agent's wallet, providers[4] a provider the tests drive by hand (its acceptance signed with
+:func:`gridmarket.eip712.sign_acceptance`, assigned by the operator's key, its result submitted
+by hand), the mediator (account 10) is listed at deployment and rules by hand.
+
+The escrow's challenge window is short (:data:`CHALLENGE_WINDOW_S`) so that a test can see it
+close without moving the shared chain's clock.
 """
 
 from __future__ import annotations
@@ -27,12 +32,17 @@ from devstack._process import ROOT, ManagedProcess, ServiceError
 from devstack.anvil import free_port
 from devstack.ipfs import IpfsDaemon
 from devstack.scheduler import SchedulerProcess
-from gridmarket.chain import Deployment, EscrowClient
+from gridmarket.chain import Deployment, EscrowClient, Sent
 from gridmarket.deploy import EscrowParams, deploy_escrow
+from gridmarket.eip712 import sign_acceptance
+from gridmarket.escrow import JobState
 from tests.agent import wat
 from tests.conftest import Devnet
 
 AGENT_PASSWORD = "frontend-agent"
+CHALLENGE_WINDOW_S = 40
+"""The test escrow's challenge window: long enough to dispute by hand, short enough to wait out."""
+MANUAL_STAKE = 5 * 10**17
 
 
 @dataclass
@@ -61,6 +71,56 @@ class FrontendStack:
     def browser_account(self) -> LocalAccount:
         """The browser wallet's account (anvil signs eth_sendTransaction for it)."""
         return self.devnet.submitters[1]
+
+    @property
+    def manual_provider(self) -> LocalAccount:
+        """A registered, staked provider no agent runs for: the tests act for it by hand."""
+        return self.devnet.providers[4]
+
+    @property
+    def mediator(self) -> LocalAccount:
+        """The mediator listed at deployment (dev account 10)."""
+        return self.devnet.mediator
+
+    def client(self) -> EscrowClient:
+        """A fresh escrow client (no cached nonces: the scheduler sends with the operator)."""
+        return EscrowClient(self.escrow.w3, self.escrow.deployment)
+
+    def chain_job(self, job_id: str) -> JobState:
+        return self.escrow.job_state(bytes.fromhex(job_id[2:]))
+
+    def assign_by_hand(self, job_id: str, provider: LocalAccount | None = None) -> JobState:
+        """The provider signs its acceptance of the job's terms; the operator assigns it."""
+        provider = provider or self.manual_provider
+        escrow = self.client()
+        state = self.chain_job(job_id)
+        signature = sign_acceptance(
+            provider,
+            escrow.deployment.chain_id,
+            escrow.address,
+            state.job_id,
+            state.job.attempt + 1,
+            state.job,
+        )
+        state, _ = escrow.call_job(
+            self.devnet.operator, "assign", state, provider.address, signature
+        )
+        return state
+
+    def submit_by_hand(self, job_id: str, output_cid: str) -> JobState:
+        """The assigned provider submits ``output_cid`` itself (Submitted: the window opens)."""
+        state = self.chain_job(job_id)
+        provider = next(a for a in self.devnet.providers if a.address == state.job.provider)
+        state, _ = self.client().call_job(provider, "submitResult", state, output_cid)
+        return state
+
+    def rule_by_hand(self, job_id: str, upheld: bool) -> tuple[JobState, Sent]:
+        """The job's mediator rules on its pending (or disputed) result."""
+        return self.client().call_job(self.mediator, "rule", self.chain_job(job_id), upheld)
+
+    def mine(self) -> None:
+        """One empty block now (anvil mines on demand): the chain's clock catches up."""
+        self.escrow.w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
 
     def get(self, path: str, **kwargs: Any) -> httpx.Response:
         return httpx.get(self.frontend_url + path, timeout=30, **kwargs)
@@ -91,6 +151,20 @@ class FrontendStack:
             f"scheduler log:\n{_tail(self.scheduler.log_path)}"
         )
 
+    def wait_chain(self, job_id: str, status: str, timeout: float = 20) -> dict[str, Any]:
+        """The job's view once the front end's index has seen it reach on-chain ``status``
+        (the index refreshes at most every ``index_min_interval_s``)."""
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            response = self.get(f"/api/jobs/{job_id}")
+            if response.status_code == 200:
+                last = response.json()
+                if last.get("chain_status") == status:
+                    return last
+            time.sleep(0.2)
+        raise AssertionError(f"job {job_id} not {status} on-chain after {timeout} s: {last}")
+
 
 def _tail(path: Path, lines: int = 30) -> str:
     try:
@@ -118,6 +192,8 @@ def frontend_stack(
         operator=devnet.operator.address,
         treasury=devnet.treasury.address,
         min_duration=1,  # lets the refund test reach a deadline in seconds
+        challenge_window=CHALLENGE_WINDOW_S,
+        mediator=devnet.mediator.address,
     )
     deployment: Deployment = deploy_escrow(devnet.w3, devnet.owner, params)
     deployment_file = tmp / "deployment.json"
@@ -126,6 +202,8 @@ def frontend_stack(
 
     provider = devnet.providers[3]
     escrow.send(provider, "registerProvider", "bafkreifrontendprovider", value=5 * 10**16)
+    manual = devnet.providers[4]
+    escrow.send(manual, "registerProvider", "bafkreifrontendmanual", value=MANUAL_STAKE)
 
     scheduler = SchedulerProcess(
         tmp,

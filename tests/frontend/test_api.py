@@ -1,11 +1,19 @@
 """The front end's JSON API and pages against the real stack (tests/frontend/conftest.py).
 
 * prepare + relay: a job funded through ``/api/jobs/prepare`` (signed locally, relayed by
-  ``/api/tx/relay``) runs on the agent until Released, and the payout shows on the explorer with
-  the right amounts (``/api/payouts``, ``/api/address``, ``/api/jobs``, ``/api/tx``, totals);
+  ``/api/tx/relay``) on the scheduler's check runs on the agent until Released, and the payout
+  shows on the explorer with the right amounts (``/api/payouts``, ``/api/address``,
+  ``/api/jobs``, ``/api/tx``, totals);
+* the terms: the deployment's defaults (listed mediator, least collateral, paid after the
+  challenge window) and explicit ones reach ``createJob``; a bad mediator or collateral is
+  refused naming the field;
+* a result submitted by hand (the provider's acceptance signed with ``sign_acceptance``, the
+  operator's ``assign``) is disputed through the API within its window, the mediator rules by
+  hand, and the ruling, the slash and the deposit's return show on the job, the explorer and
+  the addresses; a result the mediator upholds on its own check is paid;
 * bad input on every endpoint is a 4xx naming the field, and nothing is created (no spec on IPFS,
   no transaction);
-* cancel and refund build transactions only when the contract allows them;
+* cancel, refund, accept and dispute build transactions only when the contract allows them;
 * uploads, quotes, the IPFS proxy (verified), and every page renders.
 """
 
@@ -24,10 +32,11 @@ from eth_account.signers.local import LocalAccount
 from web3.types import Wei
 
 from gridmarket.cid import bytes_cid, path_cid
-from gridmarket.escrow import Status
-from tests.frontend.conftest import FrontendStack, unrunnable_spec, wasm_spec
+from gridmarket.escrow import FLAG_ON_VERIFY, Status
+from tests.frontend.conftest import CHALLENGE_WINDOW_S, FrontendStack, unrunnable_spec, wasm_spec
 
 BOUNTY = 2 * 10**16
+DISPUTE_DEPOSIT = 10**15  # EscrowParams' default
 
 
 def sign(prepared_tx: dict[str, str], account: LocalAccount) -> str:
@@ -83,14 +92,50 @@ def fund(
     prepared: dict[str, Any] = response.json()
     relayed = relay(stack, sign(prepared["tx"], account))
     assert [e["name"] for e in relayed["events"]] == ["JobCreated"]
-    assert relayed["events"][0]["args"]["jobId"] == prepared["job_id"]
+    created = relayed["events"][0]["args"]
+    assert created["jobId"] == prepared["job_id"]
+    terms = prepared["terms"]  # what was asked (defaults filled in) is what was funded
+    assert created["mediator"] == terms["mediator"]
+    assert created["collateral"] == terms["collateral_wei"]
+    assert created["flags"] == terms["flags"]
+    prepared["created"] = created
     return prepared
+
+
+def submitted_by_hand(stack: FrontendStack, name: str, **terms: Any) -> str:
+    """A job nobody's agent can run (Docker), funded through the API, assigned by hand (the
+    manual provider's signed acceptance, the operator's ``assign``) and given a result by
+    hand: Submitted, its challenge window open."""
+    job_id: str = fund(stack, unrunnable_spec(name=name), **terms)["job_id"]
+    stack.assign_by_hand(job_id)
+    stack.submit_by_hand(job_id, bytes_cid(f"output of {name}".encode()))
+    return job_id
 
 
 def test_info_and_pages_render(stack: FrontendStack) -> None:
     info = stack.get("/api/info").json()
     assert info["chain_id"] == 31337 and info["escrow"] == stack.escrow.address
     assert info["scheduler"]["escrow"] == stack.escrow.address
+    assert info["mediator"] == stack.mediator.address
+    assert info["mediators"] == [stack.mediator.address]  # from MediatorListed
+    assert info["params"]["challenge_window"] == str(CHALLENGE_WINDOW_S)
+    assert info["params"]["dispute_deposit"] == str(DISPUTE_DEPOSIT)
+
+    terms = stack.get("/api/terms", params={"bounty_eth": "0.02"}).json()
+    assert terms["mediator"] == stack.mediator.address
+    assert terms["min_collateral_wei"] == str(BOUNTY)  # 100 % of the bounty by default
+    assert terms["challenge_window_s"] == CHALLENGE_WINDOW_S
+    assert terms["dispute_deposit_wei"] == str(DISPUTE_DEPOSIT)
+    assert "40 s" in terms["payments"]["after_window"]
+    assert "trust" in terms["payments"]["on_verify"]
+    bad = stack.get("/api/terms", params={"bounty_eth": "lots"})
+    assert bad.status_code == 400 and bad.json()["field"] == "bounty_eth"
+
+    submit = stack.get("/submit", headers={"accept": "text/html"}).text
+    assert f'value="{stack.mediator.address}"' in submit  # the mediator field's default
+    assert 'name="payment" value="after_window" checked' in submit
+    assert "On the scheduler's check" in submit and "40 s after it was submitted" in submit
+    assert "verified" not in submit.lower()
     for path in ("/", "/payouts", "/jobs", "/submit", "/providers"):
         response = stack.get(path, headers={"accept": "text/html"})
         assert response.status_code == 200, (path, response.text[:2000])
@@ -102,7 +147,9 @@ def test_funded_job_runs_to_release_and_the_payout_is_on_the_explorer(
 ) -> None:
     module_cid = upload_module(stack)
     dataset_cid = upload_dataset(stack)
-    prepared = fund(stack, wasm_spec(module_cid, dataset_cid))
+    # paid on the scheduler's check: it settles at once (an after-window job would wait)
+    prepared = fund(stack, wasm_spec(module_cid, dataset_cid), payment="on_verify")
+    assert prepared["created"]["flags"] == FLAG_ON_VERIFY
     job_id = prepared["job_id"]
     # the spec is on IPFS and is what the chain committed to
     assert stack.get(f"/ipfs/{prepared['spec_cid']}").json()["module_cid"] == module_cid
@@ -155,6 +202,7 @@ def test_funded_job_runs_to_release_and_the_payout_is_on_the_explorer(
     assert int(provider["totals"]["earned_wei"]) >= BOUNTY - fee
     assert provider["account"]["registered"] is True
     assert int(provider["account"]["stake_wei"]) == 5 * 10**16
+    assert provider["account"]["free_collateral_wei"] == provider["account"]["stake_wei"]
     assert int(provider["account"]["balance_wei"]) >= BOUNTY - fee
     assert provider["nodes"] and provider["nodes"][0]["name"] == "frontend-test-node"
 
@@ -203,6 +251,14 @@ def test_prepare_refuses_bad_input_naming_the_field_and_creates_nothing(
         ({"salt": "0xzz"}, "salt", 400),
         ({"bounty_eth": "100000"}, "from", 400),  # more than the wallet holds
         ({"unexpected": True}, "unexpected", 422),
+        ({"mediator": "0x1234"}, "mediator", 400),
+        ({"mediator": Account.create().address}, "mediator", 400),  # not listed
+        ({"mediator": "0x" + "00" * 20}, "mediator", 400),
+        ({"collateral_eth": "0.001"}, "collateral_eth", 400),  # under minCollateral(0.01 ETH)
+        ({"collateral_wei": "lots"}, "collateral_wei", 400),
+        ({"collateral_wei": str(2**96)}, "collateral_wei", 400),
+        ({"collateral_wei": "1", "collateral_eth": "1"}, "collateral_eth", 400),
+        ({"payment": "whenever"}, "payment", 422),
     ]
     ipfs = httpx.Client(base_url=stack.ipfs_url, timeout=10)
     for change, field, status in cases:
@@ -220,6 +276,17 @@ def test_prepare_refuses_bad_input_naming_the_field_and_creates_nothing(
         assert stack.escrow.w3.eth.block_number == before  # no transaction
         assert not _pinned(ipfs, spec_cid), change  # no spec document added
     ipfs.close()
+
+    # the operator (the scheduler's key) can never rule; the message says why
+    operator = stack.post(
+        "/api/jobs/prepare", json={**good, "mediator": stack.devnet.operator.address}
+    )
+    assert operator.status_code == 400 and operator.json()["field"] == "mediator"
+    assert "operator" in operator.json()["detail"]
+    unlisted = stack.post("/api/jobs/prepare", json={**good, "mediator": stack.provider.address})
+    assert "not a listed mediator" in unlisted.json()["detail"]
+    low = stack.post("/api/jobs/prepare", json={**good, "collateral_eth": "0.001"})
+    assert "at least 10000000000000000 wei" in low.json()["detail"]
 
     # the same request is fine once corrected, and a dry run adds nothing either
     dry = stack.post("/api/jobs/prepare", json={**good, "dry_run": True})
@@ -279,7 +346,18 @@ def test_cancel_only_while_funded_and_only_by_the_submitter(stack: FrontendStack
     prepared = fund(stack, unrunnable_spec(name="to-cancel"))
     job_id = prepared["job_id"]
     view = stack.wait_job(job_id, {"queued"}, timeout=30)
-    assert view["actions"] == {"cancel": True, "refund": False, "release": False}
+    assert view["actions"] == {
+        "cancel": True,
+        "refund": False,
+        "release": False,
+        "dispute": False,
+        "finalize": False,
+    }
+    early_dispute = stack.post(
+        f"/api/jobs/{job_id}/dispute/prepare", json={"from": stack.submitter.address}
+    )
+    assert early_dispute.status_code == 400
+    assert "JobEscrowWrongStatus" in early_dispute.json()["detail"]
 
     outsider = stack.devnet.submitters[1]
     refused = stack.post(f"/api/jobs/{job_id}/cancel/prepare", json={"from": outsider.address})
@@ -314,7 +392,7 @@ def test_refund_after_the_deadline_by_anyone(stack: FrontendStack) -> None:
     # straight on-chain with a deadline seconds away (this escrow's minimum duration is 1 s)
     spec_cid = bytes_cid(_canonical(unrunnable_spec(name="expires")))
     now = int(stack.escrow.w3.eth.get_block("latest")["timestamp"])
-    state, _ = stack.escrow.create_job(stack.submitter, os.urandom(32), spec_cid, now + 3, BOUNTY)
+    state, _ = stack.client().create_job(stack.submitter, os.urandom(32), spec_cid, now + 3, BOUNTY)
     job_id = "0x" + state.job_id.hex()
     anyone = Account.create()
     time.sleep(4)
@@ -460,3 +538,173 @@ def test_provider_sign_up_registers_and_stakes(stack: FrontendStack) -> None:
     assert [e["name"] for e in relayed["events"]] == ["ProviderRegistered", "Staked"]
     account = stack.get(f"/api/address/{newcomer.address}").json()["account"]
     assert account["registered"] and account["eligible"] and account["stake_wei"] == str(2 * 10**16)
+
+
+def test_funding_with_default_and_explicit_terms(stack: FrontendStack) -> None:
+    # defaults: the listed mediator, minCollateral(bounty), paid after the challenge window
+    default = fund(stack, unrunnable_spec(name="default-terms"))
+    assert default["terms"] == {
+        "mediator": stack.mediator.address,
+        "collateral_wei": str(BOUNTY),
+        "flags": 0,
+        "payment": "after_window",
+    }
+    assert default["challenge_window_s"] == CHALLENGE_WINDOW_S
+    state = stack.chain_job(default["job_id"])
+    assert state.job.mediator == stack.mediator.address and state.job.collateral == BOUNTY
+    assert state.job.operator == stack.devnet.operator.address and state.job.flags == 0
+    terms = stack.wait_chain(default["job_id"], "funded")["chain"]["terms"]
+    assert terms["mediator"] == stack.mediator.address and terms["payment"] == "after_window"
+    assert terms["collateral_wei"] == str(BOUNTY) and terms["window_ends"] is None
+
+    # explicit: the submitter mediates itself, more collateral, paid on the scheduler's check
+    me = stack.submitter.address
+    explicit = fund(
+        stack,
+        unrunnable_spec(name="explicit-terms"),
+        mediator=me.lower(),
+        collateral_eth="0.05",
+        payment="on_verify",
+    )
+    assert explicit["terms"]["mediator"] == me
+    assert explicit["created"]["collateral"] == str(5 * 10**16)
+    assert explicit["created"]["flags"] == FLAG_ON_VERIFY
+    state = stack.chain_job(explicit["job_id"])
+    assert state.job.on_verify and state.job.mediator == me
+    view = stack.wait_chain(explicit["job_id"], "funded")
+    assert view["chain"]["terms"]["payment"] == "on_verify"
+    assert view["chain"]["terms"]["mediator_is_submitter"] is True
+    page = stack.get(f"/jobs/{explicit['job_id']}", headers={"accept": "text/html"}).text
+    assert 'data-payment="on_verify"' in page and "the submitter itself" in page
+    assert "0.05 ETH" in page
+    listed = {j["job_id"]: j for j in stack.get("/api/jobs").json()["jobs"]}
+    assert listed[explicit["job_id"]]["payment"] == "on_verify"
+    jobs_page = stack.get("/jobs", headers={"accept": "text/html"}).text
+    assert 'data-payment="on_verify"' in jobs_page and 'data-payment="after_window"' in jobs_page
+    assert listed[default["job_id"]]["mediator"] == stack.mediator.address
+
+    # an on-verify job's operator may pay it at once (the flag is on-chain, not a label)
+    stack.assign_by_hand(explicit["job_id"])
+    stack.submit_by_hand(explicit["job_id"], bytes_cid(b"on-verify output"))
+    state, _ = stack.client().call_job(
+        stack.devnet.operator, "release", stack.chain_job(explicit["job_id"])
+    )
+    assert state.status is Status.RELEASED
+    # ...and an after-window job's operator may not
+    stack.assign_by_hand(default["job_id"])
+    stack.submit_by_hand(default["job_id"], bytes_cid(b"after-window output"))
+    with pytest.raises(Exception, match="JobEscrowNotAllowed"):
+        stack.client().call_job(
+            stack.devnet.operator, "release", stack.chain_job(default["job_id"])
+        )
+    stack.wait_chain(default["job_id"], "submitted")
+    accepted = stack.post(
+        f"/api/jobs/{default['job_id']}/accept/prepare", json={"from": stack.submitter.address}
+    )
+    assert accepted.status_code == 200, accepted.text
+    assert accepted.json()["action"] == "release"
+    relayed = relay(stack, sign(accepted.json()["tx"], stack.submitter))
+    assert [e["name"] for e in relayed["events"]] == ["JobReleased"]
+
+
+def test_dispute_through_the_api_and_the_ruling_and_slash_on_the_explorer(
+    stack: FrontendStack,
+) -> None:
+    job_id = submitted_by_hand(stack, "disputed")
+    state = stack.chain_job(job_id)
+    view = stack.wait_chain(job_id, "submitted")
+    terms = view["chain"]["terms"]
+    assert view["chain_status"] == "submitted"
+    assert terms["window_ends"] == state.job.since + CHALLENGE_WINDOW_S and terms["window_open"]
+    assert view["actions"]["dispute"] and view["actions"]["release"]
+    assert not view["actions"]["finalize"]
+    assert (
+        view["chain"]["events"][1]["args"]["since"] == view["chain"]["events"][1]["time"]
+    )  # JobAssigned.since is the assignment's block time
+    page = stack.get(f"/jobs/{job_id}", headers={"accept": "text/html"}).text
+    assert 'id="dispute-job"' in page and 'id="job-window"' in page
+    assert f"deposit {DISPUTE_DEPOSIT / 10**18:g} ETH" in page
+
+    # only the submitter may dispute, with exactly the deposit
+    outsider = stack.devnet.submitters[1]
+    refused = stack.post(f"/api/jobs/{job_id}/dispute/prepare", json={"from": outsider.address})
+    assert refused.status_code == 400 and "JobEscrowNotSubmitter" in refused.json()["detail"]
+    prepared = stack.post(
+        f"/api/jobs/{job_id}/dispute/prepare", json={"from": stack.submitter.address}
+    )
+    assert prepared.status_code == 200, prepared.text
+    body = prepared.json()
+    assert body["deposit_wei"] == str(DISPUTE_DEPOSIT)
+    assert body["mediator"] == stack.mediator.address
+    assert int(body["tx"]["value"], 16) == DISPUTE_DEPOSIT
+    relayed = relay(stack, sign(body["tx"], stack.submitter))
+    assert [e["name"] for e in relayed["events"]] == ["ResultDisputed"]
+    assert relayed["events"][0]["args"]["deposit"] == str(DISPUTE_DEPOSIT)
+
+    view = stack.job(job_id)
+    assert view["chain_status"] == "disputed" and not view["final"]
+    assert not view["actions"]["dispute"] and not view["actions"]["finalize"]
+    assert view["chain"]["terms"]["mediation_ends"] > view["chain"]["terms"]["disputed_at"]
+    disputed = stack.get("/api/jobs", params={"status": "disputed"}).json()["jobs"]
+    assert job_id in [j["job_id"] for j in disputed]
+    page = stack.get(f"/jobs/{job_id}", headers={"accept": "text/html"}).text
+    assert 'id="job-disputed"' in page and 'data-state="disputed"' in page
+
+    # the mediator rules the result wrong: the provider loses the collateral
+    provider = stack.manual_provider.address
+    stake_before = int(stack.get(f"/api/address/{provider}").json()["account"]["stake_wei"])
+    state, sent = stack.rule_by_hand(job_id, upheld=False)
+    assert state.status is Status.FUNDED
+    assert [e.name for e in sent.events] == ["Ruled", "Credited", "ProviderSlashed"]
+    view = stack.wait_chain(job_id, "funded")
+    assert view["chain_status"] == "funded" and view["chain"]["provider"] is None
+    (ruling,) = view["chain"]["rulings"]
+    assert ruling["upheld"] is False and ruling["mediator"] == stack.mediator.address
+    assert ruling["slashed_wei"] == str(BOUNTY)
+    assert ruling["to_mediator_wei"] == str(DISPUTE_DEPOSIT)
+    (credit,) = view["chain"]["credits"]
+    assert credit["account"] == stack.submitter.address and credit["reason"] == "deposit returned"
+    names = [e["name"] for e in view["chain"]["events"]]
+    assert names[-4:] == ["ResultDisputed", "Ruled", "Credited", "ProviderSlashed"]
+    slash = view["chain"]["events"][-1]["args"]
+    assert slash["submitter"] == stack.submitter.address
+    assert slash["toMediator"] == str(DISPUTE_DEPOSIT)
+
+    page = stack.get(f"/jobs/{job_id}", headers={"accept": "text/html"}).text
+    assert 'data-upheld="false"' in page and "not upheld" in page
+    assert f'slashed <span class="slashed">{BOUNTY / 10**18:g} ETH' in page
+    after = stack.get(f"/api/address/{provider}").json()
+    assert int(after["account"]["stake_wei"]) == stake_before - BOUNTY
+    assert int(after["totals"]["slashed_wei"]) >= BOUNTY and after["totals"]["slash_count"] >= 1
+    names = [e["name"] for e in after["events"]]
+    assert "ProviderSlashed" in names
+    mediator = stack.get(f"/api/address/{stack.mediator.address}").json()["totals"]
+    assert mediator["rulings"] >= 1 and mediator["rulings_against"] >= 1
+    assert int(mediator["mediator_fees_wei"]) >= DISPUTE_DEPOSIT
+    submitter = stack.get(f"/api/address/{stack.submitter.address}").json()["totals"]
+    assert int(submitter["slash_credits_wei"]) >= BOUNTY - DISPUTE_DEPOSIT
+    assert int(submitter["credited_wei"]) >= DISPUTE_DEPOSIT
+    tx_page = stack.get(f"/tx/{sent.tx_hash}", headers={"accept": "text/html"}).text
+    assert "not upheld: the provider is slashed" in tx_page and "deposit returned" in tx_page
+    address_page = stack.get(f"/address/{provider}", headers={"accept": "text/html"}).text
+    assert "ProviderSlashed" in address_page and "lost to mediators" in address_page
+
+    # the job is open again (same attempt count); its submitter takes the bounty back
+    ok = stack.post(f"/api/jobs/{job_id}/cancel/prepare", json={"from": stack.submitter.address})
+    assert ok.status_code == 200, ok.text
+    relay(stack, sign(ok.json()["tx"], stack.submitter))
+
+
+def test_a_result_the_mediator_upholds_on_its_own_check_is_paid(stack: FrontendStack) -> None:
+    job_id = submitted_by_hand(stack, "upheld")
+    state, sent = stack.rule_by_hand(job_id, upheld=True)
+    assert state.status is Status.RELEASED
+    assert [e.name for e in sent.events] == ["Ruled", "JobReleased"]  # no deposit to credit
+    view = stack.wait_chain(job_id, "released")
+    (ruling,) = view["chain"]["rulings"]
+    assert ruling["upheld"] is True and ruling["slashed_wei"] is None
+    assert view["final"] and not view["actions"]["dispute"]
+    page = stack.get(f"/jobs/{job_id}", headers={"accept": "text/html"}).text
+    assert 'data-upheld="true"' in page and "the result stands" in page
+    (payout,) = stack.get("/api/payouts", params={"job": job_id}).json()["payouts"]
+    assert payout["provider"] == stack.manual_provider.address

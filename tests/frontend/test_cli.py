@@ -1,6 +1,9 @@
 """The submitter CLI (``python -m frontend_api.submitter_cli``, the ``gridmarket`` console
-script) from a terminal against the real stack: init a keystore, submit the WASM example until
-Released, then status, logs, get (verified), jobs; cancel and withdraw; and bad job files
+script) from a terminal against the real stack: init a keystore, submit the WASM example (paid
+on the scheduler's check) until Released, then status, logs, get (integrity-checked), jobs;
+cancel and withdraw; the terms (default and explicit; a bad mediator, collateral or payment
+mode refused naming it); a result submitted by hand (signed acceptance, the operator's
+``assign``) disputed, accepted, or finalized by anyone after its window; and bad job files
 refused with the field named before anything is uploaded or funded.
 """
 
@@ -10,13 +13,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from gridmarket.cid import path_cid
+from gridmarket.cid import bytes_cid, path_cid
+from gridmarket.escrow import Status
 from gridmarket.keystore import create_keystore, keystore_address
-from tests.frontend.conftest import FrontendStack
+from tests.frontend.conftest import CHALLENGE_WINDOW_S, FrontendStack
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "jobs"
@@ -81,9 +86,18 @@ def test_submit_the_wasm_example_until_released_then_status_logs_get_and_jobs(
     stack: FrontendStack, home: Path
 ) -> None:
     done = gm(
-        stack, home, "submit", str(EXAMPLES / "wasm-csvstats.yaml"), "--wait", "--timeout", "120"
+        stack,
+        home,
+        "submit",
+        str(EXAMPLES / "wasm-csvstats.yaml"),
+        "--payment",
+        "on-verify",  # the scheduler pays at once on its check: no window to wait out
+        "--wait",
+        "--timeout",
+        "120",
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "paid on the scheduler's check" in done.stdout
     lines = done.stdout.splitlines()
     job_id = lines[0]
     assert job_id.startswith("0x") and len(job_id) == 66
@@ -107,6 +121,7 @@ def test_submit_the_wasm_example_until_released_then_status_logs_get_and_jobs(
     got = gm(stack, home, "get", job_id, "-o", str(out))
     assert got.returncode == 0, got.stderr
     assert path_cid(out) == view["output_cid"]
+    assert "integrity-checked" in got.stderr and "verified" not in got.stderr
     stats = (out / "stats.txt").read_text()
     data = (ROOT / "examples" / "datasets" / "gpu-hours" / "data.csv").read_bytes()
     assert f"bytes={len(data)}" in stats and "lines=" in stats and "fields=" in stats
@@ -139,6 +154,8 @@ def test_cancel_then_withdraw_from_the_terminal(
     done = gm(stack, home, "submit", str(job))
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.splitlines()[0]
+    assert f"mediator {stack.mediator.address}, collateral 0.003 ETH" in done.stdout
+    assert f"paid after the challenge window ({CHALLENGE_WINDOW_S} s" in done.stdout
     stack.wait_job(job_id, {"queued"}, timeout=30)
     cancelled = gm(stack, home, "cancel", job_id)
     assert cancelled.returncode == 0, cancelled.stderr
@@ -169,6 +186,9 @@ def test_bad_job_files_are_refused_naming_the_field(
         "executor: docker\nimage: busybox\nbounty: 0.01\ndeadline: 10s\n": "ttl_s",
         "executor: docker\nimage: busybox\nbounty: 99999\n": "not enough ETH",
         "- just\n- a list\n": "mapping",
+        "executor: docker\nimage: busybox\nbounty: 0.01\npayment: someday\n": "payment",
+        "executor: docker\nimage: busybox\nbounty: 0.01\nmediator: 0x12\n": "mediator",
+        "executor: docker\nimage: busybox\nbounty: 0.01\ncollateral: 0.001\n": "collateral_eth",
     }
     for n, (text, words) in enumerate(cases.items()):
         path = tmp_path / f"bad{n}.yaml"
@@ -185,3 +205,143 @@ def test_bad_job_files_are_refused_naming_the_field(
     assert "would lock 0.002 ETH" in dry.stdout
     bad_id = gm(stack, home, "status", "0x1234")
     assert bad_id.returncode == 1 and "not a job id" in bad_id.stderr
+
+
+def _docker_job(tmp_path: Path, name: str, bounty: str = "0.004") -> Path:
+    """A Docker job file: the stack's agent serves WASM only, so nobody runs it but the test."""
+    job = tmp_path / f"{name}.yaml"
+    job.write_text(
+        f'name: {name}\nexecutor: docker\nimage: busybox:1.36\ncommand: ["true"]\n'
+        f"limits: {{timeout_s: 60}}\nbounty: {bounty}\ndeadline: 30m\n"
+    )
+    return job
+
+
+def _submitted(stack: FrontendStack, home: Path, job: Path, *options: str) -> str:
+    """Fund ``job`` from the CLI, then assign it by hand and submit a result for it."""
+    done = gm(stack, home, "submit", str(job), *options)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job_id = done.stdout.splitlines()[0]
+    stack.assign_by_hand(job_id)
+    stack.submit_by_hand(job_id, bytes_cid(f"cli output {job.stem}".encode()))
+    stack.wait_chain(job_id, "submitted")
+    return job_id
+
+
+def test_terms_from_the_terminal_default_explicit_and_refused(
+    stack: FrontendStack, home: Path, tmp_path: Path
+) -> None:
+    job = _docker_job(tmp_path, "terms")
+    before = stack.escrow.w3.eth.get_transaction_count(stack.submitter.address)
+    for options, words in (
+        (("--mediator", "0x1234"), "mediator"),
+        (("--mediator", stack.provider.address), "not a listed mediator"),
+        (("--mediator", stack.devnet.operator.address), "operator"),
+        (("--collateral", "0.0001"), "collateral_eth: the collateral must be at least"),
+        (("--collateral", "much"), "collateral_eth"),
+        (("--payment", "later"), "--payment"),
+    ):
+        done = gm(stack, home, "submit", str(job), *options)
+        assert done.returncode == 1, (options, done.stdout)
+        assert words in done.stderr, (options, done.stderr)
+        assert "Traceback" not in done.stderr
+    assert stack.escrow.w3.eth.get_transaction_count(stack.submitter.address) == before
+
+    dry = gm(stack, home, "submit", "--dry-run", str(job))
+    assert dry.returncode == 0, dry.stderr
+    assert f"mediator {stack.mediator.address}, collateral 0.004 ETH" in dry.stdout
+
+    me = stack.submitter.address
+    done = gm(
+        stack,
+        home,
+        "submit",
+        str(job),
+        "--mediator",
+        me,
+        "--collateral",
+        "0.01",
+        "--payment",
+        "on-verify",
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["terms"] == {
+        "mediator": me,
+        "collateral_wei": str(10**16),
+        "flags": 1,
+        "payment": "on_verify",
+    }
+    state = stack.chain_job(out["job_id"])
+    assert state.job.mediator == me and state.job.collateral == 10**16 and state.job.on_verify
+    status = gm(stack, home, "status", out["job_id"])
+    assert "on the scheduler's check" in status.stdout and "0.01 ETH" in status.stdout
+    assert gm(stack, home, "cancel", out["job_id"]).returncode == 0
+
+    # the same terms from the job file; an option overrides the file
+    in_file = tmp_path / "terms-in-file.yaml"
+    in_file.write_text(job.read_text() + f"mediator: {me}\ncollateral: 0.02\npayment: on-verify\n")
+    done = gm(stack, home, "submit", str(in_file), "--collateral", "0.03", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["terms"]["mediator"] == me and out["terms"]["payment"] == "on_verify"
+    assert out["terms"]["collateral_wei"] == str(3 * 10**16)
+    assert gm(stack, home, "cancel", out["job_id"]).returncode == 0
+    listed = gm(stack, home, "jobs")
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [line for line in listed.stdout.splitlines() if line.startswith(out["job_id"])]
+    assert "on check" in row and "refunded" in row
+
+
+def test_dispute_accept_and_finalize_from_the_terminal(
+    stack: FrontendStack, home: Path, tmp_path: Path
+) -> None:
+    # one result left alone: its window closes while the others are handled
+    waiting = _submitted(stack, home, _docker_job(tmp_path, "left-alone"))
+    window_ends = stack.job(waiting)["chain"]["terms"]["window_ends"]
+
+    disputed = _submitted(stack, home, _docker_job(tmp_path, "disputed"))
+    status = gm(stack, home, "status", disputed)
+    assert status.returncode == 0, status.stderr
+    assert "window" in status.stdout and "closes" in status.stdout
+    assert "accept, dispute" in status.stdout  # what "you may" do now
+    done = gm(stack, home, "dispute", disputed)
+    assert done.returncode == 0, done.stderr
+    assert "disputed (tx 0x" in done.stdout
+    assert "deposit  0.001 ETH" in done.stdout and stack.mediator.address in done.stdout
+    assert stack.chain_job(disputed).status is Status.DISPUTED
+    again = gm(stack, home, "dispute", disputed)
+    assert again.returncode == 1 and "JobEscrowWrongStatus" in again.stderr
+    # the mediator upholds it: the provider is paid, the deposit pays the mediator
+    state, sent = stack.rule_by_hand(disputed, upheld=True)
+    assert state.status is Status.RELEASED
+    assert [e.name for e in sent.events] == ["Ruled", "Credited", "JobReleased"]
+    stack.wait_chain(disputed, "released")
+    status = gm(stack, home, "status", disputed)
+    assert "ruling" in status.stdout and "upheld" in status.stdout
+
+    accepted = _submitted(stack, home, _docker_job(tmp_path, "accepted"))
+    early = gm(stack, home, "finalize", accepted)
+    assert early.returncode == 1 and "JobEscrowChallengeWindowOpen" in early.stderr
+    done = gm(stack, home, "accept", accepted)
+    assert done.returncode == 0, done.stderr
+    assert "accepted: the provider is paid" in done.stdout
+    assert stack.chain_job(accepted).status is Status.RELEASED
+
+    # anyone finalizes the result nobody disputed once its window has passed
+    outsider = tmp_path / "outsider"
+    outsider.mkdir()
+    key = bytes(stack.devnet.providers[0].key)
+    create_keystore(outsider / "submitter.json", PASSWORD, private_key=key, iterations=2**10)
+    time.sleep(max(0.0, window_ends - time.time() + 1))
+    stack.mine()
+    late = gm(stack, home, "dispute", waiting)
+    assert late.returncode == 1 and "JobEscrowChallengeWindowClosed" in late.stderr
+    done = gm(stack, outsider, "finalize", waiting)
+    assert done.returncode == 0, done.stderr
+    assert "finalized: the provider is paid" in done.stdout
+    state = stack.chain_job(waiting)
+    assert state.status is Status.RELEASED
+    (payout,) = stack.get("/api/payouts", params={"job": waiting}).json()["payouts"]
+    assert payout["provider"] == stack.manual_provider.address

@@ -2,10 +2,12 @@
 provider registered with strings that are not UTF-8 or not CID-like text. The scheduler's
 watcher marks the jobs invalid naming the field and keeps going (an honest job funded after them
 runs to Released), the explorer shows the entries as invalid, every page answers, and a front end
-started afterwards reads the same log and starts."""
+started afterwards reads the same log and starts. Events that cannot be folded (out of order,
+missing arguments) are kept and shown but never stop the index."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -15,9 +17,28 @@ from web3.types import Wei
 
 from devstack._process import ROOT, ManagedProcess
 from devstack.anvil import free_port
-from tests.frontend.conftest import FrontendStack, _wait_http, wasm_spec
+from frontend_api.index import ChainIndex
+from gridmarket.chain import Event, Sent
+from tests.frontend.conftest import FrontendStack, _wait_http, unrunnable_spec, wasm_spec
 from tests.frontend.test_api import fund, upload_dataset, upload_module
-from tests.hostile import INVALID_UTF8, ODD_128, create_job_raw, escrow_call
+from tests.hostile import INVALID_UTF8, ODD_128, escrow_call
+
+
+def create_job_raw(stack: FrontendStack, raw_spec: bytes, deadline: int, bounty: int) -> Sent:
+    """``createJob`` (version 2: default terms) with the spec CID as raw bytes."""
+    terms = stack.escrow.default_terms(bounty, stack.devnet.submitters[1].address)
+    return escrow_call(
+        stack.escrow,
+        stack.devnet.submitters[1],
+        "createJob",
+        os.urandom(32),
+        raw_spec,
+        deadline,
+        terms.mediator,
+        terms.collateral,
+        terms.flags,
+        value=bounty,
+    )
 
 
 def _scheduler_job(stack: FrontendStack, job_id: str, timeout: float = 60) -> dict[str, object]:
@@ -39,10 +60,8 @@ def test_poison_events_are_shown_invalid_and_the_grid_keeps_serving(
     w3 = stack.escrow.w3
     attacker = stack.devnet.submitters[1]
     deadline = int(w3.eth.get_block("latest")["timestamp"]) + 3600
-    poison = [
-        create_job_raw(stack.escrow, attacker, raw, deadline, 10**16)
-        for raw in (INVALID_UTF8, ODD_128)
-    ]
+    assert attacker == stack.devnet.submitters[1]
+    poison = [create_job_raw(stack, raw, deadline, 10**16) for raw in (INVALID_UTF8, ODD_128)]
     job_ids = ["0x" + bytes(p.events[0].args["jobId"]).hex() for p in poison]
     squatter = Account.create()
     w3.eth.send_transaction(
@@ -51,7 +70,9 @@ def test_poison_events_are_shown_invalid_and_the_grid_keeps_serving(
     escrow_call(stack.escrow, squatter, "registerProvider", INVALID_UTF8)
 
     # an honest job funded after the poison is seen, queued and paid
-    prepared = fund(stack, wasm_spec(upload_module(stack), upload_dataset(stack)))
+    prepared = fund(
+        stack, wasm_spec(upload_module(stack), upload_dataset(stack)), payment="on_verify"
+    )
     stack.wait_job(prepared["job_id"], {"released"}, timeout=120)
 
     # the scheduler marked each poisoned job invalid, naming the field
@@ -100,3 +121,36 @@ def test_poison_events_are_shown_invalid_and_the_grid_keeps_serving(
         assert page.status_code == 200 and 'id="job-invalid"' in page.text
     finally:
         second.stop()
+
+
+def test_an_event_that_does_not_fold_is_kept_and_the_index_goes_on(stack: FrontendStack) -> None:
+    index = ChainIndex(stack.client())
+    index.refresh(force=True)
+    known = len(index.jobs())
+    block = stack.escrow.w3.eth.block_number
+    tx = "0x" + "ee" * 32
+    ghost = b"\x13" * 32
+    hostile = [
+        # a ruling, a slash and a credit for a job the log never created
+        Event("Ruled", {"jobId": ghost, "mediator": stack.mediator.address,
+                        "provider": stack.provider.address, "attempt": 1, "upheld": False},
+              block, tx, 0),
+        Event("ProviderSlashed", {"provider": stack.provider.address, "jobId": ghost,
+                                  "amount": 5, "submitter": stack.submitter.address,
+                                  "toMediator": 1}, block, tx, 1),
+        # an argument missing (an older or foreign ABI)
+        Event("ProviderSlashed", {"provider": stack.provider.address, "jobId": ghost,
+                                  "amount": 5}, block, tx, 2),
+        Event("JobReleased", {"jobId": ghost}, block, tx, 3),
+    ]  # fmt: skip
+    for event in hostile:
+        index._ingest(event)
+    bad = index.bad_events()
+    assert len(bad) == 3, bad  # the orderly slash is counted, the others are only shown
+    assert any("EventOrderError" in why for why in bad.values())
+    assert any("KeyError" in why for why in bad.values())
+    assert len(index.events()) >= len(hostile)
+    # the index still reads the chain and folds what follows
+    fund(stack, unrunnable_spec(name="after-the-bad-events"))
+    index.refresh(force=True)
+    assert len(index.jobs()) == known + 1

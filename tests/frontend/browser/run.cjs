@@ -3,11 +3,15 @@
 // forwards every request to anvil's JSON-RPC for one of anvil's dev accounts, so the page
 // really builds, and anvil really signs and sends, each transaction.
 //
-// Input: the environment (GM_URL, GM_RPC_URL, GM_ACCOUNT, GM_CHAIN_ID, GM_PROVIDER,
-// GM_MODULE, GM_DATASET, GM_SHOTS). Output: one JSON line on stdout with what happened.
-// Every step logs to stderr; any failure exits 1 with a screenshot "failure.png".
+// Input: the environment (GM_URL, GM_RPC_URL, GM_ACCOUNT, GM_CHAIN_ID, GM_SHOTS, and
+// GM_SCENARIO: "fund" (default; needs GM_PROVIDER, GM_MODULE, GM_DATASET) or "dispute" (needs
+// GM_OTHER_ACCOUNT, GM_MEDIATOR, GM_SIGNAL; the test drives the provider and the mediator
+// meanwhile, and rules once the script wrote "disputed" to the GM_SIGNAL file)).
+// Output: one JSON line on stdout with what happened. Every step logs to stderr; any failure
+// exits 1 with a screenshot "failure.png".
 "use strict";
 
+const fs = require("node:fs");
 const path = require("node:path");
 const { chromium } = require("playwright-core");
 
@@ -20,8 +24,8 @@ const URL = env("GM_URL");
 const RPC = env("GM_RPC_URL");
 const ACCOUNT = env("GM_ACCOUNT");
 const CHAIN_ID = Number(env("GM_CHAIN_ID"));
-const PROVIDER = env("GM_PROVIDER");
 const SHOTS = env("GM_SHOTS");
+const SCENARIO = process.env.GM_SCENARIO || "fund";
 const log = (...args) => console.error(new Date().toISOString().slice(11, 23), ...args);
 
 async function rpc(method, params) {
@@ -78,29 +82,127 @@ async function main() {
       "--disable-background-networking", "--disable-component-update", "--disable-sync",
     ],
   });
-  const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
-  await context.exposeBinding("__gmRpc", async (_source, method, params) => {
-    try {
-      return { result: await rpc(method, params) };
-    } catch (err) {
-      return { error: err.message, code: err.code };
-    }
-  });
-  await context.addInitScript(wallet, { account: ACCOUNT, chainId: CHAIN_ID });
-  const page = await context.newPage();
-  page.setDefaultTimeout(30000);
   const errors = [];
-  page.on("pageerror", (err) => errors.push(String(err)));
-  // JavaScript errors fail the test; failed requests are expected (the bad bounty's 400).
-  page.on("console", (msg) => {
-    if (msg.type() === "error" && !msg.text().startsWith("Failed to load resource")) {
-      errors.push(msg.text());
-    }
-  });
-  page.on("response", (r) => { if (r.status() === 404) log("404", r.url()); });
-  const result = { screenshots: [], errors };
+  const result = { screenshots: [], errors, scenario: SCENARIO };
+  // A browser context whose injected wallet is `account` (anvil signs for it).
+  async function walletPage(account) {
+    const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+    await context.exposeBinding("__gmRpc", async (_source, method, params) => {
+      try {
+        return { result: await rpc(method, params) };
+      } catch (err) {
+        return { error: err.message, code: err.code };
+      }
+    });
+    await context.addInitScript(wallet, { account, chainId: CHAIN_ID });
+    const page = await context.newPage();
+    page.setDefaultTimeout(30000);
+    page.on("pageerror", (err) => errors.push(String(err)));
+    // JavaScript errors fail the test; failed requests are expected (the bad bounty's 400).
+    page.on("console", (msg) => {
+      if (msg.type() === "error" && !msg.text().startsWith("Failed to load resource")) {
+        errors.push(msg.text());
+      }
+    });
+    page.on("response", (r) => { if (r.status() === 404) log("404", r.url()); });
+    return page;
+  }
+  const page = await walletPage(ACCOUNT);
 
   try {
+    if (SCENARIO === "dispute") await disputeScenario(page, walletPage, result);
+    else await fundScenario(page, result);
+  } catch (err) {
+    log("FAILED:", err.stack || String(err));
+    try { await shot(page, "failure"); } catch (_) { /* the page may be gone */ }
+    result.failure = String(err.stack || err);
+  } finally {
+    await browser.close();
+  }
+  process.stdout.write(JSON.stringify(result) + "\n");
+  process.exit(result.failure ? 1 : 0);
+}
+
+// Submit a job with chosen terms from the page (a bad collateral refused first), wait while the
+// test assigns it and submits a result by hand, dispute it with the page's button (shown to the
+// submitter's wallet only), and watch the mediator's ruling and the slash arrive live.
+async function disputeScenario(page, walletPage, result) {
+  const OTHER = env("GM_OTHER_ACCOUNT");
+  const MEDIATOR = env("GM_MEDIATOR");
+  log("submit page, terms");
+  await page.goto(`${URL}/submit`);
+  await page.locator("#wallet-button.connected").waitFor();
+  result.mediator_default = await page.inputValue("#mediator");
+  result.after_window_hint = await page.textContent("#payment-hint-after_window");
+  await page.check('input[name="payment"][value="on_verify"]');
+  await page.locator("#payment-hint-on_verify:not(.hidden)").waitFor();
+  result.on_verify_hint = await page.textContent("#payment-hint-on_verify");
+  await page.check('input[name="payment"][value="after_window"]');
+  await page.fill("#name", "browser-dispute");
+  await page.fill("#image", "busybox:1.36");  // Docker: the test agent serves WASM only
+  await page.fill("#command", "true");
+  await page.fill("#bounty", "0.004");
+  await page.locator("#quote-collateral").waitFor();
+  result.quote_collateral = await page.textContent("#quote-collateral");
+  await page.fill("#collateral", "0.001");  // under minCollateral(0.004 ETH)
+  await page.click("#fund");
+  const collateralError = page.locator('.field[data-field="collateral_eth"].invalid .error');
+  await collateralError.waitFor();
+  result.collateral_error = await collateralError.textContent();
+  result.screenshots.push(await shot(page, "submit-terms-refused"));
+  await page.fill("#collateral", "0.006");
+  await page.click("#fund");
+  await page.waitForURL(/\/jobs\/0x[0-9a-f]{64}$/, { timeout: 60000 });
+  result.job_id = page.url().split("/").pop();
+  log("funded", result.job_id, "; the test assigns it and submits a result");
+  result.mediator_shown = await page.textContent("#job-mediator");
+  result.collateral_shown = await page.textContent("#job-collateral");
+  result.payment_shown = await page.getAttribute("#job-payment", "data-payment");
+
+  // live: Submitted, the window's end shown, the Dispute button for this wallet only
+  await page.locator('#job-summary[data-chain-status="submitted"]').waitFor({ timeout: 90000 });
+  await page.locator("#dispute-job:not(.hidden)").waitFor();
+  result.window_text = await page.textContent("#job-window");
+  result.dispute_button = await page.textContent("#dispute-job");
+  result.dispute_hint = await page.textContent("#dispute-hint");
+  result.screenshots.push(await shot(page, "job-submitted"));
+  const other = await walletPage(OTHER);
+  await other.goto(`${URL}/jobs/${result.job_id}`);
+  await other.locator("#wallet-button.connected").waitFor();
+  await other.locator("#dispute-job").waitFor({ state: "attached" });
+  result.other_sees_dispute = await other.locator("#dispute-job").isVisible();
+  result.other_sees_finalize = await other.locator("#finalize-job").count();
+  await other.close();
+
+  const reloaded = page.waitForEvent("load", { timeout: 90000 });  // data-tx-reload
+  await page.click("#dispute-job");
+  await reloaded;
+  await page.locator('#job-summary[data-chain-status="disputed"]').waitFor({ timeout: 30000 });
+  result.disputed_text = await page.textContent("#job-disputed");
+  result.screenshots.push(await shot(page, "job-disputed"));
+  fs.writeFileSync(env("GM_SIGNAL"), "disputed\n");
+
+  log("disputed; the test has the mediator rule");
+  const ruling = page.locator('.ruling[data-upheld="false"]');
+  await ruling.waitFor({ timeout: 90000 });
+  result.ruling_text = await ruling.textContent();
+  result.chain_status_after = await page.getAttribute("#job-summary", "data-chain-status");
+  result.screenshots.push(await shot(page, "job-ruled"));
+  const txs = await page.locator("#job-txs a[href^='/tx/']").evaluateAll(
+    (links) => links.map((a) => a.getAttribute("href")),
+  );
+  await page.goto(`${URL}${txs[txs.length - 1]}`);
+  result.ruling_tx_function = await page.textContent("#tx-function");
+  result.ruling_tx_text = await page.textContent("main");
+  result.screenshots.push(await shot(page, "tx-ruling"));
+  await page.goto(`${URL}/address/${MEDIATOR}`);
+  result.mediator_rulings = await page.textContent("#rulings");
+  result.screenshots.push(await shot(page, "mediator"));
+}
+
+async function fundScenario(page, result) {
+  const PROVIDER = env("GM_PROVIDER");
+  {
     // ------------------------------------------------------------ submit: bad input first
     log("submit page");
     await page.goto(`${URL}/submit`);
@@ -126,6 +228,7 @@ async function main() {
 
     // ------------------------------------------------------------ submit: fund through the wallet
     await page.fill("#bounty", "0.004");
+    await page.check('input[name="payment"][value="on_verify"]');  // the scheduler pays at once
     await page.locator('#quote[data-executor="wasm"] #quote-providers').waitFor();
     result.quote_providers = await page.textContent("#quote-providers");
     result.screenshots.push(await shot(page, "submit"));
@@ -201,15 +304,7 @@ async function main() {
     result.screenshots.push(await shot(page, "jobs"));
     await page.goto(`${URL}/`);
     result.screenshots.push(await shot(page, "home"));
-  } catch (err) {
-    log("FAILED:", err.stack || String(err));
-    try { await shot(page, "failure"); } catch (_) { /* the page may be gone */ }
-    result.failure = String(err.stack || err);
-  } finally {
-    await browser.close();
   }
-  process.stdout.write(JSON.stringify(result) + "\n");
-  process.exit(result.failure ? 1 : 0);
 }
 
 main().catch((err) => {
