@@ -26,6 +26,7 @@ import pytest
 from devstack.grid import PROVIDER_STAKE, LocalGrid, start_agent, start_replica, wait_nodes
 from devstack.images import BUSYBOX_IMAGE
 from gridmarket.chain import ChainError
+from gridmarket.escrow import ZERO_ADDRESS
 from gridmarket.wire import JobSpec, NodeCapacityIn
 
 from .support import (
@@ -162,7 +163,8 @@ class TestOneGrid:
         assert names(events) == [
             "JobCreated",
             "JobAssigned",
-            "JobAssigned",  # reassigned on-chain: attempt 2, another provider
+            "JobUnassigned",  # taken back once reassignDelay passed: collateral unlocked
+            "JobAssigned",  # attempt 2, another provider, with its own acceptance
             "ResultSubmitted",
             "JobReleased",
         ]
@@ -171,7 +173,9 @@ class TestOneGrid:
             (first.account.address, 1),
             (second.account.address, 2),
         ]
-        assert assigned[1].args["previousProvider"] == first.account.address
+        (taken_back,) = [e for e in events if e.name == "JobUnassigned"]
+        assert taken_back.args["provider"] == first.account.address
+        assert assigned[1].args["previousProvider"] == ZERO_ADDRESS
         assert_paid_once(grid, job, second.account.address)
         assert job_state(grid, job).job.attempt == 2
         assert before.delta(money(grid)) == payouts(grid, [(job, second.node_id)])
