@@ -43,7 +43,6 @@ from .records import (
     TxView,
     hexstr,
     pick_bucket,
-    relax_text,
 )
 
 log = logging.getLogger(__name__)
@@ -134,7 +133,7 @@ class ChainIndex:
 
     def _ingest(self, raw: Event) -> None:
         seq = len(self._events)
-        args, problems = relax_text(raw.name, dict(raw.args), dict(raw.problems))
+        args, problems = dict(raw.args), dict(raw.problems)
         event = ChainEvent(
             seq=seq,
             name=raw.name,
@@ -408,7 +407,7 @@ class ChainIndex:
             gas_used = int(receipt["gasUsed"])
             status = "success" if receipt["status"] == 1 else "reverted"
             for n, raw in enumerate(self.escrow.decode_logs(receipt["logs"])):
-                args, problems = relax_text(raw.name, dict(raw.args), dict(raw.problems))
+                args, problems = dict(raw.args), dict(raw.problems)
                 events.append(
                     ChainEvent(
                         n, raw.name, args, raw.block, when, raw.tx_hash, raw.log_index, problems

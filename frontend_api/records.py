@@ -9,8 +9,6 @@ from typing import Any
 
 from hexbytes import HexBytes
 
-from gridmarket.escrow import InvalidText
-
 WEI_FIELDS = frozenset(
     {"bounty", "payout", "fee", "amount", "slashed", "totalStake", "collateral", "deposit"}
     | {"toMediator"}
@@ -20,31 +18,6 @@ precision past 2**53)."""
 
 BUCKETS_S = (60, 300, 900, 3600, 6 * 3600, 86400, 7 * 86400, 30 * 86400)
 """Bucket widths the totals chart picks from (the smallest that gives at most 48 buckets)."""
-
-
-FREE_TEXT = frozenset({("Credited", "reason")})
-"""Event ``string`` arguments that are prose, not CIDs: the decoder's CID rules (printable ASCII,
-no spaces) do not apply; they are shown as text when they are short, printable UTF-8."""
-FREE_TEXT_MAX = 120
-
-
-def relax_text(
-    name: str, args: dict[str, Any], problems: dict[str, str]
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """``args`` and ``problems`` with the prose arguments of :data:`FREE_TEXT` read as text
-    (spaces allowed); anything not short printable UTF-8 stays an :class:`InvalidText`."""
-    for event, field_name in FREE_TEXT:
-        value = args.get(field_name)
-        if event != name or not isinstance(value, InvalidText):
-            continue
-        try:
-            text = value.raw.decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        if 0 < len(text) <= FREE_TEXT_MAX and text.isprintable():
-            args = {**args, field_name: text}
-            problems = {k: v for k, v in problems.items() if k != field_name}
-    return args, problems
 
 
 class NotFoundError(LookupError):

@@ -31,7 +31,7 @@ from web3.types import TxParams
 from gridmarket.chain import EscrowClient, rpc_error_message
 from gridmarket.escrow import JobState, Terms
 
-from .records import ChainEvent, hexstr, relax_text
+from .records import ChainEvent, hexstr
 
 MAX_RAW_TX_BYTES = 128 * 1024
 
@@ -235,7 +235,7 @@ class TxBuilder:
     def receipt_view(self, receipt: Any) -> dict[str, Any]:
         events = []
         for n, e in enumerate(self.escrow.decode_logs(receipt["logs"])):
-            args, problems = relax_text(e.name, dict(e.args), dict(e.problems))
+            args, problems = dict(e.args), dict(e.problems)
             events.append(
                 ChainEvent(n, e.name, args, e.block, 0, e.tx_hash, e.log_index, problems).to_json()
             )
