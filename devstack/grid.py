@@ -487,6 +487,7 @@ def run_grid(
                     "GRIDMARKET_FRONTEND_RPC_URL": anvil.url,
                     "GRIDMARKET_FRONTEND_DEPLOYMENT_FILE": str(deployment_file),
                     "GRIDMARKET_FRONTEND_IPFS_API": ipfs_swarm[FRONTEND_IPFS].api_addr,
+                    **({"GRIDMARKET_FRONTEND_REGISTRY": registry.host} if registry else {}),
                 },
             )
             if frontend is not None:

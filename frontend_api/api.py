@@ -102,6 +102,7 @@ async def info(b: BackendDep) -> dict[str, Any]:
         "scheduler_error": sched_error,
         "scheduler_url": b.settings.scheduler_url,
         "explorer_url": b.settings.explorer_url,
+        "registry": b.settings.registry,
         "regions": sorted(REGIONS),
         "tiers": [{"key": t.key, "name": t.name, "vram_mib": t.vram_mib} for t in TIERS.values()],
     }

@@ -23,6 +23,11 @@ class Settings(BaseSettings):
     deployment_file: Path = Path("deployments/local.json")
     ipfs_api: str = "/ip4/127.0.0.1/tcp/5001/http"
     explorer_url: str | None = None
+    registry: str | None = Field(
+        None,
+        description="the OCI registry (host[:port]) submitters' image tags resolve against: "
+        "advertised in /api/info, the CLI pins a tag to its digest there before funding",
+    )
 
     request_timeout_s: float = Field(10.0, gt=0, description="one scheduler or RPC request")
     ipfs_timeout_s: float = Field(20.0, gt=0, description="finding a CID on IPFS")

@@ -142,6 +142,35 @@ def init(
 # --------------------------------------------------------------------------- submit
 
 
+def pin_image(job: Any, registry: str | None) -> Any:
+    """``job`` with its Docker image named by digest (``host[:port]/name@sha256:<hex>``), as
+    the agents pull it: a tag is resolved through its registry now, before anything is funded
+    (a name without a registry host goes to ``registry``). A job without an image is as is."""
+    from dataclasses import replace as dc_replace
+
+    from gridmarket.images import ImageRefError, RegistryError, parse_image_ref, resolve_image
+
+    image = job.spec.get("image")
+    if not isinstance(image, str) or not image:
+        return job
+    try:
+        ref = parse_image_ref(image)
+        if ref.pinned and ref.tag is None:
+            return job
+        if ref.host is None:
+            if not registry:
+                raise CliError(
+                    f"image: {image!r} names no registry and the front end advertises none: "
+                    "name it by digest (host[:port]/name@sha256:<hex>) or give --registry"
+                )
+            ref = parse_image_ref(f"{registry}/{image}")
+        pinned = resolve_image(str(ref))
+    except (ImageRefError, RegistryError) as exc:
+        raise CliError(f"image: {exc}") from None
+    typer.echo(f"image {image} -> {pinned}", err=True)
+    return dc_replace(job, spec={**job.spec, "image": pinned})
+
+
 @app.command()
 @friendly
 def submit(
@@ -177,6 +206,14 @@ def submit(
             help="after-window: paid when you accept, or when nobody disputed within the "
             "challenge window (trustless); on-verify: paid at once on the scheduler's check "
             "(you trust the scheduler)"
+        ),
+    ] = None,
+    registry: Annotated[
+        str | None,
+        typer.Option(
+            envvar="GRIDMARKET_REGISTRY",
+            help="registry (host[:port]) an image tag without one resolves against "
+            "(default: the one the front end advertises)",
         ),
     ] = None,
 ) -> None:
@@ -228,6 +265,7 @@ def submit(
         )
         checked = fe.post("/api/jobs/prepare", json={**terms, "spec": probe, "dry_run": True})
         asked = checked["terms"]
+        job = pin_image(job, registry or info.get("registry"))  # the tag, pinned to its digest
         if mediator is not None and asked["mediator"].lower() != mediator.strip().lower():
             raise CliError(f"the front end chose mediator {asked['mediator']}, not {mediator}")
         if dry_run:

@@ -24,13 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import docker
 import httpx
 import pytest
 from eth_account.signers.local import LocalAccount
 
 from devstack._process import ROOT, ManagedProcess, ServiceError
 from devstack.anvil import free_port
+from devstack.images import publish_busybox
 from devstack.ipfs import IpfsDaemon
+from devstack.registry import Registry
 from devstack.scheduler import SchedulerProcess
 from gridmarket.chain import Deployment, EscrowClient, Sent
 from gridmarket.deploy import EscrowParams, deploy_escrow
@@ -185,9 +188,15 @@ def _wait_http(url: str, proc: ManagedProcess, timeout: float = 30) -> None:
 
 @pytest.fixture(scope="session")
 def frontend_stack(
-    tmp_path_factory: pytest.TempPathFactory, devnet: Devnet, ipfs_daemon: IpfsDaemon
+    tmp_path_factory: pytest.TempPathFactory,
+    devnet: Devnet,
+    ipfs_daemon: IpfsDaemon,
+    docker_client: docker.DockerClient,
 ) -> Iterator[FrontendStack]:
     tmp = tmp_path_factory.mktemp("frontend-stack")
+    # the registry the front end advertises: `gridmarket submit` pins image tags to digests there
+    registry = Registry(tmp / "registry").start()
+    publish_busybox(docker_client, registry.host)
     params = EscrowParams(
         operator=devnet.operator.address,
         treasury=devnet.treasury.address,
@@ -237,6 +246,7 @@ def frontend_stack(
             "GRIDMARKET_FRONTEND_IPFS_API": ipfs_daemon.api_addr,
             "GRIDMARKET_FRONTEND_STREAM_POLL_S": "0.3",
             "GRIDMARKET_FRONTEND_INDEX_MIN_INTERVAL_S": "0.2",
+            "GRIDMARKET_FRONTEND_REGISTRY": registry.host,
         }
     )
     frontend = ManagedProcess(
@@ -301,6 +311,7 @@ def frontend_stack(
         agent.stop()
         frontend.stop()
         scheduler.stop()
+        registry.stop()
 
 
 def _wait_for_node(stack: FrontendStack, timeout: float = 60) -> None:

@@ -148,7 +148,7 @@ def test_cancel_then_withdraw_from_the_terminal(
 ) -> None:
     job = tmp_path / "waits.yaml"  # a Docker job: the stack's agent serves WASM only
     job.write_text(
-        'name: waits\nexecutor: docker\nimage: busybox:1.36\ncommand: ["true"]\n'
+        'name: waits\nexecutor: docker\nimage: gridmarket/busybox:test\ncommand: ["true"]\n'
         "limits: {timeout_s: 60}\nbounty: 0.003\ndeadline: 30m\n"
     )
     done = gm(stack, home, "submit", str(job))
@@ -203,6 +203,11 @@ def test_bad_job_files_are_refused_naming_the_field(
     dry = gm(stack, home, "submit", "--dry-run", str(EXAMPLES / "docker-hours-by-tier.yaml"))
     assert dry.returncode == 0, dry.stderr
     assert "would lock 0.002 ETH" in dry.stdout
+    # its image tag was pinned to the digest in the registry the front end advertises
+    info = stack.get("/api/info").json()
+    assert f"image gridmarket/busybox:test -> {info['registry']}/gridmarket/busybox@sha256:" in (
+        dry.stderr
+    )
     bad_id = gm(stack, home, "status", "0x1234")
     assert bad_id.returncode == 1 and "not a job id" in bad_id.stderr
 
@@ -211,7 +216,7 @@ def _docker_job(tmp_path: Path, name: str, bounty: str = "0.004") -> Path:
     """A Docker job file: the stack's agent serves WASM only, so nobody runs it but the test."""
     job = tmp_path / f"{name}.yaml"
     job.write_text(
-        f'name: {name}\nexecutor: docker\nimage: busybox:1.36\ncommand: ["true"]\n'
+        f'name: {name}\nexecutor: docker\nimage: gridmarket/busybox:test\ncommand: ["true"]\n'
         f"limits: {{timeout_s: 60}}\nbounty: {bounty}\ndeadline: 30m\n"
     )
     return job
