@@ -27,7 +27,10 @@ class MediatorProcess(Service):
         ipfs_api: str,
         key_hex: str,
         poll_interval_s: float = 0.2,
-        fetch_timeout_s: float = 4.0,
+        fetch_timeout_s: float = 3.0,
+        fetch_attempts: int = 2,
+        retry_delay_s: float = 1.0,
+        window_margin_s: float = 2.0,
         name: str = "mediator",
     ) -> None:
         self.name = name
@@ -55,6 +58,15 @@ class MediatorProcess(Service):
             str(poll_interval_s),
             "--fetch-timeout",
             str(fetch_timeout_s),
+            # the devnet's challenge window is seconds long (devstack.grid.DEVNET_ESCROW): an
+            # output still missing after two 3 s checks a second apart is ruled wrong, at least
+            # 2 s before the window closes
+            "--fetch-attempts",
+            str(fetch_attempts),
+            "--retry-delay",
+            str(retry_delay_s),
+            "--window-margin",
+            str(window_margin_s),
         ]
 
     def _ready(self) -> bool:
