@@ -391,21 +391,23 @@ def test_two_scheduler_replicas_on_postgresql(pg_grid: LocalGrid) -> None:
     inputs = add_inputs(grid)
     before = money(grid)
     jobs = []
-    # paid on the scheduler's check: an attempt then ends when its run does (a job paid after
-    # the window keeps its attempt open until then, while the node already runs the next one)
     for i in range(6):
         if i % 2:
             spec = wasm_spec(f"wasm-{i}", inputs.module_cid, inputs.dataset_cid)
         else:
             spec = sleeper(f"docker-{i}", 1)
-        jobs.append(fund(grid, spec, on_verify=True))
+        jobs.append(fund(grid, spec))
     paid = []
     runs: dict[str, list[tuple[float, float]]] = {}
     for job in jobs:
         view = wait_job(grid, job, {"released"}, 90)
         node_id = single_attempt(view)  # no job on two nodes
         attempt = view["attempts"][0]
-        runs.setdefault(node_id, []).append((attempt["started_at"], attempt["ended_at"]))
+        # the run ends at the verdict on its result, which frees the node's slot; the attempt
+        # itself stays open until the job is paid (after the challenge window)
+        (verdict,) = [a["ts"] for a in view["audit"] if a["event"] == "verified"]
+        assert attempt["started_at"] < verdict <= attempt["ended_at"]
+        runs.setdefault(node_id, []).append((attempt["started_at"], verdict))
         assert_paid_once(grid, job, agent_of(grid, node_id).account.address)
         assert Counter(names(job_events(grid, job)))["JobAssigned"] == 1
         paid.append((job, node_id))
