@@ -88,7 +88,7 @@ fi
 # python3-minimal and python3-numpy, as apt resolves it for an empty system (an empty dpkg status
 # file: packages installed on this host count as missing, unlike `apt-get install --download-only`,
 # which would skip them), minus dpkg and tar (pre-dependencies of python3-minimal's maintainer
-# scripts, which the image never runs). ~45 packages, ~23 MB, ~5 s. closure.txt lists the .debs
+# scripts, which the image never runs). ~45 packages, ~23 MB, 3-14 s. closure.txt lists the .debs
 # and is written last: its presence, with every .deb it names, means done.
 PYDEBS=$DEBS/python-numpy
 PYPKGS=(python3-minimal python3-numpy)
@@ -107,20 +107,24 @@ if ! py_debs_ok; then
       | grep -v -E '^(dpkg|tar)='
     rm -f "$empty"
   }
-  pins=$(py_closure || true)
-  if [ -z "$pins" ]; then
+  py_download() {  # the closure into a fresh $PYDEBS.tmp; fails unless every .deb came
+    local pins want got
+    pins=$(py_closure || true)
+    [ -n "$pins" ] || return 1
+    rm -rf "$PYDEBS.tmp" && mkdir -p "$PYDEBS.tmp"
+    # As root into a root-owned dir apt warns that it downloads unsandboxed: expected, filtered
+    # out; success is judged by the count of .debs.
+    # shellcheck disable=SC2086 # one pkg=version per word
+    (cd "$PYDEBS.tmp" && apt-get download -q $pins 2>&1 >/dev/null) \
+      | { grep -v '^W: Download is performed unsandboxed' >&2 || true; } || true
+    want=$(wc -w <<<"$pins")
+    got=$(find "$PYDEBS.tmp" -maxdepth 1 -name '*.deb' | wc -l)
+    [ "$got" = "$want" ] || { say "got $got of $want .debs"; return 1; }
+  }
+  if ! py_download; then  # empty or stale apt lists: update once, then it must work
     "${SUDO[@]}" apt-get update -q >/dev/null
-    pins=$(py_closure) || die "apt cannot resolve ${PYPKGS[*]}"
+    py_download || die "apt-get download of the ${PYPKGS[*]} closure failed"
   fi
-  rm -rf "$PYDEBS.tmp" && mkdir -p "$PYDEBS.tmp"
-  # As root into a root-owned dir apt warns that it downloads unsandboxed: expected, filtered out;
-  # success is judged by the count of .debs.
-  # shellcheck disable=SC2086 # one pkg=version per word
-  (cd "$PYDEBS.tmp" && apt-get download -q $pins 2>&1 >/dev/null) \
-    | { grep -v '^W: Download is performed unsandboxed' >&2 || true; } || true
-  want=$(wc -w <<<"$pins")
-  got=$(find "$PYDEBS.tmp" -maxdepth 1 -name '*.deb' | wc -l)
-  [ "$got" = "$want" ] || die "apt-get download of the python3 + numpy closure: $got of $want .debs"
   (cd "$PYDEBS.tmp" && ls -1 -- *.deb >closure.txt)
   rm -rf "$PYDEBS" && mv "$PYDEBS.tmp" "$PYDEBS"
 fi
