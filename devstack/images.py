@@ -1,4 +1,5 @@
-"""Build the local test image ``gridmarket/busybox:test``, and push images to a local registry.
+"""Build the local test images ``gridmarket/busybox:test`` and ``gridmarket/python-numpy:test``,
+and push images to a local registry.
 
 The root file system is Debian's static busybox (``busybox-static``, the .deb that
 scripts/setup_services.sh caches under ``.cache/debs/``) with a symlink per applet, plus
@@ -9,6 +10,16 @@ imported with ``docker import`` semantics (``POST /images/create?fromSrc=-``); a
 :func:`push_image` pushes an image of the engine to a registry (devstack/registry.py) and returns
 the reference jobs carry, ``127.0.0.1:<port>/gridmarket/busybox@sha256:<hex>``;
 :func:`ensure_busybox_image` with ``extra_files`` builds a variant (its own layer, its own digest).
+
+``gridmarket/python-numpy:test`` (:func:`ensure_python_image`) is Debian's python3 and numpy with
+no shell and no package manager: the data tarballs of the dependency closure of
+``python3-minimal python3-numpy`` (the .debs scripts/setup_services.sh caches under
+``.cache/debs/python-numpy/``, listed in its ``closure.txt``) merged into one root file system,
+without maintainer scripts, so the two links they would make are made here (the BLAS and LAPACK
+alternatives ``libblas.so.3``, ``liblapack.so.3``), and docs, man pages and numpy's own tests are
+left out. The example analysis examples/python/hours_regression.py is baked in at
+``/opt/gridmarket/hours_regression.py``. Offline, no Dockerfile; cached like busybox: a label
+holds the SHA-256 of the .debs, the script and this builder's layout version.
 """
 
 from __future__ import annotations
@@ -29,7 +40,18 @@ import docker.errors
 
 from devstack._process import ROOT, ServiceError
 
-__all__ = ["BUSYBOX_IMAGE", "busybox_deb", "ensure_busybox_image", "publish_busybox", "push_image"]
+__all__ = [
+    "BUSYBOX_IMAGE",
+    "PYTHON_IMAGE",
+    "PYTHON_SCRIPT_IN_IMAGE",
+    "busybox_deb",
+    "ensure_busybox_image",
+    "ensure_python_image",
+    "publish_busybox",
+    "publish_python_image",
+    "push_image",
+    "python_debs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -187,3 +209,144 @@ def publish_busybox(
     reference ``registry/gridmarket/busybox@sha256:<hex>`` demo and e2e specs name."""
     ensure_busybox_image(client)
     return push_image(client, registry, BUSYBOX_IMAGE, auth_config=auth_config)
+
+
+# --------------------------------------------------------------------------- python3 + numpy
+
+PYTHON_IMAGE = "gridmarket/python-numpy:test"
+PYTHON_SCRIPT_IN_IMAGE = "/opt/gridmarket/hours_regression.py"
+_PY_LABEL = "org.gridmarket.python-debs-sha256"
+_PY_DEB_DIR = _DEB_DIR / "python-numpy"
+_PY_SCRIPT = ROOT / "examples" / "python" / "hours_regression.py"
+_PY_LAYOUT = "1"  # bump when the root file system's layout below changes: rebuilds the image
+# Not needed to run python3 and numpy: docs, man pages, numpy's test suites (~10 MiB in all).
+_PY_SKIP = ("usr/share/doc/", "usr/share/man/", "usr/share/lintian/", "usr/share/bug/")
+_PY_SKIP_PARTS = ("/numpy/", "/tests/")  # a path holding both is a numpy test file
+
+
+def python_debs(deb_dir: Path = _PY_DEB_DIR) -> list[Path]:
+    """The cached .debs of the python3 + numpy closure, as ``closure.txt`` lists them
+    (scripts/setup_services.sh downloads them)."""
+    manifest = deb_dir / "closure.txt"
+    hint = "run scripts/setup_services.sh (apt-get download of python3-minimal python3-numpy)"
+    if not manifest.is_file():
+        raise ServiceError(f"no {manifest}: {hint}")
+    debs = [deb_dir / name for name in manifest.read_text().split()]
+    missing = [d.name for d in debs if not d.is_file()]
+    if not debs or missing:
+        raise ServiceError(f"{deb_dir} lacks {missing or 'every .deb'}: {hint}")
+    return debs
+
+
+def _python_rootfs(debs: list[Path], script: bytes, out: Path) -> tuple[int, int]:
+    """Write the image's root file system to the tar ``out``; returns (files, bytes of data)."""
+    seen: set[str] = set()
+    files = size = 0
+    now = int(time.time())
+    with tarfile.open(out, mode="w") as tar:
+
+        def add(name: str, kind: bytes, mode: int, data: bytes = b"", target: str = "") -> None:
+            if name in seen:
+                return
+            seen.add(name)
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.mtime, info.size = kind, mode, now, len(data)
+            info.linkname = target
+            tar.addfile(info, io.BytesIO(data) if data else None)
+
+        for deb in debs:
+            data = subprocess.run(
+                ["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True
+            ).stdout
+            with tarfile.open(fileobj=io.BytesIO(data)) as pkg:
+                for member in pkg:
+                    name = member.name.removeprefix("./").rstrip("/")
+                    if (
+                        not name
+                        or name in seen
+                        or name.startswith(_PY_SKIP)
+                        or all(part in f"/{name}/" for part in _PY_SKIP_PARTS)
+                    ):
+                        continue
+                    seen.add(name)
+                    member.name = name
+                    if member.islnk():  # hard links name their target by its archive path
+                        member.linkname = member.linkname.removeprefix("./")
+                    if member.isfile():
+                        tar.addfile(member, pkg.extractfile(member))
+                        files, size = files + 1, size + member.size
+                    else:
+                        tar.addfile(member)
+                    # update-alternatives (a maintainer script) would link these two:
+                    for lib in ("blas/libblas.so.3", "lapack/liblapack.so.3"):
+                        if name.endswith("/" + lib):
+                            link = name.removesuffix(lib) + lib.split("/")[1]
+                            add(link, tarfile.SYMTYPE, 0o777, target=lib)
+        for d in ("input", "output", "home", "root", "opt", "opt/gridmarket"):
+            add(d, tarfile.DIRTYPE, 0o755)
+        add("tmp", tarfile.DIRTYPE, 0o1777)
+        add("etc/passwd", tarfile.REGTYPE, 0o644, b"root:x:0:0:root:/root:/bin/sh\n"
+            b"nobody:x:65534:65534:nobody:/home:/bin/sh\n")  # fmt: skip
+        add("etc/group", tarfile.REGTYPE, 0o644, b"root:x:0:\nnogroup:x:65534:\n")
+        add(PYTHON_SCRIPT_IN_IMAGE.lstrip("/"), tarfile.REGTYPE, 0o755, script)
+    return files, size
+
+
+def ensure_python_image(
+    client: docker.DockerClient,
+    tag: str = PYTHON_IMAGE,
+    debs: list[Path] | None = None,
+    *,
+    script: Path = _PY_SCRIPT,
+) -> str:
+    """Make sure ``tag`` (python3 + numpy, ``script`` at :data:`PYTHON_SCRIPT_IN_IMAGE`) exists
+    in the engine, building it from the cached .debs when they or the script changed.
+
+    Returns the image id. Fast (hashing ~23 MB of .debs, one API call) when it is already there.
+    """
+    debs = debs if debs is not None else python_debs()
+    code = script.read_bytes()
+    h = hashlib.sha256(f"layout {_PY_LAYOUT}\0".encode())
+    for deb in sorted(debs):
+        h.update(f"{deb.name}\0".encode() + hashlib.sha256(deb.read_bytes()).digest())
+    h.update(b"script\0" + code)
+    digest = h.hexdigest()
+    try:
+        image = client.images.get(tag)
+        if (image.labels or {}).get(_PY_LABEL) == digest:
+            return str(image.id)
+    except docker.errors.ImageNotFound:
+        pass
+    started = time.monotonic()
+    repository, _, version = tag.rpartition(":")
+    with tempfile.TemporaryDirectory(prefix="gridmarket-python-image-") as tmp:
+        rootfs = Path(tmp) / "rootfs.tar"
+        files, size = _python_rootfs(sorted(debs), code, rootfs)
+        client.api.import_image_from_file(
+            str(rootfs),
+            repository=repository,
+            tag=version,
+            changes=[
+                "ENV PATH=/usr/local/bin:/usr/bin:/bin",
+                "ENV LANG=C.UTF-8",
+                "ENV PYTHONDONTWRITEBYTECODE=1",
+                f'CMD ["python3", "{PYTHON_SCRIPT_IN_IMAGE}"]',
+                "WORKDIR /",
+                f"LABEL {_PY_LABEL}={digest}",
+            ],
+        )
+    image = client.images.get(tag)
+    log.info(
+        "built %s (%s; %d files, %.1f MiB) in %.1f s",
+        tag, image.short_id, files, size / 2**20, time.monotonic() - started,
+    )  # fmt: skip
+    return str(image.id)
+
+
+def publish_python_image(
+    client: docker.DockerClient, registry: str, auth_config: Mapping[str, str] | None = None
+) -> str:
+    """Build (if needed) ``gridmarket/python-numpy:test`` and push it to ``registry``: the pinned
+    reference ``registry/gridmarket/python-numpy@sha256:<hex>``."""
+    ensure_python_image(client)
+    return push_image(client, registry, PYTHON_IMAGE, auth_config=auth_config)
