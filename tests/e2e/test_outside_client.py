@@ -68,7 +68,7 @@ ADD_CHUNKED = (
     '"$IPFS_API/api/v0/add?cid-version=1&raw-leaves=true&cid-base=base32&chunker=size-64" '
     "| jq -r .Hash)"
 )
-TERMS = """\
+TERMS = r"""
 SUBMITTER=$(cast wallet address --private-key "$KEY")
 MEDIATOR=$(cast logs --rpc-url "$RPC" --address "$ESCROW" --from-block 0 --json \
   'MediatorListed(address indexed,bool)' | jq -r '.[-1].topics[1]' | cast parse-bytes32-address)
@@ -78,13 +78,14 @@ COLLATERAL=$(cast call --rpc-url "$RPC" "$ESCROW" 'minCollateral(uint256)(uint25
   | cut -d' ' -f1)
 NOW=$(cast block --rpc-url "$RPC" latest --field timestamp)
 DEADLINE=$((NOW + 3600))
-SALT=$(cast keccak "my job $(date +%s%N)")"""
+SALT=$(cast keccak "my job $(date +%s%N)")
+""".strip()
 JOB_ID = (
     "JOB_ID=$(cast keccak "
     "$(cast abi-encode 'f(address,bytes32,bytes32)' \"$SUBMITTER\" "
     '"$(cast keccak "$SPEC_CID")" "$SALT"))'
 )
-CREATE = """\
+CREATE = r"""
 cast send --rpc-url "$RPC" --private-key "$KEY" --value "$BOUNTY" --json "$ESCROW" \
   'createJob(bytes32,string,uint40,address,uint96,uint8)' \
   "$SALT" "$SPEC_CID" "$DEADLINE" "$MEDIATOR" "$COLLATERAL" 0 > created.json
@@ -92,13 +93,15 @@ CREATED_SIG=$(cast sig-event \
   'JobCreated(bytes32,address,uint96,uint40,uint16,address,address,uint96,uint8,bytes32,string)')
 EVENT_ID=$(jq -r --arg sig "$CREATED_SIG" \
   '.logs[] | select(.topics[0] == $sig) | .topics[1]' created.json)
-BLOCK=$(jq -r .blockNumber created.json | cast to-dec)"""
+BLOCK=$(jq -r .blockNumber created.json | cast to-dec)
+""".strip()
 FOLLOW = 'curl -s "$SCHEDULER/v1/jobs/$JOB_ID" | jq -r \'.state + ": " + .reason\''
-TERMS_FROM_EVENT = """\
+TERMS_FROM_EVENT = r"""
 read -r BOUNTY DEADLINE FEE_BPS OPERATOR MEDIATOR COLLATERAL FLAGS < <(cast abi-decode \
   'f()(uint96,uint40,uint16,address,address,uint96,uint8,bytes32,string)' \
   "$(jq -r --arg sig "$CREATED_SIG" '.logs[] | select(.topics[0] == $sig) | .data' created.json)" \
-  | cut -d' ' -f1 | head -7 | paste -sd' ')"""
+  | cut -d' ' -f1 | head -7 | paste -sd' ')
+""".strip()
 JOB_T = (
     "JOB_T='(address,uint96,address,uint40,uint40,uint16,uint16,bytes32,address,address,"
     "uint96,uint40,uint8)'"
@@ -112,29 +115,32 @@ IS_CURRENT = (
     'CURRENT=$(cast call --rpc-url "$RPC" "$ESCROW" "isCurrent(bytes32,$JOB_T)(bool)" '
     '"$JOB_ID" "$JOB")'
 )
-RESULT_FROM_EVENT = """\
+RESULT_FROM_EVENT = r"""
 cast logs --rpc-url "$RPC" --address "$ESCROW" --from-block "$BLOCK" --json \
   'ResultSubmitted(bytes32 indexed,address indexed,uint16,uint40,string)' "$JOB_ID" > result.json
 PROVIDER=$(jq -r '.[-1].topics[2]' result.json | cast parse-bytes32-address)
 read -r ATTEMPT SINCE OUTPUT_CID < <(cast abi-decode 'f()(uint16,uint40,string)' \
   "$(jq -r '.[-1].data' result.json)" | cut -d' ' -f1 | tr -d '"' | paste -sd' ')
 SUBMITTED_JOB="($SUBMITTER,$BOUNTY,$PROVIDER,$DEADLINE,$SINCE,$FEE_BPS,$ATTEMPT,\
-$(cast keccak "$OUTPUT_CID"),$OPERATOR,$MEDIATOR,$COLLATERAL,0,$FLAGS)\""""
+$(cast keccak "$OUTPUT_CID"),$OPERATOR,$MEDIATOR,$COLLATERAL,0,$FLAGS)"
+""".strip()
 STATUS = 'STATUS=$(cast call --rpc-url "$RPC" "$ESCROW" \'statusOf(bytes32)(uint8)\' "$JOB_ID")'
 RELEASE = (
     'cast send --rpc-url "$RPC" --private-key "$KEY" "$ESCROW" "release(bytes32,$JOB_T)" '
     '"$JOB_ID" "$SUBMITTED_JOB"'
 )
-PAID = """\
+PAID = r"""
 cast logs --rpc-url "$RPC" --address "$ESCROW" --from-block "$BLOCK" --json \
   'JobReleased(bytes32 indexed,address indexed,address indexed,uint96,uint96)' "$JOB_ID" \
   > released.json
 read -r PAYOUT FEE < <(cast abi-decode 'f()(uint96,uint96)' \
-  "$(jq -r '.[0].data' released.json)" | cut -d' ' -f1 | paste -sd' ')"""
-DISPUTE = """\
+  "$(jq -r '.[0].data' released.json)" | cut -d' ' -f1 | paste -sd' ')
+""".strip()
+DISPUTE = r"""
 DEPOSIT=$(cast call --rpc-url "$RPC" "$ESCROW" 'disputeDeposit()(uint96)' | cut -d' ' -f1)
 cast send --rpc-url "$RPC" --private-key "$KEY" --value "$DEPOSIT" "$ESCROW" \
-  "dispute(bytes32,$JOB_T)" "$JOB_ID" "$SUBMITTED_JOB\""""
+  "dispute(bytes32,$JOB_T)" "$JOB_ID" "$SUBMITTED_JOB"
+""".strip()
 FINALIZE = (
     'cast send --rpc-url "$RPC" --private-key "$KEY" "$ESCROW" "finalize(bytes32,$JOB_T)" '
     '"$JOB_ID" "$SUBMITTED_JOB"'
