@@ -41,33 +41,32 @@ BIN = ROOT / "node_modules" / ".bin"
 
 # ------------------------------------------------------------------ the doc's commands
 
-ADD_MODULE = (
-    "MODULE_CID=$(curl -s -X POST -F file=@csvstats.wasm "
-    '"$IPFS_API/api/v0/add?cid-version=1&raw-leaves=true&cid-base=base32" | jq -r .Hash)'
-)
-ADD_DATASET = (
-    "DATASET_CID=$(curl -s -X POST -F file=@data.csv "
-    '"$IPFS_API/api/v0/add?cid-version=1&raw-leaves=true&cid-base=base32'
-    '&wrap-with-directory=true" '
-    "| jq -r 'select(.Name == \"\") | .Hash')"
-)
-ADD_SPEC = (
-    "SPEC_CID=$(curl -s -X POST -F file=@spec.json "
-    '"$IPFS_API/api/v0/add?cid-version=1&raw-leaves=true&cid-base=base32" | jq -r .Hash)'
-)
-LOCAL_CID = (
-    "LOCAL_CID=b$( (printf '\\001\\125\\022\\040'; sha256sum spec.json | cut -c1-64 "
-    "| tr a-f A-F | basenc --base16 -d) | basenc --base32 | tr -d '=\\n' | tr A-Z a-z)"
-)
-BASE58 = (
-    "SPEC_CID_Z=$(curl -s -X POST -F file=@spec.json "
-    '"$IPFS_API/api/v0/add?cid-version=1&raw-leaves=true&cid-base=base58btc" | jq -r .Hash)'
-)
-ADD_CHUNKED = (
-    "BAD_CID=$(curl -s -X POST -F file=@spec.json "
-    '"$IPFS_API/api/v0/add?cid-version=1&raw-leaves=true&cid-base=base32&chunker=size-64" '
-    "| jq -r .Hash)"
-)
+ADD_MODULE = r"""
+MODULE_CID=$(curl -s -X POST -F file=@csvstats.wasm \
+  "$IPFS_API/api/v0/add?cid-version=1&raw-leaves=true&cid-base=base32" | jq -r .Hash)
+""".strip()
+ADD_DATASET = r"""
+DATASET_CID=$(curl -s -X POST -F file=@data.csv \
+  "$IPFS_API/api/v0/add?cid-version=1&raw-leaves=true&cid-base=base32&wrap-with-directory=true" \
+  | jq -r 'select(.Name == "") | .Hash')
+""".strip()
+ADD_SPEC = r"""
+SPEC_CID=$(curl -s -X POST -F file=@spec.json \
+  "$IPFS_API/api/v0/add?cid-version=1&raw-leaves=true&cid-base=base32" | jq -r .Hash)
+""".strip()
+LOCAL_CID = r"""
+LOCAL_CID=b$( (printf '\001\125\022\040'; sha256sum spec.json | cut -c1-64 | tr a-f A-F \
+  | basenc --base16 -d) | basenc --base32 | tr -d '=\n' | tr A-Z a-z)
+""".strip()
+BASE58 = r"""
+SPEC_CID_Z=$(curl -s -X POST -F file=@spec.json \
+  "$IPFS_API/api/v0/add?cid-version=1&raw-leaves=true&cid-base=base58btc" | jq -r .Hash)
+""".strip()
+ADD_CHUNKED = r"""
+BAD_CID=$(curl -s -X POST -F file=@spec.json \
+  "$IPFS_API/api/v0/add?cid-version=1&raw-leaves=true&cid-base=base32&chunker=size-64" \
+  | jq -r .Hash)
+""".strip()
 TERMS = r"""
 SUBMITTER=$(cast wallet address --private-key "$KEY")
 MEDIATOR=$(cast logs --rpc-url "$RPC" --address "$ESCROW" --from-block 0 --json \
