@@ -224,7 +224,9 @@ def grid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGrid]:
             agents=1,
             with_frontend=False,
             scheduler_overrides=FAST,
-            escrow_overrides=FAST_ESCROW,
+            # the doc's release, dispute and in-window finalize all happen inside the window:
+            # 40 s leaves room on a loaded machine (nothing here waits for it to pass)
+            escrow_overrides={**FAST_ESCROW, "challenge_window": 40},
         )
         g = cm.__enter__()
     except ServiceError as exc:
