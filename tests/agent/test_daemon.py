@@ -89,8 +89,12 @@ class Stack:
     def submit(self, spec: JobSpec, bounty: int = 10**16, ttl: int = 3600) -> str:
         spec_cid = self.ipfs.add_bytes(spec.to_bytes())
         now = max(int(time.time()), int(self.escrow.w3.eth.get_block("latest")["timestamp"]))
+        # paid at once on the scheduler's check: these tests are about the agent, and this
+        # shared chain's challenge window (the production default, an hour) never passes here
+        submitter = self.devnet.submitters[0]
+        terms = self.escrow.default_terms(bounty, submitter.address, on_verify=True)
         state, _ = self.escrow.create_job(
-            self.devnet.submitters[0], os.urandom(32), spec_cid, now + ttl, bounty
+            submitter, os.urandom(32), spec_cid, now + ttl, bounty, terms
         )
         return "0x" + state.job_id.hex()
 
