@@ -138,16 +138,25 @@ class ChainStore(JobStore):
             for job_id, created_block in ((str(j), int(b)) for j, b in hit):
                 state = folded.get(job_id)
                 if state is not None:
-                    conn.execute(
-                        update(jobs)
-                        .where(jobs.c.job_id == job_id)
-                        .values(
-                            chain_status=int(state.status),
-                            chain_job=job_to_json(state),
-                            chain_pos=last_pos[job_id],
-                            updated_at=now,
+                    values: dict[str, Any] = {
+                        "chain_status": int(state.status),
+                        "chain_job": job_to_json(state),
+                        "chain_pos": last_pos[job_id],
+                        "updated_at": now,
+                    }
+                    row = self._job(conn, job_id)
+                    if (
+                        row.acceptance is not None
+                        and row.state in lifecycle.OPEN
+                        and row.attempt > state.job.attempt
+                    ):
+                        # our assign of the current lease was reorged out; its outbox row stays
+                        # done (never sent twice): the same transaction mined again folds back in
+                        values["reason"] = (
+                            f"its assign (attempt {row.attempt}) was reorged out at block "
+                            f"{fork_block}: waiting for it to be mined again"
                         )
-                    )
+                    conn.execute(update(jobs).where(jobs.c.job_id == job_id).values(**values))
                     self._audit(
                         conn,
                         "job",

@@ -17,14 +17,20 @@ from hexbytes import HexBytes
 from gridmarket.chain import EscrowClient
 from gridmarket.eip712 import sign_result
 from gridmarket.escrow import Status
+from gridmarket.wire import JobSpec, NodeCapacityIn
 from scheduler.chain import TxSender
 from scheduler.chain.watcher import ChainWatcher, ReorgTooDeepError
-from scheduler.store import NotFoundError, Store
+from scheduler.service.outbox_rules import OutboxRules
+from scheduler.store import Claim, NotFoundError, Store
 from scheduler.store.rows import job_to_json
 
 from .chain_support import OwnChain, acceptance, create_job, ensure_provider, own_chain_at, rpc
 
 CID = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
+SPEC = JobSpec.model_validate({"executor": "docker", "image": "busybox:1", "command": ["true"]})
+CAP = NodeCapacityIn(
+    cpu_cores=8, ram_mib=16384, disk_mib=100_000, region="us", executors=["docker"]
+)
 
 
 @pytest.fixture
@@ -220,3 +226,53 @@ def test_safe_and_finalized_heads_on_anvil(chain: OwnChain, store: Store) -> Non
     assert store.chain_cursor() == head - 64
     with pytest.raises(ValueError):
         watcher_for(client, store, head_tag="safe", confirmations=2)
+
+
+def test_a_reorged_out_assign_is_not_sent_twice(chain: OwnChain, store: Store) -> None:
+    """The outbox's assign, mined and then reorged out: the store's fold goes back to Funded,
+    the outbox row stays done (nothing is sent again: the operator's nonce says so), the lease
+    says why; the same transaction mined again folds back in."""
+    client = chain.client()
+    w3 = client.w3
+    provider = chain.providers[0]
+    ensure_provider(client, provider, 2 * chain.params.min_stake)
+    watcher = watcher_for(client, store)
+    state = create_job(client, chain.submitter, on_verify=True)
+    job_id = "0x" + state.job_id.hex()
+    watcher.poll_once()
+    assert store.set_spec(job_id, SPEC) == "queued"
+    node_id = store.register_node(
+        wallet=provider.address, name="gpu0", capacity=CAP, tier="cpu", agent_version="t", nonce=1
+    ).node_id
+    won = store.dispatch(lambda rows: [Claim(job_id, node_id)], limit=8, lease_ttl=300.0)
+    assert [c.job.job_id for c in won] == [job_id]
+    signature = "0x" + acceptance(client, state, provider).hex()
+    assert store.accept(job_id, node_id, won[0].job.attempt, signature) == "leased"
+
+    snapshot = rpc(w3, "evm_snapshot")
+    nonce = w3.eth.get_transaction_count(chain.operator.address)
+    rules = OutboxRules(store, lambda _: None)
+    sender = TxSender(client, chain.operator)
+    [item] = store.outbox_pending()
+    rules.send(sender, item)
+    [row] = store.outbox_of(job_id)
+    raw_assign = raw_tx(client, row["tx_hash"])
+    watcher.poll_once()
+    assert matches_chain(store, client, job_id) is Status.ASSIGNED
+
+    assert rpc(w3, "evm_revert", snapshot)
+    rpc(w3, "anvil_mine", "0x2")
+    watcher.poll_once()
+    assert matches_chain(store, client, job_id) is Status.FUNDED
+    job = store.job(job_id)
+    assert (job.state, job.node_id, job.attempt) == ("leased", node_id, 1)
+    assert "was reorged out" in job.reason
+    assert store.outbox_pending() == []
+    assert [r["status"] for r in store.outbox_of(job_id)] == ["done"]
+    assert w3.eth.get_transaction_count(chain.operator.address) == nonce
+
+    resend(client, raw_assign)
+    watcher.poll_once()
+    assert matches_chain(store, client, job_id) is Status.ASSIGNED
+    assert store.outbox_pending() == []
+    assert w3.eth.get_transaction_count(chain.operator.address) == nonce + 1
