@@ -40,8 +40,9 @@ def chain(tmp_path: Path) -> Iterator[OwnChain]:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(f"sqlite:///{tmp_path / 'scheduler.db'}")
+def store(db_url: str) -> Iterator[Store]:
+    """The scheduler's store on SQLite and on PostgreSQL (tests/scheduler/conftest.py)."""
+    s = Store(db_url)
     s.migrate()
     yield s
     s.close()
