@@ -22,9 +22,8 @@ block (read before and after ``eth_getLogs``: unchanged, so the whole range was 
 store keeps the last few of those checkpoints (the scheduler's: 128) with the cursor, and each
 poll first checks that the chain still has the newest one. If not, it walks back to the newest
 checkpoint the chain still has (the fork point, or a block before it), has the store roll back
-to it
-(:meth:`ReorgStore.rollback`: forget what came after, rebuild what it folded) and delivers again
-from there. A reorg that replaced every kept checkpoint raises :class:`ReorgTooDeepError` on
+to it (:meth:`ReorgStore.rollback`: forget what came after, rebuild what it folded) and delivers
+again from there. A reorg that replaced every kept checkpoint raises :class:`ReorgTooDeepError` on
 every poll until someone looks (the store is left as it was, never silently diverging).
 """
 
