@@ -9,8 +9,13 @@ times come from the blocks themselves (one ``eth_getBlockByNumber`` per block th
 Live values that events cannot give (``balanceOf``, ``providerOf``) are read by
 :meth:`ChainIndex.account`, at the moment of the request.
 
-Reorganisations are not handled: on a public network run the front end against a node that only
-serves final blocks, or accept that a reorged event stays shown until the next restart.
+Reorganisations: each refresh keeps the hash of the head block it read up to (read before and
+after its ``eth_getLogs``: unchanged, so the logs are of that chain), the last
+:data:`KEEP_BLOCKS` of them. The next refresh first checks the chain still has the newest; if
+not, it finds the newest one the chain still has and folds again the events it holds up to that
+block (the events after it are forgotten, and read again from the chain). A reorg that replaced
+every kept block rebuilds the index from the deployment block. Each reorg is logged (one
+warning) and counted (:attr:`ChainIndex.reorgs`).
 
 What it answers with (events, payouts, per-address totals, chart buckets, transactions) are the
 records of :mod:`frontend_api.records`.
@@ -30,6 +35,7 @@ from eth_abi.abi import decode as abi_decode
 from eth_utils.abi import function_abi_to_4byte_selector
 from eth_utils.address import is_hex_address, to_checksum_address
 from hexbytes import HexBytes
+from web3.exceptions import BlockNotFound
 
 from gridmarket.chain import EscrowClient, Event, abi_type
 from gridmarket.escrow import JOB_EVENTS, JobState, Status, apply_event, decode_text
@@ -46,6 +52,9 @@ from .records import (
 )
 
 log = logging.getLogger(__name__)
+
+KEEP_BLOCKS = 128
+"""How many refreshed-up-to blocks (number, hash) the index keeps to find a reorg's fork."""
 
 
 def _named(param: dict[str, Any], value: Any) -> Any:
@@ -74,20 +83,28 @@ class ChainIndex:
         self._head = escrow.deployment.block - 1
         self._head_time = 0
         self._last_refresh = 0.0
+        self._checkpoints: list[tuple[int, bytes]] = []  # (block, hash) read up to, oldest first
+        self.reorgs = 0  # reorgs rolled back since start
+        self.last_reorg: str | None = None  # the warning logged for the latest one
+        self._block_times: dict[int, int] = {}
+        self._reset()
+        self._selectors: dict[bytes, dict[str, Any]] = {
+            function_abi_to_4byte_selector(f): f  # type: ignore[arg-type]
+            for f in escrow.deployment.abi
+            if f["type"] == "function"
+        }
+
+    def _reset(self) -> None:
+        """Forget every event folded (what a rollback or a rebuild starts from)."""
+        self._raw: list[Event] = []
         self._events: list[ChainEvent] = []
         self._jobs: dict[str, JobState] = {}
         self._job_events: dict[str, list[int]] = {}
         self._job_order: list[str] = []
         self._payouts: list[Payout] = []
         self._addresses: dict[str, AddressStats] = {}
-        self._block_times: dict[int, int] = {}
         self._mediators: dict[str, bool] = {}  # MediatorListed, in log order
         self._bad_events: list[tuple[int, str]] = []  # (seq, why) events that did not fold
-        self._selectors: dict[bytes, dict[str, Any]] = {
-            function_abi_to_4byte_selector(f): f  # type: ignore[arg-type]
-            for f in escrow.deployment.abi
-            if f["type"] == "function"
-        }
 
     # ------------------------------------------------------------------ reading the chain
     @property
@@ -107,19 +124,68 @@ class ChainIndex:
             now = time.monotonic()
             if not force and now - self._last_refresh < self.min_interval_s:
                 return self._head
-            head_block = self.w3.eth.get_block("latest")
-            head = int(head_block["number"])
-            start = self._next_block
-            while start <= head:
-                end = min(head, start + self.chunk_blocks - 1)
-                for event in self.escrow.events(start, end):
-                    self._ingest(event)
-                start = end + 1
-            self._next_block = max(self._next_block, head + 1)
+            self._follow()
+            for _ in range(5):
+                head_block = self.w3.eth.get_block("latest")
+                head = int(head_block["number"])
+                start = self._next_block
+                while start <= head:
+                    end = min(head, start + self.chunk_blocks - 1)
+                    for event in self.escrow.events(start, end):
+                        self._ingest(event)
+                    start = end + 1
+                self._next_block = max(self._next_block, head + 1)
+                self._checkpoints = [c for c in self._checkpoints if c[0] < head]
+                self._checkpoints.append((head, bytes(head_block["hash"])))
+                del self._checkpoints[:-KEEP_BLOCKS]
+                if self._hash_of(head) == bytes(head_block["hash"]):
+                    break
+                self._follow()  # the head changed while its logs were read: roll back, again
             self._head = head
             self._head_time = int(head_block["timestamp"])
             self._last_refresh = time.monotonic()
             return head
+
+    def _hash_of(self, number: int) -> bytes | None:
+        try:
+            return bytes(self.w3.eth.get_block(number)["hash"])
+        except BlockNotFound:
+            return None
+
+    def _follow(self) -> None:
+        """Roll back what a reorg removed: see the module's docstring."""
+        if not self._checkpoints:
+            return
+        tip, tip_hash = self._checkpoints[-1]
+        if self._hash_of(tip) == tip_hash:
+            return
+        fork: int | None = None
+        while self._checkpoints:
+            number, known = self._checkpoints[-1]
+            if self._hash_of(number) == known:
+                fork = number
+                break
+            self._checkpoints.pop()
+        first = self.escrow.deployment.block
+        keep = [e for e in self._raw if fork is not None and e.block <= fork]
+        dropped = len(self._raw) - len(keep)
+        self._reset()
+        last_kept = -1 if fork is None else fork
+        self._block_times = {b: t for b, t in self._block_times.items() if b <= last_kept}
+        for event in keep:
+            self._ingest(event)
+        self._next_block = first if fork is None else fork + 1
+        self.reorgs += 1
+        self.last_reorg = (
+            f"chain reorg: block {tip} (0x{tip_hash.hex()[:8]}) is gone; "
+            + (
+                f"rolled back to block {fork} (depth <= {tip - fork})"
+                if fork is not None
+                else f"none of the {KEEP_BLOCKS} kept blocks is left: rebuilding from block {first}"
+            )
+            + f", {dropped} events forgotten"
+        )
+        log.warning(self.last_reorg)
 
     def _block_time(self, block: int) -> int:
         cached = self._block_times.get(block)
@@ -132,6 +198,7 @@ class ChainIndex:
         return self._addresses.setdefault(address, AddressStats())
 
     def _ingest(self, raw: Event) -> None:
+        self._raw.append(raw)
         seq = len(self._events)
         args, problems = dict(raw.args), dict(raw.problems)
         event = ChainEvent(

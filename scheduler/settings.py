@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -28,6 +29,11 @@ class Settings(BaseSettings):
     deployment_file: Path = Path("deployments/local.json")
     operator_key: SecretStr | None = None
     confirmations: int = Field(0, ge=0, le=64)
+    chain_head: Literal["latest", "safe", "finalized"] = Field(
+        "latest",
+        description="the block the chain watcher reads up to: latest (minus confirmations) "
+        "or the chain's safe/finalized block (then confirmations must be 0)",
+    )
     chain_poll_s: float = Field(0.5, gt=0)
     require_stake: bool = True
     # operator transactions (scheduler.chain.FeePolicy; docs/scheduler-chain.md, "Fees")

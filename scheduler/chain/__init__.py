@@ -11,7 +11,15 @@ from scheduler.chain.sender import (
     TxSender,
     apply_sent,
 )
-from scheduler.chain.watcher import ChainWatcher, CursorStore, EventSink, WatcherStatus
+from scheduler.chain.watcher import (
+    ChainWatcher,
+    CursorStore,
+    EventSink,
+    HeadTag,
+    ReorgStore,
+    ReorgTooDeepError,
+    WatcherStatus,
+)
 
 __all__ = [
     "ChainError",
@@ -22,6 +30,9 @@ __all__ = [
     "EventSink",
     "FeeCapExceededError",
     "FeePolicy",
+    "HeadTag",
+    "ReorgStore",
+    "ReorgTooDeepError",
     "RetryPolicy",
     "Sent",
     "TxOutcomeUnknownError",

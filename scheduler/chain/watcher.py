@@ -15,9 +15,16 @@ its own, hands over a string that does not decode as an
 ``invalid`` with a reason naming the field) and skips a log that does not decode at all, logged
 and counted in :attr:`WatcherStatus.logs_skipped`. No event can stop the watcher.
 
-Chain reorganisations deeper than ``confirmations`` are not handled: choose ``confirmations`` at
-least as deep as the chain's practical finality (0 is right for anvil and other instant-finality
-devnets).
+Reorgs (docs/scheduler-chain.md "Reorgs"). The read head is ``latest`` minus ``confirmations``, or
+the chain's ``safe`` or ``finalized`` block (``head_tag``). Given a :class:`ReorgStore`, the
+watcher also follows the chain by block hash: each batch is delivered with the hash of its last
+block (read before and after ``eth_getLogs``: unchanged, so the whole range was one chain), the
+store keeps the last few of those checkpoints (the scheduler's: 128) with the cursor, and each
+poll first checks that the chain still has the newest one. If not, it walks back to the newest
+checkpoint the chain still has (the fork point, or a block before it), has the store roll back
+to it (:meth:`ReorgStore.rollback`: forget what came after, rebuild what it folded) and delivers
+again from there. A reorg that replaced every kept checkpoint raises :class:`ReorgTooDeepError` on
+every poll until someone looks (the store is left as it was, never silently diverging).
 """
 
 from __future__ import annotations
@@ -27,17 +34,46 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Literal, Protocol
+
+from web3.exceptions import BlockNotFound
 
 from gridmarket.chain import EscrowClient, Event
 from scheduler.chain.retry import RetryPolicy, describe, is_transient
 
 log = logging.getLogger(__name__)
 
-EventSink = Callable[[list[Event], int], None]
+EventSink = Callable[..., None]
 """``sink(events, through_block)``: persist ``events`` (the escrow's decoded events of the
 blocks after the cursor up to ``through_block``, in (block, log_index) order, possibly none)
-and set the cursor to ``through_block``, atomically. Called from one thread at a time."""
+and set the cursor to ``through_block``, atomically. Called from one thread at a time. With a
+:class:`ReorgStore`, called as ``sink(events, through_block, block_hash)``: the sink also keeps
+``(through_block, block_hash)`` as a checkpoint, in the same transaction."""
+
+EventReader = Callable[[int, int, Any], list[Event]]
+"""``read(first, last, topics)``: the escrow's events of blocks ``first..last`` (read in
+batches), optionally filtered by ``topics`` (``eth_getLogs`` topic filter)."""
+
+HeadTag = Literal["latest", "safe", "finalized"]
+
+
+class ReorgTooDeepError(RuntimeError):
+    """The chain no longer has any block the store kept a checkpoint of: the reorg is deeper
+    than the kept checkpoints reach (or the node serves another chain). Nothing is rolled back."""
+
+
+class ReorgStore(Protocol):
+    """What the watcher needs from a store to follow the chain by block hash."""
+
+    def checkpoints(self) -> list[tuple[int, str]]:
+        """The kept ``(block, hash)`` of delivered batch ends, oldest first."""
+        ...
+
+    def rollback(self, fork_block: int, read: EventReader) -> list[str]:
+        """Forget everything delivered after ``fork_block`` (events, checkpoints), rebuild what
+        was folded from them using ``read`` for the events up to ``fork_block``, and set the
+        cursor to ``fork_block``, atomically; return the ids of what changed (jobs)."""
+        ...
 
 
 def _invalid(event: Event) -> int:
@@ -67,6 +103,8 @@ class WatcherStatus:
     last_success_at: float | None  # time.time() of the last successful poll
     logs_skipped: int = 0  # escrow logs that did not decode at all (each logged), client-wide
     invalid_fields: int = 0  # event strings that did not decode, delivered as InvalidText
+    reorgs: int = 0  # reorgs rolled back since this watcher started
+    last_reorg: str | None = None  # the warning logged for the latest one
 
     @property
     def lag_blocks(self) -> int | None:
@@ -81,7 +119,10 @@ class ChainWatcher:
 
     ``start_block`` (default: the deployment block) is where a store with no cursor starts.
     ``batch_blocks`` bounds one ``eth_getLogs`` range (providers often cap it). ``confirmations``
-    keeps that many recent blocks undelivered. ``poll_interval_s`` is the wait between polls
+    keeps that many recent blocks undelivered (``head_tag="latest"`` only); ``head_tag``
+    ``"safe"``/``"finalized"`` delivers up to the chain's block of that tag instead. ``reorgs``
+    (usually the store itself, which decides how many checkpoints it keeps) turns on the
+    block-hash check and rollback. ``poll_interval_s`` is the wait between polls
     once caught up; after failures :meth:`run` backs off per ``backoff`` (exponential with
     jitter, its deadline ignored: the watcher never gives up).
     """
@@ -97,7 +138,13 @@ class ChainWatcher:
         start_block: int | None = None,
         poll_interval_s: float = 0.5,
         backoff: RetryPolicy | None = None,
+        head_tag: HeadTag = "latest",
+        reorgs: ReorgStore | None = None,
     ) -> None:
+        if head_tag not in ("latest", "safe", "finalized"):
+            raise ValueError(f"head_tag must be latest, safe or finalized, got {head_tag!r}")
+        if head_tag != "latest" and confirmations:
+            raise ValueError("confirmations apply to head_tag='latest' only")
         if confirmations < 0:
             raise ValueError(f"confirmations must be >= 0, got {confirmations}")
         if batch_blocks < 1:
@@ -114,6 +161,8 @@ class ChainWatcher:
         self.start_block = client.deployment.block if start_block is None else start_block
         self.poll_interval_s = poll_interval_s
         self.backoff = backoff or RetryPolicy(initial_delay_s=0.5, max_delay_s=15.0)
+        self.head_tag: HeadTag = head_tag
+        self.reorgs = reorgs
         self._poll_lock = threading.Lock()
         self._status = WatcherStatus(None, None, None, 0, 0, None, None)
 
@@ -121,6 +170,20 @@ class ChainWatcher:
     def head(self) -> int:
         """The chain's latest block number (raises on RPC failure)."""
         return int(self.client.w3.eth.block_number)
+
+    def tagged_head(self) -> int:
+        """The number of the chain's ``head_tag`` block (``latest``: :meth:`head`)."""
+        if self.head_tag == "latest":
+            return self.head()
+        return int(self.client.w3.eth.get_block(self.head_tag)["number"])
+
+    def block_hash(self, number: int) -> str | None:
+        """The 0x hash of the chain's block ``number`` now; None when it has none (yet)."""
+        try:
+            block = self.client.w3.eth.get_block(number)
+        except BlockNotFound:
+            return None
+        return "0x" + bytes(block["hash"]).hex()
 
     def wait_for_block(self, number: int, timeout_s: float = 30.0, poll_s: float = 0.05) -> int:
         """Wait until the head reaches ``number``; return the head. Transient RPC failures are
@@ -213,7 +276,9 @@ class ChainWatcher:
     def _begin_poll(self) -> int:
         """Read the store's cursor and the head; return the last block to deliver."""
         stored = self.cursor.load()
-        head = self.head()
+        if self.reorgs is not None and stored is not None:
+            stored = self._follow(stored)
+        head = self.tagged_head()
         target = head - self.confirmations
         self._status = replace(self._status, cursor=stored, head=head, target=target)
         return target
@@ -226,8 +291,12 @@ class ChainWatcher:
             self._succeeded()
             return 0, True
         last = min(target, first + self.batch_blocks - 1)
-        events = sorted(self.client.events(first, last), key=lambda e: (e.block, e.log_index))
-        self.sink(events, last)
+        if self.reorgs is None:
+            events = self._read(first, last)
+            self.sink(events, last)
+        else:
+            events, block_hash = self._read_hashed(first, last)
+            self.sink(events, last, block_hash)
         log.debug("chain watcher: blocks %d..%d: %d events", first, last, len(events))
         self._status = replace(
             self._status,
@@ -237,6 +306,64 @@ class ChainWatcher:
             invalid_fields=self._status.invalid_fields + sum(_invalid(e) for e in events),
         )
         return len(events), last >= target
+
+    def _read(self, first: int, last: int, topics: Any = None) -> list[Event]:
+        events = self.client.events(first, last, topics)
+        return sorted(events, key=lambda e: (e.block, e.log_index))
+
+    def _read_batched(self, first: int, last: int, topics: Any = None) -> list[Event]:
+        out: list[Event] = []
+        while first <= last:
+            end = min(last, first + self.batch_blocks - 1)
+            out.extend(self._read(first, end, topics))
+            first = end + 1
+        return out
+
+    def _read_hashed(self, first: int, last: int) -> tuple[list[Event], str]:
+        """The events of ``first..last`` and the hash of ``last``, read from one chain: the hash
+        is the same before and after ``eth_getLogs`` (a reorg of any block of the range changes
+        the hash of ``last``)."""
+        for _ in range(5):
+            before = self.block_hash(last)
+            events = self._read(first, last)
+            after = self.block_hash(last)
+            if before is not None and before == after:
+                return events, before
+            log.info("chain watcher: block %d changed while reading it; reading again", last)
+        raise RuntimeError(f"block {last} kept changing while its logs were read")
+
+    def _follow(self, stored: int) -> int:
+        """Check the chain still has the newest checkpoint; if not, roll the store back to the
+        newest one it has. Returns the cursor to continue from."""
+        assert self.reorgs is not None
+        kept = self.reorgs.checkpoints()
+        if not kept:
+            return stored  # nothing delivered with a hash yet (or a store from before 0004)
+        tip_block, tip_hash = kept[-1]
+        if self.block_hash(tip_block) == tip_hash:
+            return stored
+        fork: int | None = None
+        for number, known in reversed(kept[:-1]):
+            if self.block_hash(number) == known:
+                fork = number
+                break
+        if fork is None:
+            raise ReorgTooDeepError(
+                f"chain reorg deeper than the {len(kept)} kept checkpoints (blocks "
+                f"{kept[0][0]}..{tip_block}): the chain has none of them; the store is left at "
+                f"block {stored}. Re-sync the store from the chain (or keep more checkpoints)"
+            )
+        affected = self.reorgs.rollback(fork, self._read_batched)
+        message = (
+            f"chain reorg: block {tip_block} ({tip_hash[:10]}) is gone; rolled back to block "
+            f"{fork} (depth <= {tip_block - fork}), {len(affected)} jobs affected"
+            + (f": {', '.join(affected[:10])}" if affected else "")
+        )
+        log.warning(message)
+        self._status = replace(
+            self._status, cursor=fork, reorgs=self._status.reorgs + 1, last_reorg=message
+        )
+        return fork
 
     def _succeeded(self) -> None:
         self._status = replace(

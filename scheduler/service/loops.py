@@ -142,11 +142,13 @@ class Watch:
                 self._sink,
                 confirmations=self.settings.confirmations,
                 start_block=self.deployment.block,
+                head_tag=self.settings.chain_head,
+                reorgs=self.store,  # follows blocks by hash; rolls back what a reorg removed
             )
         return self._watcher.poll_once()
 
-    def _sink(self, events: list[Any], through_block: int) -> None:
-        created = self.store.apply_chain_events(events, through_block)
+    def _sink(self, events: list[Any], through_block: int, block_hash: str | None = None) -> None:
+        created = self.store.apply_chain_events(events, through_block, block_hash)
         if created:
             self.on_created(created)
 

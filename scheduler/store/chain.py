@@ -6,6 +6,14 @@ receipts); ``chain_pos`` makes both idempotent. An event moves the job's schedul
 where :mod:`scheduler.lifecycle` has a row for it (``CHAIN_EVENTS``, :func:`lifecycle.chain_event`);
 the others only update the struct. Events that concern a job or the market without changing a
 struct (``ProviderSlashed``, ``Credited``, ``MediatorListed``) leave an audit row.
+
+Reorgs (docs/scheduler-chain.md "Reorgs"): the watcher's sink also keeps the hash of each batch's
+last block (``chain_blocks``, the newest :data:`KEEP_BLOCKS`) with the cursor, and
+:meth:`ChainStore.rollback` undoes what a reorg removed: every job whose fold reached past the fork
+block is folded again from its events up to that block (read from the chain again), a job whose
+creation was reorged out is deleted (or, when the scheduler already leased it, kept with chain
+status None until its ``JobCreated`` comes back). The scheduler's own state (lease, attempts,
+outbox) is not rewound: see the docs.
 """
 
 from __future__ import annotations
@@ -13,20 +21,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import BigInteger, Column, Connection, String, Table, delete, insert, select, update
 
-from gridmarket.escrow import JOB_EVENTS, apply_event
+from gridmarket.escrow import JOB_EVENTS, JobState, apply_event
 from scheduler import lifecycle
 from scheduler.lifecycle import Event, State
 from scheduler.matching.reputation import Outcome
 
 from .jobs import JobStore
 from .rows import JobRow, job_to_json, pos_of
-from .tables import attempts, cursors, jobs, outbox
+from .tables import attempts, cursors, jobs, metadata, outbox
 
-__all__ = ["CHAIN_CURSOR", "ChainStore"]
+__all__ = ["CHAIN_CURSOR", "KEEP_BLOCKS", "ChainStore", "chain_blocks"]
 
 CHAIN_CURSOR = "escrow"
+KEEP_BLOCKS = 128
+"""How many checkpoints (the watcher's delivered batch ends) are kept: the deepest reorg that
+can be rolled back is about this many batches (blocks, once caught up)."""
+
+# migration 0004 (belongs in tables.py with the others)
+chain_blocks = Table(
+    "chain_blocks",
+    metadata,
+    Column("block", BigInteger, primary_key=True),
+    Column("hash", String(66), nullable=False),
+)
 
 
 class ChainStore(JobStore):
@@ -39,26 +58,142 @@ class ChainStore(JobStore):
             ).scalar()
             return None if value is None else int(value)
 
-    def apply_chain_events(self, events: Sequence[Any], through_block: int) -> int:
+    def apply_chain_events(
+        self, events: Sequence[Any], through_block: int, block_hash: str | None = None
+    ) -> int:
         """The watcher's sink: fold escrow events into jobs and move the cursor, atomically.
 
         ``events`` are :class:`gridmarket.chain.Event` in log order. Events at or before a job's
         ``chain_pos`` were applied already (by an earlier batch or by our own receipt) and are
-        skipped, so a repeated batch changes nothing. Returns the number of new jobs.
+        skipped, so a repeated batch changes nothing. ``block_hash`` (the hash of
+        ``through_block``) is kept as a checkpoint with the cursor. Returns the number of new
+        jobs.
         """
         created = 0
         with self.engine.begin() as conn:
             for ev in events:
                 created += self._apply_event(conn, ev)
-            n = conn.execute(
-                update(cursors).where(cursors.c.name == CHAIN_CURSOR).values(block=through_block)
-            ).rowcount
-            if n == 0:
-                conn.execute(insert(cursors).values(name=CHAIN_CURSOR, block=through_block))
+            self._set_cursor(conn, through_block)
+            if block_hash is not None:
+                conn.execute(delete(chain_blocks).where(chain_blocks.c.block >= through_block))
+                conn.execute(insert(chain_blocks).values(block=through_block, hash=block_hash))
+                oldest = conn.execute(
+                    select(chain_blocks.c.block)
+                    .order_by(chain_blocks.c.block.desc())
+                    .offset(KEEP_BLOCKS - 1)
+                    .limit(1)
+                ).scalar()
+                if oldest is not None:
+                    conn.execute(delete(chain_blocks).where(chain_blocks.c.block < oldest))
             queued = conn.info.pop("queued", 0)
         if queued:
             self.on_queued(queued)
         return created
+
+    def _set_cursor(self, conn: Connection, block: int) -> None:
+        n = conn.execute(
+            update(cursors).where(cursors.c.name == CHAIN_CURSOR).values(block=block)
+        ).rowcount
+        if n == 0:
+            conn.execute(insert(cursors).values(name=CHAIN_CURSOR, block=block))
+
+    # ------------------------------------------------------------------ reorgs
+    def checkpoints(self) -> list[tuple[int, str]]:
+        """The kept ``(block, hash)`` of the watcher's delivered batch ends, oldest first."""
+        with self.reader.connect() as conn:
+            rows = conn.execute(
+                select(chain_blocks.c.block, chain_blocks.c.hash).order_by(chain_blocks.c.block)
+            ).all()
+        return [(int(b), str(h)) for b, h in rows]
+
+    def rollback(self, fork_block: int, read: Any) -> list[str]:
+        """Undo what a reorg removed: everything after ``fork_block`` (which the chain still
+        has). Each job whose fold reached past it is folded again from its events up to it
+        (``read(first, last, topics)``: the watcher's reader); a job created after it is deleted,
+        or kept with chain status None when the scheduler leased it already (its attempts and
+        outbox rows stay; its ``JobCreated`` folds in again if it comes back). The checkpoints
+        after ``fork_block`` go and the cursor moves to it, in one transaction. Returns the ids
+        of the jobs changed.
+        """
+        first_gone = pos_of(fork_block + 1, 0)
+        with self.reader.connect() as conn:
+            hit = conn.execute(
+                select(jobs.c.job_id, jobs.c.created_block).where(jobs.c.chain_pos >= first_gone)
+            ).all()
+        kept = {str(j): int(b) for j, b in hit if int(b) <= fork_block}
+        folded: dict[str, JobState] = {}
+        last_pos: dict[str, int] = {}
+        if kept:
+            ids = sorted(kept)
+            for ev in read(min(kept.values()), fork_block, [None, ids]):
+                if ev.name not in JOB_EVENTS:
+                    continue
+                job_id = "0x" + bytes(ev.args["jobId"]).hex()
+                if job_id not in kept or (job_id not in folded and ev.name != "JobCreated"):
+                    continue
+                folded[job_id] = apply_event(folded.get(job_id), ev.name, ev.args)
+                last_pos[job_id] = pos_of(ev.block, ev.log_index)
+        now = self.clock()
+        with self.engine.begin() as conn:
+            for job_id, created_block in ((str(j), int(b)) for j, b in hit):
+                state = folded.get(job_id)
+                if state is not None:
+                    values: dict[str, Any] = {
+                        "chain_status": int(state.status),
+                        "chain_job": job_to_json(state),
+                        "chain_pos": last_pos[job_id],
+                        "updated_at": now,
+                    }
+                    row = self._job(conn, job_id)
+                    if (
+                        row.acceptance is not None
+                        and row.state in lifecycle.OPEN
+                        and row.attempt > state.job.attempt
+                    ):
+                        # our assign of the current lease was reorged out; its outbox row stays
+                        # done (never sent twice): the same transaction mined again folds back in
+                        values["reason"] = (
+                            f"its assign (attempt {row.attempt}) was reorged out at block "
+                            f"{fork_block}: waiting for it to be mined again"
+                        )
+                    conn.execute(update(jobs).where(jobs.c.job_id == job_id).values(**values))
+                    self._audit(
+                        conn,
+                        "job",
+                        job_id,
+                        "chain:reorg",
+                        fork_block=fork_block,
+                        chain_status=state.status.name,
+                    )
+                    continue
+                leased = (
+                    conn.execute(
+                        select(attempts.c.id).where(attempts.c.job_id == job_id).limit(1)
+                    ).first()
+                    or conn.execute(
+                        select(outbox.c.id).where(outbox.c.job_id == job_id).limit(1)
+                    ).first()
+                )
+                if leased is None:  # never offered: the chain has no such job, nor do we
+                    conn.execute(delete(jobs).where(jobs.c.job_id == job_id))
+                    self._audit(conn, "job", job_id, "chain:reorged_out", fork_block=fork_block)
+                    continue
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.job_id == job_id)
+                    .values(chain_status=0, chain_pos=0, updated_at=now)
+                )
+                self._audit(
+                    conn,
+                    "job",
+                    job_id,
+                    "chain:reorged_out",
+                    fork_block=fork_block,
+                    created_block=created_block,
+                )
+            conn.execute(delete(chain_blocks).where(chain_blocks.c.block > fork_block))
+            self._set_cursor(conn, fork_block)
+        return [str(j) for j, _ in hit]
 
     def apply_sent(self, job_id: str, events: Sequence[Any]) -> None:
         """Fold the events of our own mined transaction (before the watcher sees them)."""
@@ -78,7 +213,22 @@ class ChainStore(JobStore):
         pos = pos_of(ev.block, ev.log_index)
         now = self.clock()
         if ev.name == "JobCreated":
-            if conn.execute(select(jobs.c.job_id).where(jobs.c.job_id == job_id)).first():
+            known = conn.execute(select(jobs.c.chain_pos).where(jobs.c.job_id == job_id)).scalar()
+            if known == 0:  # its creation was reorged out after the scheduler leased it
+                state = apply_event(None, ev.name, args)
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.job_id == job_id)
+                    .values(
+                        chain_status=int(state.status),
+                        chain_job=job_to_json(state),
+                        chain_pos=pos,
+                        updated_at=now,
+                    )
+                )
+                self._audit(conn, "job", job_id, "chain:" + ev.name, tx=ev.tx_hash, block=ev.block)
+                return 0
+            if known is not None:
                 return 0
             state = apply_event(None, ev.name, args)
             start = lifecycle.step(None, Event.CREATED).value
