@@ -5,8 +5,10 @@
 Starts anvil and deploys the escrow, one IPFS node per party (loopback swarm), dockerd when it can
 run, the scheduler, the web front end (when installed) and a fleet of real provider agents with
 distinct wallets. A submitter then funds jobs that do real work on the dataset in
-examples/datasets/gpu-hours: a Docker job (busybox awk: GPU-hours and mean price per tier) and a
-WASM job (examples/wasm/csvstats.wat: bytes, lines and fields). The scheduler matches them, the
+examples/datasets/gpu-hours: a Docker job (busybox awk: GPU-hours and mean price per tier), a
+WASM job (examples/wasm/csvstats.wat: bytes, lines and fields) and a Python data job (python3 +
+numpy, examples/python/hours_regression.py: a least-squares fit of the price per GPU-hour on tier
+and region, result.json and plot.svg). The scheduler matches them, the
 agents run them sandboxed and upload the outputs, the scheduler verifies each output CID against
 its bytes (an integrity check: the output exists and hashes to its CID) and pays on-chain: the
 first job on the escrow's trustless terms (its result is relayed and paid once the challenge
@@ -36,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devstack.grid import LocalGrid, run_grid  # noqa: E402
+from devstack.images import PYTHON_SCRIPT_IN_IMAGE  # noqa: E402
 from gridmarket.escrow import Status  # noqa: E402
 from gridmarket.wire import JobSpec  # noqa: E402
 
@@ -89,6 +92,20 @@ def specs(grid: LocalGrid, dataset_cid: str, module_cid: str) -> list[JobSpec]:
                     "limits": {"timeout_s": 120, "output_max_bytes": 1 << 20},
                 }
             ),
+        )
+    if grid.dockerd is not None and grid.python_image:
+        jobs.append(
+            JobSpec.model_validate(
+                {
+                    "name": "price regression (python + numpy)",
+                    "executor": "docker",
+                    "image": grid.python_image,  # pinned by digest in the devnet's registry
+                    "command": ["python3", PYTHON_SCRIPT_IN_IMAGE],
+                    "dataset_cid": dataset_cid,
+                    "resources": {"cpu_cores": 1, "ram_mib": 256, "disk_mib": 64},
+                    "limits": {"timeout_s": 120, "output_max_bytes": 1 << 20},
+                }
+            )
         )
     return jobs
 
@@ -222,6 +239,9 @@ def report(grid: LocalGrid, jobs: dict[str, dict[str, str]]) -> int:
         path = grid.ipfs.fetch(row["output_cid"], target, 1 << 20)  # verified against its CID
         for f in sorted(p for p in path.rglob("*") if p.is_file()):
             console.rule(f"{row['name']}: {f.relative_to(path)}")
+            if f.suffix == ".svg":  # a plot: its path, not 30 KB of markup
+                console.print(f"{f.stat().st_size} bytes of SVG: {f}")
+                continue
             console.print(f.read_text().rstrip())
         if not console.is_terminal:  # one line per payout: nothing wrapped or cut in a pipe
             console.print(
