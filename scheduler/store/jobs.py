@@ -21,8 +21,8 @@ from scheduler.matching.reputation import Outcome
 
 from .outbox import OutboxStore
 from .reputation import ReputationStore
-from .rows import ConflictError, JobRow, NotFoundError
-from .tables import attempts, jobs
+from .rows import ConflictError, JobRow, NotFoundError, ShortOfCollateralError
+from .tables import attempts, jobs, nodes
 
 __all__ = ["TIMED_OUT", "JobStore"]
 
@@ -463,6 +463,21 @@ class JobStore(ReputationStore, OutboxStore):
             self._audit(conn, "job", job_id, to.value, node_id=node_id)
             return to.value
 
+    def _collateral_pending(self, conn: Connection, wallet: str, but: str) -> int:
+        """Collateral of ``wallet``'s accepted jobs (other than ``but``) whose on-chain
+        ``assign`` is not folded yet: the chain's ``freeCollateralOf`` does not count it."""
+        q = (
+            select(jobs.c.chain_job)
+            .select_from(jobs.join(nodes, jobs.c.node_id == nodes.c.node_id))
+            .where(
+                nodes.c.wallet == wallet,
+                jobs.c.acceptance.is_not(None),
+                jobs.c.chain_status == int(Status.FUNDED),
+                jobs.c.job_id != but,
+            )
+        )
+        return sum(int(row.chain_job.get("collateral", 0)) for row in conn.execute(q))
+
     def _paid(
         self,
         conn: Connection,
@@ -486,12 +501,26 @@ class JobStore(ReputationStore, OutboxStore):
         for (slow,) in conn.execute(q).all():
             self._reputation(conn, slow, Outcome.FAILURE)
 
-    def accept(self, job_id: str, node_id: str, attempt: int, signature: str) -> str:
+    def accept(
+        self,
+        job_id: str,
+        node_id: str,
+        attempt: int,
+        signature: str,
+        free_collateral: int | None = None,
+    ) -> str:
         """The node accepted its offer: ``signature`` (checked by the caller against the job's
         on-chain struct, for attempt ``chain attempt + 1``) is stored and the outbox assigns the
         job on-chain with it. Accepting twice with the same signature is a no-op. Raises
         :class:`ConflictError` when the lease is not this node's, or not that attempt, or the
-        chain moved on (another assignment: the offer no longer fits the chain)."""
+        chain moved on (another assignment: the offer no longer fits the chain).
+
+        ``free_collateral``: the wallet's ``freeCollateralOf`` as the chain says now. The
+        collateral of the wallet's other accepted jobs whose ``assign`` is not mined yet is
+        not in it: it is taken off here, in the same transaction as the acceptance, and
+        :class:`ShortOfCollateralError` is raised when what is left does not cover this job
+        (so a fast node cannot accept more than its stake covers and have the chain refuse
+        the surplus assigns)."""
         with self.engine.begin() as conn:
             job = self._job(conn, job_id, lock=True)
             if job.node_id != node_id or job.state not in lifecycle.sources(Event.ACCEPTED):
@@ -512,7 +541,16 @@ class JobStore(ReputationStore, OutboxStore):
                     f"was attempt {attempt}: ask for work again"
                 )
             to = lifecycle.step(job.state, Event.ACCEPTED).value
-            wallet = self._node(conn, node_id).wallet
+            wallet = self._node(conn, node_id, lock=free_collateral is not None).wallet
+            if free_collateral is not None:
+                pending = self._collateral_pending(conn, wallet, job_id)
+                needed = job.chain.job.collateral
+                if free_collateral - pending < needed:
+                    raise ShortOfCollateralError(
+                        f"{wallet} has {free_collateral} wei of free collateral on-chain, "
+                        f"{pending} of it promised to accepted jobs not yet assigned; the job "
+                        f"locks {needed}: offer withdrawn (stake more, or finish other jobs)"
+                    )
             self._outbox(
                 conn,
                 job_id,

@@ -47,6 +47,11 @@ class ConflictError(StoreError):
     """The request does not fit the current state (a stale attempt, a job not yours, ...)."""
 
 
+class ShortOfCollateralError(ConflictError):
+    """The wallet's free collateral, less what its accepted jobs not yet assigned on-chain will
+    lock, does not cover the job's collateral."""
+
+
 class ReplayError(StoreError):
     """A registration nonce at or below one already used by that wallet."""
 

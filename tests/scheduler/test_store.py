@@ -24,7 +24,7 @@ from scheduler import lifecycle
 from scheduler.dispatch import refused_wallets, requirements
 from scheduler.lifecycle import Event as Event_
 from scheduler.lifecycle import State
-from scheduler.store import Claim, ConflictError, ReplayError, Store
+from scheduler.store import Claim, ConflictError, ReplayError, ShortOfCollateralError, Store
 from scheduler.store.db import MIGRATIONS
 from scheduler.store.tables import jobs, metadata
 
@@ -220,6 +220,42 @@ def test_an_offer_short_of_collateral_ends_without_a_fault(store: Store) -> None
     assert (n.running, n.reputation.bad, n.jobs_failed) == (0, 0, 0)
     assert store.attempts_of(jid(1))[0]["outcome"] == "not_taken"
     assert store.outbox_pending() == []
+
+
+def test_accepting_counts_collateral_promised_to_assigns_not_yet_mined(store: Store) -> None:
+    """freeCollateralOf does not yet count jobs whose assign is still in the outbox: a node
+    accepting faster than the chain mines cannot promise the same stake twice."""
+    queue_jobs(store, 3)
+    a = node(store, slots=3)
+    offers = take(store, a, accept=False) + take(store, a, accept=False)
+    offers += take(store, a, accept=False)
+    assert offers == [jid(1), jid(2), jid(3)]
+    free = 2 * 10**17 + 10**16  # on-chain: room for two jobs' collateral (10**17 each)
+    assert store.accept(jid(1), a, 1, SIG, free) == "leased"
+    assert store.accept(jid(2), a, 1, SIG, free) == "leased"
+    with pytest.raises(ShortOfCollateralError, match="200000000000000000 of it promised"):
+        store.accept(jid(3), a, 1, SIG, free)
+    assert store.job(jid(3)).acceptance is None
+    assert [i.job_id for i in store.outbox_pending()] == [jid(1), jid(2)]
+    # once an assign is folded (mined), the chain's own figure counts it: no double count
+    store.apply_sent(
+        jid(1),
+        [
+            chain_event(
+                "JobAssigned",
+                1,
+                11,
+                provider=WALLETS[0],
+                previousProvider="0x" + "0" * 40,
+                attempt=1,
+                since=int(time.time()),
+            )
+        ],
+    )
+    # (the chain now says 1.1e17 free: job 1's collateral is locked there, job 2's promised)
+    with pytest.raises(ShortOfCollateralError, match="100000000000000000 of it promised"):
+        store.accept(jid(3), a, 1, SIG, 10**17 + 10**16)
+    assert store.accept(jid(3), a, 1, SIG, 2 * 10**17 + 10**16) == "leased"  # staked more
 
 
 def test_heartbeat_renews_and_cancels(store: Store) -> None:
