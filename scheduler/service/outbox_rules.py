@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from typing import NoReturn
 
 from gridmarket.chain import ChainError
 from gridmarket.escrow import Status
@@ -137,11 +138,26 @@ class OutboxRules:
             self.store.apply_sent(item.job_id, sent.events)
             tx = sent.tx_hash
         elif state.status is not Status.RELEASED:
-            sent = sender.settle(state, p["output_cid"], bytes.fromhex(p["signature"][2:]))
+            try:
+                sent = sender.settle(state, p["output_cid"], bytes.fromhex(p["signature"][2:]))
+            except ChainError as exc:
+                self._moved_on(item, state.status, exc)
             self.store.apply_sent(item.job_id, sent.events)
             tx = sent.tx_hash
         self._paid(item, tx)
         return tx
+
+    def _moved_on(self, item: OutboxItem, used: Status, exc: ChainError) -> NoReturn:
+        """A step refused because the job is no longer Assigned on-chain as the rule read it:
+        the provider posted its result itself while our ``settle`` or relay was in flight. The
+        row is retried once the watcher has folded what the chain has (``NotYetError`` at
+        once: the next pass reads the new status, e.g. Submitted, and releases or waits for
+        the window), instead of failing the job; any other refusal is raised as it is."""
+        if used is Status.ASSIGNED and "JobEscrowWrongStatus" in (exc.reason or str(exc)):
+            raise NotYetError(
+                f"the job moved on-chain while {item.kind} was in flight: {exc}", 0.0, exc.reason
+            ) from exc
+        raise exc
 
     def _release(self, sender: TxSender, item: OutboxItem) -> str | None:
         state = self.store.job(item.job_id).chain
@@ -159,9 +175,12 @@ class OutboxRules:
         p = item.payload
         tx: str | None = None
         if state.status is Status.ASSIGNED:
-            sent = sender.submit_result_for(
-                state, p["output_cid"], bytes.fromhex(p["signature"][2:])
-            )
+            try:
+                sent = sender.submit_result_for(
+                    state, p["output_cid"], bytes.fromhex(p["signature"][2:])
+                )
+            except ChainError as exc:
+                self._moved_on(item, state.status, exc)
             self.store.apply_sent(item.job_id, sent.events)
             tx = sent.tx_hash
             state = self.store.job(item.job_id).chain
