@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from gridmarket.eip712 import sign_acceptance
-from gridmarket.escrow import ZERO_ADDRESS, Job
+from gridmarket.escrow import Job
 from gridmarket.wire import AcceptRequest, Assignment, JobTerms, checksum
 
 if TYPE_CHECKING:
@@ -92,15 +92,7 @@ class EscrowFacts:
 
 def terms_job(terms: JobTerms) -> Job:
     """The job struct the acceptance covers (only its terms are signed; the submitter is not)."""
-    return Job(
-        submitter=ZERO_ADDRESS,
-        bounty=terms.bounty_wei,
-        deadline=terms.deadline,
-        fee_bps=terms.fee_bps,
-        collateral=terms.collateral_wei,
-        mediator=checksum(terms.mediator),
-        flags=terms.flags,
-    )
+    return terms.as_job()
 
 
 def acceptance_request(account: LocalAccount, assignment: Assignment) -> AcceptRequest:

@@ -42,12 +42,12 @@ from devstack.scheduler import SchedulerProcess
 from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.deploy import EscrowParams, deploy_escrow
 from gridmarket.eip712 import sign_acceptance
-from gridmarket.escrow import ZERO_ADDRESS, Job
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import (
     API,
     GpuGroup,
     JobSpec,
+    JobTerms,
     NodeCapacityIn,
     NodeRegistration,
     RegisterRequest,
@@ -398,15 +398,7 @@ def acceptor(
     async def accept(conn: RawHttp, body: bytes) -> bool:
         a = json.loads(body)
         t = a["terms"]
-        terms = Job(
-            submitter=ZERO_ADDRESS,
-            bounty=int(t["bounty_wei"]),
-            deadline=int(t["deadline"]),
-            fee_bps=int(t["fee_bps"]),
-            collateral=int(t["collateral_wei"]),
-            mediator=t["mediator"],
-            flags=int(t["flags"]),
-        )
+        terms = JobTerms.model_validate(t).as_job()
         job_id = bytes.fromhex(a["job_id"][2:])
         sig = sign_acceptance(account, a["chain_id"], a["escrow"], job_id, a["attempt"], terms)
         payload = json.dumps({"attempt": a["attempt"], "signature": "0x" + sig.hex()}).encode()

@@ -41,7 +41,7 @@ from pydantic import (
 
 from gridmarket.cid import CidError, normalize_cid
 from gridmarket.eip712 import DOMAIN_TYPE
-from gridmarket.escrow import MAX_WEI
+from gridmarket.escrow import MAX_WEI, ZERO_ADDRESS, Job
 from gridmarket.tiers import REGIONS, TIERS
 
 __all__ = [
@@ -490,6 +490,19 @@ class JobTerms(BaseModel):
     mediator: Address
     flags: int = Field(ge=0, le=255)
     operator: Address
+
+    def as_job(self) -> Job:
+        """The job struct the acceptance covers: only the terms enter the EIP-712 digest
+        (:func:`gridmarket.eip712.sign_acceptance`), so the submitter is left zero."""
+        return Job(
+            submitter=ZERO_ADDRESS,
+            bounty=self.bounty_wei,
+            deadline=self.deadline,
+            fee_bps=self.fee_bps,
+            collateral=self.collateral_wei,
+            mediator=to_checksum_address(self.mediator),
+            flags=self.flags,
+        )
 
 
 class Assignment(BaseModel):

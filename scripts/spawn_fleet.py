@@ -44,13 +44,13 @@ from devstack.images import BUSYBOX_IMAGE  # noqa: E402
 from devstack.providers import new_providers  # noqa: E402
 from gridmarket.chain import Deployment, EscrowClient  # noqa: E402
 from gridmarket.eip712 import sign_acceptance, sign_result  # noqa: E402
-from gridmarket.escrow import ZERO_ADDRESS, Job  # noqa: E402
 from gridmarket.ipfs import IpfsStore  # noqa: E402
 from gridmarket.tiers import REGIONS, TIERS  # noqa: E402
 from gridmarket.wire import (  # noqa: E402
     API,
     GpuGroup,
     JobSpec,
+    JobTerms,
     NodeCapacityIn,
     NodeRegistration,
     RegisterRequest,
@@ -108,15 +108,7 @@ class Node:
     async def accept(self, a: dict[str, Any]) -> bool:
         """Sign the acceptance of the offered job's terms and post it; whether it stands."""
         t = a["terms"]
-        terms = Job(
-            submitter=ZERO_ADDRESS,
-            bounty=int(t["bounty_wei"]),
-            deadline=int(t["deadline"]),
-            fee_bps=int(t["fee_bps"]),
-            collateral=int(t["collateral_wei"]),
-            mediator=t["mediator"],
-            flags=int(t["flags"]),
-        )
+        terms = JobTerms.model_validate(t).as_job()
         job_id = bytes.fromhex(a["job_id"][2:])
         sig = sign_acceptance(self.account, a["chain_id"], a["escrow"], job_id, a["attempt"], terms)
         r = await self.http.post(

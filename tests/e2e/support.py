@@ -26,10 +26,11 @@ from devstack.images import BUSYBOX_IMAGE
 from gridmarket.chain import Event
 from gridmarket.cid import bytes_cid
 from gridmarket.eip712 import sign_acceptance, sign_result
-from gridmarket.escrow import ZERO_ADDRESS, Job, JobState
+from gridmarket.escrow import JobState
 from gridmarket.wire import (
     API,
     JobSpec,
+    JobTerms,
     NodeCapacityIn,
     NodeRegistration,
     RegisterRequest,
@@ -352,15 +353,7 @@ class WireProvider:
     def accept(self, assignment: dict[str, Any]) -> None:
         """Sign the acceptance of the offered job's terms and post it, as the agent does."""
         t = assignment["terms"]
-        terms = Job(
-            submitter=ZERO_ADDRESS,
-            bounty=int(t["bounty_wei"]),
-            deadline=int(t["deadline"]),
-            fee_bps=int(t["fee_bps"]),
-            collateral=int(t["collateral_wei"]),
-            mediator=t["mediator"],
-            flags=int(t["flags"]),
-        )
+        terms = JobTerms.model_validate(t).as_job()
         sig = sign_acceptance(
             self.account,
             assignment["chain_id"],
