@@ -17,6 +17,7 @@ import os
 import shutil
 import socket
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
 
@@ -52,12 +53,16 @@ class Dockerd(Service):
         *,
         dockerd: str = "dockerd",
         start_timeout: float = 60.0,
+        insecure_registries: Sequence[str] = (),
     ) -> None:
         self.work_dir = Path(work_dir).resolve()
         self.data_root = self.work_dir / "data"
         self.log_path = self.work_dir / "dockerd.log"
         self.dockerd = dockerd
         self.start_timeout = start_timeout
+        self.insecure_registries = list(insecure_registries)
+        """``--insecure-registry`` values (``host:port`` or a CIDR): plain HTTP, or TLS without
+        verifying the certificate, for registries off loopback (127.0.0.0/8 is always so)."""
         run_dir = self.work_dir / "run"
         self._short_run_dir = len(str(run_dir)) > _MAX_RUN_DIR
         if self._short_run_dir:  # one short name per work dir, created by start()
@@ -104,6 +109,7 @@ class Dockerd(Service):
             "--userland-proxy=false",
             "--storage-driver=overlay2",
             "--log-level=warn",
+            *(f"--insecure-registry={r}" for r in self.insecure_registries),
         ]  # fmt: skip
         proc = ManagedProcess("dockerd", argv, self.log_path, cwd=self.work_dir)
         self._launch(proc, lambda: ping(self.socket_path), self.start_timeout)

@@ -3,8 +3,13 @@ dockerd (when it can run), a scheduler replica, the web front end (when installe
 of real provider agents, each with its own wallet. Used by ``make demo``, ``make up`` and the
 end-to-end tests.
 
-Everything binds to 127.0.0.1. Roles are anvil's dev accounts: 0 deployer/owner, 1 operator
-(the scheduler's key), 2 treasury, 3-4 submitters, 5-9 providers.
+Everything binds to 127.0.0.1, unless ``run_grid(bind_host=...)`` names another address of this
+host (a bridge's, :mod:`devstack.netns`): then the scheduler, the IPFS nodes' swarm and the
+registry (HTTPS, self-signed; dockerd told it is insecure) listen there, for agents in other
+network namespaces; anvil, the IPFS APIs and the front end stay on loopback.
+
+Roles are anvil's dev accounts: 0 deployer/owner, 1 operator (the scheduler's key), 2 treasury,
+3-4 submitters, 5-9 providers.
 
 Fault injection for the end-to-end tests (tests/e2e), all keeping addresses and state so that
 the other parts only see an outage: :meth:`LocalGrid.kill_agent` and
@@ -49,6 +54,7 @@ from .images import BUSYBOX_IMAGE, ensure_busybox_image, publish_busybox, publis
 from .ipfs import IpfsDaemon, IpfsSwarm
 from .mediator import MediatorProcess
 from .registry import Registry
+from .registry import free_port as free_host_port
 from .scheduler import SchedulerProcess
 
 log = logging.getLogger(__name__)
@@ -189,7 +195,11 @@ class LocalGrid(DevRoles):
         if self.scheduler.running():
             raise ServiceError("the scheduler is still running: kill() or stop() it first")
         self.scheduler = SchedulerProcess(
-            self.work, self.scheduler.port, self.scheduler_settings, log_level="info"
+            self.work,
+            self.scheduler.port,
+            self.scheduler_settings,
+            log_level="info",
+            host=self.scheduler.host,
         ).start(timeout)
         return self.scheduler
 
@@ -222,13 +232,20 @@ class LocalGrid(DevRoles):
         return response.get("result")
 
 
-def _docker(work: Path) -> tuple[Dockerd | None, str]:
-    """dockerd when it can run here (root, docker.io installed), else None and why."""
+def _loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.")
+
+
+def _docker(work: Path, bind_host: str = "127.0.0.1") -> tuple[Dockerd | None, str]:
+    """dockerd when it can run here (root, docker.io installed), else None and why. With a
+    ``bind_host`` off loopback, dockerd takes the registry there as insecure (it does not
+    verify the registry's self-signed certificate)."""
     if os.geteuid() != 0:
         return None, "dockerd needs root: agents serve WASM jobs only"
     if shutil.which("dockerd") is None:
         return None, "dockerd is not installed (scripts/setup_services.sh): WASM jobs only"
-    engine = Dockerd(work / "dockerd")
+    insecure = [] if _loopback(bind_host) else [f"{bind_host}/32"]
+    engine = Dockerd(work / "dockerd", insecure_registries=insecure)
     try:
         engine.start()
         client = docker.DockerClient(base_url=engine.host)
@@ -242,12 +259,15 @@ def _docker(work: Path) -> tuple[Dockerd | None, str]:
     return engine, "dockerd running: agents serve Docker and WASM jobs"
 
 
-def _registry(work: Path, engine: Dockerd) -> tuple[Registry, str, str | None]:
+def _registry(
+    work: Path, engine: Dockerd, bind_host: str = "127.0.0.1"
+) -> tuple[Registry, str, str | None]:
     """The devnet's OCI registry (Debian's docker-registry) with the job images pushed to it;
     the busybox image's pinned reference ``127.0.0.1:<port>/gridmarket/busybox@sha256:…``.
     The local tag is then dropped, so the agents' engine pulls the image by digest the first
     time a job names it (the layers stay cached: the pull is quick)."""
-    registry = Registry(work / "registry").start()
+    tls = not _loopback(bind_host)  # clients speak HTTPS to every registry off loopback
+    registry = Registry(work / "registry", bind=bind_host, tls=tls).start()
     client = docker.DockerClient(base_url=engine.host)
     try:
         ref = publish_busybox(client, registry.host)
@@ -298,9 +318,15 @@ def start_agent(
     region: str,
     slots: int = 1,
     scheduler_url: str | None = None,
+    ipfs_api: str | None = None,
+    launcher: Callable[..., ManagedProcess] = ManagedProcess,
 ) -> AgentProcess:
     """Register provider ``index`` on-chain (staked) and start its agent daemon process,
-    talking to ``scheduler_url`` (default: the grid's scheduler; a replica's URL for tests)."""
+    talking to ``scheduler_url`` (default: the grid's scheduler; a replica's URL for tests).
+
+    ``ipfs_api``: the agent's own IPFS node, started by the caller (default: one added to the
+    grid's swarm). ``launcher`` builds the process (ManagedProcess's arguments): a
+    :meth:`devstack.netns.Netns.process` runs the agent in a network namespace."""
     account = grid.providers[index]
     home = grid.work / "agents" / name
     home.mkdir(parents=True, exist_ok=True)
@@ -320,7 +346,7 @@ def start_agent(
         grid.escrow.send(account, "registerProvider", "bafkreidevnetprovider", value=PROVIDER_STAKE)
     config = {
         "scheduler_url": scheduler_url or grid.scheduler.url,
-        "ipfs_api": _agent_ipfs(grid, name).api_addr,
+        "ipfs_api": ipfs_api or _agent_ipfs(grid, name).api_addr,
         "keystore": str(keystore),
         "password": AGENT_PASSWORD,
         "name": name,
@@ -336,11 +362,14 @@ def start_agent(
         config["docker_host"] = grid.dockerd.host
     config_path = home / "agent.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=True))
-    proc = ManagedProcess(
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if grid.registry is not None and grid.registry.ca_file is not None:
+        env["REQUESTS_CA_BUNDLE"] = str(grid.registry.ca_file)  # the manifest check (HTTPS)
+    proc = launcher(
         f"agent {name}",
         [sys.executable, "-m", "agent.cli", "--config", str(config_path), "run"],
         home / "agent.log",
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env=env,
         cwd=ROOT,
     )
     proc.start()
@@ -360,8 +389,14 @@ def _agent_ipfs(grid: LocalGrid, name: str) -> IpfsDaemon:
 def start_replica(grid: LocalGrid, name: str = "scheduler-b") -> SchedulerProcess:
     """Another scheduler replica with the grid's settings (database, token secret, chain) on
     a new port; stopped with the grid. Only meaningful when the database is PostgreSQL."""
+    host = grid.scheduler.host
     replica = SchedulerProcess(
-        grid.work, free_port(), grid.scheduler_settings, name=name, log_level="info"
+        grid.work,
+        free_host_port(host),
+        grid.scheduler_settings,
+        name=name,
+        log_level="info",
+        host=host,
     )
     grid.replicas.append(replica)
     replica.start()
@@ -401,8 +436,12 @@ def run_grid(
     scheduler_overrides: dict[str, str] | None = None,
     escrow_overrides: dict[str, Any] | None = None,
     on_step: Callable[[str], None] = lambda s: None,
+    bind_host: str = "127.0.0.1",
 ) -> Iterator[LocalGrid]:
     """Start everything under ``work`` (logs there too); stop it all when the block ends.
+
+    ``bind_host``: where the scheduler, the IPFS swarm and the registry listen (see the module
+    doc); an address of this host, e.g. :class:`devstack.netns.Netns`'s ``host_ip``.
 
     The devnet's escrow has short windows (:data:`DEVNET_ESCROW`) so that a job paid after its
     challenge window is paid within a demo; ``escrow_overrides`` changes any parameter."""
@@ -437,20 +476,20 @@ def run_grid(
         parties = [SUBMITTER_IPFS, SCHEDULER_IPFS, MEDIATOR_IPFS]
         parties += [FRONTEND_IPFS] if with_frontend else []
         parties += [FLEET[i % len(FLEET)][0] for i in range(agents)]
-        ipfs_swarm = IpfsSwarm(work / "ipfs", parties)
+        ipfs_swarm = IpfsSwarm(work / "ipfs", parties, swarm_host=bind_host)
         stack.callback(ipfs_swarm.stop)
         ipfs_swarm.start()  # in parallel, then a full mesh
         ipfs = IpfsStore(ipfs_swarm[SUBMITTER_IPFS].api_addr)
         stack.callback(ipfs.close)
         on_step("dockerd")
-        engine, note = _docker(work)
+        engine, note = _docker(work, bind_host)
         registry: Registry | None = None
         busybox_image = BUSYBOX_IMAGE
         python_image: str | None = None
         if engine is not None:
             stack.callback(engine.stop)
             on_step("OCI registry (docker-registry, loopback) and job images by digest")
-            registry, busybox_image, python_image = _registry(work, engine)
+            registry, busybox_image, python_image = _registry(work, engine, bind_host)
             stack.callback(registry.stop)
         on_step("scheduler")
         settings = {
@@ -468,7 +507,9 @@ def run_grid(
             "work_dir": str(work / "scheduler-work"),
         }
         settings.update(scheduler_overrides or {})
-        scheduler = SchedulerProcess(work, free_port(), settings, log_level="info")
+        scheduler = SchedulerProcess(
+            work, free_host_port(bind_host), settings, log_level="info", host=bind_host
+        )
         scheduler.start()
         grid_ref: list[LocalGrid] = []
 

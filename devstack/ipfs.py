@@ -15,10 +15,11 @@ The repository lives in ``<work_dir>/repo`` (initialised once, reused by later s
 ``<work_dir>/ipfs.log``. Every daemon listens on 127.0.0.1 only, on ports the OS picks, with no
 bootstrap peers, no routing (no DHT), no MDNS and no preload nodes: nothing leaves the machine.
 An offline daemon has no swarm at all; a swarm daemon (``swarm=True``) listens for peers on a
-loopback TCP port and talks only to the peers it is told to :meth:`IpfsDaemon.connect` to; it
-runs from an overlay ``<work_dir>/node_modules`` (symlinks) that works around a dependency split
-in the locked tree (``_OVERLAY`` below). Pitfalls behind each step are in docs/platform.md
-("IPFS and Docker", "IPFS swarm on loopback").
+loopback TCP port (or on ``swarm_host``, e.g. a bridge address that other network namespaces
+reach: the API stays on loopback) and talks only to the peers it is told to
+:meth:`IpfsDaemon.connect` to; it runs from an overlay ``<work_dir>/node_modules`` (symlinks)
+that works around a dependency split in the locked tree (``_OVERLAY`` below). Pitfalls behind
+each step are in docs/platform.md ("IPFS and Docker", "IPFS swarm on loopback").
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class IpfsDaemon(Service):
         websockets: bool = False,
         keep_ports: bool = False,
         name: str = "",
+        swarm_host: str = "127.0.0.1",
     ) -> None:
         self.work_dir = Path(work_dir).resolve()
         self.repo = self.work_dir / "repo"
@@ -103,6 +105,8 @@ class IpfsDaemon(Service):
         self.websockets = websockets
         self.keep_ports = keep_ports
         self.name = name or self.work_dir.name
+        self.swarm_host = swarm_host
+        """The IPv4 address the swarm listens on (the API and gateway stay on 127.0.0.1)."""
         self._pidfile = self.work_dir / "ipfs.pid"
         self.api_addr = ""
         """Multiaddr of the RPC API, e.g. ``/ip4/127.0.0.1/tcp/41234/http`` (ipfshttpclient)."""
@@ -111,7 +115,7 @@ class IpfsDaemon(Service):
         self.peer_id = ""
         """The node's libp2p peer id (``12D3KooW...``, Ed25519), known once the repo exists."""
         self.swarm_addr = ""
-        """Swarm mode: the TCP address peers dial, ``/ip4/127.0.0.1/tcp/PORT/p2p/<peer_id>``."""
+        """Swarm mode: the TCP address peers dial, ``/ip4/<swarm_host>/tcp/PORT/p2p/<peer_id>``."""
         self.ws_addr = ""
         """Swarm mode with ``websockets=True``: ``/ip4/127.0.0.1/tcp/PORT/ws/p2p/<peer_id>``."""
         self._ports: dict[str, int] = {}  # keep_ports: "api", "tcp", "ws" of the first start
@@ -288,8 +292,8 @@ class IpfsDaemon(Service):
         self.peer_id = str(config.get("Identity", {}).get("PeerID", ""))
         addresses = config.setdefault("Addresses", {})
 
-        def port(kind: str) -> str:
-            return f"/ip4/127.0.0.1/tcp/{self._ports.get(kind, 0)}"
+        def port(kind: str, host: str = "127.0.0.1") -> str:
+            return f"/ip4/{host}/tcp/{self._ports.get(kind, 0)}"
 
         # Port 0: the OS picks a free port, the daemon writes the API address to repo/api.
         addresses.update(
@@ -302,7 +306,10 @@ class IpfsDaemon(Service):
             NoAnnounce=[],
         )
         if self.swarm:
-            addresses["Swarm"] = [port("tcp")] + ([port("ws") + "/ws"] if self.websockets else [])
+            host = self.swarm_host
+            addresses["Swarm"] = [port("tcp", host)] + (
+                [port("ws", host) + "/ws"] if self.websockets else []
+            )
         config["Bootstrap"] = []
         config["Routing"] = {"Type": "none"}  # no DHT: peers come only from connect()
         discovery = config.setdefault("Discovery", {})
@@ -335,12 +342,13 @@ class IpfsDaemon(Service):
         return True
 
     def _read_swarm_addrs(self, identity: dict[str, Any]) -> bool:
-        """Take the loopback TCP (and WebSocket) listen addresses from an ``id`` answer."""
+        """Take the TCP (and WebSocket) listen addresses on ``swarm_host`` from an ``id``
+        answer."""
         self.peer_id = str(identity.get("ID") or self.peer_id)
         tcp = ws = ""
         for addr in identity.get("Addresses") or []:
             parts = str(addr).split("/")  # ['', 'ip4', '127.0.0.1', 'tcp', PORT, ...]
-            if len(parts) < 5 or parts[1:4] != ["ip4", "127.0.0.1", "tcp"]:
+            if len(parts) < 5 or parts[1:4] != ["ip4", self.swarm_host, "tcp"]:
                 continue
             if parts[5:6] == ["p2p"]:
                 tcp = tcp or addr

@@ -16,7 +16,8 @@ from ._process import ROOT, ManagedProcess, Service, ServiceError
 
 
 class SchedulerProcess(Service):
-    """``python -m scheduler`` on 127.0.0.1:``port`` with ``GRIDMARKET_SCHEDULER_*`` settings."""
+    """``python -m scheduler`` on ``host``:``port`` (127.0.0.1 by default) with
+    ``GRIDMARKET_SCHEDULER_*`` settings."""
 
     def __init__(
         self,
@@ -26,8 +27,10 @@ class SchedulerProcess(Service):
         *,
         name: str = "scheduler",
         log_level: str = "warning",
+        host: str = "127.0.0.1",
     ) -> None:
         self.port = port
+        self.host = host
         self.name = name
         self.log_path = work_dir / f"{name}.log"
         self._env = dict(os.environ)
@@ -37,7 +40,7 @@ class SchedulerProcess(Service):
             "-m",
             "scheduler",
             "--host",
-            "127.0.0.1",
+            host,
             "--port",
             str(port),
             "--log-level",
@@ -46,7 +49,7 @@ class SchedulerProcess(Service):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def _ready(self) -> bool:
         try:
