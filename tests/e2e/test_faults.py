@@ -20,10 +20,19 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import docker
 import httpx
 import pytest
 
-from devstack.grid import PROVIDER_STAKE, LocalGrid, start_agent, start_replica, wait_nodes
+from agent.executors.docker import OWNER_LABEL
+from devstack.grid import (
+    PROVIDER_STAKE,
+    AgentProcess,
+    LocalGrid,
+    start_agent,
+    start_replica,
+    wait_nodes,
+)
 from devstack.images import BUSYBOX_IMAGE
 from gridmarket.chain import ChainError
 from gridmarket.escrow import ZERO_ADDRESS
@@ -71,6 +80,19 @@ def wait_running(grid: LocalGrid, job: Funded) -> Any:
     wait_log(agent, f"job {job.job_id[:10]}: running (docker)")
     time.sleep(0.3)  # the container is up (the step is logged just before it starts)
     return agent
+
+
+def containers_of(grid: LocalGrid, agent: AgentProcess) -> list[str]:
+    """Names and states of the containers the agent started (its executor's owner label:
+    ``agent.assembly.executor_owner``), running or not, on the grid's dockerd."""
+    assert grid.dockerd is not None
+    owner = f"{agent.account.address.lower()}/{agent.name}"
+    client = docker.DockerClient(base_url=grid.dockerd.host)
+    try:
+        found = client.containers.list(all=True, filters={"label": f"{OWNER_LABEL}={owner}"})
+        return [f"{c.name} ({c.status})" for c in found]
+    finally:
+        client.close()
 
 
 def wait_online(grid: LocalGrid, count: int = 3) -> None:
@@ -153,6 +175,8 @@ class TestOneGrid:
         job = fund(grid, sleeper("killed-mid-job", 4))
         first = wait_running(grid, job)
         grid.kill_agent(first)  # SIGKILL: no hand-back; heartbeats stop
+        left = containers_of(grid, first)
+        assert len(left) == 1, f"the killed agent's container: {left}"  # it runs on in dockerd
         view = wait_job(grid, job, {"released"}, 60)
         attempts = view["attempts"]
         assert [(a["attempt"], a["outcome"]) for a in attempts] == [(1, "timeout"), (2, "success")]
@@ -181,6 +205,8 @@ class TestOneGrid:
         assert before.delta(money(grid)) == payouts(grid, [(job, second.node_id)])
         grid.restart_agent(first)  # same wallet and name: the same node comes back
         wait_online(grid)
+        # registered only after its start-up removed what the killed run left in dockerd
+        assert containers_of(grid, first) == [], "the killed agent's container is left"
 
     def test_scheduler_killed_and_restarted_mid_flight(
         self, grid: LocalGrid, inputs: Inputs
