@@ -24,7 +24,8 @@ The layout (names carry a random tag; ``<n>`` is a free 10.231.<n>.0/24 on this 
 
 Everything is undone on exit, also after a failure half-way. An earlier run that crashed leaves
 its namespace, links and chain behind: :func:`remove_leftovers` (called by every start) deletes
-those whose creating process is gone (its pid is in the namespace's name and the bridge's alias).
+those whose creating process is gone (its pid is in the namespace's name; the bridge's alias
+``gridmarket-netns pid=<pid>`` says it to a person reading ``ip link``).
 Needs root (CAP_NET_ADMIN), iproute2 and iptables; docs/platform.md ("Network namespaces").
 """
 
@@ -57,7 +58,8 @@ CLONE_NEWNET = 0x40000000  # <sched.h>; os.setns and os.CLONE_NEWNET arrive with
 NETNS_DIR = Path("/run/netns")  # where `ip netns add` keeps its handles
 SUBNET_PREFIX = "10.231"  # 10.231.<n>.0/24, the first free <n>
 _NS_NAME = re.compile(r"^gmn-(?P<pid>\d+)-(?P<tag>[0-9a-f]{6})$")
-_ALIAS = re.compile(r"^gridmarket-netns pid=(?P<pid>\d+)$")
+_LINK_NAME = re.compile(r"^gm[bvp](?P<tag>[0-9a-f]{6})$")
+_CHAIN = re.compile(r"^-N GMN-(?P<tag>[0-9a-f]{6})$", re.MULTILINE)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -102,38 +104,36 @@ def _undo(argv: Sequence[str]) -> None:
 def remove_leftovers() -> list[str]:
     """Delete the namespaces, bridges, veths and iptables chains that an earlier :class:`Netns`
     left behind when its process died without cleaning up; returns what was removed. Those of
-    a running process (other tests, other checkouts) are left alone."""
+    a running process (other tests, other checkouts) are left alone.
+
+    A :class:`Netns` makes its namespace first, named with its pid, and the rest after: a tag
+    whose namespace is gone, or whose namespace's process is dead, is a leftover."""
     removed: list[str] = []
-    tags: set[str] = set()
-    if NETNS_DIR.is_dir():
-        for entry in NETNS_DIR.iterdir():
-            m = _NS_NAME.match(entry.name)
-            if m and not pid_alive(int(m.group("pid"))):
-                tags.add(m.group("tag"))
-                _run(["ip", "netns", "del", entry.name], check=False)
-                removed.append(f"netns {entry.name}")
+    live: set[str] = set()
+    for entry in NETNS_DIR.iterdir() if NETNS_DIR.is_dir() else []:
+        m = _NS_NAME.match(entry.name)
+        if m is None:
+            continue
+        if pid_alive(int(m.group("pid"))):
+            live.add(m.group("tag"))
+        else:
+            _run(["ip", "netns", "del", entry.name], check=False)
+            removed.append(f"netns {entry.name}")
     sys_net = Path("/sys/class/net")
-    for link in sys_net.iterdir() if sys_net.is_dir() else []:
-        if not link.name.startswith("gmb") or len(link.name) != 9:
+    for link in sorted(sys_net.iterdir()) if sys_net.is_dir() else []:
+        m = _LINK_NAME.match(link.name)
+        if m and m.group("tag") not in live and link.exists():  # a veth goes with its peer
+            _run(["ip", "link", "del", link.name], check=False)
+            removed.append(f"link {link.name}")
+    rules = _run(["iptables", "-w", "10", "-S"], check=False).stdout
+    for m in _CHAIN.finditer(rules):
+        if m.group("tag") in live:
             continue
-        try:
-            alias = (link / "ifalias").read_text().strip()
-        except OSError:
-            continue
-        m = _ALIAS.match(alias)
-        if m and not pid_alive(int(m.group("pid"))):
-            tags.add(link.name[3:])
-    for tag in sorted(tags):
-        for name in (f"gmv{tag}", f"gmb{tag}"):
-            if (sys_net / name).exists():
-                _run(["ip", "link", "del", name], check=False)
-                removed.append(f"link {name}")
-        chain = f"GMN-{tag}"
-        if _run(["iptables", "-w", "10", "-L", chain, "-n"], check=False).returncode == 0:
-            _iptables("-D", "INPUT", "-i", f"gmb{tag}", "-j", chain, check=False)
-            _iptables("-F", chain, check=False)
-            _iptables("-X", chain, check=False)
-            removed.append(f"iptables chain {chain}")
+        chain = m.group(0)[3:]
+        _iptables("-D", "INPUT", "-i", f"gmb{m.group('tag')}", "-j", chain, check=False)
+        _iptables("-F", chain, check=False)
+        _iptables("-X", chain, check=False)
+        removed.append(f"iptables chain {chain}")
     for what in removed:
         log.info("removed a leftover of a crashed run: %s", what)
     return removed
