@@ -21,6 +21,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,31 +84,60 @@ def net() -> Iterator[Netns]:
 
 
 @pytest.fixture(scope="module")
-def grid(net: Netns, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGrid]:
-    """A grid with no agent on the host, its scheduler, IPFS swarm and registry on the bridge."""
+def grid_and_node(
+    net: Netns, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[LocalGrid, IpfsDaemon]]:
+    """A grid with no agent on the host, its scheduler, IPFS swarm and registry on the bridge;
+    and the remote agent's own IPFS node, started in the namespace while the grid starts (its
+    swarm on the namespace's address, connected to nobody yet)."""
+    node = IpfsDaemon(
+        tmp_path_factory.mktemp("remote-ipfs"),
+        swarm=True,
+        keep_ports=True,
+        name=REMOTE,
+        swarm_host=net.ns_ip,
+    )
+    errors: list[BaseException] = []
+
+    def start_node() -> None:
+        try:
+            net.call(node.start)
+        except BaseException as exc:  # raised below, in the test's thread
+            errors.append(exc)
+
+    starter = threading.Thread(target=start_node, name="remote ipfs", daemon=True)
+    starter.start()
     try:
-        cm = run_grid(
-            tmp_path_factory.mktemp("remote-grid"),
-            agents=0,
-            with_frontend=False,
-            scheduler_overrides=FAST,
-            escrow_overrides=FAST_ESCROW,
-            bind_host=net.host_ip,
-        )
-        grid = cm.__enter__()
-    except ServiceError as exc:
-        pytest.fail(f"the grid did not start: {exc}", pytrace=False)
-    try:
-        if grid.dockerd is None or grid.registry is None:
-            pytest.fail(f"the grid has no Docker engine: {grid.docker_note}", pytrace=False)
-        yield grid
+        try:
+            cm = run_grid(
+                tmp_path_factory.mktemp("remote-grid"),
+                agents=0,
+                with_frontend=False,
+                scheduler_overrides=FAST,
+                escrow_overrides=FAST_ESCROW,
+                bind_host=net.host_ip,
+            )
+            grid = cm.__enter__()
+        except ServiceError as exc:
+            pytest.fail(f"the grid did not start: {exc}", pytrace=False)
+        try:
+            if grid.dockerd is None or grid.registry is None:
+                pytest.fail(f"the grid has no Docker engine: {grid.docker_note}", pytrace=False)
+            starter.join(120)
+            if errors or not node.running():
+                pytest.fail(f"the remote agent's IPFS node did not start: {errors}", pytrace=False)
+            yield grid, node
+        finally:
+            cm.__exit__(None, None, None)
     finally:
-        cm.__exit__(None, None, None)
+        starter.join(120)
+        node.stop()
 
 
 def test_agent_in_its_own_network_namespace_runs_a_docker_job_and_is_paid(
-    net: Netns, grid: LocalGrid, tmp_path: Path
+    net: Netns, grid_and_node: tuple[LocalGrid, IpfsDaemon], tmp_path: Path
 ) -> None:
+    grid, node = grid_and_node
     assert grid.registry is not None
     submitter_node, scheduler_node = (
         grid.ipfs_swarm[SUBMITTER_IPFS],
@@ -139,53 +169,46 @@ def test_agent_in_its_own_network_namespace_runs_a_docker_job_and_is_paid(
     assert net.call(connect, "1.1.1.1", 443) == unreachable
 
     # -- the agent's own IPFS node, in the namespace: it dials out, takes no connection in
-    node = IpfsDaemon(
-        grid.work / "ipfs" / REMOTE, swarm=True, keep_ports=True, name=REMOTE, swarm_host=net.ns_ip
+    for peer in (submitter_node, scheduler_node):
+        net.call(node.connect, peer)
+    assert net.call(node.peers) == {submitter_node.peer_id, scheduler_node.peer_id}
+    assert net.call(connect, net.ns_ip, swarm_port(node)) == "ok"  # it listens...
+    assert connect(net.ns_ip, swarm_port(node)) == "timeout"  # ...but nobody gets in
+    with pytest.raises(ServiceError):  # a peer it did not dial cannot reach it
+        grid.ipfs_swarm[MEDIATOR_IPFS].connect(node, timeout=3)
+
+    agent = start_agent(
+        grid, 0, name=REMOTE, region="eu-west", ipfs_api=node.api_addr, launcher=net.process
     )
-    try:
-        net.call(node.start)
-        for peer in (submitter_node, scheduler_node):
-            net.call(node.connect, peer)
-        assert net.call(node.peers) == {submitter_node.peer_id, scheduler_node.peer_id}
-        assert net.call(connect, net.ns_ip, swarm_port(node)) == "ok"  # it listens...
-        assert connect(net.ns_ip, swarm_port(node)) == "timeout"  # ...but nobody gets in
-        with pytest.raises(ServiceError):  # a peer it did not dial cannot reach it
-            grid.ipfs_swarm[MEDIATOR_IPFS].connect(node, timeout=3)
+    wait_nodes(grid, 1, timeout=30)
+    pid = agent.process.pid
+    assert pid is not None
+    assert os.readlink(f"/proc/{pid}/ns/net") == os.readlink(f"/proc/{node.pid}/ns/net")
+    assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
 
-        agent = start_agent(
-            grid, 0, name=REMOTE, region="eu-west", ipfs_api=node.api_addr, launcher=net.process
-        )
-        wait_nodes(grid, 1, timeout=30)
-        pid = agent.process.pid
-        assert pid is not None
-        assert os.readlink(f"/proc/{pid}/ns/net") == os.readlink(f"/proc/{node.pid}/ns/net")
-        assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
-
-        dataset = grid.ipfs.add_dir(DATASET)  # on the submitter's node only
-        spec = docker_spec(
-            "remote count",
-            "wc -l < /input/data.csv > /output/lines.txt",
-            dataset_cid=dataset,
-            image=grid.busybox_image,
-        )
-        job = fund(grid, spec, on_verify=True)
-        view = wait_job(grid, job, {"released"}, 60)
-        (attempt,) = view["attempts"]
-        assert attempt["node_id"] == agent.node_id and attempt["outcome"] == "success"
-        assert "verified" in [a["event"] for a in view["audit"]]  # the scheduler fetched it
-        assert_paid_once(grid, job, agent.account.address)
-        assert names(job_events(grid, job)) == [
-            "JobCreated",
-            "JobAssigned",
-            "ResultSubmitted",
-            "JobReleased",
-        ]
-        # the output left the namespace only through the swarm: the submitter's node has it too
-        assert fetch_output(grid, view["output_cid"], tmp_path / "out") == {"lines.txt": "401\n"}
-        log = agent.log_path.read_text(errors="replace")
-        assert f"pulled {grid.busybox_image}" in log  # manifest checked over HTTPS, then pulled
-    finally:
-        node.stop()
+    dataset = grid.ipfs.add_dir(DATASET)  # on the submitter's node only
+    spec = docker_spec(
+        "remote count",
+        "wc -l < /input/data.csv > /output/lines.txt",
+        dataset_cid=dataset,
+        image=grid.busybox_image,
+    )
+    job = fund(grid, spec, on_verify=True)
+    view = wait_job(grid, job, {"released"}, 60)
+    (attempt,) = view["attempts"]
+    assert attempt["node_id"] == agent.node_id and attempt["outcome"] == "success"
+    assert "verified" in [a["event"] for a in view["audit"]]  # the scheduler fetched it
+    assert_paid_once(grid, job, agent.account.address)
+    assert names(job_events(grid, job)) == [
+        "JobCreated",
+        "JobAssigned",
+        "ResultSubmitted",
+        "JobReleased",
+    ]
+    # the output left the namespace only through the swarm: the submitter's node has it too
+    assert fetch_output(grid, view["output_cid"], tmp_path / "out") == {"lines.txt": "401\n"}
+    log = agent.log_path.read_text(errors="replace")
+    assert f"pulled {grid.busybox_image}" in log  # manifest checked over HTTPS, then pulled
 
 
 def test_leftovers_of_a_crashed_run_are_removed() -> None:
