@@ -28,7 +28,7 @@ from eth_account.signers.local import LocalAccount
 from eth_utils.abi import event_abi_to_log_topic
 
 from gridmarket.chain import ChainError, Deployment, EscrowClient
-from gridmarket.escrow import JobState, Status
+from gridmarket.escrow import JobState, Status, seat_ids
 from gridmarket.wire import ResultReport, RunReason, checksum
 
 __all__ = [
@@ -266,7 +266,9 @@ class ResultGuard:
 
 
 class Finalizer:
-    """Finalizes this wallet's results whose challenge (or unruled mediation) window passed.
+    """Finalizes this wallet's results whose challenge (or unruled mediation) window passed,
+    and resolves the replicated jobs it holds a seat of once every seat has a result (or the
+    deadline passed): nobody in the middle can hold a seat's pay back.
 
     Keeps a cursor over the ``ResultSubmitted`` events naming this wallet, so each pass reads
     only new blocks plus the jobs still open. :meth:`run_once` is idempotent: a job someone else
@@ -308,6 +310,10 @@ class Finalizer:
             if state.status not in (Status.SUBMITTED, Status.DISPUTED, Status.ASSIGNED) or not ours:
                 self._open.discard(job_id)  # paid, refunded, or no longer this wallet's result
                 continue
+            if state.job.replicas:
+                if state.status is Status.SUBMITTED and self._seats_resolvable(state, now):
+                    out.append(state)
+                continue
             opens_at = {
                 Status.SUBMITTED: state.job.since + challenge,
                 Status.DISPUTED: state.job.disputed_at + mediation,
@@ -316,6 +322,18 @@ class Finalizer:
                 out.append(state)
         return out
 
+    def _seats(self, state: JobState) -> list[JobState]:
+        """Every seat of the replicated job ``state`` is a seat of, in seat order."""
+        return [self.client.job_state(i) for i in seat_ids(state.salt, state.job.replicas)]
+
+    def _seats_resolvable(self, state: JobState, now: int) -> bool:
+        """Whether ``resolve`` may pay now: every seat has a result, or the deadline passed.
+        (Without a majority it still refuses until the mediation window has passed.)"""
+        if now > state.job.deadline:
+            return True
+        waiting = (Status.FUNDED, Status.ASSIGNED)
+        return not any(s.status in waiting for s in self._seats(state))
+
     def run_once(self) -> list[str]:
         """Finalize every due job; the transaction hashes sent."""
         with self._lock:
@@ -323,14 +341,18 @@ class Finalizer:
             for state in self.due():
                 short = "0x" + state.job_id.hex()[:8]
                 try:
-                    _, tx = self.client.call_job(self.account, "finalize", state)
+                    if state.job.replicas:  # a seat: the group is resolved, not finalized
+                        _, tx = self.client.resolve(self.account, state.salt, self._seats(state))
+                    else:
+                        _, tx = self.client.call_job(self.account, "finalize", state)
                 except ChainError as exc:  # finalized by someone else meanwhile, or disputed
                     log.info("job %s: not finalized: %s", short, exc)
                     continue
                 self._open.discard(state.job_id)
                 log.info(
-                    "job %s: finalized, %d wei paid to this wallet (tx %s)",
+                    "job %s: %s, up to %d wei paid to this wallet (tx %s)",
                     short,
+                    "its replicated job resolved" if state.job.replicas else "finalized",
                     state.job.payout,
                     tx.tx_hash,
                 )

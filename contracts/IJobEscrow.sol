@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 pragma solidity ^0.8.28;
 
-/// @title IJobEscrow (version 2)
+/// @title IJobEscrow (version 3)
 /// @notice Types, events and errors of the GridMarket job escrow and provider registry.
 /// @dev Everything an indexer (the scheduler's chain watcher, the payouts explorer) needs is in
 ///      the events: it never has to read contract storage.
@@ -19,9 +19,15 @@ pragma solidity ^0.8.28;
 ///        mediator slashes it. Unstaking only ever takes free stake.
 ///      - The owner's settings (operator, fee, treasury, mediator list) reach only jobs funded
 ///        after the change.
+///      - A replicated job (`createReplicated`, k = 2..5 seats, one bounty share each) is paid
+///        only on an outcome the contract can check: `resolve` pays the seats whose output
+///        digests agree in a strict majority of k distinct providers, and slashes the seats that
+///        disagree; without a majority only the job's mediator can rule a seat, and nobody is
+///        paid without one.
 interface IJobEscrow {
     /// @notice Where a job is in its on-chain life.
-    /// None -> Funded -> Assigned -> Submitted -> Released, with Funded|Assigned -> Refunded,
+    /// None -> Funded -> Assigned -> Submitted -> Released, with Funded|Assigned -> Refunded
+    /// (and Submitted -> Refunded for a seat of a replicated job that `resolve` did not pay),
     /// Assigned -> Funded (unassign), Submitted -> Disputed (submitter), and
     /// Submitted|Disputed -> Funded (the mediator ruled the result wrong) or -> Released.
     enum Status {
@@ -124,6 +130,18 @@ interface IJobEscrow {
         uint96 payout,
         uint96 fee
     );
+    /// @notice A submitter funded a replicated job: `replicas` seats (jobs) with ids
+    ///         `keccak256(abi.encode(groupId, i))` for i in 0..replicas-1, each with its own
+    ///         JobCreated (whose `salt` is `groupId`) and an equal share of the bounty.
+    event ReplicasCreated(
+        bytes32 indexed groupId, address indexed submitter, uint8 replicas, bytes32 salt
+    );
+    /// @notice The seats of a replicated job were resolved: `agreeing` distinct providers
+    ///         delivered `resultDigest` (zero when no majority was reached before the deadline
+    ///         and the mediation window: the pending seats were refunded, nobody slashed). The
+    ///         majority's seats are paid (JobReleased), the others refunded (JobRefunded), and a
+    ///         provider whose result disagreed lost its collateral (ProviderSlashed).
+    event Resolved(bytes32 indexed groupId, bytes32 resultDigest, uint8 agreeing, uint8 replicas);
     /// @notice The bounty went back to the submitter's balance (cancelled, or deadline passed).
     event JobRefunded(bytes32 indexed jobId, address indexed submitter, uint96 amount);
 
@@ -190,6 +208,11 @@ interface IJobEscrow {
     error JobEscrowCollateralTooLow(uint256 collateral, uint256 minCollateral);
     error JobEscrowWrongDeposit(uint256 sent, uint256 deposit);
     error JobEscrowNotOnVerify(bytes32 jobId);
+    error JobEscrowReplicated(bytes32 jobId);
+    error JobEscrowBadReplicas(uint256 replicas);
+    error JobEscrowBountyNotDivisible(uint256 bounty, uint256 replicas);
+    error JobEscrowNoMajority(bytes32 groupId, uint256 resolvableAt, uint256 nowTs);
+    error JobEscrowSeatsPending(bytes32 groupId, uint256 deadline, uint256 nowTs);
     error JobEscrowConflictOfInterest(bytes32 jobId, address provider);
     error JobEscrowJobExists(bytes32 jobId);
     error JobEscrowJobMismatch(bytes32 jobId);

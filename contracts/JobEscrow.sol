@@ -4,7 +4,7 @@ pragma solidity ^0.8.28;
 import {IJobEscrow} from "./IJobEscrow.sol";
 import {ProviderRegistry} from "./ProviderRegistry.sol";
 
-/// @title JobEscrow (version 2)
+/// @title JobEscrow (version 3)
 /// @notice Per-job escrow for the GridMarket GPU compute marketplace, with no key in the middle
 ///         that can take a bounty or a stake (docs/trust.md).
 ///
@@ -18,6 +18,10 @@ import {ProviderRegistry} from "./ProviderRegistry.sol";
 /// `finalize`), or at once by the operator for an on-verify job. A disputed result goes to the
 /// mediator; a result ruled wrong costs the provider the job's collateral and the job is Funded
 /// again. After the deadline with no result pending, anyone can refund the submitter.
+/// A replicated job (`createReplicated`) is k seats, each a job of its own with an equal share
+/// of the bounty, assigned to k providers; `resolve` pays the seats whose outputs agree in a
+/// strict majority of distinct providers and slashes the ones that disagree (no operator, no
+/// challenge window: the agreement is the check). Without a majority only the mediator rules.
 /// Money only moves into withdrawable balances (pull payments); `withdraw` is the one place ETH
 /// leaves, guarded against reentrancy, so a reverting receiver can only block itself.
 ///
@@ -31,6 +35,11 @@ contract JobEscrow is ProviderRegistry {
     /// @notice Job flag: the job's operator may pay a result at once on its own check
     ///         (`settle`, `release`); the submitter accepts that trust when funding.
     uint8 public constant FLAG_ON_VERIFY = 1;
+    /// @notice Job flags bits 1..3: the number of seats of a replicated job (2..MAX_REPLICAS),
+    ///         zero for a single job. Set only by `createReplicated`.
+    uint8 public constant FLAG_REPLICAS_MASK = 0x0e;
+    /// @notice Most seats a replicated job may have.
+    uint8 public constant MAX_REPLICAS = 5;
     /// @notice EIP-712 type of a provider's result.
     bytes32 public constant RESULT_TYPEHASH =
         keccak256("Result(bytes32 jobId,uint16 attempt,string outputCid)");
@@ -43,7 +52,7 @@ contract JobEscrow is ProviderRegistry {
         "EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)"
     );
     bytes32 private constant _NAME_HASH = keccak256("GridMarket JobEscrow");
-    bytes32 private constant _VERSION_HASH = keccak256("2");
+    bytes32 private constant _VERSION_HASH = keccak256("2"); // the signing format (Acceptance, Result) is unchanged since version 2
     /// @dev secp256k1n / 2: signatures with a higher s are malleable copies and are refused.
     uint256 private constant _HALF_N =
         0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0;
@@ -184,10 +193,61 @@ contract JobEscrow is ProviderRegistry {
         uint96 collateral,
         uint8 flags
     ) external payable returns (bytes32 jobId) {
-        if (msg.value < minBounty) revert JobEscrowBountyTooLow(msg.value, minBounty);
+        if (flags > FLAG_ON_VERIFY) revert JobEscrowBadFlags(flags);
+        jobId = keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt));
+        _fund(jobId, _bountyOf(msg.value, 1), salt, specCid, deadline, mediator, collateral, flags);
+    }
+
+    /// @notice Fund a replicated job: `replicas` seats (2..MAX_REPLICAS), each a job of its own
+    ///         with `msg.value / replicas` of the bounty and the same terms, for distinct
+    ///         providers. `resolve` pays the seats that agree and slashes the others.
+    /// @param collateral What each seat's provider locks (at least `minCollateral` of a share).
+    /// @param flags Zero: a replicated job is never paid on the operator's check.
+    /// @return groupId keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt)); seat i
+    ///         is the job keccak256(abi.encode(groupId, i)).
+    function createReplicated(
+        bytes32 salt,
+        string calldata specCid,
+        uint40 deadline,
+        address mediator,
+        uint96 collateral,
+        uint8 flags,
+        uint8 replicas
+    ) external payable returns (bytes32 groupId) {
+        if (flags != 0) revert JobEscrowBadFlags(flags);
+        if (replicas < 2 || replicas > MAX_REPLICAS) revert JobEscrowBadReplicas(replicas);
+        if (msg.value % replicas != 0) revert JobEscrowBountyNotDivisible(msg.value, replicas);
+        uint96 share = _bountyOf(msg.value / replicas, replicas);
+        groupId = keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt));
+        emit ReplicasCreated(groupId, msg.sender, replicas, salt);
+        uint8 seatFlags = replicas << 1;
+        for (uint256 i; i < replicas; ++i) {
+            bytes32 seatId = keccak256(abi.encode(groupId, i));
+            _fund(seatId, share, groupId, specCid, deadline, mediator, collateral, seatFlags);
+        }
+    }
+
+    /// @dev The bounty (or one seat's share of it) checked against the bounds.
+    function _bountyOf(uint256 amount, uint256 replicas) private view returns (uint96) {
+        if (amount < minBounty) revert JobEscrowBountyTooLow(amount * replicas, minBounty * replicas);
         if (msg.value > type(uint96).max) {
             revert JobEscrowBountyTooHigh(msg.value, type(uint96).max);
         }
+        return uint96(amount);
+    }
+
+    /// @dev Stores a funded job's commitment and emits JobCreated (`salt` is the caller's salt
+    ///      for a single job, the group id for a seat).
+    function _fund(
+        bytes32 jobId,
+        uint96 bounty,
+        bytes32 salt,
+        string calldata specCid,
+        uint40 deadline,
+        address mediator,
+        uint96 collateral,
+        uint8 flags
+    ) private {
         uint256 earliest = block.timestamp + minDuration;
         uint256 latest = block.timestamp + maxDuration;
         if (deadline < earliest || deadline > latest) {
@@ -195,10 +255,8 @@ contract JobEscrow is ProviderRegistry {
         }
         uint256 len = bytes(specCid).length;
         if (len == 0 || len > MAX_CID_LENGTH) revert JobEscrowBadSpecCid(len);
-        if (flags > FLAG_ON_VERIFY) revert JobEscrowBadFlags(flags);
-        uint256 needed = minCollateral(msg.value);
+        uint256 needed = minCollateral(bounty);
         if (collateral < needed) revert JobEscrowCollateralTooLow(collateral, needed);
-        jobId = keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt));
         if (_jobs[jobId] != 0) revert JobEscrowJobExists(jobId);
         address op = operator;
         if (mediator == op) revert JobEscrowConflictOfInterest(jobId, mediator);
@@ -209,7 +267,7 @@ contract JobEscrow is ProviderRegistry {
         uint16 fee = feeBps;
         Job memory job = Job(
             msg.sender,
-            uint96(msg.value),
+            bounty,
             address(0),
             deadline,
             0,
@@ -224,17 +282,7 @@ contract JobEscrow is ProviderRegistry {
         );
         _jobs[jobId] = _pack(keccak256(abi.encode(job)), Status.Funded);
         emit JobCreated(
-            jobId,
-            msg.sender,
-            uint96(msg.value),
-            deadline,
-            fee,
-            op,
-            mediator,
-            collateral,
-            flags,
-            salt,
-            specCid
+            jobId, msg.sender, bounty, deadline, fee, op, mediator, collateral, flags, salt, specCid
         );
     }
 
@@ -276,6 +324,7 @@ contract JobEscrow is ProviderRegistry {
     function dispute(bytes32 jobId, Job calldata job) external payable {
         _check(jobId, job, Status.Submitted);
         if (msg.sender != job.submitter) revert JobEscrowNotSubmitter(msg.sender, job.submitter);
+        if (job.flags & FLAG_REPLICAS_MASK != 0) revert JobEscrowReplicated(jobId);
         if (msg.value != disputeDeposit) revert JobEscrowWrongDeposit(msg.value, disputeDeposit);
         uint256 closesAt = uint256(job.since) + challengeWindow;
         if (block.timestamp >= closesAt) {
@@ -390,14 +439,15 @@ contract JobEscrow is ProviderRegistry {
     // ================================================================ mediator
 
     /// @notice The job's mediator rules on the pending result: on a dispute at any time until
-    ///         it is finalized, or on its own check within the challenge window. Upheld: the
+    ///         it is finalized, or on its own check within the challenge window (a seat of a
+    ///         replicated job: at any time until it is resolved; this breaks a tie). Upheld: the
     ///         result is paid (and a dispute deposit pays the mediator). Not upheld: the provider
     ///         loses the job's collateral (the submitter gets it, less the mediator's re-run when
     ///         disputed, and its deposit back) and the job is Funded again.
     function rule(bytes32 jobId, Job calldata job, bool upheld) external {
         Status status = _checkEither(jobId, job, Status.Submitted, Status.Disputed);
         if (msg.sender != job.mediator) revert JobEscrowNotMediator(msg.sender, job.mediator);
-        if (status == Status.Submitted) {
+        if (status == Status.Submitted && job.flags & FLAG_REPLICAS_MASK == 0) {
             uint256 closesAt = uint256(job.since) + challengeWindow;
             if (block.timestamp >= closesAt) {
                 revert JobEscrowChallengeWindowClosed(jobId, closesAt, block.timestamp);
@@ -427,12 +477,84 @@ contract JobEscrow is ProviderRegistry {
 
     // ================================================================ anyone
 
+    /// @notice Settle the seats of a replicated job (anyone may call it; the money only goes to
+    ///         the seats' providers, the treasury and the submitter). Once every seat has a
+    ///         result, or the deadline has passed: when the results of a strict majority of the
+    ///         k seats, counted once per distinct provider (a seat already paid counts for its
+    ///         result), agree, the agreeing seats are paid, each seat whose result disagrees is
+    ///         refunded and its provider loses the seat's collateral to the submitter, and a seat
+    ///         without a result is refunded (its provider unlocked, not slashed). Without a
+    ///         majority it waits for the mediator's rulings on the seats (`rule`) until
+    ///         `deadline + mediationWindow`; then every open seat is refunded, nobody slashed.
+    /// @param seats The seats' current structs, seat i at index i (k = seats.length).
+    function resolve(bytes32 groupId, Job[] calldata seats) external {
+        uint256 k = seats.length;
+        if (k < 2 || k > MAX_REPLICAS) revert JobEscrowBadReplicas(k);
+        bytes32[] memory ids = new bytes32[](k);
+        Status[] memory st = new Status[](k);
+        bool open;
+        bool pending;
+        for (uint256 i; i < k; ++i) {
+            ids[i] = keccak256(abi.encode(groupId, i));
+            Job calldata seat = seats[i];
+            if (uint256(seat.flags & FLAG_REPLICAS_MASK) >> 1 != k) {
+                revert JobEscrowBadReplicas(uint256(seat.flags & FLAG_REPLICAS_MASK) >> 1);
+            }
+            uint256 slot = _jobs[ids[i]];
+            Status s = Status(uint8(slot));
+            if (s == Status.None || slot != _pack(_hashCalldata(seat), s)) {
+                revert JobEscrowJobMismatch(ids[i]);
+            }
+            st[i] = s;
+            if (s == Status.Submitted) open = true;
+            if (s == Status.Funded || s == Status.Assigned) pending = open = true;
+        }
+        if (!open) revert JobEscrowWrongStatus(ids[0], st[0]);
+        (bytes32 win, uint256 agreeing) = _tally(seats, st);
+        bool majority = agreeing * 2 > k;
+        uint256 deadline = seats[0].deadline;
+        if (!majority) {
+            uint256 at = deadline + mediationWindow;
+            if (block.timestamp < at) revert JobEscrowNoMajority(groupId, at, block.timestamp);
+            win = bytes32(0);
+            agreeing = 0;
+        } else if (pending && block.timestamp <= deadline) {
+            revert JobEscrowSeatsPending(groupId, deadline, block.timestamp);
+        }
+        emit Resolved(groupId, win, uint8(agreeing), uint8(k));
+        for (uint256 i; i < k; ++i) {
+            Job calldata seat = seats[i];
+            Status s = st[i];
+            if (s == Status.Submitted && majority) {
+                if (seat.resultDigest != win) {
+                    uint96 amount = seat.collateral;
+                    _slashLocked(seat.provider, amount);
+                    emit ProviderSlashed(seat.provider, ids[i], amount, seat.submitter, 0);
+                    _credit(seat.submitter, amount);
+                    _finishRefund(ids[i], seat);
+                } else if (_paidEarlier(seats, st, i)) {
+                    _unlock(seat.provider, seat.collateral); // one provider, one vote, one pay
+                    _finishRefund(ids[i], seat);
+                } else {
+                    _jobs[ids[i]] = _pack(_hashCalldata(seat), Status.Released);
+                    _finishRelease(ids[i], seat);
+                }
+            } else if (s == Status.Submitted || s == Status.Assigned) {
+                _unlock(seat.provider, seat.collateral);
+                _finishRefund(ids[i], seat);
+            } else if (s == Status.Funded) {
+                _finishRefund(ids[i], seat);
+            }
+        }
+    }
+
     /// @notice Pay a result nobody objected to: a submitted one once the challenge window has
     ///         passed, or a disputed one the mediator left unruled for `mediationWindow` (the
     ///         result stands, the deposit goes back to the submitter). Anyone may call it; the
     ///         money only goes to the provider (and the fee to the treasury).
     function finalize(bytes32 jobId, Job calldata job) external {
         Status status = _checkEither(jobId, job, Status.Submitted, Status.Disputed);
+        if (job.flags & FLAG_REPLICAS_MASK != 0) revert JobEscrowReplicated(jobId);
         uint256 allowedAt = status == Status.Submitted
             ? uint256(job.since) + challengeWindow
             : uint256(job.disputedAt) + mediationWindow;
@@ -586,6 +708,64 @@ contract JobEscrow is ProviderRegistry {
     }
 
     // ================================================================ internals
+
+    /// @dev The result digest with the most distinct providers among the seats that voted
+    ///      (Submitted, or Released: already paid) and that count.
+    function _tally(Job[] calldata seats, Status[] memory st)
+        private
+        pure
+        returns (bytes32 best, uint256 bestCount)
+    {
+        uint256 k = seats.length;
+        for (uint256 i; i < k; ++i) {
+            if (!_votes(st[i])) continue;
+            bytes32 d = seats[i].resultDigest;
+            uint256 c;
+            for (uint256 m; m < k; ++m) {
+                if (_votes(st[m]) && seats[m].resultDigest == d && !_seenBefore(seats, st, m, d)) {
+                    ++c;
+                }
+            }
+            if (c > bestCount) {
+                bestCount = c;
+                best = d;
+            }
+        }
+    }
+
+    function _votes(Status s) private pure returns (bool) {
+        return s == Status.Submitted || s == Status.Released;
+    }
+
+    /// @dev Whether seat m's provider already voted for digest d on an earlier seat.
+    function _seenBefore(Job[] calldata seats, Status[] memory st, uint256 m, bytes32 d)
+        private
+        pure
+        returns (bool)
+    {
+        for (uint256 l; l < m; ++l) {
+            if (_votes(st[l]) && seats[l].resultDigest == d && seats[l].provider == seats[m].provider)
+            {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    /// @dev Whether seat i's provider is paid for the same result on an earlier seat (or was
+    ///      already paid for it on any other seat).
+    function _paidEarlier(Job[] calldata seats, Status[] memory st, uint256 i)
+        private
+        pure
+        returns (bool)
+    {
+        for (uint256 l; l < seats.length; ++l) {
+            if (l == i || seats[l].provider != seats[i].provider) continue;
+            if (seats[l].resultDigest != seats[i].resultDigest) continue;
+            if (st[l] == Status.Released || (l < i && st[l] == Status.Submitted)) return true;
+        }
+        return false;
+    }
 
     /// @dev The operator may take a job back from its provider only `reassignDelay` after the
     ///      assignment, so it cannot grab a result it has seen before the provider posts it.

@@ -342,6 +342,48 @@ class EscrowClient:
         (created,) = [e for e in sent.events if e.name == "JobCreated"]
         return apply_event(None, created.name, created.args), sent
 
+    def create_replicated(
+        self,
+        submitter: LocalAccount,
+        salt: bytes,
+        spec_cid: str,
+        deadline: int,
+        bounty: int,
+        replicas: int,
+        terms: Terms | None = None,
+    ) -> tuple[bytes, list[JobState], Sent]:
+        """Fund a replicated job of ``replicas`` seats sharing ``bounty`` (divisible by it);
+        ``terms.collateral`` is each seat's. Returns the group id and the seats in order."""
+        t = terms or self.default_terms(bounty // replicas, submitter.address)
+        sent = self.send(
+            submitter,
+            "createReplicated",
+            salt,
+            spec_cid,
+            deadline,
+            t.mediator,
+            t.collateral,
+            t.flags,
+            replicas,
+            value=bounty,
+        )
+        (group,) = [e for e in sent.events if e.name == "ReplicasCreated"]
+        seats = [apply_event(None, e.name, e.args) for e in sent.events if e.name == "JobCreated"]
+        return bytes(group.args["groupId"]), seats, sent
+
+    def resolve(
+        self, account: LocalAccount, group_id: bytes, seats: Sequence[JobState]
+    ) -> tuple[list[JobState], Sent]:
+        """Resolve a replicated job's seats (given in seat order); fold the seats' events."""
+        sent = self.send(account, "resolve", group_id, [s.job.as_tuple() for s in seats])
+        out = []
+        for state in seats:
+            for event in sent.events:
+                if event.name in JOB_EVENTS and bytes(event.args["jobId"]) == state.job_id:
+                    state = apply_event(state, event.name, event.args)
+            out.append(state)
+        return out, sent
+
     def call_job(
         self, account: LocalAccount, fn_name: str, state: JobState, *extra: Any, value: int = 0
     ) -> tuple[JobState, Sent]:

@@ -35,6 +35,10 @@ JOB_ABI_TYPES = (
 )
 FLAG_ON_VERIFY = 1
 """JobEscrow.FLAG_ON_VERIFY: the job's operator may pay a result at once on its own check."""
+FLAG_REPLICAS_MASK = 0x0E
+"""JobEscrow.FLAG_REPLICAS_MASK: flags bits 1..3 hold a replicated job's seat count (0: single)."""
+MAX_REPLICAS = 5
+"""JobEscrow.MAX_REPLICAS: most seats a replicated job may have."""
 MAX_FEE_BPS = 2000
 """JobEscrow.MAX_FEE_BPS: the platform fee is capped at 20 %."""
 MAX_WEI = 2**96 - 1
@@ -55,6 +59,15 @@ JOB_EVENTS = frozenset(
 )
 """Events that change a job's struct (:func:`apply_event` folds exactly these); others, like
 ProviderSlashed, only mention a job."""
+GROUP_EVENTS = frozenset({"ReplicasCreated", "Resolved"})
+"""Events about a replicated job as a whole (indexed by ``groupId``, not a job id); each seat's
+own changes come as job events in the same transaction."""
+
+
+def replicas_of(flags: int) -> int:
+    """The seat count a job's flags carry: 2..MAX_REPLICAS for a seat of a replicated job, 0
+    for a single job."""
+    return (flags & FLAG_REPLICAS_MASK) >> 1
 
 
 MAX_TEXT_BYTES = 128
@@ -196,6 +209,11 @@ class Job:
         return bool(self.flags & FLAG_ON_VERIFY)
 
     @property
+    def replicas(self) -> int:
+        """Seats of the replicated job this job is a seat of; 0 for a single job."""
+        return replicas_of(self.flags)
+
+    @property
     def fee(self) -> int:
         """Platform fee taken at release, in wei."""
         return self.bounty * self.fee_bps // 10_000
@@ -236,6 +254,15 @@ def job_id(submitter: str, spec_cid: str, salt: bytes) -> bytes:
             [to_checksum_address(submitter), cid_digest(spec_cid), salt],
         )
     )
+
+
+def seat_ids(group_id: bytes, replicas: int) -> list[bytes]:
+    """The job ids of a replicated job's seats: ``keccak256(abi.encode(groupId, i))``."""
+    if len(group_id) != 32:
+        raise ValueError(f"group id must be 32 bytes, got {len(group_id)}")
+    if not 2 <= replicas <= MAX_REPLICAS:
+        raise ValueError(f"replicas must be 2..{MAX_REPLICAS}, got {replicas}")
+    return [keccak(encode(["bytes32", "uint256"], [group_id, i])) for i in range(replicas)]
 
 
 def commitment(job: Job, status: Status) -> int:
@@ -342,7 +369,10 @@ def apply_event(state: JobState | None, name: str, args: Mapping[str, Any]) -> J
         _expect(state, name, Status.SUBMITTED, Status.DISPUTED)
         return replace(state, status=Status.RELEASED)
     if name == "JobRefunded":
-        _expect(state, name, Status.FUNDED, Status.ASSIGNED)
+        if job.replicas:  # `resolve` refunds a seat whose result it did not pay
+            _expect(state, name, Status.FUNDED, Status.ASSIGNED, Status.SUBMITTED)
+        else:
+            _expect(state, name, Status.FUNDED, Status.ASSIGNED)
         return replace(state, status=Status.REFUNDED)
     raise ValueError(f"not a job event: {name}")
 

@@ -188,6 +188,32 @@ def demo(grid: LocalGrid, args: argparse.Namespace, started: float) -> int:
             f"funded {spec.name}: job {job_id} (tx {sent.tx_hash}, {BOUNTY / 1e18} ETH, "
             f"{mode}, collateral {terms.collateral / 1e18} ETH, mediator {terms.mediator})"
         )
+    groups: dict[str, list[str]] = {}
+    if len(grid.agents) >= 2:
+        k = min(3, len(grid.agents))
+        spec = specs(grid, dataset_cid, module_cid)[-1 if grid.dockerd is None else 1]
+        spec = spec.model_copy(update={"name": f"csv stats, replicated x{k} (wasm)"})
+        spec_cid = grid.ipfs.add_bytes(spec.to_bytes())
+        now = int(grid.w3.eth.get_block("latest")["timestamp"])
+        terms = grid.escrow.default_terms(BOUNTY, submitter.address)
+        group, seats, sent = grid.escrow.create_replicated(
+            submitter, os.urandom(32), spec_cid, now + 1800, k * BOUNTY, k, terms
+        )
+        group_id = "0x" + group.hex()
+        groups[group_id] = []
+        for i, seat in enumerate(seats):
+            job_id = "0x" + seat.job_id.hex()
+            groups[group_id].append(job_id)
+            jobs[job_id] = {
+                "name": f"{spec.name} seat {i}",
+                "state": "funded",
+                "fund_tx": sent.tx_hash,
+            }
+        log(
+            f"funded {spec.name}: group {group_id} as {k} seats (tx {sent.tx_hash}, "
+            f"{k * BOUNTY / 1e18} ETH), run by {k} distinct providers, paid when their outputs "
+            f"agree (collateral {terms.collateral / 1e18} ETH per seat)"
+        )
     funded_at = time.monotonic()
     deadline = funded_at + args.timeout
     with Live(table(jobs), console=console, refresh_per_second=4) as live:
@@ -207,6 +233,19 @@ def demo(grid: LocalGrid, args: argparse.Namespace, started: float) -> int:
     if not console.is_terminal:
         console.line()  # Live leaves its last table line open in a pipe
     log(f"jobs settled {time.monotonic() - funded_at:.1f} s after funding")
+    for group_id in groups:
+        verdict = [
+            e
+            for e in grid.escrow.events(grid.deployment.block)
+            if e.name == "Resolved" and "0x" + bytes(e.args["groupId"]).hex() == group_id
+        ]
+        if verdict:
+            v = verdict[0]
+            log(
+                f"replicated group {group_id}: {v.args['agreeing']} of {v.args['replicas']} "
+                f"providers agreed (result digest 0x{bytes(v.args['resultDigest']).hex()}, "
+                f"tx {v.tx_hash})"
+            )
     return report(grid, jobs)
 
 

@@ -36,6 +36,7 @@ from scheduler.store import (
     ConflictError,
     NodeRow,
     NotFoundError,
+    OfferRefusedError,
     ReplayError,
     ShortOfCollateralError,
 )
@@ -276,10 +277,14 @@ async def accept(
         )
     except NotFoundError as exc:
         raise _bad(str(exc), 404) from None
-    except ShortOfCollateralError as exc:
+    except OfferRefusedError as exc:
         why = str(exc)
         await asyncio.to_thread(store.offer_refused, job_id, node.node_id, body.attempt, why)
-        grid.count("offers_short_of_collateral")
+        grid.count(
+            "offers_short_of_collateral"
+            if isinstance(exc, ShortOfCollateralError)
+            else "offers_seat_taken"
+        )
         return AcceptAck(job_id=job_id, accepted=False, message=why)
     except ConflictError as exc:
         raise _bad(str(exc), 409) from None

@@ -42,7 +42,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar, cast
 
@@ -205,6 +205,10 @@ class TxSender:
         """Pay a Submitted result nobody objected to once the challenge window has passed (or a
         Disputed one the mediator left unruled for ``mediationWindow``); anyone may."""
         return self.send_job("finalize", state)
+
+    def resolve(self, group_id: bytes, seats: Sequence[JobState]) -> Sent:
+        """Resolve a replicated job's seats (given in seat order); anyone may."""
+        return self.send("resolve", group_id, [s.job.as_tuple() for s in seats])
 
     def send_job(self, fn_name: str, state: JobState, *extra: Any) -> Sent:
         """``fn_name(jobId, job, *extra)`` for the job ``state`` describes."""

@@ -38,8 +38,10 @@ __all__ = ["NotYetError", "OutboxRules", "not_yet"]
 log = logging.getLogger(__name__)
 
 _TOO_EARLY = re.compile(
-    r"(JobEscrowTooEarly|JobEscrowChallengeWindowOpen)\(.*?(?:allowedAt|claimableAt)=(\d+)"
+    r"(JobEscrowTooEarly|JobEscrowChallengeWindowOpen|JobEscrowNoMajority)\(.*?"
+    r"(?:allowedAt|claimableAt|resolvableAt)=(\d+)"
 )
+_SEATS_PENDING = re.compile(r"JobEscrowSeatsPending\(.*?deadline=(\d+)")
 
 
 class NotYetError(ChainError):
@@ -52,10 +54,14 @@ class NotYetError(ChainError):
 
 def not_yet(exc: ChainError) -> NotYetError | None:
     """``exc`` as a :class:`NotYetError` when it is a "too early" revert, else None."""
-    match = _TOO_EARLY.search(exc.reason or str(exc))
-    if match is None:
-        return None
-    return NotYetError(str(exc), float(match.group(2)), exc.reason)
+    text = exc.reason or str(exc)
+    match = _TOO_EARLY.search(text)
+    if match is not None:
+        return NotYetError(str(exc), float(match.group(2)), exc.reason)
+    pending = _SEATS_PENDING.search(text)
+    if pending is not None:  # a seat may still deliver until its deadline
+        return NotYetError(str(exc), float(pending.group(1)) + 1, exc.reason)
+    return None
 
 
 class OutboxRules:
@@ -72,6 +78,7 @@ class OutboxRules:
             "relay": self._relay,
             "finalize": self._finalize,
             "unassign": self._unassign,
+            "resolve": self._resolve,
         }
 
     def send(self, sender: TxSender, item: OutboxItem) -> None:
@@ -101,6 +108,10 @@ class OutboxRules:
             self.store.assign_failed(item.job_id, int(item.payload["attempt"]), reason)
         elif item.kind == "unassign":
             log.warning("job %s: unassign refused: %s", item.job_id, reason)
+        elif item.kind == "resolve":
+            # the seats stay as the chain has them: anyone may resolve the group later, and the
+            # watcher folds it whoever does
+            log.warning("job %s: resolve refused: %s", item.job_id, reason)
         else:
             self.store.fail_job(item.job_id, f"{item.kind} refused on-chain: {reason}")
 
@@ -184,7 +195,10 @@ class OutboxRules:
             self.store.apply_sent(item.job_id, sent.events)
             tx = sent.tx_hash
             state = self.store.job(item.job_id).chain
-        if state.status is Status.SUBMITTED:
+        if state.status is Status.SUBMITTED and state.job.replicas:
+            self.store.seat_relayed(item.job_id)
+            self.count("results_relayed")
+        elif state.status is Status.SUBMITTED:
             self.store.relayed(item.job_id, state.job.since + self.challenge_window(sender))
             self.count("results_relayed")
         elif state.status not in (Status.DISPUTED, Status.RELEASED):
@@ -205,6 +219,27 @@ class OutboxRules:
         if tx is not None or state.status is Status.RELEASED:
             self._paid(item, tx)
         return tx
+
+    def _resolve(self, sender: TxSender, item: OutboxItem) -> str | None:
+        """Resolve a replicated job (``payload.group``): pay the agreeing seats, slash the
+        others. Nothing to send when no seat is open any more (resolved meanwhile, by anyone).
+        Refused as too early while a seat may still deliver (``JobEscrowSeatsPending``: retried
+        after the deadline) or while no majority agrees (``JobEscrowNoMajority``: the mediator
+        may rule on the seats meanwhile; retried when the escrow lets anyone close it)."""
+        group = str(item.payload["group"])
+        seats = self.store.seats(group)
+        k = seats[0].chain.job.replicas if seats else 0
+        if len(seats) != k:
+            raise ChainError(
+                f"replicated job {group}: {len(seats)} of its {k} seats are known here",
+                "SeatsUnknown",
+            )
+        if all(s.chain.status.terminal for s in seats):
+            return None
+        sent = sender.resolve(bytes.fromhex(group[2:]), [s.chain for s in seats])
+        self.store.apply_sent(item.job_id, sent.events)  # every seat's events
+        self.count("groups_resolved")
+        return sent.tx_hash
 
     def _unassign(self, sender: TxSender, item: OutboxItem) -> str | None:
         """Take the job back from ``provider`` (any provider when the row names none)."""

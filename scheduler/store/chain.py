@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy import BigInteger, Column, Connection, String, Table, delete, insert, select, update
 
-from gridmarket.escrow import JOB_EVENTS, JobState, apply_event
+from gridmarket.escrow import JOB_EVENTS, JobState, Status, apply_event, seat_ids
 from scheduler import lifecycle
 from scheduler.lifecycle import Event, State
 from scheduler.matching.reputation import Outcome
@@ -86,6 +86,7 @@ class ChainStore(JobStore):
                 if oldest is not None:
                     conn.execute(delete(chain_blocks).where(chain_blocks.c.block < oldest))
             queued = conn.info.pop("queued", 0)
+            conn.info.pop("slashed", None)
         if queued:
             self.on_queued(queued)
         return created
@@ -201,6 +202,7 @@ class ChainStore(JobStore):
             for ev in events:
                 self._apply_event(conn, ev)
             queued = conn.info.pop("queued", 0)
+            conn.info.pop("slashed", None)
         if queued:
             self.on_queued(queued)
 
@@ -282,6 +284,29 @@ class ChainStore(JobStore):
             values["output_cid"] = new.output_cid  # the struct's output, whatever our state
         if to is None:
             pass  # a step we took ourselves (assign, unassign, relay): the struct only
+        elif event is Event.REFUNDED_ON_CHAIN and job.chain.status is Status.SUBMITTED:
+            # a seat of a replicated job that `resolve` did not pay
+            slashed = job_id in conn.info.get("slashed", set())
+            if job.node_id and job.state in lifecycle.OPEN:
+                if holds:
+                    self._free_slot(conn, job.node_id)
+                    self._held_drop(job.node_id, [job_id])
+                if slashed:
+                    self._reputation(conn, job.node_id, Outcome.REJECTED)
+                why = (
+                    "outvoted: its result disagreed with the majority"
+                    if slashed
+                    else ("no majority of the seats agreed; refunded, nobody slashed")
+                )
+                outcome = "outvoted" if slashed else "refunded"
+                self._end_attempt(conn, job_id, job.attempt, outcome, why)
+            reason = (
+                "refunded to the submitter: this seat's result disagreed with the majority and "
+                f"its provider {job.chain.job.provider} lost its collateral"
+                if slashed
+                else "refunded to the submitter: the seats never reached a majority"
+            )
+            values.update(state=to.value, reason=reason, node_id=None)
         elif event is Event.REFUNDED_ON_CHAIN:
             if job.node_id and job.state in lifecycle.OPEN:
                 if holds:
@@ -379,6 +404,7 @@ class ChainStore(JobStore):
                 return
             detail: dict[str, Any] = {"tx": ev.tx_hash, "block": ev.block}
             if ev.name == "ProviderSlashed":
+                conn.info.setdefault("slashed", set()).add(job_id)
                 detail.update(
                     provider=args["provider"],
                     amount=str(args["amount"]),
@@ -394,6 +420,25 @@ class ChainStore(JobStore):
                     reason=raw.decode("utf-8", "replace") if raw is not None else str(reason),
                 )
             self._audit(conn, "job", job_id, "chain:" + ev.name, **detail)
+        elif ev.name == "Resolved":
+            group = "0x" + bytes(args["groupId"]).hex()
+            digest = bytes(args["resultDigest"])
+            for job_id in [
+                "0x" + i.hex() for i in seat_ids(bytes(args["groupId"]), int(args["replicas"]))
+            ]:
+                if conn.execute(select(jobs.c.job_id).where(jobs.c.job_id == job_id)).first():
+                    self._audit(
+                        conn,
+                        "job",
+                        job_id,
+                        "chain:Resolved",
+                        group=group,
+                        result_digest="0x" + digest.hex(),
+                        agreeing=int(args["agreeing"]),
+                        replicas=int(args["replicas"]),
+                        tx=ev.tx_hash,
+                        block=ev.block,
+                    )
         elif ev.name == "MediatorListed":
             self._audit(
                 conn,

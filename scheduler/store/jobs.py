@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, case, func, select, update
 
 from gridmarket.cid import CidError, same_cid
-from gridmarket.escrow import Status
+from gridmarket.escrow import Status, seat_ids
 from gridmarket.wire import JobSpec, ResultReport
 from scheduler import lifecycle
 from scheduler.lifecycle import Event, Fault, State
@@ -21,7 +21,7 @@ from scheduler.matching.reputation import Outcome
 
 from .outbox import OutboxStore
 from .reputation import ReputationStore
-from .rows import ConflictError, JobRow, NotFoundError, ShortOfCollateralError
+from .rows import ConflictError, JobRow, NotFoundError, SeatTakenError, ShortOfCollateralError
 from .tables import attempts, jobs, nodes
 
 __all__ = ["TIMED_OUT", "JobStore"]
@@ -375,12 +375,18 @@ class JobStore(ReputationStore, OutboxStore):
                 if job.chain.job.on_verify:
                     kind, payload = ("release", {}) if posted else ("settle", signed)
                     reason = f"verified ({detail}); paying the provider"
+                elif posted and job.chain.job.replicas:
+                    kind, payload = "resolve", {"group": job.salt}
+                    reason = f"verified ({detail}); paid when the seats' results agree"
                 elif posted:
                     kind, payload = "finalize", {}
                     reason = (
                         f"verified ({detail}); the result is on-chain: finalized once the "
                         "challenge window has passed"
                     )
+                elif job.chain.job.replicas:
+                    kind, payload = "relay", signed
+                    reason = f"verified ({detail}); relaying the result: paid when the seats agree"
                 else:
                     kind, payload = "relay", signed
                     reason = (
@@ -542,6 +548,8 @@ class JobStore(ReputationStore, OutboxStore):
                 )
             to = lifecycle.step(job.state, Event.ACCEPTED).value
             wallet = self._node(conn, node_id, lock=free_collateral is not None).wallet
+            if job.chain.job.replicas:
+                self._claim_seat(conn, job, wallet)
             if free_collateral is not None:
                 pending = self._collateral_pending(conn, wallet, job_id)
                 needed = job.chain.job.collateral
@@ -574,6 +582,81 @@ class JobStore(ReputationStore, OutboxStore):
             )
             self._audit(conn, "job", job_id, "accepted", node_id=node_id, attempt=attempt)
             return to
+
+    def _siblings(self, conn: Connection, job: JobRow) -> list[JobRow]:
+        """The other seats of the replicated job ``job`` is a seat of (its ``salt`` is the
+        group id; only seats carry replica flags, and a group id hashes in its submitter)."""
+        q = select(jobs).where(jobs.c.salt == job.salt, jobs.c.job_id != job.job_id)
+        return [
+            row
+            for row in map(JobRow.of, conn.execute(q))
+            if row.chain.job.replicas == job.chain.job.replicas
+            and row.chain.job.submitter == job.chain.job.submitter
+        ]
+
+    def _claim_seat(self, conn: Connection, job: JobRow, wallet: str) -> None:
+        """Refuse ``wallet`` a seat when it holds another seat of the same replicated job (on
+        chain, or accepted and not yet mined); otherwise keep it off the other seats from now
+        on (``excluded_wallets``), so its result is counted once."""
+        me = wallet.lower()
+        for sib in self._siblings(conn, job):
+            holder = sib.chain.job.provider.lower()
+            if holder != me and sib.acceptance is not None and sib.node_id is not None:
+                holder = self._node(conn, sib.node_id).wallet.lower()
+            if holder == me:
+                raise SeatTakenError(
+                    f"{wallet} already holds seat {sib.job_id} of this replicated job: each "
+                    "seat goes to a distinct provider"
+                )
+        for sib in self._siblings(conn, job):
+            if me not in sib.excluded_wallets:
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.job_id == sib.job_id)
+                    .values(excluded_wallets=[*sib.excluded_wallets, me])
+                )
+
+    def seats(self, group: str) -> list[JobRow]:
+        """The seats of replicated job ``group`` (0x hex) this scheduler knows, in seat order
+        (``keccak256(abi.encode(groupId, i))``); a seat it never saw is left out."""
+        with self.reader.connect() as conn:
+            rows = {
+                r.job_id: r
+                for r in map(JobRow.of, conn.execute(select(jobs).where(jobs.c.salt == group)))
+                if r.chain.job.replicas
+            }
+        if not rows:
+            return []
+        k = next(iter(rows.values())).chain.job.replicas
+        ids = ["0x" + i.hex() for i in seat_ids(bytes.fromhex(group[2:]), k)]
+        return [rows[i] for i in ids if i in rows]
+
+    def seat_relayed(self, job_id: str) -> None:
+        """A seat's result is on-chain: ``resolve`` the replicated job once every seat has one
+        (now, if this was the last), else at its deadline (a seat that never delivers cannot
+        hold the others' pay back longer)."""
+        with self.engine.begin() as conn:
+            job = self._job(conn, job_id, lock=True)
+            siblings = self._siblings(conn, job)
+            waiting = [
+                s.job_id for s in siblings if s.chain.status in (Status.FUNDED, Status.ASSIGNED)
+            ]
+            k = job.chain.job.replicas
+            if waiting:
+                at: float | None = float(job.chain.job.deadline + 1)
+                reason = (
+                    f"result on-chain; {len(waiting)} of {k} seats still running: resolved when "
+                    f"every seat has a result, or after the deadline (chain time {int(at or 0)})"
+                )
+            else:
+                at = None
+                reason = f"result on-chain; every seat of {k} has one: resolving"
+            self._outbox(conn, job_id, "resolve", {"group": job.salt}, not_before=at)
+            conn.execute(
+                update(jobs)
+                .where(jobs.c.job_id == job_id, jobs.c.state == State.SETTLING.value)
+                .values(reason=reason, updated_at=self.clock())
+            )
 
     def offer_refused(self, job_id: str, node_id: str, attempt: int, reason: str) -> str:
         """The offer of ``attempt`` cannot go on-chain for a reason of the provider's that is no

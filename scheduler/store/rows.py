@@ -47,9 +47,19 @@ class ConflictError(StoreError):
     """The request does not fit the current state (a stale attempt, a job not yours, ...)."""
 
 
-class ShortOfCollateralError(ConflictError):
+class OfferRefusedError(ConflictError):
+    """The offer cannot go on-chain for a reason of the provider's that is no fault of the node:
+    the lease ends and the job goes to another wallet (:meth:`JobStore.offer_refused`)."""
+
+
+class ShortOfCollateralError(OfferRefusedError):
     """The wallet's free collateral, less what its accepted jobs not yet assigned on-chain will
     lock, does not cover the job's collateral."""
+
+
+class SeatTakenError(OfferRefusedError):
+    """The job is a seat of a replicated job and the wallet already holds another of its seats:
+    a replicated job's seats go to distinct providers."""
 
 
 class ReplayError(StoreError):

@@ -1,5 +1,5 @@
-"""Stateful property test of escrow version 2: random sequences of every escrow function by
-random actors, a malicious operator among them.
+"""Stateful property test of the escrow (version 3): random sequences of every escrow function
+by random actors, a malicious operator among them, with single and replicated jobs.
 
 Actors: two submitters, three registered providers (one of them cheats: it delivers a bad output
 the mediator rules against), a provider that registers later, the mediator listed at deployment,
@@ -19,6 +19,12 @@ After every step:
   it (`rule(.., true)`), or the job's operator on a job funded on-verify (`settle`/`release`);
   every ProviderSlashed from the job's mediator ruling against the result, for exactly the
   job's collateral;
+- replicated jobs: a seat is paid by `resolve` only when the seats' results (Submitted or
+  already paid, one vote per distinct provider, as the model counts them before the call) agree
+  in a strict majority of k, and only the seats with that result; a seat is slashed by `resolve`
+  only for a result other than the majority's; `resolve` without a majority only refunds, and
+  only after the deadline plus the mediation window. The cheater is one wallet: holding two
+  seats of a job never makes its bad output the majority;
 - every job the step touched is stored exactly as its events fold (`statusOf`, `isCurrent` of
   the folded struct); the whole job table again at the end of each run.
 Each step is a real transaction on anvil. A call the contract refuses is first simulated (it
@@ -68,7 +74,16 @@ from hypothesis.stateful import (
 
 from devstack.anvil import Anvil, dev_accounts
 from gridmarket.eip712 import sign_acceptance, sign_result
-from gridmarket.escrow import FLAG_ON_VERIFY, JOB_EVENTS, JobState, Status, apply_event
+from gridmarket.escrow import (
+    FLAG_ON_VERIFY,
+    JOB_EVENTS,
+    ZERO_HASH,
+    JobState,
+    Status,
+    apply_event,
+    cid_digest,
+    seat_ids,
+)
 
 from .conftest import CHALLENGE, DISPUTE_DEPOSIT, MEDIATION_WINDOW, REASSIGN_DELAY, params
 
@@ -82,6 +97,8 @@ PHASES = (
 )
 SPECS = ["bafkreispec1", "bafkreispec2"]
 GOOD, BAD = "bafkreigoodoutput", "bafkreibadoutput"
+OTHER = "bafkreiothergoodoutput"
+"""An honest provider's other output (a job that is not quite deterministic): ties."""
 BOUNTIES = [10**15, 10**15 + 1, 3 * 10**17 + 7, 10**18]
 SLEEPS = [1, 59, REASSIGN_DELAY, CHALLENGE + 1, MEDIATION_WINDOW, 7 * 24 * 3600]
 DURATIONS = [3600, 120, 24 * 3600]
@@ -97,11 +114,12 @@ WEIGHTS = {
     "create": 4, "assign": 4, "unassign": 1, "submit": 2, "relay": 3, "release": 2,
     "finalize": 2, "dispute": 2, "rule_on": 2, "give_back": 1, "malicious_operator": 3,
     "withdraw": 1, "registry": 1, "collect_fees": 1, "sleep": 3, "progress": 8,
+    "create_group": 2, "resolve_group": 2,
 }  # fmt: skip
 ACTIONS = [name for name, weight in WEIGHTS.items() for _ in range(weight)]
 NEEDS_JOBS = {
     "assign", "unassign", "submit", "relay", "release", "finalize", "dispute", "rule_on",
-    "give_back", "malicious_operator",
+    "give_back", "malicious_operator", "resolve_group",
 }  # fmt: skip
 
 
@@ -289,6 +307,7 @@ class EscrowMachine(RuleBasedStateMachine):
         self.fees = 0
         self.seen_acceptances: list[tuple[str, bytes]] = []  # what the operator was ever given
         self.salts = 0
+        self.groups: dict[bytes, list[bytes]] = {}
         for p, stake in zip(self.providers, (2 * 10**18, 2 * 10**18, 10**18), strict=True):
             self._send(p, "registerProvider", "bafkreimeta", value=stake)
 
@@ -301,7 +320,12 @@ class EscrowMachine(RuleBasedStateMachine):
         """
         EscrowMachine.steps += 1
         self.clean = False
-        if args and isinstance(args[0], bytes) and len(args[0]) == 32 and fn != "createJob":
+        if (
+            args
+            and isinstance(args[0], bytes)
+            and len(args[0]) == 32
+            and fn not in ("createJob", "createReplicated")
+        ):
             self.touched.add(args[0])
         tx = {
             "from": account.address,
@@ -336,11 +360,69 @@ class EscrowMachine(RuleBasedStateMachine):
             assert decoded is not None, f"{fn} emitted a log the ABI does not know: {log}"
             events.append(decoded)
         before = dict(self.jobs)
+        resolved = next((a for name, a in events if name == "Resolved"), None)
+        if resolved is not None:
+            self._check_resolution(resolved, before, args)
         for name, a in events:
             if name in ("JobReleased", "ProviderSlashed"):
-                self._check_consent(name, a, before[bytes(a["jobId"])], account, fn, args)
+                prior = before[bytes(a["jobId"])]
+                if fn == "resolve":
+                    self._check_seat(name, a, prior, resolved)
+                else:
+                    self._check_consent(name, a, prior, account, fn, args)
+            elif name == "ReplicasCreated":
+                k = int(a["replicas"])
+                self.groups[bytes(a["groupId"])] = seat_ids(bytes(a["groupId"]), k)
             self._observe(name, a)
         return True
+
+    def _tally(self, seats: list[JobState]) -> tuple[bytes, int]:
+        """The model's count: the result digest with the most distinct providers among the
+        seats that voted (Submitted or Released)."""
+        voters: dict[bytes, set[str]] = defaultdict(set)
+        for seat in seats:
+            if seat.status in (Status.SUBMITTED, Status.RELEASED):
+                voters[seat.job.result_digest].add(seat.job.provider)
+        if not voters:
+            return ZERO_HASH, 0
+        best = max(voters.items(), key=lambda kv: len(kv[1]))
+        return best[0], len(best[1])
+
+    def _check_resolution(
+        self, a: dict[str, Any], before: dict[bytes, JobState], args: tuple[Any, ...]
+    ) -> None:
+        """A Resolved event says what the model's own count of the seats says."""
+        group = bytes(a["groupId"])
+        seats = [before[i] for i in self.groups[group]]
+        k = len(seats)
+        digest, agreeing = self._tally(seats)
+        if 2 * agreeing > k:
+            assert (bytes(a["resultDigest"]), a["agreeing"]) == (digest, agreeing), (
+                f"group 0x{group.hex()} resolved to {a}, the model counts {agreeing} for "
+                f"0x{digest.hex()}"
+            )
+            assert digest != cid_digest(BAD), "one cheating wallet outvoted honest providers"
+            EscrowMachine.paid_by["resolve: majority"] += 1
+        else:
+            assert bytes(a["resultDigest"]) == ZERO_HASH and a["agreeing"] == 0, a
+            deadline = seats[0].job.deadline
+            assert self.now >= deadline + MEDIATION_WINDOW, "no majority, resolved too early"
+            EscrowMachine.paid_by["resolve: no majority, refunded"] += 1
+
+    def _check_seat(
+        self, name: str, a: dict[str, Any], prior: JobState, resolved: dict[str, Any] | None
+    ) -> None:
+        """A seat paid or slashed by `resolve`: only against the majority's result."""
+        assert resolved is not None and prior.job.replicas, f"{name} by resolve, not a seat"
+        win = bytes(resolved["resultDigest"])
+        assert win != ZERO_HASH, f"{name} by resolve without a majority"
+        assert prior.status is Status.SUBMITTED, f"{name} of a seat in {prior.status.name}"
+        if name == "JobReleased":
+            assert prior.job.result_digest == win, "resolve paid a seat outside the majority"
+            assert a["provider"] == prior.job.provider
+        else:
+            assert prior.job.result_digest != win, "resolve slashed a seat of the majority"
+            assert a["amount"] == prior.job.collateral and a["toMediator"] == 0
 
     def _check_consent(
         self,
@@ -454,7 +536,10 @@ class EscrowMachine(RuleBasedStateMachine):
         return sign_result(signer, self.chain_id, self.escrow, job.job_id, attempt, out)
 
     def _output(self, job: JobState) -> str:
-        return BAD if job.job.provider == self.cheater.address else GOOD
+        if job.job.provider == self.cheater.address:
+            return BAD
+        # an honest provider of a replicated job sometimes gets another output: ties
+        return OTHER if job.job.replicas and job.job.attempt % 5 == 4 else GOOD
 
     # ------------------------------------------------------------------ rules
     @rule(data=st.data())
@@ -500,6 +585,52 @@ class EscrowMachine(RuleBasedStateMachine):
             flags,
             value=bounty,
         )
+
+    def create_group(self, data: st.DataObject) -> None:
+        """Fund a replicated job (k seats), sometimes wrongly (k, divisibility, flags)."""
+        k = data.draw(st.sampled_from([2, 3, 3]))
+        share = data.draw(st.sampled_from(BOUNTIES))
+        duration = data.draw(st.sampled_from(DURATIONS))
+        self.salts += 1
+        salt = self.salts.to_bytes(32, "big")
+        who = data.draw(st.sampled_from([*self.submitters, self.stranger]))
+        mediator = data.draw(st.sampled_from([self.mediator, self.mediator, who]))
+        value, flags = share * k, 0
+        wrong = self._wrong(data, "replicas", "value", "flags", "collateral")
+        if wrong == "replicas":
+            k = data.draw(st.sampled_from([0, 1, 6]))
+        elif wrong == "value":
+            value += 1
+        elif wrong == "flags":
+            flags = FLAG_ON_VERIFY
+        collateral = share - 1 if wrong == "collateral" else share
+        self._send(
+            who,
+            "createReplicated",
+            salt,
+            data.draw(st.sampled_from(SPECS)),
+            self.now + duration,
+            mediator.address,
+            collateral,
+            flags,
+            k,
+            value=value,
+        )
+
+    def resolve_group(self, data: st.DataObject) -> None:
+        """Anyone resolves a replicated job, with its seats' structs (sometimes out of order or
+        one short); the contract decides whether it may."""
+        if not self.groups:
+            self.create_group(data)
+            return
+        group = data.draw(st.sampled_from(sorted(self.groups)))
+        seats = [self.jobs[i].job.as_tuple() for i in self.groups[group]]
+        wrong = self._wrong(data, "order", "short")
+        if wrong == "order":
+            seats.reverse()
+        elif wrong == "short":
+            seats = seats[:-1]
+        self._send(self._actor(data), "resolve", group, seats)
 
     def assign(self, data: st.DataObject) -> None:
         job = self._job(data, Status.FUNDED, Status.ASSIGNED)
@@ -575,6 +706,13 @@ class EscrowMachine(RuleBasedStateMachine):
             self._send(self.stranger, "refund", jid, tup)
         elif job.status is Status.FUNDED:
             provider = data.draw(st.sampled_from(self.providers))
+            if job.job.replicas:  # an honest operator gives the seats to distinct providers
+                holding = {
+                    self.jobs[i].job.provider for i in self.groups[job.salt] if i != job.job_id
+                }
+                free = [p for p in self.providers if p.address not in holding]
+                if free:
+                    provider = data.draw(st.sampled_from(free))
             sig = sign_acceptance(
                 provider, self.chain_id, self.escrow, jid, job.job.attempt + 1, job.job
             )
@@ -592,6 +730,23 @@ class EscrowMachine(RuleBasedStateMachine):
                 self._send(holder, "submitResult", jid, tup, out)
             else:
                 self._send(self.stranger, "submitResultFor", jid, tup, out, sig)
+        elif job.status is Status.SUBMITTED and job.job.replicas:
+            group = job.salt
+            seats = [self.jobs[i] for i in self.groups[group]]
+            how = data.draw(st.sampled_from(["resolve", "resolve", "resolve", "rule", "release"]))
+            if how == "rule":
+                mediator = self._by_address(job.job.mediator)
+                assert mediator is not None
+                self._send(mediator, "rule", jid, tup, job.output_cid == GOOD)
+            elif how == "release":
+                submitter = self._by_address(job.job.submitter)
+                assert submitter is not None
+                self._send(submitter, "release", jid, tup)
+            else:
+                waiting = any(s.status in (Status.FUNDED, Status.ASSIGNED) for s in seats)
+                if waiting and data.draw(st.integers(0, 3)) == 3:
+                    self._sleep_to(max(self.now, job.job.deadline + 1))
+                self._send(self._actor(data), "resolve", group, [s.job.as_tuple() for s in seats])
         elif job.status is Status.SUBMITTED:
             how = data.draw(st.sampled_from(["dispute", "release", "rule", "finalize"]))
             submitter = self._by_address(job.job.submitter)
@@ -829,5 +984,8 @@ def test_escrow_invariants_hold_under_random_use(project: Any) -> None:
     )
     print("refused: " + ", ".join(f"{k} {n}" for k, n in EscrowMachine.reasons.most_common()))
     # the run reached the interesting paths, not only refusals
-    for fn in ("assign", "settle", "release", "finalize", "dispute", "rule", "refund"):
+    for fn in (
+        "assign", "settle", "release", "finalize", "dispute", "rule", "refund",
+        "createReplicated", "resolve",
+    ):  # fmt: skip
         assert EscrowMachine.accepted[fn] > 0 or TARGET_STEPS < 1000, f"no {fn} was accepted"

@@ -372,6 +372,11 @@ class WireProvider:
     def report_forged(self, assignment: dict[str, Any]) -> str:
         """Report success with a CID of bytes it never ran nor uploaded; returns that CID."""
         forged = bytes_cid(os.urandom(64))  # CIDv1 raw: valid, on no IPFS node
+        self.report_result(assignment, forged)
+        return forged
+
+    def report_result(self, assignment: dict[str, Any], forged: str) -> None:
+        """Report success with output ``forged`` (signed by this wallet) without running."""
         sig = sign_result(
             self.account,
             assignment["chain_id"],
@@ -394,4 +399,3 @@ class WireProvider:
             headers=self.auth,
         )
         assert r.status_code in (200, 202), r.text
-        return forged
