@@ -21,9 +21,11 @@ from web3.exceptions import TransactionNotFound
 from gridmarket.chain import ChainError, EscrowClient, Sent
 from gridmarket.eip712 import sign_result
 from gridmarket.escrow import ZERO_ADDRESS, JobState, Status
+from gridmarket.wire import JobSpec, NodeCapacityIn
 from scheduler.chain import (
     Call,
     ChainUnavailableError,
+    ChainWatcher,
     FeeCapExceededError,
     FeePolicy,
     RetryPolicy,
@@ -33,7 +35,9 @@ from scheduler.chain import (
     nonces,
 )
 from scheduler.chain.sender import REGISTRY, bumped
-from scheduler.service.outbox_rules import not_yet
+from scheduler.service.loops import OutboxLoop
+from scheduler.service.outbox_rules import OutboxRules, not_yet
+from scheduler.store import Claim, Store
 
 from ..conftest import Devnet
 from .chain_support import (
@@ -1020,3 +1024,91 @@ def test_restart_with_a_batch_in_flight_sends_nothing_twice(own_chain: OwnChain)
     assert client.w3.eth.get_transaction_receipt(old["hash"])["status"] == 1
     for st in states:
         assert job_events(client, st, "JobAssigned") == 1
+
+
+# --------------------------------------------------------------------------- the outbox, batched
+
+SPEC = JobSpec.model_validate({"executor": "docker", "image": "busybox:1", "command": ["true"]})
+CAP = NodeCapacityIn(
+    cpu_cores=8, ram_mib=16384, disk_mib=100_000, region="us", executors=["docker"]
+)
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    """The scheduler's store on SQLite and on PostgreSQL (tests/scheduler/conftest.py)."""
+    s = Store(db_url)
+    s.migrate()
+    yield s
+    s.close()
+
+
+def _accepted(
+    store: Store, client: EscrowClient, watcher: ChainWatcher, own_chain: OwnChain, n: int
+) -> list[tuple[str, LocalAccount]]:
+    """``n`` jobs funded, each offered to its own provider's node and accepted: ``n`` assign
+    rows in the outbox. The second carries a bad acceptance (another provider's signature)."""
+    out = []
+    for i in range(n):
+        provider = own_chain.providers[i]
+        ensure_provider(client, provider, 2 * own_chain.params.min_stake)
+        state = create_job(client, own_chain.submitter, on_verify=True)
+        job_id = "0x" + state.job_id.hex()
+        watcher.poll_once()
+        assert store.set_spec(job_id, SPEC) == "queued"
+        node_id = store.register_node(
+            wallet=provider.address,
+            name=f"gpu{i}",
+            capacity=CAP,
+            tier="cpu",
+            agent_version="t",
+            nonce=1,
+        ).node_id
+        won = store.dispatch(
+            lambda rows, j=job_id, nd=node_id: [Claim(j, nd)], limit=8, lease_ttl=300.0
+        )
+        signer = own_chain.providers[n] if i == 1 else provider
+        signature = "0x" + acceptance(client, state, signer).hex()
+        assert store.accept(job_id, node_id, won[0].job.attempt, signature) == "leased"
+        out.append((job_id, provider))
+    return out
+
+
+def test_the_outbox_sends_ready_rows_in_one_transaction(own_chain: OwnChain, store: Store) -> None:
+    """Three assign rows ready at once: the two good ones go in one multicall transaction (one
+    nonce), each row done with that hash and its job's fold as the chain's; the one that would
+    revert is refused alone (failed with its error, the lease ended) without sinking them."""
+    client = own_chain.client()
+    watcher = ChainWatcher(client, _Cursor(store), store.apply_chain_events, reorgs=store)
+    jobs = _accepted(store, client, watcher, own_chain, 3)
+    assert [i.kind for i in store.outbox_pending()] == ["assign"] * 3
+    nonce = nonce_of(client, own_chain.operator)
+    loop = OutboxLoop(store, client, own_chain.operator, OutboxRules(store, lambda _: None))
+    assert loop.once() == 3
+    assert nonce_of(client, own_chain.operator) == nonce + 1
+    rows = [store.outbox_of(job_id)[0] for job_id, _ in jobs]
+    assert [r["status"] for r in rows] == ["done", "failed", "done"]
+    assert rows[0]["tx_hash"] == rows[2]["tx_hash"] is not None
+    assert rows[1]["error"].startswith("JobEscrowBadSignature"), rows[1]["error"]
+    tx = client.w3.eth.get_transaction(HexBytes(rows[0]["tx_hash"]))
+    assert bytes(tx["input"])[:4] == bytes(client.encode("multicall", []))[:4]
+    for (job_id, provider), want in zip(
+        jobs, (Status.ASSIGNED, Status.FUNDED, Status.ASSIGNED), strict=True
+    ):
+        truth = client.job_state(bytes.fromhex(job_id[2:]))
+        assert truth.status is want
+        assert store.job(job_id).chain == truth  # folded from the batch's receipt at once
+        if want is Status.ASSIGNED:
+            assert truth.job.provider == provider.address
+    assert store.job(jobs[1][0]).state != "leased"  # the refused acceptance ended that lease
+    assert store.outbox_pending() == []
+    assert loop.once() == 0  # nothing left, nothing sent again
+    assert nonce_of(client, own_chain.operator) == nonce + 1
+
+
+class _Cursor:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def load(self) -> int | None:
+        return self.store.chain_cursor()
