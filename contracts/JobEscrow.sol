@@ -593,6 +593,36 @@ contract JobEscrow is ProviderRegistry {
         _withdraw(to);
     }
 
+    // ================================================================ batching
+
+    /// @notice Make several calls of this contract in one transaction, in order, each with
+    ///         the caller's identity (the scheduler sends its ready operator steps this way:
+    ///         one intrinsic 21,000 gas for the batch). Each call's checks are its own: inside a
+    ///         batch `msg.sender` is the caller, so only a job's operator passes its operator
+    ///         checks. If any call reverts, the whole batch reverts with that call's error.
+    /// @dev Non-payable on purpose: a delegatecall keeps `msg.value`, so a payable multicall
+    ///      would let one deposit be counted by several payable calls (`createJob`, `dispute`,
+    ///      `stake`); here `msg.value` is always 0 inside, and a payable call needing ETH is
+    ///      refused by its own check. Reentrancy is unchanged: every call is a delegatecall to
+    ///      this code, so the transient `_locked` guard of `withdraw` is the same slot inside
+    ///      and outside a batch (a receiver re-entering through `multicall` still meets it), and
+    ///      no other function sends ETH (pull payments), so no call in a batch hands control to
+    ///      anyone before the state of the ones before it is written.
+    /// @param data ABI-encoded calls of this contract's functions.
+    /// @return results Each call's return data.
+    function multicall(bytes[] calldata data) external returns (bytes[] memory results) {
+        results = new bytes[](data.length);
+        for (uint256 i; i < data.length; ++i) {
+            (bool ok, bytes memory ret) = address(this).delegatecall(data[i]);
+            if (!ok) {
+                assembly ("memory-safe") {
+                    revert(add(ret, 32), mload(ret))
+                }
+            }
+            results[i] = ret;
+        }
+    }
+
     // ================================================================ admin
 
     /// @notice Propose `newOwner`; ownership moves when it calls `acceptOwnership`.

@@ -5,6 +5,9 @@ protocols taken here (docs/scheduler-chain.md)."""
 from gridmarket.chain import ChainError, Event, Sent
 from scheduler.chain.retry import ChainUnavailableError, RetryPolicy, is_transient
 from scheduler.chain.sender import (
+    BATCH_MAX_CALLS,
+    BATCH_MAX_GAS,
+    Call,
     FeeCapExceededError,
     FeePolicy,
     TxOutcomeUnknownError,
@@ -22,6 +25,9 @@ from scheduler.chain.watcher import (
 )
 
 __all__ = [
+    "BATCH_MAX_CALLS",
+    "BATCH_MAX_GAS",
+    "Call",
     "ChainError",
     "ChainUnavailableError",
     "ChainWatcher",

@@ -43,7 +43,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar, cast
 
 from eth_account.signers.local import LocalAccount
@@ -71,6 +71,7 @@ from scheduler.chain.fees import (
 from scheduler.chain.in_flight import adopted, pool_of
 from scheduler.chain.nonces import Broadcast, sequence_for
 from scheduler.chain.retry import (
+    ChainUnavailableError,
     Deadline,
     RetryPolicy,
     Throttle,
@@ -81,7 +82,10 @@ from scheduler.chain.retry import (
 from scheduler.chain.tx_metrics import REGISTRY
 
 __all__ = [
+    "BATCH_MAX_CALLS",
+    "BATCH_MAX_GAS",
     "REGISTRY",
+    "Call",
     "FeeCapExceededError",
     "FeePolicy",
     "TxOutcomeUnknownError",
@@ -118,6 +122,40 @@ class _NonceTakenError(Exception):
 
 class _NonceTooLowError(Exception):
     """Internal: the node refused our nonce and does not know our transaction."""
+
+
+BATCH_MAX_CALLS = 16
+"""The outbox's default bound on calls per ``multicall`` transaction (``send_many``)."""
+BATCH_MAX_GAS = 3_000_000
+"""The outbox's default bound on the summed gas estimates of one batch (a tenth of a 30M block)."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One escrow call of the operator: ``fn_name(*args)`` (a job step, for a batch)."""
+
+    fn_name: str
+    args: tuple[Any, ...]
+
+    @classmethod
+    def job(cls, fn_name: str, state: JobState, *extra: Any) -> Call:
+        """``fn_name(jobId, job, *extra)`` for the job ``state`` describes."""
+        return cls(fn_name, (state.job_id, state.job.as_tuple(), *extra))
+
+
+def _chunks(ready: list[tuple[int, int]], max_calls: int, max_gas: int) -> Iterator[list[int]]:
+    """Indexes of ``ready`` calls, in order, in groups of at most ``max_calls`` whose gas adds up
+    to at most ``max_gas`` (a call above ``max_gas`` alone goes in a group of its own)."""
+    group: list[int] = []
+    gas = 0
+    for i, g in ready:
+        if group and (len(group) >= max_calls or gas + g > max_gas):
+            yield group
+            group, gas = [], 0
+        group.append(i)
+        gas += g
+    if group:
+        yield group
 
 
 def apply_sent(state: JobState, sent: Sent) -> JobState:
@@ -218,14 +256,7 @@ class TxSender:
     def send(self, fn_name: str, *args: Any, value: int = 0) -> Sent:
         """Send ``fn_name(*args)`` from the operator key and wait for it to be mined."""
         deadline = Deadline(self.retry.deadline_s)
-        if self._seq.waiting == 0:
-            # Nothing of ours in flight, yet the account may have pending transactions: an
-            # earlier process's (a restart), or ours given up on (TxOutcomeUnknownError). They
-            # are settled before anything is estimated, so a step already sent is seen on-chain
-            # (and refused by the estimate) instead of being sent again behind it.
-            with self._seq.lock:
-                if self._seq.waiting == 0:
-                    self._adopt_in_flight(fn_name)
+        self._settle_in_flight(fn_name)
         for rebuild in range(_MAX_REBUILDS + 1):
             params = self._retrying(
                 f"{fn_name}: estimate",
@@ -267,6 +298,85 @@ class TxSender:
             "is another process sending with the operator key?"
         )
 
+    def send_many(
+        self,
+        calls: Sequence[Call],
+        *,
+        max_calls: int = BATCH_MAX_CALLS,
+        max_gas: int = BATCH_MAX_GAS,
+    ) -> list[Sent | ChainError]:
+        """Send ``calls`` (operator calls of different jobs, independent of each other) in as
+        few transactions as the bounds allow: ``multicall`` batches of at most ``max_calls``
+        calls whose estimates add up to at most ``max_gas``; one call alone is sent as itself.
+
+        Returns one outcome per call, in order: the mined transaction that carried it (the
+        same :class:`Sent` for every call of a batch; fold it with :func:`apply_sent`), or the
+        :class:`ChainError` that refused it (``reason`` set for a revert), exactly what
+        :meth:`send` would have raised for that call alone. Each call is preflighted first (its
+        gas estimate runs it on the latest state), so a call that would revert is answered
+        with its error and never joins a batch; a batch that still reverts (two calls that
+        pass alone but not together, e.g. one provider's collateral for two assigns, or the
+        state moved between estimate and block) is sent again call by call. Transient failures
+        (:class:`ChainUnavailableError`, :class:`TxOutcomeUnknownError`) are raised, as by
+        :meth:`send`; a batch is one nonce, so a restart with one in flight finds it in the
+        pool and settles it before any preflight (steps it made are then refused by their
+        estimates: ``JobEscrowJobMismatch``), and nothing is sent twice.
+        """
+        if max_calls < 1 or max_gas < 1:
+            raise ValueError(f"max_calls and max_gas must be >= 1, got {max_calls}, {max_gas}")
+        if len(calls) <= 1 or max_calls == 1:
+            return [self._one(call) for call in calls]
+        self._settle_in_flight("multicall")
+        out: list[Sent | ChainError | None] = [None] * len(calls)
+        ready: list[tuple[int, int]] = []  # (index, estimated gas) of calls that pass alone
+        deadline = Deadline(self.retry.deadline_s)
+        for i, call in enumerate(calls):
+            try:
+                params = self._retrying(
+                    f"{call.fn_name}: preflight",
+                    deadline,
+                    functools.partial(self.client.prepare, self.account, call.fn_name, *call.args),
+                )
+            except (ChainUnavailableError, TxOutcomeUnknownError):
+                raise
+            except ChainError as exc:
+                out[i] = exc
+                continue
+            ready.append((i, int(params.get("gas", 0))))
+        for chunk in _chunks(ready, max_calls, max_gas):
+            if len(chunk) == 1:
+                out[chunk[0]] = self._one(calls[chunk[0]])
+                continue
+            data = [self.client.encode(calls[i].fn_name, *calls[i].args) for i in chunk]
+            try:
+                sent = self.send("multicall", data)
+            except (ChainUnavailableError, TxOutcomeUnknownError):
+                raise
+            except ChainError as exc:
+                log.warning(
+                    "multicall of %d calls refused (%s); sending them one by one",
+                    len(chunk),
+                    exc.reason or exc,
+                )
+                metrics.BATCH_FALLBACKS.inc()
+                for i in chunk:
+                    out[i] = self._one(calls[i])
+                continue
+            metrics.BATCHED.inc(len(chunk))
+            for i in chunk:
+                out[i] = sent
+        assert all(o is not None for o in out)
+        return cast(list[Sent | ChainError], out)
+
+    def _one(self, call: Call) -> Sent | ChainError:
+        """``call`` sent alone: the mined transaction, or the error that refused it."""
+        try:
+            return self.send(call.fn_name, *call.args)
+        except (ChainUnavailableError, TxOutcomeUnknownError):
+            raise
+        except ChainError as exc:
+            return exc
+
     def lookup(self, tx_hash: str) -> Sent | None:
         """The mined transaction ``tx_hash`` (e.g. from :class:`TxOutcomeUnknownError`), None if it
         is not mined (yet). Raises :class:`ChainError` if it was mined and reverted."""
@@ -284,6 +394,16 @@ class TxSender:
             self._seq.next = None
 
     # ------------------------------------------------------------------ internals
+    def _settle_in_flight(self, fn_name: str) -> None:
+        if self._seq.waiting == 0:
+            # Nothing of ours in flight, yet the account may have pending transactions: an
+            # earlier process's (a restart), or ours given up on (TxOutcomeUnknownError). They
+            # are settled before anything is estimated, so a step already sent is seen on-chain
+            # (and refused by the estimate) instead of being sent again behind it.
+            with self._seq.lock:
+                if self._seq.waiting == 0:
+                    self._adopt_in_flight(fn_name)
+
     def _retrying(self, what: str, deadline: Deadline, fn: Callable[[], T]) -> T:
         return retrying(self.retry, what, deadline, fn)
 

@@ -35,3 +35,13 @@ MAX_FEE = Gauge(
     "gridmarket_tx_max_fee_per_gas_wei", "maxFeePerGas of the last transaction", registry=REGISTRY
 )
 CAP = Gauge("gridmarket_tx_fee_cap_wei", "The configured max fee per gas", registry=REGISTRY)
+BATCHED = Counter(
+    "gridmarket_tx_batched_calls",
+    "Operator calls mined inside a multicall batch (one transaction for several)",
+    registry=REGISTRY,
+)
+BATCH_FALLBACKS = Counter(
+    "gridmarket_tx_batch_fallbacks",
+    "Multicall batches refused as a whole and sent again call by call",
+    registry=REGISTRY,
+)

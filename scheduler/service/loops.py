@@ -27,14 +27,12 @@ from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import MAX_SPEC_BYTES, JobSpec, RunReason
 from scheduler import lifecycle
 from scheduler.chain import (
-    ChainUnavailableError,
     ChainWatcher,
     FeePolicy,
-    TxOutcomeUnknownError,
     TxSender,
 )
 from scheduler.settings import Settings
-from scheduler.store import JobRow, Store
+from scheduler.store import JobRow, OutboxItem, Store
 from scheduler.verify import verify_output
 
 from .outbox_rules import NotYetError, OutboxRules
@@ -155,7 +153,10 @@ class Watch:
 
 class OutboxLoop:
     """The outbox's pass: pending rows oldest first, each job's in order; a job whose row
-    failed waits for the next pass (its later rows depend on it)."""
+    failed waits for the next pass (its later rows depend on it). A pass goes in rounds: the
+    first pending row of every job, sent together (:meth:`OutboxRules.send_many`: the
+    operator calls batched in ``multicall`` transactions), then the next row of each, and so
+    on."""
 
     def __init__(
         self,
@@ -192,39 +193,50 @@ class OutboxLoop:
             )
         done = 0
         blocked: set[str] = set()
-        for item in items:
-            if item.job_id in blocked:
-                continue  # keep each job's transactions in order
+        remaining = items
+        while remaining:
+            # one round: the first pending row of each job, sent together (multicall batches)
+            now_round: list[OutboxItem] = []
+            later: list[OutboxItem] = []
+            seen: set[str] = set()
+            for item in remaining:
+                if item.job_id in blocked:
+                    continue  # keep each job's transactions in order
+                (later if item.job_id in seen else now_round).append(item)
+                seen.add(item.job_id)
+            if not now_round:
+                break
             try:
-                self.rules.send(self._sender, item)
-                done += 1
-            except NotYetError as exc:
-                # the escrow takes this step later (reassignDelay, challenge window): wait
-                self.store.outbox_defer(item.id, exc.at, f"waiting: {exc.reason or exc}")
-                blocked.add(item.job_id)
-            except (TxOutcomeUnknownError, ChainUnavailableError) as exc:
-                self.store.outbox_retry(item.id, line(exc))
-                blocked.add(item.job_id)
+                outcomes = self.rules.send_many(self._sender, now_round)
+            except Exception as exc:  # transient: RPC down, timeout, outcome unknown
+                for item in now_round:
+                    self.store.outbox_retry(item.id, line(exc))
                 raise
-            except ChainError as exc:
-                reason = exc.reason or str(exc)
-                if not self._state_current(item.job_id):
-                    # our copy of the job is behind the chain (a transaction whose receipt we
-                    # missed): let the watcher catch up, then decide again
-                    self.store.outbox_retry(item.id, f"stale job state: {reason}")
-                    blocked.add(item.job_id)
-                    continue
-                log.warning(
-                    "outbox %s %s for %s refused: %s", item.id, item.kind, item.job_id, reason
-                )
-                self.store.outbox_finish(item.id, status="failed", error=reason)
-                self.rules.refused(item, reason)
-                done += 1
-            except Exception as exc:  # transient: RPC down, timeout
-                self.store.outbox_retry(item.id, line(exc))
-                blocked.add(item.job_id)
-                raise
+            for item, outcome in zip(now_round, outcomes, strict=True):
+                done += self._record(item, outcome, blocked)
+            remaining = later
         return done
+
+    def _record(self, item: OutboxItem, outcome: ChainError | None, blocked: set[str]) -> int:
+        """Record one row's outcome; 1 if it is settled (done or refused for good)."""
+        if outcome is None:
+            return 1
+        if isinstance(outcome, NotYetError):
+            # the escrow takes this step later (reassignDelay, challenge window): wait
+            self.store.outbox_defer(item.id, outcome.at, f"waiting: {outcome.reason or outcome}")
+            blocked.add(item.job_id)
+            return 0
+        reason = outcome.reason or str(outcome)
+        if not self._state_current(item.job_id):
+            # our copy of the job is behind the chain (a transaction whose receipt we
+            # missed): let the watcher catch up, then decide again
+            self.store.outbox_retry(item.id, f"stale job state: {reason}")
+            blocked.add(item.job_id)
+            return 0
+        log.warning("outbox %s %s for %s refused: %s", item.id, item.kind, item.job_id, reason)
+        self.store.outbox_finish(item.id, status="failed", error=reason)
+        self.rules.refused(item, reason)
+        return 1
 
     def _chain_time(self) -> float:
         return float(self.chain.w3.eth.get_block("latest")["timestamp"])

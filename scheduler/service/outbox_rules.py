@@ -14,6 +14,13 @@ Each rule reads the job's on-chain struct first, so a retry after an unknown out
 send twice, and a step someone else already took (the provider submitted or handed back itself,
 the submitter released) is not sent again.
 
+Rows of different jobs that are ready together go out together (:meth:`OutboxRules.send_many`):
+each rule makes its call (:class:`~scheduler.chain.Call`), and
+:meth:`~scheduler.chain.TxSender.send_many` preflights them all and sends the ones that pass in
+``multicall`` batches (one intrinsic 21,000 gas for up to ``BATCH_MAX_CALLS`` calls; a batch
+that reverts is sent again call by call). Each row's outcome is then recorded as if it had been
+sent alone: its job's events folded, the row done, or its own refusal.
+
 The escrow refuses some steps only *for now*: the operator's ``unassign`` and reassign before
 ``reassignDelay`` (``JobEscrowTooEarly``) and ``finalize`` before the window closes
 (``JobEscrowChallengeWindowOpen``). Those raise :class:`NotYetError` with the chain time they
@@ -25,12 +32,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import NoReturn
 
-from gridmarket.chain import ChainError
-from gridmarket.escrow import Status
-from scheduler.chain import TxSender
+from gridmarket.chain import ChainError, Event, Sent
+from gridmarket.escrow import JOB_EVENTS, Status
+from scheduler.chain import Call, TxSender
 from scheduler.store import OutboxItem, Store
 
 __all__ = ["NotYetError", "OutboxRules", "not_yet"]
@@ -64,14 +72,44 @@ def not_yet(exc: ChainError) -> NotYetError | None:
     return None
 
 
+@dataclass
+class _Step:
+    """What a row needs: ``call`` (None: nothing to send, the chain has it already), then
+    ``after`` with the mined transaction's hash (None when nothing was sent), which returns
+    the hash recorded on the row; ``refusal`` turns a refusal of ``call`` into what the row
+    raises (e.g. "the job moved on meanwhile": retry later)."""
+
+    call: Call | None
+    after: Callable[[str | None], str | None]
+    refusal: Callable[[ChainError], NoReturn] | None = None
+    also: tuple[str, ...] = ()
+    """Other jobs whose events of the call are folded with the row's (a group's seats)."""
+
+
+def _same(tx: str | None) -> str | None:
+    return tx
+
+
+def _events_of(sent: Sent, job_id: str, also: Sequence[str] = ()) -> list[Event]:
+    """The events of ``sent`` that belong to ``job_id`` (and to the jobs ``also`` names): a
+    batch carries several jobs'."""
+    want = {bytes.fromhex(j.removeprefix("0x")) for j in (job_id, *also)}
+    return [
+        e
+        for e in sent.events
+        if e.name not in JOB_EVENTS or bytes(e.args.get("jobId", b"")) in want
+    ]
+
+
 class OutboxRules:
-    """Sends one outbox row (:meth:`send`); undoes what a refused one needed (:meth:`refused`)."""
+    """Sends outbox rows (:meth:`send_many`, :meth:`send`); undoes what a refused one needed
+    (:meth:`refused`)."""
 
     def __init__(self, store: Store, count: Callable[[str], None]) -> None:
         self.store = store
         self.count = count
         self._window: int | None = None
-        self._rules: dict[str, Callable[[TxSender, OutboxItem], str | None]] = {
+        self._rules: dict[str, Callable[[OutboxItem], _Step]] = {
             "assign": self._assign,
             "settle": self._settle,
             "release": self._release,
@@ -80,24 +118,68 @@ class OutboxRules:
             "unassign": self._unassign,
             "resolve": self._resolve,
         }
+        self._sender: TxSender | None = None
 
     def send(self, sender: TxSender, item: OutboxItem) -> None:
         """Send ``item`` (or nothing, when the chain already has it) and mark it done.
         A refusal raises :class:`ChainError` and leaves the row to the caller; a step the
         escrow takes only later raises :class:`NotYetError`."""
-        rule = self._rules.get(item.kind)
-        if rule is None:
-            raise ChainError(f"unknown outbox kind {item.kind}", "UnknownKind")
-        try:
-            tx = rule(sender, item)
-        except NotYetError:
-            raise
-        except ChainError as exc:
-            later = not_yet(exc)
-            if later is not None:
-                raise later from exc
-            raise
-        self.store.outbox_finish(item.id, status="done", tx_hash=tx)
+        (outcome,) = self.send_many(sender, [item])
+        if outcome is not None:
+            raise outcome
+
+    def send_many(self, sender: TxSender, items: Sequence[OutboxItem]) -> list[ChainError | None]:
+        """Send ``items`` (at most one row per job: a job's rows go in order) together, and
+        mark each one that went through done. Returns each row's outcome, in order: None
+        (done), a :class:`NotYetError` (wait for its time), or the :class:`ChainError` that
+        refused it, as :meth:`send` would raise for it alone. Transient failures (the node
+        unreachable, an outcome unknown) are raised for all of them: nothing is recorded for
+        rows whose transaction may or may not be mined, and the next pass reads the chain."""
+        jobs = [item.job_id for item in items]
+        if len(set(jobs)) != len(jobs):
+            raise ValueError(f"send_many takes one row per job, got {jobs}")
+        self._sender = sender
+        outcomes: list[ChainError | None] = [None] * len(items)
+        steps: list[tuple[int, _Step]] = []
+        for i, item in enumerate(items):
+            rule = self._rules.get(item.kind)
+            if rule is None:
+                outcomes[i] = ChainError(f"unknown outbox kind {item.kind}", "UnknownKind")
+                continue
+            try:
+                steps.append((i, rule(item)))
+            except ChainError as exc:
+                outcomes[i] = not_yet(exc) or exc
+        calls = [(i, st.call) for i, st in steps if st.call is not None]
+        results = dict(
+            zip(
+                (i for i, _ in calls),
+                sender.send_many([c for _, c in calls]) if calls else [],
+                strict=True,
+            )
+        )
+        for i, step in steps:
+            item = items[i]
+            try:
+                tx: str | None = None
+                if step.call is not None:
+                    result = results[i]
+                    if isinstance(result, ChainError):
+                        if step.refusal is not None:
+                            step.refusal(result)
+                        raise result
+                    events = _events_of(result, item.job_id, step.also)
+                    self.store.apply_sent(item.job_id, events)
+                    tx = result.tx_hash
+                tx = step.after(tx)
+            except NotYetError as exc:
+                outcomes[i] = exc
+                continue
+            except ChainError as exc:
+                outcomes[i] = not_yet(exc) or exc
+                continue
+            self.store.outbox_finish(item.id, status="done", tx_hash=tx)
+        return outcomes
 
     def refused(self, item: OutboxItem, reason: str) -> None:
         """The chain refused ``item`` for good: a refused assign ends that lease (the job may go
@@ -122,7 +204,7 @@ class OutboxRules:
         return self._window
 
     # ------------------------------------------------------------------ per kind
-    def _assign(self, sender: TxSender, item: OutboxItem) -> str | None:
+    def _assign(self, item: OutboxItem) -> _Step:
         row = self.store.job(item.job_id)
         state = row.chain
         p = item.payload
@@ -131,96 +213,102 @@ class OutboxRules:
             log.info(
                 "job %s: attempt %s no longer leased; not assigning", item.job_id, p["attempt"]
             )
-            return None
+            return _Step(None, _same)
         if state.job.attempt >= p["attempt"]:
-            return None  # already on-chain (a retry after an unknown outcome)
+            return _Step(None, _same)  # already on-chain (a retry after an unknown outcome)
         if state.status not in (Status.FUNDED, Status.ASSIGNED):
             raise ChainError(f"job is {state.status.name}", f"JobStatus({state.status.name})")
-        sent = sender.assign(state, p["provider"], bytes.fromhex(p["acceptance"][2:]))
-        self.store.apply_sent(item.job_id, sent.events)
-        return sent.tx_hash
+        acceptance = bytes.fromhex(p["acceptance"][2:])
+        return _Step(Call.job("assign", state, p["provider"], acceptance), _same)
 
-    def _settle(self, sender: TxSender, item: OutboxItem) -> str | None:
+    def _settle(self, item: OutboxItem) -> _Step:
         state = self.store.job(item.job_id).chain
         p = item.payload
-        tx: str | None = None
-        if state.status is Status.SUBMITTED:  # the provider submitted it on-chain meanwhile
-            sent = sender.release(state)
-            self.store.apply_sent(item.job_id, sent.events)
-            tx = sent.tx_hash
-        elif state.status is not Status.RELEASED:
-            try:
-                sent = sender.settle(state, p["output_cid"], bytes.fromhex(p["signature"][2:]))
-            except ChainError as exc:
-                self._moved_on(item, state.status, exc)
-            self.store.apply_sent(item.job_id, sent.events)
-            tx = sent.tx_hash
-        self._paid(item, tx)
-        return tx
 
-    def _moved_on(self, item: OutboxItem, used: Status, exc: ChainError) -> NoReturn:
+        def paid(tx: str | None) -> str | None:
+            self._paid(item, tx)
+            return tx
+
+        if state.status is Status.SUBMITTED:  # the provider submitted it on-chain meanwhile
+            return _Step(Call.job("release", state), paid)
+        if state.status is Status.RELEASED:
+            return _Step(None, paid)
+        call = Call.job("settle", state, p["output_cid"], bytes.fromhex(p["signature"][2:]))
+        return _Step(call, paid, self._moved_on(item, state.status))
+
+    def _moved_on(self, item: OutboxItem, used: Status) -> Callable[[ChainError], NoReturn]:
         """A step refused because the job is no longer Assigned on-chain as the rule read it:
         the provider posted its result itself while our ``settle`` or relay was in flight. The
         row is retried once the watcher has folded what the chain has (``NotYetError`` at
         once: the next pass reads the new status, e.g. Submitted, and releases or waits for
         the window), instead of failing the job; any other refusal is raised as it is."""
-        if used is Status.ASSIGNED and "JobEscrowWrongStatus" in (exc.reason or str(exc)):
-            raise NotYetError(
-                f"the job moved on-chain while {item.kind} was in flight: {exc}", 0.0, exc.reason
-            ) from exc
-        raise exc
 
-    def _release(self, sender: TxSender, item: OutboxItem) -> str | None:
+        def refusal(exc: ChainError) -> NoReturn:
+            if used is Status.ASSIGNED and "JobEscrowWrongStatus" in (exc.reason or str(exc)):
+                raise NotYetError(
+                    f"the job moved on-chain while {item.kind} was in flight: {exc}",
+                    0.0,
+                    exc.reason,
+                ) from exc
+            raise exc
+
+        return refusal
+
+    def _release(self, item: OutboxItem) -> _Step:
         state = self.store.job(item.job_id).chain
-        tx: str | None = None
-        if state.status is Status.SUBMITTED:
-            sent = sender.release(state)
-            self.store.apply_sent(item.job_id, sent.events)
-            tx = sent.tx_hash
-        self._paid(item, tx)
-        return tx
 
-    def _relay(self, sender: TxSender, item: OutboxItem) -> str | None:
+        def paid(tx: str | None) -> str | None:
+            self._paid(item, tx)
+            return tx
+
+        if state.status is Status.SUBMITTED:
+            return _Step(Call.job("release", state), paid)
+        return _Step(None, paid)
+
+    def _relay(self, item: OutboxItem) -> _Step:
         """``submitResultFor``; then ``finalize`` is due at ``since + challengeWindow``."""
         state = self.store.job(item.job_id).chain
         p = item.payload
-        tx: str | None = None
-        if state.status is Status.ASSIGNED:
-            try:
-                sent = sender.submit_result_for(
-                    state, p["output_cid"], bytes.fromhex(p["signature"][2:])
-                )
-            except ChainError as exc:
-                self._moved_on(item, state.status, exc)
-            self.store.apply_sent(item.job_id, sent.events)
-            tx = sent.tx_hash
-            state = self.store.job(item.job_id).chain
-        if state.status is Status.SUBMITTED and state.job.replicas:
-            self.store.seat_relayed(item.job_id)
-            self.count("results_relayed")
-        elif state.status is Status.SUBMITTED:
-            self.store.relayed(item.job_id, state.job.since + self.challenge_window(sender))
-            self.count("results_relayed")
-        elif state.status not in (Status.DISPUTED, Status.RELEASED):
-            # not assigned to the provider whose result this is (its assign never went on-chain)
-            raise ChainError(f"job is {state.status.name}", f"JobStatus({state.status.name})")
-        return tx
 
-    def _finalize(self, sender: TxSender, item: OutboxItem) -> str | None:
+        def after(tx: str | None) -> str | None:
+            now = self.store.job(item.job_id).chain if tx is not None else state
+            if now.status is Status.SUBMITTED and now.job.replicas:
+                self.store.seat_relayed(item.job_id)  # a seat: resolved with its group
+                self.count("results_relayed")
+            elif now.status is Status.SUBMITTED:
+                assert self._sender is not None
+                window = self.challenge_window(self._sender)
+                self.store.relayed(item.job_id, now.job.since + window)
+                self.count("results_relayed")
+            elif now.status not in (Status.DISPUTED, Status.RELEASED):
+                # not assigned to the provider whose result this is (its assign never went
+                # on-chain)
+                raise ChainError(f"job is {now.status.name}", f"JobStatus({now.status.name})")
+            return tx
+
+        if state.status is Status.ASSIGNED:
+            call = Call.job(
+                "submitResultFor", state, p["output_cid"], bytes.fromhex(p["signature"][2:])
+            )
+            return _Step(call, after, self._moved_on(item, state.status))
+        return _Step(None, after)
+
+    def _finalize(self, item: OutboxItem) -> _Step:
         """Pay a result nobody disputed once the window has passed. A disputed one waits for
         the mediator (until ``mediationWindow`` passes unruled: then it stands and is paid); one
         ruled wrong is Funded again (nothing to send)."""
         state = self.store.job(item.job_id).chain
-        tx: str | None = None
-        if state.status in (Status.SUBMITTED, Status.DISPUTED):
-            sent = sender.finalize(state)
-            self.store.apply_sent(item.job_id, sent.events)
-            tx = sent.tx_hash
-        if tx is not None or state.status is Status.RELEASED:
-            self._paid(item, tx)
-        return tx
 
-    def _resolve(self, sender: TxSender, item: OutboxItem) -> str | None:
+        def after(tx: str | None) -> str | None:
+            if tx is not None or state.status is Status.RELEASED:
+                self._paid(item, tx)
+            return tx
+
+        if state.status in (Status.SUBMITTED, Status.DISPUTED):
+            return _Step(Call.job("finalize", state), after)
+        return _Step(None, after)
+
+    def _resolve(self, item: OutboxItem) -> _Step:
         """Resolve a replicated job (``payload.group``): pay the agreeing seats, slash the
         others. Nothing to send when no seat is open any more (resolved meanwhile, by anyone).
         Refused as too early while a seat may still deliver (``JobEscrowSeatsPending``: retried
@@ -229,29 +317,30 @@ class OutboxRules:
         group = str(item.payload["group"])
         seats = self.store.seats(group)
         k = seats[0].chain.job.replicas if seats else 0
-        if len(seats) != k:
+        if not seats or len(seats) != k:
             raise ChainError(
                 f"replicated job {group}: {len(seats)} of its {k} seats are known here",
                 "SeatsUnknown",
             )
         if all(s.chain.status.terminal for s in seats):
-            return None
-        sent = sender.resolve(bytes.fromhex(group[2:]), [s.chain for s in seats])
-        self.store.apply_sent(item.job_id, sent.events)  # every seat's events
-        self.count("groups_resolved")
-        return sent.tx_hash
+            return _Step(None, _same)
 
-    def _unassign(self, sender: TxSender, item: OutboxItem) -> str | None:
+        def after(tx: str | None) -> str | None:
+            self.count("groups_resolved")
+            return tx
+
+        call = Call("resolve", (bytes.fromhex(group[2:]), [s.chain.job.as_tuple() for s in seats]))
+        return _Step(call, after, also=tuple(s.job_id for s in seats))
+
+    def _unassign(self, item: OutboxItem) -> _Step:
         """Take the job back from ``provider`` (any provider when the row names none)."""
         state = self.store.job(item.job_id).chain
         provider = item.payload.get("provider")
         if state.status is Status.ASSIGNED and (
             provider is None or state.job.provider.lower() == str(provider).lower()
         ):
-            sent = sender.unassign(state)
-            self.store.apply_sent(item.job_id, sent.events)
-            return sent.tx_hash
-        return None
+            return _Step(Call.job("unassign", state), _same)
+        return _Step(None, _same)
 
     def _paid(self, item: OutboxItem, tx: str | None) -> None:
         self.store.settled(item.job_id, detail=f"tx {tx}")

@@ -21,8 +21,11 @@ from web3.exceptions import TransactionNotFound
 from gridmarket.chain import ChainError, EscrowClient, Sent
 from gridmarket.eip712 import sign_result
 from gridmarket.escrow import ZERO_ADDRESS, JobState, Status
+from gridmarket.wire import JobSpec, NodeCapacityIn
 from scheduler.chain import (
+    Call,
     ChainUnavailableError,
+    ChainWatcher,
     FeeCapExceededError,
     FeePolicy,
     RetryPolicy,
@@ -32,7 +35,9 @@ from scheduler.chain import (
     nonces,
 )
 from scheduler.chain.sender import REGISTRY, bumped
-from scheduler.service.outbox_rules import not_yet
+from scheduler.service.loops import OutboxLoop
+from scheduler.service.outbox_rules import OutboxRules, not_yet
+from scheduler.store import Claim, Store
 
 from ..conftest import Devnet
 from .chain_support import (
@@ -877,3 +882,233 @@ def test_stuck_transaction_at_the_cap_waits_instead_of_overpaying(
     assert sent.tx_hash == first["hash"]
     assert metric("gridmarket_tx_replacements_total") == replaced
     assert f"above the cap max_fee_per_gas={cap}: waiting at the cap" in caplog.text
+
+
+# --------------------------------------------------------------------------- batches (multicall)
+
+
+def _assigns(sender: TxSender, states: list[JobState], providers: list[LocalAccount]) -> list[Call]:
+    return [
+        Call.job("assign", st, p.address, acceptance(sender, st, p))
+        for st, p in zip(states, providers, strict=True)
+    ]
+
+
+def test_ready_calls_go_in_one_transaction(devnet: Devnet, sender: TxSender) -> None:
+    """Three jobs' assigns, then their settles: two transactions (one nonce each), each job's
+    events folded from the batch to what the chain stored, every provider paid."""
+    _, client = fresh_escrow(devnet)
+    sender = TxSender(client, devnet.operator, retry=FAST)
+    providers = devnet.providers[:3]
+    for p in providers:
+        ensure_provider(client, p, stake(devnet))
+    states = [create_job(client, devnet.submitters[0], on_verify=True) for _ in providers]
+    nonce = nonce_of(client, devnet.operator)
+    batched_before = metric("gridmarket_tx_batched_calls_total")
+
+    outcomes = sender.send_many(_assigns(sender, states, providers))
+    assert all(isinstance(o, Sent) for o in outcomes), outcomes
+    assert len({o.tx_hash for o in outcomes if isinstance(o, Sent)}) == 1  # one transaction
+    assert nonce_of(client, devnet.operator) == nonce + 1
+    assigned = [apply_sent(st, o) for st, o in zip(states, outcomes, strict=True)]  # type: ignore[arg-type]
+    for st, p in zip(assigned, providers, strict=True):
+        assert st.status is Status.ASSIGNED and st.job.provider == p.address
+        assert st == client.job_state(st.job_id)
+
+    settles = [
+        Call.job("settle", st, CID, sign(client, p, st))
+        for st, p in zip(assigned, providers, strict=True)
+    ]
+    outcomes = sender.send_many(settles)
+    sent = outcomes[0]
+    assert isinstance(sent, Sent) and all(o == sent for o in outcomes), outcomes
+    assert len(outcomes) == 3 and nonce_of(client, devnet.operator) == nonce + 2
+    assert [e.name for e in sent.events] == 3 * ["ResultSubmitted", "JobReleased"]
+    for st, p in zip(assigned, providers, strict=True):
+        done = apply_sent(st, sent)
+        assert done.status is Status.RELEASED and done == client.job_state(st.job_id)
+        assert client.balance_of(p.address) > 0
+    assert metric("gridmarket_tx_batched_calls_total") - batched_before == 6
+
+
+def test_a_call_that_would_revert_is_refused_alone_and_the_others_go(
+    devnet: Devnet, sender: TxSender
+) -> None:
+    """A call whose preflight reverts gets its own decoded error and never joins the batch;
+    the others go in one transaction."""
+    _, client = fresh_escrow(devnet)
+    sender = TxSender(client, devnet.operator, retry=FAST)
+    providers = devnet.providers[:3]
+    for p in providers:
+        ensure_provider(client, p, stake(devnet))
+    states = [create_job(client, devnet.submitters[0]) for _ in providers]
+    calls = _assigns(sender, states, providers)
+    # the middle one carries the acceptance of another provider: BadSignature
+    calls[1] = Call.job(
+        "assign", states[1], providers[1].address, acceptance(sender, states[1], providers[2])
+    )
+    nonce = nonce_of(client, devnet.operator)
+    first, refused, third = sender.send_many(calls)
+    assert isinstance(refused, ChainError) and refused.reason, refused
+    assert refused.reason.startswith("JobEscrowBadSignature"), refused.reason
+    assert isinstance(first, Sent) and isinstance(third, Sent)
+    assert first.tx_hash == third.tx_hash
+    assert nonce_of(client, devnet.operator) == nonce + 1
+    assert client.job_state(states[0].job_id).status is Status.ASSIGNED
+    assert client.job_state(states[1].job_id).status is Status.FUNDED
+    assert client.job_state(states[2].job_id).status is Status.ASSIGNED
+
+
+def test_a_batch_that_reverts_as_a_whole_is_sent_call_by_call(devnet: Devnet) -> None:
+    """Two assigns to a provider whose free collateral covers one: each passes alone, the
+    batch does not; it is sent again call by call, the first goes through, the second is
+    refused with its own error."""
+    _, client = fresh_escrow(devnet)
+    sender = TxSender(client, devnet.operator, retry=FAST)
+    provider = devnet.providers[0]
+    bounty = stake(devnet)  # default terms: collateral = bounty = the whole stake
+    ensure_provider(client, provider, bounty)
+    states = [create_job(client, devnet.submitters[0], bounty=bounty) for _ in range(2)]
+    nonce = nonce_of(client, devnet.operator)
+    fallbacks = metric("gridmarket_tx_batch_fallbacks_total")
+    first, second = sender.send_many(_assigns(sender, states, [provider, provider]))
+    assert isinstance(first, Sent), first
+    assert isinstance(second, ChainError) and second.reason, second
+    assert second.reason.startswith("ProviderRegistryInsufficientCollateral"), second.reason
+    assert metric("gridmarket_tx_batch_fallbacks_total") - fallbacks == 1
+    assert nonce_of(client, devnet.operator) == nonce + 1  # the batch never went out
+    assert apply_sent(states[0], first) == client.job_state(states[0].job_id)
+    assert client.job_state(states[1].job_id).status is Status.FUNDED
+
+
+def test_restart_with_a_batch_in_flight_sends_nothing_twice(own_chain: OwnChain) -> None:
+    """A scheduler stopped with a batch of assigns in the pool: a batch is one nonce, so the
+    restarted sender finds it there and waits for it before preflighting anything; the calls
+    are then refused by their preflights (the chain has them) and nothing is sent."""
+    client = own_chain.client()
+    providers = own_chain.providers[:3]
+    for p in providers:
+        ensure_provider(client, p, 2 * own_chain.params.min_stake)
+    states = [create_job(client, own_chain.submitter) for _ in providers]
+    nonce = nonce_of(client, own_chain.operator)
+    slow = FeePolicy(priority_fee=10**9, replace_after_s=60)
+    rpc(client.w3, "evm_setAutomine", False)
+    try:
+        first = TxSender(client, own_chain.operator, retry=FAST, receipt_timeout_s=1, fees=slow)
+        calls = _assigns(first, states, providers)
+        with pytest.raises(TxOutcomeUnknownError) as excinfo:
+            first.send_many(calls)  # the process "dies" waiting
+        old = pooled(client, own_chain.operator, nonce)
+        assert old is not None and old["hash"] == excinfo.value.tx_hash
+        nonces.SEQUENCES.clear()  # a new process: no nonce state carried over
+        restarted = TxSender(
+            own_chain.client(), own_chain.operator, retry=FAST, pool_check_s=0.2, fees=slow
+        )
+        outcome: list[Any] = []
+        worker = threading.Thread(
+            target=lambda: outcome.append(_capture(restarted.send_many, calls))
+        )
+        worker.start()
+        time.sleep(1.0)
+        assert pooled(client, own_chain.operator, nonce + 1) is None  # nothing sent behind it
+        rpc(client.w3, "evm_mine")
+        worker.join(15)
+    finally:
+        rpc(client.w3, "evm_setAutomine", True)
+    (results,) = outcome
+    assert isinstance(results, list) and len(results) == 3, results
+    for r in results:
+        assert isinstance(r, ChainError) and r.reason, r
+        assert r.reason.startswith("JobEscrowJobMismatch"), r.reason
+    assert nonce_of(client, own_chain.operator) == nonce + 1
+    assert client.w3.eth.get_transaction_receipt(old["hash"])["status"] == 1
+    for st in states:
+        assert job_events(client, st, "JobAssigned") == 1
+
+
+# --------------------------------------------------------------------------- the outbox, batched
+
+SPEC = JobSpec.model_validate({"executor": "docker", "image": "busybox:1", "command": ["true"]})
+CAP = NodeCapacityIn(
+    cpu_cores=8, ram_mib=16384, disk_mib=100_000, region="us", executors=["docker"]
+)
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    """The scheduler's store on SQLite and on PostgreSQL (tests/scheduler/conftest.py)."""
+    s = Store(db_url)
+    s.migrate()
+    yield s
+    s.close()
+
+
+def _accepted(
+    store: Store, client: EscrowClient, watcher: ChainWatcher, own_chain: OwnChain, n: int
+) -> list[tuple[str, LocalAccount]]:
+    """``n`` jobs funded, each offered to its own provider's node and accepted: ``n`` assign
+    rows in the outbox. The second carries a bad acceptance (another provider's signature)."""
+    out = []
+    for i in range(n):
+        provider = own_chain.providers[i]
+        ensure_provider(client, provider, 2 * own_chain.params.min_stake)
+        state = create_job(client, own_chain.submitter, on_verify=True)
+        job_id = "0x" + state.job_id.hex()
+        watcher.poll_once()
+        assert store.set_spec(job_id, SPEC) == "queued"
+        node_id = store.register_node(
+            wallet=provider.address,
+            name=f"gpu{i}",
+            capacity=CAP,
+            tier="cpu",
+            agent_version="t",
+            nonce=1,
+        ).node_id
+        won = store.dispatch(
+            lambda rows, j=job_id, nd=node_id: [Claim(j, nd)], limit=8, lease_ttl=300.0
+        )
+        signer = own_chain.providers[n] if i == 1 else provider
+        signature = "0x" + acceptance(client, state, signer).hex()
+        assert store.accept(job_id, node_id, won[0].job.attempt, signature) == "leased"
+        out.append((job_id, provider))
+    return out
+
+
+def test_the_outbox_sends_ready_rows_in_one_transaction(own_chain: OwnChain, store: Store) -> None:
+    """Three assign rows ready at once: the two good ones go in one multicall transaction (one
+    nonce), each row done with that hash and its job's fold as the chain's; the one that would
+    revert is refused alone (failed with its error, the lease ended) without sinking them."""
+    client = own_chain.client()
+    watcher = ChainWatcher(client, _Cursor(store), store.apply_chain_events, reorgs=store)
+    jobs = _accepted(store, client, watcher, own_chain, 3)
+    assert [i.kind for i in store.outbox_pending()] == ["assign"] * 3
+    nonce = nonce_of(client, own_chain.operator)
+    loop = OutboxLoop(store, client, own_chain.operator, OutboxRules(store, lambda _: None))
+    assert loop.once() == 3
+    assert nonce_of(client, own_chain.operator) == nonce + 1
+    rows = [store.outbox_of(job_id)[0] for job_id, _ in jobs]
+    assert [r["status"] for r in rows] == ["done", "failed", "done"]
+    assert rows[0]["tx_hash"] == rows[2]["tx_hash"] is not None
+    assert rows[1]["error"].startswith("JobEscrowBadSignature"), rows[1]["error"]
+    tx = client.w3.eth.get_transaction(HexBytes(rows[0]["tx_hash"]))
+    assert bytes(tx["input"])[:4] == bytes(client.encode("multicall", []))[:4]
+    for (job_id, provider), want in zip(
+        jobs, (Status.ASSIGNED, Status.FUNDED, Status.ASSIGNED), strict=True
+    ):
+        truth = client.job_state(bytes.fromhex(job_id[2:]))
+        assert truth.status is want
+        assert store.job(job_id).chain == truth  # folded from the batch's receipt at once
+        if want is Status.ASSIGNED:
+            assert truth.job.provider == provider.address
+    assert store.job(jobs[1][0]).state != "leased"  # the refused acceptance ended that lease
+    assert store.outbox_pending() == []
+    assert loop.once() == 0  # nothing left, nothing sent again
+    assert nonce_of(client, own_chain.operator) == nonce + 1
+
+
+class _Cursor:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def load(self) -> int | None:
+        return self.store.chain_cursor()
