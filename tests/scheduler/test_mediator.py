@@ -1,7 +1,9 @@
 """The mediator (scheduler/mediator, docs/mediator.md) on a real anvil and the real js-ipfs
 daemon: it rules wrong a result it cannot fetch or whose CID does not decode, leaves a good one
-to be paid and upholds it when disputed, ignores other mediators' jobs, resumes from its cursor
-without ruling twice, and no event stops it."""
+to be paid and upholds it when disputed (on integrity alone for a job that is not
+deterministic; after a re-run on another provider, which it funds itself, for one that is),
+ignores other mediators' jobs, resumes from its cursor without ruling twice or funding a second
+re-run, and no event stops it."""
 
 from __future__ import annotations
 
