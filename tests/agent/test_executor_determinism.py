@@ -27,7 +27,8 @@ WORLD = f"""
   (import "wasi_snapshot_preview1" "random_get" (func $random_get (param i32 i32) (result i32)))
   (memory (export "memory") 1)
   (data (i32.const 16) "world.bin")
-  ;; /output is fd 4 (an input is given); 64: fd; 72: iovec; 80: written; 256..304: the record; 512: 0.0f
+  ;; /output is fd 4 (an input is given)
+  ;; 64: fd; 72: iovec; 80: written; 256..304: the record; 512: 0.0f
   (func (export "_start") (local $zero f32)
     (if (call $clock_time_get (i32.const 0) (i64.const 1) (i32.const 256))
       (then (call $proc_exit (i32.const 1))))
