@@ -1,6 +1,7 @@
 """The devnet's mediator as a child process (``python -m scheduler.mediator run``): the key the
 submitters name by default (the deployment lists it), ruling on the integrity of results of the
-jobs that name it (docs/mediator.md)."""
+jobs that name it and re-running disputed deterministic jobs on another provider of the grid
+(docs/mediator.md)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class MediatorProcess(Service):
         fetch_attempts: int = 2,
         retry_delay_s: float = 1.0,
         window_margin_s: float = 2.0,
+        rerun_poll_s: float = 0.5,
         name: str = "mediator",
     ) -> None:
         self.name = name
@@ -67,6 +69,9 @@ class MediatorProcess(Service):
             str(retry_delay_s),
             "--window-margin",
             str(window_margin_s),
+            # a re-run on the devnet takes seconds; its result is looked for twice a second
+            "--rerun-poll",
+            str(rerun_poll_s),
         ]
 
     def _ready(self) -> bool:

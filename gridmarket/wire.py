@@ -143,6 +143,9 @@ class ExecutorKind(StrEnum):
 
 _IMAGE_RE = re.compile(r"^[a-z0-9]+([._/:@-][A-Za-z0-9_.-]+)*$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_PINNED_RE = re.compile(r"@sha256:[0-9a-f]{64}$")
+MAX_EXCLUDED = 32
+"""The most provider wallets a job spec may exclude (``exclude_providers``)."""
 
 
 class JobResources(BaseModel):
@@ -202,6 +205,15 @@ class JobSpec(BaseModel):
     resources: JobResources = Field(default_factory=lambda: JobResources())
     limits: JobLimits = Field(default_factory=lambda: JobLimits())
     max_attempts: int = Field(3, ge=1, le=10)
+    deterministic: bool = False
+    """The submitter declares that the job's output depends only on its inputs, so two runs
+    give the same output CID (docs/submitter.md). A Docker job may declare it only with an
+    image pinned by digest (``...@sha256:<64 hex>``); a WASM job is deterministic whether it
+    says so or not (:attr:`comparable`). Only comparable jobs are re-run on a dispute."""
+    exclude_providers: list[Address] = Field(default_factory=list, max_length=MAX_EXCLUDED)
+    """Provider wallets that may not take the job (the mediator's re-run excludes the disputed
+    provider and the disputing submitter). The scheduler honours it when it matches and when
+    a node accepts; the escrow does not know of it."""
 
     @field_validator("module_cid", "dataset_cid")
     @classmethod
@@ -234,13 +246,37 @@ class JobSpec(BaseModel):
             raise ValueError("a wasm job needs module_cid (and no image)")
         if self.executor is ExecutorKind.WASM and self.resources.gpu_count:
             raise ValueError("a wasm job cannot ask for GPUs")
+        if (
+            self.deterministic
+            and self.executor is ExecutorKind.DOCKER
+            and not _PINNED_RE.search(self.image or "")
+        ):
+            raise ValueError(
+                f"a deterministic docker job must pin its image by digest "
+                f"(name@sha256:<64 hex>), not {self.image!r}"
+            )
         return self
+
+    @property
+    def comparable(self) -> bool:
+        """Whether two honest runs give the same output CID, so that a re-run can judge a
+        result: every WASM job (the agent runs WASM deterministically), and Docker jobs that
+        declare ``deterministic`` (their image is then pinned by digest)."""
+        return self.executor is ExecutorKind.WASM or self.deterministic
+
+    def excludes(self, wallet: str) -> bool:
+        """Whether ``wallet`` is in :attr:`exclude_providers` (any letter case)."""
+        return wallet.lower() in {w.lower() for w in self.exclude_providers}
 
     def to_bytes(self) -> bytes:
         """Canonical JSON (sorted keys, no spaces): the bytes to add to IPFS."""
-        return json.dumps(
-            self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")
-        ).encode()
+        body = self.model_dump(mode="json")
+        # the fields added later are left out while unset, so a spec that does not use them
+        # has the bytes (and the CID) it had before they existed
+        for key, unset in (("deterministic", False), ("exclude_providers", [])):
+            if body.get(key) == unset:
+                del body[key]
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> JobSpec:

@@ -52,8 +52,11 @@ _FULL_HOLD_S = 0.25
 def refused_wallets(job: JobRow) -> frozenset[str]:
     """The provider wallets (lower case) ``job`` must not go to: those excluded for it (a node
     of theirs failed it, lost it, had its result rejected or its assign refused) and the
-    provider the escrow holds it assigned to (``assign`` refuses the same provider again)."""
+    provider the escrow holds it assigned to (``assign`` refuses the same provider again), and
+    those its spec excludes (``JobSpec.exclude_providers``: a mediator's re-run)."""
     wallets = set(job.excluded_wallets)
+    if job.spec is not None:
+        wallets.update(w.lower() for w in job.spec.exclude_providers)
     provider = job.chain.job.provider
     if int(provider, 16):
         wallets.add(provider.lower())

@@ -8,6 +8,12 @@ memory with no swap, CPU share, process count, open files and no core dumps capp
 (no log files), GPUs only when asked for, a hard wall-clock timeout, and the container always
 removed afterwards.
 
+The environment is fixed, so that a deterministic job (``JobSpec.deterministic``, its image
+pinned by digest) gives the same output on every node and a mediator's re-run can judge it
+(docs/mediator.md): no network, hostname ``job``, no domain name, ``SOURCE_DATE_EPOCH``, ``TZ``
+and the locale set (:data:`FIXED_ENV`; the job's own ``env`` may override them, and it is the
+same on every node), and the same user, limits and mounts everywhere.
+
 Images: one already in the engine runs as is. One that is not is pulled only when the job names
 it by digest (``host[:port]/name@sha256:<hex>``), within the :class:`PullPolicy`'s size cap and
 time limit, and checked against that digest; pulled images are kept in a cache with a size budget
@@ -49,6 +55,7 @@ from agent.executors.base import ExecutionResult, ExecutionSpec, Reason, TailBuf
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "FIXED_ENV",
     "LABEL",
     "OWNER_LABEL",
     "DockerExecutor",
@@ -56,6 +63,16 @@ __all__ = [
     "ImagePullUnavailableError",
     "PullPolicy",
 ]
+
+FIXED_ENV: dict[str, str] = {
+    "SOURCE_DATE_EPOCH": "315532800",  # 1980-01-01T00:00:00Z: the earliest a zip can hold
+    "TZ": "UTC",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONHASHSEED": "0",
+}
+"""Set in every container before the job's own ``env`` (which wins): what a reproducible
+build needs to give the same bytes on every node."""
 
 LABEL = "org.gridmarket.executor"
 OWNER_LABEL = "org.gridmarket.owner"  # which agent started it (several may share one engine)
@@ -178,9 +195,10 @@ class DockerExecutor:
         kwargs: dict[str, Any] = {
             "image": spec.image,
             "command": list(spec.command) or None,
-            "environment": dict(spec.env),
+            "environment": {**FIXED_ENV, **spec.env},
             "user": self.user,
             "hostname": "job",
+            "domainname": "",
             "labels": {LABEL: self.name, OWNER_LABEL: self.owner},
             "network_disabled": True,
             "network_mode": "none",

@@ -12,14 +12,25 @@ No other host path, no sockets, no clock beyond WASI's. Limits:
 
 Each run has its own engine, so one run's deadline cannot interrupt another's. Preopened file
 descriptors: 3 is ``/input`` (when there is an input), then ``/output``.
+
+Runs are deterministic, so that two nodes give the same output and a mediator's re-run can judge
+a result (docs/mediator.md): NaNs are canonicalised (``cranelift_nan_canonicalization``), relaxed
+SIMD takes its deterministic form, threads and shared memory are off, and the WASI clocks and
+randomness are replaced (:class:`_FixedWorld`): every clock reads a fixed start
+(``SOURCE_DATE_EPOCH`` of the Docker executor, 1980-01-01 UTC, for the wall clock; zero for the
+others) plus one microsecond per read, and ``random_get`` gives a fixed SHA-256 stream. What a
+module can still tell apart between nodes: file timestamps under ``/input`` (``*_filestat_get``)
+and how long ``poll_oneoff`` sleeps.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import wasmtime
 
@@ -30,6 +41,14 @@ from agent.executors.base import ExecutionResult, ExecutionSpec, Limits, Reason,
 log = logging.getLogger(__name__)
 
 _PAGE = 65536
+_WASI = "wasi_snapshot_preview1"
+FIXED_EPOCH_NS = 315_532_800 * 10**9
+"""What the WASI wall clock reads at a run's start (1980-01-01T00:00:00Z, the Docker executor's
+``SOURCE_DATE_EPOCH``)."""
+_TICK_NS = 1000  # each clock read moves every clock on by one microsecond
+_RANDOM_SEED = b"gridmarket.wasm.random.v1"
+# WASI errno values
+_ESUCCESS, _EFAULT, _EINVAL = 0, 21, 28
 
 
 class WasmExecutor:
@@ -59,6 +78,11 @@ class WasmExecutor:
             raise InvalidSpecError("WASM jobs cannot use GPUs: use a Docker image")
         config = wasmtime.Config()
         config.epoch_interruption = True
+        # deterministic: the same module and input give the same bytes on every node
+        config.cranelift_nan_canonicalization = True
+        config.wasm_relaxed_simd_deterministic = True
+        config.wasm_threads = False
+        config.shared_memory = False
         config.consume_fuel = limits.fuel is not None
         engine = wasmtime.Engine(config)
         try:
@@ -132,6 +156,7 @@ class _Run:
         store = self._store()
         linker = wasmtime.Linker(self.engine)
         linker.define_wasi()
+        _FixedWorld().define(linker)
         exit_code: int | None = None
         trap: wasmtime.WasmtimeError | wasmtime.Trap | None = None
         instance: wasmtime.Instance | None = None
@@ -215,6 +240,76 @@ class _Run:
         if check.problem is not None:
             return check.problem, check.message
         return Reason.SUCCEEDED, f"exited with code 0; {check.bytes} bytes of output"
+
+
+class _FixedWorld:
+    """WASI's clocks and randomness, the same on every node: replaces ``clock_time_get``,
+    ``clock_res_get`` and ``random_get`` in a linker that already has WASI defined."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self._block = 0
+        self._pool = b""
+
+    def define(self, linker: wasmtime.Linker) -> None:
+        i32, i64 = wasmtime.ValType.i32(), wasmtime.ValType.i64()
+        linker.allow_shadowing = True
+        linker.define_func(
+            _WASI,
+            "clock_time_get",
+            wasmtime.FuncType([i32, i64, i32], [i32]),
+            self.clock_time_get,
+            access_caller=True,
+        )
+        linker.define_func(
+            _WASI,
+            "clock_res_get",
+            wasmtime.FuncType([i32, i32], [i32]),
+            self.clock_res_get,
+            access_caller=True,
+        )
+        linker.define_func(
+            _WASI,
+            "random_get",
+            wasmtime.FuncType([i32, i32], [i32]),
+            self.random_get,
+            access_caller=True,
+        )
+        linker.allow_shadowing = False
+
+    def clock_time_get(self, caller: wasmtime.Caller, clock: int, _precision: int, at: int) -> int:
+        if clock not in (0, 1, 2, 3):  # realtime, monotonic, process and thread CPU time
+            return _EINVAL
+        self.reads += 1
+        now = self.reads * _TICK_NS + (FIXED_EPOCH_NS if clock == 0 else 0)
+        return _write(caller, at, now.to_bytes(8, "little"))
+
+    def clock_res_get(self, caller: wasmtime.Caller, clock: int, at: int) -> int:
+        if clock not in (0, 1, 2, 3):
+            return _EINVAL
+        return _write(caller, at, _TICK_NS.to_bytes(8, "little"))
+
+    def random_get(self, caller: wasmtime.Caller, at: int, length: int) -> int:
+        length &= 0xFFFFFFFF
+        if length > 1 << 20:
+            return _EINVAL
+        while len(self._pool) < length:
+            self._pool += hashlib.sha256(_RANDOM_SEED + self._block.to_bytes(8, "big")).digest()
+            self._block += 1
+        data, self._pool = self._pool[:length], self._pool[length:]
+        return _write(caller, at, data)
+
+
+def _write(caller: wasmtime.Caller, at: int, data: bytes) -> int:
+    """Write into the calling module's exported ``memory``; a WASI errno."""
+    memory: Any = caller.get("memory")
+    if not isinstance(memory, wasmtime.Memory):
+        return _EFAULT
+    at &= 0xFFFFFFFF  # an i32 pointer arrives signed
+    if at + len(data) > memory.data_len(caller):
+        return _EFAULT
+    memory.write(caller, data, at)
+    return _ESUCCESS
 
 
 def _memory_full(instance: wasmtime.Instance, store: wasmtime.Store, limits: Limits) -> bool:

@@ -238,6 +238,8 @@ async def accept(
         raise _bad(f"job {job_id} is not offered to node {node.node_id} (it is {row.state})", 409)
     if body.attempt != row.attempt:
         raise _bad(f"attempt {body.attempt} is stale: the offer is attempt {row.attempt}", 409)
+    if row.spec is not None and row.spec.excludes(node.wallet):
+        raise _bad(f"job {job_id}'s spec excludes provider {node.wallet}", 409)
     chain = row.chain.job
     if chain.attempt + 1 != body.attempt:
         raise _bad(

@@ -1,4 +1,5 @@
-"""gridmarket-mediator: rule on the integrity of results of the jobs that name this mediator.
+"""gridmarket-mediator: rule on the results of the jobs that name this mediator (integrity, and a
+re-run on another provider for a disputed deterministic job).
 
     GRIDMARKET_MEDIATOR_KEY=0x... gridmarket-mediator run --rpc-url URL --deployment FILE \\
         --ipfs-api MULTIADDR --state FILE
@@ -44,6 +45,29 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--window-margin", type=float, default=defaults.window_margin_s)
     run.add_argument("--poll-interval", type=float, default=defaults.poll_interval_s)
     run.add_argument("--confirmations", type=int, default=defaults.confirmations)
+    run.add_argument(
+        "--no-rerun",
+        action="store_true",
+        help="rule on disputes by integrity alone (never fund a re-run)",
+    )
+    run.add_argument(
+        "--rerun-min",
+        type=float,
+        default=defaults.rerun_min_s,
+        help="seconds that must be left in the mediation window to fund a re-run",
+    )
+    run.add_argument(
+        "--rerun-poll",
+        type=float,
+        default=defaults.rerun_poll_s,
+        help="seconds between looks at a re-run's state",
+    )
+    run.add_argument(
+        "--rerun-max-bounty-wei",
+        type=int,
+        default=None,
+        help="the most one re-run may cost (default: the disputed job's bounty, no cap)",
+    )
     run.add_argument("--log-level", default="INFO")
     return p
 
@@ -67,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             poll_interval_s=args.poll_interval,
             confirmations=args.confirmations,
             work_dir=args.work_dir,
+            rerun=not args.no_rerun,
+            rerun_min_s=args.rerun_min,
+            rerun_poll_s=args.rerun_poll,
+            rerun_max_bounty_wei=args.rerun_max_bounty_wei,
         )
         mediator = Mediator.connect(
             args.rpc_url, args.deployment, key, args.ipfs_api, args.state, config

@@ -11,12 +11,18 @@ of their results one integrity check (:func:`scheduler.verify.verify_output`):
   job spec's cap, or it stays unreachable over several tries within the challenge window), the
   mediator rules it wrong (``rule(false)``) before the window closes; if it passes, nothing is
   sent and the result is paid after the window by whoever finalizes it;
-- a disputed result (``dispute``): checked again, upheld (``rule(true)``) if it passes, ruled
-  wrong if it fails.
+- a disputed result (``dispute``): checked again and ruled wrong if it fails. If it passes and
+  the job is deterministic (``JobSpec.comparable``: WASM, or Docker pinned by digest and
+  declared ``deterministic``), the mediator funds a **re-run** of the same spec through the
+  market, as a submitter with its own key, naming itself mediator and excluding the disputed
+  provider and the disputing submitter (``exclude_providers``). When the re-run's result is on
+  chain it compares the two output CIDs as binary CIDs: the same, upheld; different (and the
+  re-run's output intact), ruled wrong. It then releases the re-run so its provider is paid.
+  A job that is not deterministic, or whose re-run cannot be had before the mediation window
+  closes, is ruled on integrity alone (upheld), and the reason says so.
 
-This rules on integrity only: whether the bytes are the output the job asked for is not checked
-(re-running the job elsewhere is the next step, docs/mediator.md). A check the mediator cannot
-conclude (its own IPFS daemon is down, the job's own cap is unknown) never slashes anyone.
+A check the mediator cannot conclude (its own IPFS daemon is down, the job's own cap is
+unknown) never slashes anyone.
 """
 
 from __future__ import annotations
@@ -34,14 +40,24 @@ from typing import Any
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_utils.address import to_checksum_address
+from eth_utils.crypto import keccak
 
 from gridmarket.chain import ChainError, Deployment, EscrowClient, Event
-from gridmarket.escrow import JOB_EVENTS, InvalidText, JobState, Status, apply_event
+from gridmarket.cid import CidError, same_cid
+from gridmarket.escrow import (
+    JOB_EVENTS,
+    InvalidText,
+    JobState,
+    Status,
+    Terms,
+    apply_event,
+)
+from gridmarket.escrow import job_id as escrow_job_id
 from gridmarket.ipfs import IpfsStore
-from gridmarket.wire import MAX_SPEC_BYTES, JobLimits, JobSpec
+from gridmarket.wire import MAX_EXCLUDED, MAX_SPEC_BYTES, JobLimits, JobSpec
 from scheduler.chain.retry import RetryPolicy, describe, is_transient
 from scheduler.chain.watcher import ChainWatcher
-from scheduler.mediator.state import MediatorState, Task
+from scheduler.mediator.state import MediatorState, Rerun, Task
 from scheduler.verify import VerdictCode, verify_output
 
 __all__ = ["CHECK", "DISPUTE", "Decision", "Mediator", "MediatorConfig", "MediatorError"]
@@ -52,6 +68,17 @@ CHECK = "check"
 """A task: check a submitted result within its challenge window (rule only if it fails)."""
 DISPUTE = "dispute"
 """A task: rule on a disputed result (upheld if it passes the check, not upheld if it fails)."""
+
+
+RERUN_SALT_TAG = b"gridmarket.mediator.rerun.v1"
+"""The re-run of a dispute is funded with salt ``keccak(tag, job id, attempt)``: its job id is
+known before ``createJob`` is sent, and a second ``createJob`` for it would revert."""
+
+# re-run states (the ``reruns`` table)
+FUNDING = "funding"  # recorded; createJob sent or about to be
+FUNDED = "funded"  # on chain; waiting for its result
+COMPARED = "compared"  # its output was compared and the dispute ruled on
+ABANDONED = "abandoned"  # no usable re-run before the window closed: ruled on integrity
 
 
 class MediatorError(RuntimeError):
@@ -85,6 +112,17 @@ class MediatorConfig:
     """Waits after transient RPC or IPFS errors (exponential, jittered)."""
     work_dir: Path | None = None
     """Where outputs are fetched to (always emptied); default: beside the state file."""
+    rerun: bool = True
+    """Re-run a disputed deterministic job on another provider and compare outputs (else
+    every dispute is ruled on integrity alone)."""
+    rerun_min_s: float = 60.0
+    """A re-run is funded only if at least this long is left before the mediation window
+    closes (less ``window_margin_s``); else the dispute is ruled on integrity."""
+    rerun_poll_s: float = 5.0
+    """How often a dispute waiting for its re-run looks at the re-run's state."""
+    rerun_max_bounty_wei: int | None = None
+    """The most this mediator pays for one re-run (it offers the disputed job's own bounty, the
+    price the market already accepted); None: no cap. Over it: integrity only."""
 
     def __post_init__(self) -> None:
         if self.fetch_attempts < 1:
@@ -96,6 +134,8 @@ class MediatorConfig:
             raise ValueError("retry_delay_s and window_margin_s must be >= 0")
         if self.max_output_bytes < 1:
             raise ValueError(f"max_output_bytes must be >= 1, got {self.max_output_bytes}")
+        if self.rerun_min_s < 0 or self.rerun_poll_s <= 0:
+            raise ValueError("rerun_min_s must be >= 0 and rerun_poll_s > 0")
 
 
 @dataclass(frozen=True)
@@ -167,6 +207,7 @@ class Mediator:
             )
         self.challenge_window = int(client.call("challengeWindow"))
         self.mediation_window = int(client.call("mediationWindow"))
+        self.min_duration = int(client.call("minDuration"))
         self.state = MediatorState(
             state_path, escrow=client.address, chain_id=client.deployment.chain_id
         )
@@ -183,7 +224,7 @@ class Mediator:
         """Events folded, jobs ignored, events refused, checks by verdict, rulings..."""
         self.decisions: list[Decision] = []
         """This process's decisions, in order."""
-        self._spec_caps: dict[bytes, int] = {}
+        self._specs: dict[bytes, JobSpec] = {}
         self._errors: dict[tuple[bytes, int, str], Any] = {}
         self._probe: Any = None
         self._stop = threading.Event()
@@ -415,6 +456,12 @@ class Mediator:
         if prior is not None and prior.outcome == "sending":  # the send did not go through
             self._rule(task, state, prior.upheld, prior.reason)
             return
+        if task.kind == DISPUTE:
+            rerun = self.state.rerun(task.job_id, task.attempt)
+            if rerun is not None and rerun.status in (FUNDING, FUNDED):
+                # the output passed its integrity check when the re-run was funded
+                self._follow_rerun(task, state, rerun, now, closes)
+                return
         check = self._check(state, task, now, closes)
         if check.outcome is _Outcome.RETRY:
             due = time.time() + self.config.retry_delay_s
@@ -430,7 +477,7 @@ class Mediator:
         elif check.outcome is _Outcome.FAIL:
             self._rule(task, state, False, check.reason)
         elif check.outcome is _Outcome.INTACT and task.kind == DISPUTE:
-            self._rule(task, state, True, check.reason)
+            self._judge(task, state, now, closes, check.reason)
         elif check.outcome is _Outcome.INTACT:
             self._decide(task, state, None, f"{check.reason}; paid after the challenge window")
         else:
@@ -477,25 +524,36 @@ class Mediator:
             )
         return _Check(_Outcome.RETRY, f"unreachable (try {tries}): {message}", tried=True)
 
+    def _spec(self, state: JobState) -> tuple[JobSpec | None, str]:
+        """The job's spec from IPFS (cached), or None and why it could not be read."""
+        cached = self._specs.get(state.job_id)
+        if cached is not None:
+            return cached, ""
+        if state.spec_problem:
+            return None, f"the job spec CID is unusable: {state.spec_problem}"
+        try:
+            data = self.ipfs.cat(
+                state.spec_cid, max_bytes=MAX_SPEC_BYTES, timeout_s=self.config.spec_timeout_s
+            )
+            spec = JobSpec.from_bytes(data)
+        except Exception as exc:
+            return None, f"job spec {state.spec_cid} not read: {_one_line(str(exc))[:200]}"
+        if len(self._specs) > 10_000:
+            self._specs.clear()
+        self._specs[state.job_id] = spec
+        return spec, ""
+
     def _cap(self, state: JobState) -> tuple[int, str | None]:
         """The byte cap to check the output with, and None if it is the job spec's own cap
         (else why not: then an output over it is no proof against the provider)."""
         limit = self.config.max_output_bytes
-        cached = self._spec_caps.get(state.job_id)
-        if cached is None:
-            if state.spec_problem:
-                return limit, f"the job spec CID is unusable: {state.spec_problem}"
-            try:
-                data = self.ipfs.cat(
-                    state.spec_cid, max_bytes=MAX_SPEC_BYTES, timeout_s=self.config.spec_timeout_s
-                )
-                cached = JobSpec.from_bytes(data).limits.output_max_bytes
-            except Exception as exc:
-                return limit, f"job spec {state.spec_cid} not read: {_one_line(str(exc))[:200]}"
-            self._spec_caps[state.job_id] = cached
-        if cached > limit:
-            return limit, f"the job spec allows {cached} bytes, this mediator fetches {limit}"
-        return cached, None
+        spec, why = self._spec(state)
+        if spec is None:
+            return limit, why
+        cap = spec.limits.output_max_bytes
+        if cap > limit:
+            return limit, f"the job spec allows {cap} bytes, this mediator fetches {limit}"
+        return cap, None
 
     def _ipfs_up(self) -> bool:
         try:
@@ -513,6 +571,240 @@ class Mediator:
         """The chain's time as the next block will see it (at least the wall clock)."""
         block = self.client.w3.eth.get_block("latest")
         return max(int(block["timestamp"]), int(time.time()))
+
+    # ------------------------------------------------------------------ re-runs
+    def _judge(self, task: Task, state: JobState, now: int, closes: int, intact: str) -> None:
+        """A disputed result passed its integrity check: start a re-run of a deterministic job,
+        or rule on integrity alone (upheld) and say why."""
+        if not self.config.rerun:
+            self._integrity_only(task, state, intact, "re-runs are off on this mediator")
+            return
+        spec, why = self._spec(state)
+        if spec is None:
+            self._integrity_only(task, state, intact, why)
+            return
+        if not spec.comparable:
+            self._integrity_only(
+                task,
+                state,
+                intact,
+                "the job is not deterministic (a Docker job must pin its image by digest and "
+                "declare deterministic: true), so a re-run's output cannot judge it",
+            )
+            return
+        left = closes - self.config.window_margin_s - now
+        # the re-run's deadline is the ruling's last moment; the escrow wants it minDuration
+        # (plus the time to mine createJob) ahead
+        if left < max(self.config.rerun_min_s, self.min_duration + 10):
+            self._integrity_only(
+                task,
+                state,
+                intact,
+                f"no time for a re-run: {left:.0f} s left before the mediation window closes "
+                f"at {closes} (a re-run needs "
+                f"{max(self.config.rerun_min_s, self.min_duration + 10):g} s)",
+            )
+            return
+        bounty = state.job.bounty
+        cap = self.config.rerun_max_bounty_wei
+        if cap is not None and bounty > cap:
+            self._integrity_only(
+                task,
+                state,
+                intact,
+                f"a re-run would cost {bounty} wei, over this mediator's cap {cap}",
+            )
+            return
+        self._fund_rerun(task, state, spec, closes)
+
+    def _fund_rerun(self, task: Task, state: JobState, spec: JobSpec, closes: int) -> None:
+        """Fund the re-run: the job's spec with the disputed provider and the disputing
+        submitter excluded, the job's own bounty, a deadline at the ruling's last moment, this
+        mediator as its submitter and mediator. Recorded before ``createJob`` is sent."""
+        excluded: list[str] = []
+        for wallet in (state.job.provider, state.job.submitter, *spec.exclude_providers):
+            address = to_checksum_address(wallet)
+            if address not in excluded:
+                excluded.append(address)
+        rerun_spec = JobSpec.model_validate(
+            {
+                **spec.model_dump(mode="json"),
+                "name": f"rerun-{spec.name}"[:80],
+                "exclude_providers": excluded[:MAX_EXCLUDED],
+            }
+        )
+        spec_cid = self.ipfs.add_bytes(rerun_spec.to_bytes())
+        salt = keccak(RERUN_SALT_TAG + task.job_id + task.attempt.to_bytes(2, "big"))
+        rerun = Rerun(
+            job_id=task.job_id,
+            attempt=task.attempt,
+            rerun_id=escrow_job_id(self.address, spec_cid, salt),
+            spec_cid=spec_cid,
+            salt=salt,
+            bounty=state.job.bounty,
+            deadline=int(closes - self.config.window_margin_s),
+            status=FUNDING,
+            note=f"excluding {', '.join(excluded[:MAX_EXCLUDED])}",
+            at=time.time(),
+        )
+        self._specs[rerun.rerun_id] = rerun_spec
+        self.state.start_rerun(rerun)
+        self._send_rerun(task, state, rerun)
+
+    def _send_rerun(self, task: Task, state: JobState, rerun: Rerun) -> None:
+        """Send the re-run's ``createJob`` (again, after a crash: the fixed salt makes a second
+        one revert), then wait for its result."""
+        if int(self.client.call("statusOf", rerun.rerun_id)) == Status.NONE:
+            terms = Terms(
+                mediator=self.address,
+                collateral=int(self.client.call("minCollateral", rerun.bounty)),
+                flags=0,
+            )
+            try:
+                _, sent = self.client.create_job(
+                    self.account,
+                    rerun.salt,
+                    rerun.spec_cid,
+                    rerun.deadline,
+                    rerun.bounty,
+                    terms,
+                )
+            except ChainError as exc:
+                if int(self.client.call("statusOf", rerun.rerun_id)) == Status.NONE:
+                    why = _one_line(exc.reason or str(exc))
+                    self.state.set_rerun(task.job_id, task.attempt, ABANDONED, f"not funded: {why}")
+                    self.counters["reruns_not_funded"] += 1
+                    self._integrity_only(
+                        task, state, None, f"the re-run could not be funded: {why}"
+                    )
+                    return
+                sent = None  # it was funded after all (an earlier send landed)
+            tx = sent.tx_hash if sent is not None else "an earlier transaction"
+        else:
+            tx = "an earlier transaction"
+        self.state.set_rerun(task.job_id, task.attempt, FUNDED, f"{rerun.note}; funded in {tx}")
+        self.counters["reruns_funded"] += 1
+        log.info(
+            "mediator: job 0x%s attempt %d disputed: re-run 0x%s funded (%d wei, deadline %d, "
+            "spec %s) in %s; %s",
+            task.job_id.hex(),
+            task.attempt,
+            rerun.rerun_id.hex(),
+            rerun.bounty,
+            rerun.deadline,
+            rerun.spec_cid,
+            tx,
+            rerun.note,
+        )
+        self.state.retry_task(
+            task,
+            time.time() + self.config.rerun_poll_s,
+            f"waiting for re-run 0x{rerun.rerun_id.hex()}",
+            tried=False,
+        )
+
+    def _follow_rerun(
+        self, task: Task, state: JobState, rerun: Rerun, now: int, closes: int
+    ) -> None:
+        """Compare the re-run's output once it is on chain; give up on it (integrity ruling)
+        when the window is about to close or the re-run cannot end."""
+        if rerun.status == FUNDING:  # recorded, createJob perhaps not sent: send (again)
+            self._send_rerun(task, state, rerun)
+            return
+        give_up = now >= closes - self.config.window_margin_s
+        mine = self.state.job(rerun.rerun_id)
+        waiting = "its JobCreated not seen yet"
+        if mine is not None:
+            waiting = f"it is {mine.status.name} at attempt {mine.job.attempt}"
+            done = self._compare(task, state, rerun, mine)
+            if done:
+                return
+            if mine.status is Status.REFUNDED:
+                give_up = True
+        if not give_up:
+            self.state.retry_task(
+                task,
+                time.time() + self.config.rerun_poll_s,
+                f"waiting for re-run 0x{rerun.rerun_id.hex()}: {waiting}",
+                tried=False,
+            )
+            return
+        why = (
+            f"re-run 0x{rerun.rerun_id.hex()} gave no usable result before the mediation "
+            f"window closes at {closes} ({waiting})"
+        )
+        self.state.set_rerun(task.job_id, task.attempt, ABANDONED, why)
+        self.counters["reruns_abandoned"] += 1
+        if mine is not None and mine.status is Status.FUNDED:  # nobody took it: bounty back
+            try:
+                self.client.call_job(self.account, "cancel", mine)
+            except ChainError as exc:
+                log.warning("mediator: could not cancel re-run 0x%s: %s", rerun.rerun_id.hex(), exc)
+        self._integrity_only(task, state, None, why)
+
+    def _compare(self, task: Task, state: JobState, rerun: Rerun, mine: JobState) -> bool:
+        """Rule on the dispute from the re-run's result if it has a usable one (True)."""
+        if mine.status not in (Status.SUBMITTED, Status.RELEASED) or mine.output_problem:
+            return False
+        theirs, ours = state.output_cid, mine.output_cid
+        if not isinstance(theirs, str) or not isinstance(ours, str):
+            return False
+        spec = self._specs.get(rerun.rerun_id)
+        if spec is not None and spec.excludes(mine.job.provider):
+            log.error(
+                "mediator: re-run 0x%s went to excluded provider %s: its output is not used",
+                rerun.rerun_id.hex(),
+                mine.job.provider,
+            )
+            return False
+        if mine.job.provider in (state.job.provider, state.job.submitter):
+            return False  # never compare a party with itself (the spec was not read back)
+        try:
+            same = same_cid(theirs, ours)
+        except CidError:
+            return False
+        where = (
+            f"re-run 0x{rerun.rerun_id.hex()} by {mine.job.provider} gave output {ours}; "
+            f"the disputed result is {theirs}"
+        )
+        if not same:
+            verdict = verify_output(
+                self.ipfs,
+                ours,
+                max_bytes=self._cap(state)[0],
+                timeout_s=self.config.fetch_timeout_s,
+                work_dir=self.work_dir,
+            )
+            if not verdict.ok:  # the re-run's own check rules on it; wait for another run
+                log.warning(
+                    "mediator: %s, which fails its integrity check (%s): not used",
+                    where,
+                    _one_line(verdict.message),
+                )
+                return False
+        self.state.set_rerun(
+            task.job_id, task.attempt, COMPARED, f"{'same' if same else 'different'}: {where}"
+        )
+        self.counters["reruns_same" if same else "reruns_different"] += 1
+        reason = f"{where}: {'the same' if same else 'different'} CID"
+        self._rule(task, state, same, reason)
+        if mine.status is Status.SUBMITTED:  # pay the re-run's provider now
+            try:
+                self.client.call_job(self.account, "release", mine)
+                log.info("mediator: re-run 0x%s released", rerun.rerun_id.hex())
+            except ChainError as exc:
+                log.warning(
+                    "mediator: re-run 0x%s not released (%s); it is paid after its window",
+                    rerun.rerun_id.hex(),
+                    _one_line(exc.reason or str(exc)),
+                )
+        return True
+
+    def _integrity_only(self, task: Task, state: JobState, intact: str | None, why: str) -> None:
+        """Uphold a disputed result that passed integrity, saying why it was not re-run."""
+        self.counters["integrity_only"] += 1
+        reason = intact or "integrity ok when the re-run was funded"
+        self._rule(task, state, True, f"{reason}; integrity only: {why}")
 
     # ------------------------------------------------------------------ rulings
     def _rule(self, task: Task, state: JobState, upheld: bool, reason: str) -> None:

@@ -1,9 +1,13 @@
 """The mediator's own state, in one small SQLite file: the event cursor, the jobs that name it,
-the checks it still owes, and every ruling it decided (docs/mediator.md).
+the checks it still owes, every ruling it decided, and the re-run it funded for each dispute
+(docs/mediator.md).
 
 The fold of a batch of events and the cursor move together in one transaction, so a crash
 between batches re-delivers only what was not committed. The ``rulings`` row of a job attempt is
-written before the transaction is sent: it is how the mediator never rules twice.
+written before the transaction is sent: it is how the mediator never rules twice. The ``reruns``
+row of a disputed job attempt is written before its ``createJob`` is sent, with the re-run's job
+id (fixed in advance by a salt derived from the disputed job and attempt): it is how a restarted
+mediator never funds a second re-run for the same dispute.
 """
 
 from __future__ import annotations
@@ -20,7 +24,15 @@ from typing import Any
 
 from gridmarket.escrow import InvalidText, Job, JobState, Status
 
-__all__ = ["MediatorState", "Ruling", "StateError", "Task", "state_from_json", "state_to_json"]
+__all__ = [
+    "MediatorState",
+    "Rerun",
+    "Ruling",
+    "StateError",
+    "Task",
+    "state_from_json",
+    "state_to_json",
+]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -45,7 +57,36 @@ CREATE TABLE IF NOT EXISTS rulings (
     at REAL NOT NULL,
     PRIMARY KEY (job_id, attempt)
 );
+CREATE TABLE IF NOT EXISTS reruns (
+    job_id TEXT NOT NULL,          -- the disputed job
+    attempt INTEGER NOT NULL,      -- its disputed attempt
+    rerun_id TEXT NOT NULL,        -- the re-run's job id (known before createJob is sent)
+    spec_cid TEXT NOT NULL,        -- the re-run's spec (the job's, with exclude_providers)
+    salt TEXT NOT NULL,
+    bounty TEXT NOT NULL,          -- wei, as text (may exceed SQLite's integers)
+    deadline INTEGER NOT NULL,
+    status TEXT NOT NULL,          -- 'funding', 'funded', 'compared' or 'abandoned'
+    note TEXT NOT NULL DEFAULT '',
+    at REAL NOT NULL,
+    PRIMARY KEY (job_id, attempt)
+);
 """
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """The re-run the mediator funded (or is funding) to judge one disputed job attempt."""
+
+    job_id: bytes
+    attempt: int
+    rerun_id: bytes
+    spec_cid: str
+    salt: bytes
+    bounty: int
+    deadline: int
+    status: str
+    note: str
+    at: float
 
 
 class StateError(RuntimeError):
@@ -302,6 +343,68 @@ class MediatorState:
                 "outcome = excluded.outcome, tx_hash = excluded.tx_hash",
                 (job_id.hex(), attempt, int(upheld), reason, outcome, tx_hash, time.time()),
             )
+
+    # ------------------------------------------------------------------ re-runs
+    def rerun(self, job_id: bytes, attempt: int) -> Rerun | None:
+        """The re-run of a disputed job attempt, if one was ever started."""
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_RERUN_COLUMNS} FROM reruns WHERE job_id = ? AND attempt = ?",  # noqa: S608
+                (job_id.hex(), attempt),
+            ).fetchone()
+        return None if row is None else _rerun(row)
+
+    def reruns(self) -> list[Rerun]:
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_RERUN_COLUMNS} FROM reruns ORDER BY at"  # noqa: S608
+            ).fetchall()
+        return [_rerun(r) for r in rows]
+
+    def start_rerun(self, rerun: Rerun) -> None:
+        """Record a re-run before its ``createJob`` is sent (once per job attempt: a second
+        start for the same attempt raises :class:`sqlite3.IntegrityError`)."""
+        with self.batch():
+            self._db.execute(
+                f"INSERT INTO reruns ({_RERUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
+                (
+                    rerun.job_id.hex(),
+                    rerun.attempt,
+                    rerun.rerun_id.hex(),
+                    rerun.spec_cid,
+                    rerun.salt.hex(),
+                    str(rerun.bounty),
+                    rerun.deadline,
+                    rerun.status,
+                    rerun.note,
+                    rerun.at,
+                ),
+            )
+
+    def set_rerun(self, job_id: bytes, attempt: int, status: str, note: str) -> None:
+        with self.batch():
+            self._db.execute(
+                "UPDATE reruns SET status = ?, note = ? WHERE job_id = ? AND attempt = ?",
+                (status, note[:2000], job_id.hex(), attempt),
+            )
+
+
+_RERUN_COLUMNS = "job_id, attempt, rerun_id, spec_cid, salt, bounty, deadline, status, note, at"
+
+
+def _rerun(row: Any) -> Rerun:
+    return Rerun(
+        bytes.fromhex(row[0]),
+        row[1],
+        bytes.fromhex(row[2]),
+        row[3],
+        bytes.fromhex(row[4]),
+        int(row[5]),
+        row[6],
+        row[7],
+        row[8],
+        row[9],
+    )
 
 
 def _ruling(row: Any) -> Ruling:

@@ -1,7 +1,9 @@
 """The mediator (scheduler/mediator, docs/mediator.md) on a real anvil and the real js-ipfs
 daemon: it rules wrong a result it cannot fetch or whose CID does not decode, leaves a good one
-to be paid and upholds it when disputed, ignores other mediators' jobs, resumes from its cursor
-without ruling twice, and no event stops it."""
+to be paid and upholds it when disputed (on integrity alone for a job that is not
+deterministic; after a re-run on another provider, which it funds itself, for one that is),
+ignores other mediators' jobs, resumes from its cursor without ruling twice or funding a second
+re-run, and no event stops it."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Any
 
 import pytest
 from eth_account.signers.local import LocalAccount
+from multiformats import CID
 
 from devstack.anvil import free_port
 from devstack.ipfs import IpfsDaemon
@@ -246,6 +249,8 @@ def test_a_good_result_is_left_alone_then_upheld_when_disputed(
         until(med, lambda: decision(med, job, "dispute") is not None, what="the ruling")
         d = decision(med, job, "dispute")
         assert d is not None and d.verdict == "upheld" and d.tx_hash is not None
+        assert "integrity only: the job is not deterministic" in d.reason  # busybox by tag
+        assert med.state.reruns() == []
         assert status(client, job) is Status.RELEASED
         assert client.balance_of(devnet.mediator.address) - mediator_before == deposit
         (ruled,) = ruled_events(client, job)
@@ -550,3 +555,163 @@ def test_the_command_line_runs_until_terminated(
     (line,) = [ln for ln in out.splitlines() if "mediator decision" in ln]
     assert f"job 0x{job.job_id.hex()} attempt 1" in line
     assert "verdict=not_upheld" in line and "not valid UTF-8" in line
+
+
+# --------------------------------------------------------------------------- re-runs
+
+WASM_SPEC = JobSpec.model_validate(
+    {
+        "executor": "wasm",
+        "module_cid": bytes_cid(b"a module the re-run tests never run"),
+        "limits": JobLimits(output_max_bytes=OUTPUT_CAP),
+    }
+)
+
+
+def disputed(devnet: Devnet, client: EscrowClient, job: JobState) -> int:
+    """The submitter disputes ``job``'s result; the deposit."""
+    deposit = int(client.call("disputeDeposit"))
+    client.send(devnet.submitter, "dispute", job.job_id, job.job.as_tuple(), value=deposit)
+    return deposit
+
+
+def take_rerun(
+    devnet: Devnet, client: EscrowClient, rerun_id: bytes, provider: LocalAccount, output: str
+) -> JobState:
+    """Do what the market does with the mediator's re-run: ``provider`` accepts it, the
+    operator assigns it, ``provider`` posts ``output``."""
+    state = client.job_state(rerun_id)
+    assert state.status is Status.FUNDED
+    acceptance = sign_acceptance(
+        provider,
+        client.deployment.chain_id,
+        client.address,
+        state.job_id,
+        state.job.attempt + 1,
+        state.job,
+    )
+    state, _ = client.call_job(devnet.operator, "assign", state, provider.address, acceptance)
+    state, _ = client.call_job(provider, "submitResult", state, output)
+    return state
+
+
+def to_base58btc(cid: str) -> str:
+    """The same CID in another text encoding (``z...``)."""
+    return str(CID.decode(cid).set(base="base58btc"))
+
+
+def jobs_funded_by(client: EscrowClient, account: str) -> list[Event]:
+    return [
+        e
+        for e in client.events(client.deployment.block, "latest")
+        if e.name == "JobCreated" and e.args["submitter"] == account
+    ]
+
+
+def test_a_disputed_deterministic_result_is_rerun_elsewhere_and_ruled_wrong_when_it_differs(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    store: IpfsStore,
+    tmp_path: Path,
+) -> None:
+    """A plausible wrong output (intact, valid CID) of a WASM job: the dispute makes the
+    mediator fund a re-run excluding the provider and the submitter; the re-run's output
+    differs (and is intact): the result is ruled wrong, the provider pays the re-run fee out of
+    its collateral, and the mediator releases the re-run."""
+    deployment, client = escrow
+    spec_cid = store.add_bytes(WASM_SPEC.to_bytes())
+    wrong = store.add_bytes(b"mean=41.0\n")  # plausible, intact, and not what the job computes
+    right = store.add_bytes(b"mean=42.5\n")
+    job = submitted(devnet, client, spec_cid, wrong)
+    cheater, honest = devnet.providers[0], devnet.providers[1]
+    with mediator(devnet, deployment, ipfs_daemon, tmp_path / "m.db") as med:
+        until(med, lambda: decision(med, job) is not None, what="the check")
+        assert decision(med, job).verdict == "no ruling"  # type: ignore[union-attr]
+        deposit = disputed(devnet, client, job)
+        until(med, lambda: bool(med.state.reruns()), what="the re-run")
+        (rerun,) = med.state.reruns()
+        assert (rerun.job_id, rerun.attempt, rerun.status) == (job.job_id, 1, "funded")
+        spec = JobSpec.from_bytes(store.cat(rerun.spec_cid, max_bytes=1 << 16))
+        assert spec.exclude_providers == [cheater.address, devnet.submitter.address]
+        assert spec.model_copy(update={"exclude_providers": [], "name": "job"}) == WASM_SPEC
+        funded = client.job_state(rerun.rerun_id)
+        assert funded.job.submitter == funded.job.mediator == devnet.mediator.address
+        assert funded.job.bounty == job.job.bounty and funded.spec_cid == rerun.spec_cid
+        assert decision(med, job, "dispute") is None  # waiting for the re-run
+        mediator_before = client.balance_of(devnet.mediator.address)
+        honest_before = client.balance_of(honest.address)
+        take_rerun(devnet, client, rerun.rerun_id, honest, right)
+        until(med, lambda: decision(med, job, "dispute") is not None, what="the ruling")
+        d = decision(med, job, "dispute")
+        assert d is not None and d.verdict == "not upheld", d
+        assert right in d.reason and wrong in d.reason and "different CID" in d.reason
+        assert status(client, job) is Status.FUNDED  # to be done again elsewhere
+        receipt = client.w3.eth.get_transaction_receipt(d.tx_hash)  # type: ignore[arg-type]
+        (slashed,) = [e for e in client.decode_logs(receipt["logs"]) if e.name == "ProviderSlashed"]
+        assert slashed.args["provider"] == cheater.address
+        assert slashed.args["toMediator"] == min(deposit, job.job.collateral)
+        assert Status(client.call("statusOf", rerun.rerun_id)) is Status.RELEASED
+        paid = funded.job.bounty - funded.job.bounty * funded.job.fee_bps // 10_000
+        assert client.balance_of(honest.address) - honest_before == paid
+        assert client.balance_of(devnet.mediator.address) - mediator_before == min(
+            deposit, job.job.collateral
+        )
+        assert med.state.rerun(job.job_id, 1).status == "compared"  # type: ignore[union-attr]
+
+
+def test_a_disputed_honest_result_is_upheld_after_the_rerun_even_across_a_restart(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    store: IpfsStore,
+    tmp_path: Path,
+) -> None:
+    """The re-run gives the same output (as a CIDv0 text: compared as binary CIDs): upheld,
+    the deposit pays the mediator. The mediator restarts between funding the re-run and its
+    result: it funds no second re-run and still rules."""
+    deployment, client = escrow
+    spec_cid = store.add_bytes(WASM_SPEC.to_bytes())
+    output = store.add_bytes(b"mean=42.5\n" + os.urandom(8))
+    job = submitted(devnet, client, spec_cid, output)
+    path = tmp_path / "m.db"
+    with mediator(devnet, deployment, ipfs_daemon, path) as med:
+        deposit = disputed(devnet, client, job)
+        until(med, lambda: bool(med.state.reruns()), what="the re-run")
+        (rerun,) = med.state.reruns()
+    with mediator(devnet, deployment, ipfs_daemon, path) as med:
+        for _ in range(5):
+            med.poll_once()
+        assert med.state.reruns() == [rerun]
+        mediator_before = client.balance_of(devnet.mediator.address)
+        same = to_base58btc(output)
+        take_rerun(devnet, client, rerun.rerun_id, devnet.providers[1], same)
+        until(med, lambda: decision(med, job, "dispute") is not None, what="the ruling")
+        d = decision(med, job, "dispute")
+        assert d is not None and d.verdict == "upheld" and "the same CID" in d.reason, d
+        assert status(client, job) is Status.RELEASED
+        assert client.balance_of(devnet.mediator.address) - mediator_before == deposit
+        assert Status(client.call("statusOf", rerun.rerun_id)) is Status.RELEASED
+    assert len(jobs_funded_by(client, devnet.mediator.address)) == 1
+
+
+def test_a_dispute_with_no_time_for_a_rerun_is_ruled_on_integrity_and_says_so(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    store: IpfsStore,
+    tmp_path: Path,
+) -> None:
+    deployment, client = escrow
+    spec_cid = store.add_bytes(WASM_SPEC.to_bytes())
+    job = submitted(devnet, client, spec_cid, store.add_bytes(b"out " + os.urandom(8)))
+    window = int(client.call("mediationWindow"))
+    state = tmp_path / "m.db"
+    with mediator(devnet, deployment, ipfs_daemon, state, rerun_min_s=window + 1.0) as med:
+        disputed(devnet, client, job)
+        until(med, lambda: decision(med, job, "dispute") is not None, what="the ruling")
+        d = decision(med, job, "dispute")
+        assert d is not None and d.verdict == "upheld"
+        assert "integrity only: no time for a re-run" in d.reason
+        assert med.state.reruns() == []
+    assert jobs_funded_by(client, devnet.mediator.address) == []
