@@ -32,6 +32,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -51,6 +52,7 @@ from gridmarket.escrow import (
     Status,
     Terms,
     apply_event,
+    seat_ids,
 )
 from gridmarket.escrow import job_id as escrow_job_id
 from gridmarket.ipfs import IpfsStore
@@ -60,13 +62,17 @@ from scheduler.chain.watcher import ChainWatcher
 from scheduler.mediator.state import MediatorState, Rerun, Task
 from scheduler.verify import VerdictCode, verify_output
 
-__all__ = ["CHECK", "DISPUTE", "Decision", "Mediator", "MediatorConfig", "MediatorError"]
+__all__ = ["CHECK", "DISPUTE", "TIE", "Decision", "Mediator", "MediatorConfig", "MediatorError"]
 
 log = logging.getLogger(__name__)
 
 CHECK = "check"
 """A task: check a submitted result within its challenge window (rule only if it fails)."""
 DISPUTE = "dispute"
+TIE = "tie"
+"""A task: break the tie of a replicated job whose seats' results have no majority (re-run it
+elsewhere; rule the seats that agree with the re-run upheld, the others wrong). Keyed by seat 0
+with attempt 0."""
 """A task: rule on a disputed result (upheld if it passes the check, not upheld if it fails)."""
 
 
@@ -428,6 +434,9 @@ class Mediator:
         if state is None:
             self.state.finish_task(task, "unknown job")
             return
+        if task.kind == TIE:
+            self._tie(task, state)
+            return
         want = Status.SUBMITTED if task.kind == CHECK else Status.DISPUTED
         if state.job.attempt != task.attempt or state.status is not want:
             self.state.finish_task(
@@ -478,6 +487,10 @@ class Mediator:
             self._rule(task, state, False, check.reason)
         elif check.outcome is _Outcome.INTACT and task.kind == DISPUTE:
             self._judge(task, state, now, closes, check.reason)
+        elif check.outcome is _Outcome.INTACT and state.job.replicas:
+            self._decide(task, state, None, f"{check.reason}; paid when the seats agree")
+            first = seat_ids(state.salt, state.job.replicas)[0]
+            self.state.add_task(first, 0, TIE, time.time())  # once per replicated job
         elif check.outcome is _Outcome.INTACT:
             self._decide(task, state, None, f"{check.reason}; paid after the challenge window")
         else:
@@ -617,12 +630,20 @@ class Mediator:
             return
         self._fund_rerun(task, state, spec, closes)
 
-    def _fund_rerun(self, task: Task, state: JobState, spec: JobSpec, closes: int) -> None:
+    def _fund_rerun(
+        self,
+        task: Task,
+        state: JobState,
+        spec: JobSpec,
+        closes: int,
+        exclude: tuple[str, ...] = (),
+        on_unfunded: Callable[[str], None] | None = None,
+    ) -> None:
         """Fund the re-run: the job's spec with the disputed provider and the disputing
         submitter excluded, the job's own bounty, a deadline at the ruling's last moment, this
         mediator as its submitter and mediator. Recorded before ``createJob`` is sent."""
         excluded: list[str] = []
-        for wallet in (state.job.provider, state.job.submitter, *spec.exclude_providers):
+        for wallet in (state.job.provider, state.job.submitter, *exclude, *spec.exclude_providers):
             address = to_checksum_address(wallet)
             if address not in excluded:
                 excluded.append(address)
@@ -649,9 +670,15 @@ class Mediator:
         )
         self._specs[rerun.rerun_id] = rerun_spec
         self.state.start_rerun(rerun)
-        self._send_rerun(task, state, rerun)
+        self._send_rerun(task, state, rerun, on_unfunded)
 
-    def _send_rerun(self, task: Task, state: JobState, rerun: Rerun) -> None:
+    def _send_rerun(
+        self,
+        task: Task,
+        state: JobState,
+        rerun: Rerun,
+        on_unfunded: Callable[[str], None] | None = None,
+    ) -> None:
         """Send the re-run's ``createJob`` (again, after a crash: the fixed salt makes a second
         one revert), then wait for its result."""
         if int(self.client.call("statusOf", rerun.rerun_id)) == Status.NONE:
@@ -674,9 +701,12 @@ class Mediator:
                     why = _one_line(exc.reason or str(exc))
                     self.state.set_rerun(task.job_id, task.attempt, ABANDONED, f"not funded: {why}")
                     self.counters["reruns_not_funded"] += 1
-                    self._integrity_only(
-                        task, state, None, f"the re-run could not be funded: {why}"
-                    )
+                    if on_unfunded is not None:
+                        on_unfunded(f"the re-run could not be funded: {why}")
+                    else:
+                        self._integrity_only(
+                            task, state, None, f"the re-run could not be funded: {why}"
+                        )
                     return
                 sent = None  # it was funded after all (an earlier send landed)
             tx = sent.tx_hash if sent is not None else "an earlier transaction"
@@ -799,6 +829,147 @@ class Mediator:
                     _one_line(exc.reason or str(exc)),
                 )
         return True
+
+    # ------------------------------------------------------------------ replicated ties
+    def _tie(self, task: Task, first: JobState) -> None:
+        """A replicated job naming this mediator whose seats all have a result: with no
+        majority among them, re-run the job on a provider none of the seats' and rule each
+        seat against the re-run's output (agreeing: upheld and paid; different: wrong, its
+        provider slashed and the seat offered again). No ruling when the re-run agrees with no
+        seat: then nobody can tell who is right, and ``resolve`` refunds the open seats once
+        the mediation window after the deadline has passed."""
+        k = first.job.replicas
+        seats = [self.state.job(i) for i in seat_ids(first.salt, k)]
+        if any(s is None for s in seats):
+            self.state.finish_task(task, "a seat of this replicated job is unknown here")
+            return
+        known = [s for s in seats if s is not None]
+        now = self._chain_now()
+        deadline = first.job.deadline
+        if all(s.status.terminal for s in known):
+            self.state.finish_task(task, "resolved")
+            return
+        if any(s.status in (Status.FUNDED, Status.ASSIGNED) for s in known):
+            if now > deadline:
+                self.state.finish_task(task, "seats without a result at the deadline")
+            else:
+                self.state.retry_task(
+                    task, time.time() + self.config.rerun_poll_s, "seats still running", tried=False
+                )
+            return
+        voters: dict[bytes, set[str]] = {}
+        for s in known:
+            if s.status in (Status.SUBMITTED, Status.RELEASED):
+                voters.setdefault(s.job.result_digest, set()).add(s.job.provider)
+        if any(2 * len(v) > k for v in voters.values()):
+            self.state.finish_task(task, "a majority agrees: resolve pays it")
+            return
+        rerun = self.state.rerun(task.job_id, task.attempt)
+        if rerun is None:
+            self._tie_rerun(task, first, known, now)
+            return
+        if rerun.status == FUNDING:
+            self._send_rerun(task, first, rerun, lambda why: self._tie_give_up(task, why))
+            return
+        if rerun.status != FUNDED:
+            self.state.finish_task(task, f"re-run {rerun.status}: {rerun.note}")
+            return
+        mine = self.state.job(rerun.rerun_id)
+        if mine is not None and self._tie_compare(task, known, rerun, mine):
+            return
+        if now >= rerun.deadline or (mine is not None and mine.status is Status.REFUNDED):
+            why = f"re-run 0x{rerun.rerun_id.hex()} gave no usable result in time"
+            self.state.set_rerun(task.job_id, task.attempt, ABANDONED, why)
+            if mine is not None and mine.status is Status.FUNDED:
+                try:
+                    self.client.call_job(self.account, "cancel", mine)
+                except ChainError as exc:
+                    log.warning("mediator: re-run 0x%s not cancelled: %s", mine.job_id.hex(), exc)
+            self._tie_give_up(task, why)
+            return
+        self.state.retry_task(
+            task,
+            time.time() + self.config.rerun_poll_s,
+            f"waiting for tie-break re-run 0x{rerun.rerun_id.hex()}",
+            tried=False,
+        )
+
+    def _tie_rerun(self, task: Task, first: JobState, seats: list[JobState], now: int) -> None:
+        """Fund the tie-break re-run: due well before the seats' deadline, so that a seat
+        ruled wrong can still be run again by another provider."""
+        if not self.config.rerun:
+            self._tie_give_up(task, "re-runs are off on this mediator")
+            return
+        spec, why = self._spec(first)
+        if spec is None or not spec.comparable:
+            self._tie_give_up(task, why or "the job is not deterministic: a re-run cannot judge it")
+            return
+        left = first.job.deadline - now
+        if left < 2 * max(self.config.rerun_min_s, self.min_duration + 10):
+            self._tie_give_up(task, f"no time for a re-run: {left} s to the seats' deadline")
+            return
+        closes = now + left // 2 + int(self.config.window_margin_s)  # half the time left
+        providers = tuple(s.job.provider for s in seats)
+        self._fund_rerun(
+            task, first, spec, closes, providers, lambda why: self._tie_give_up(task, why)
+        )
+
+    def _tie_compare(self, task: Task, seats: list[JobState], rerun: Rerun, mine: JobState) -> bool:
+        """Rule every open seat against the re-run's result if it has a usable one (True)."""
+        if mine.status not in (Status.SUBMITTED, Status.RELEASED) or mine.output_problem:
+            return False
+        ours = mine.output_cid
+        if not isinstance(ours, str) or mine.job.provider in {s.job.provider for s in seats}:
+            return False
+        verdict = verify_output(
+            self.ipfs,
+            ours,
+            max_bytes=self._cap(seats[0])[0],
+            timeout_s=self.config.fetch_timeout_s,
+            work_dir=self.work_dir,
+        )
+        if not verdict.ok:
+            return False
+
+        def agrees(seat: JobState) -> bool:
+            try:
+                return isinstance(seat.output_cid, str) and same_cid(seat.output_cid, ours)
+            except CidError:
+                return False
+
+        open_seats = [s for s in seats if s.status is Status.SUBMITTED]
+        where = f"tie-break re-run 0x{rerun.rerun_id.hex()} by {mine.job.provider} gave {ours}"
+        if not any(agrees(s) for s in seats if s.status in (Status.SUBMITTED, Status.RELEASED)):
+            self.state.set_rerun(
+                task.job_id, task.attempt, COMPARED, f"agrees with no seat: {where}"
+            )
+            self.state.finish_task(task, f"no ruling: {where}, which agrees with no seat")
+            return True
+        self.state.set_rerun(task.job_id, task.attempt, COMPARED, where)
+        self.counters["ties_broken"] += 1
+        for seat in open_seats:
+            same = agrees(seat)
+            seat_task = Task(seat.job_id, seat.job.attempt, TIE, 0, time.time(), "")
+            reason = (
+                f"{where}; this seat gave {seat.output_cid}: {'the same' if same else 'different'}"
+            )
+            self._rule(seat_task, seat, same, reason)
+        self.state.finish_task(task, f"ruled {len(open_seats)} seats: {where}")
+        if mine.status is Status.SUBMITTED:  # pay the re-run's provider now
+            try:
+                self.client.call_job(self.account, "release", mine)
+            except ChainError as exc:
+                log.warning("mediator: re-run 0x%s not released: %s", mine.job_id.hex(), exc)
+        return True
+
+    def _tie_give_up(self, task: Task, why: str) -> None:
+        """No tie-break: the seats stay as they are (``resolve`` refunds them, slashing nobody,
+        once the mediation window after the deadline has passed)."""
+        self.counters["ties_not_broken"] += 1
+        self.state.finish_task(task, f"no ruling: {why}"[:2000])
+        log.info(
+            "mediator: replicated job of seat 0x%s: tie not broken: %s", task.job_id.hex(), why
+        )
 
     def _integrity_only(self, task: Task, state: JobState, intact: str | None, why: str) -> None:
         """Uphold a disputed result that passed integrity, saying why it was not re-run."""

@@ -370,14 +370,15 @@ class ChainStore(JobStore):
             if job.state in lifecycle.HOLDS_SLOT:
                 self._free_slot(conn, node_id)
                 self._held_drop(node_id, [job_id])
-        # a finalize still waiting (for the window, or for the mediator) has nothing left to pay,
-        # and must not hold back the next provider's assign
+        # a finalize (or a seat's resolve) still waiting (for the window, the mediator, the
+        # deadline) has nothing left to pay, and must not hold back the next provider's assign;
+        # the next result of a seat queues its group's resolve again
         conn.execute(
             update(outbox)
             .where(
                 outbox.c.job_id == job_id,
                 outbox.c.status == "pending",
-                outbox.c.kind == "finalize",
+                outbox.c.kind.in_(("finalize", "resolve")),
             )
             .values(status="done", error="moot: the mediator ruled the result wrong")
         )

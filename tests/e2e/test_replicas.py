@@ -127,3 +127,87 @@ class TestReplicas:
         assert sorted(int(e.args["payout"]) for e in paid) == [payout, payout]
         node = grid.api(f"/v1/nodes/{liar.node_id}")
         assert node["jobs_done"] == 0 and node["jobs_failed"] >= 1
+
+    def test_two_seats_split_the_mediator_breaks_the_tie_and_the_liar_is_slashed(
+        self, grid: LocalGrid, inputs: Inputs
+    ) -> None:
+        """Two seats, one liar: no majority. The job's mediator re-runs the job on a provider
+        neither seat's, rules the honest seat upheld (paid) and the liar's wrong (slashed);
+        the liar's seat is run again by another provider and the job resolves 2 of 2."""
+        account = grid.providers[3]  # not one of the agents' wallets, nor the first test's liar
+        grid.escrow.send(account, "registerProvider", "bafkreie2etieliar", value=PROVIDER_STAKE)
+        capacity = NodeCapacityIn(
+            cpu_cores=1, ram_mib=256, disk_mib=4096, region="us", executors=["docker", "wasm"]
+        )
+        liar = WireProvider(grid, account, "tie-liar", capacity)
+        liar.register()
+        got: dict[str, Any] = {}
+        poll = threading.Thread(target=lambda: got.update(a=liar.next_job(20)), daemon=True)
+        poll.start()
+        time.sleep(1.0)
+
+        submitter = grid.submitters[0]
+        spec = wasm_spec("replicated-tie", inputs.module_cid, inputs.dataset_cid)
+        cid = add_spec(grid, spec)
+        deadline = max(int(time.time()), chain_now(grid)) + 1800
+        terms = grid.escrow.default_terms(BOUNTY, submitter.address)
+        group, seats, _ = grid.escrow.create_replicated(
+            submitter, os.urandom(32), cid, deadline, 2 * BOUNTY, 2, terms
+        )
+        ids = ["0x" + s.job_id.hex() for s in seats]
+        poll.join(25)
+        try:
+            offer = got.get("a")
+            assert offer is not None and offer["job_id"] in ids, "the liar was offered no seat"
+            liar.accept(offer)
+            wait_for(
+                "the liar's seat assigned on-chain",
+                lambda: (
+                    grid.escrow.job_state(bytes.fromhex(offer["job_id"][2:])).job.provider
+                    == account.address
+                ),
+                20,
+                every=0.2,
+            )
+            liar.report_result(offer, grid.ipfs.add_bytes(b"mean,41\n"))
+            views = {i: wait_job(grid, i, {"released"}, 240) for i in ids}
+        finally:
+            liar.close()
+
+        liar_seat = offer["job_id"]
+        honest_seat = next(i for i in ids if i != liar_seat)
+        assert views[liar_seat]["output_cid"] == views[honest_seat]["output_cid"]
+        attempts = views[liar_seat]["attempts"]
+        assert attempts[0]["node_id"] == liar.node_id and attempts[0]["outcome"] != "success"
+        assert attempts[-1]["outcome"] == "success" and attempts[-1]["node_id"] != liar.node_id
+
+        events = list(grid.escrow.events(grid.escrow.deployment.block))
+
+        def of(job: str, name: str) -> list[Any]:
+            return [
+                e
+                for e in events
+                if e.name == name and "0x" + bytes(e.args.get("jobId", b"")).hex() == job
+            ]
+
+        (ruled_liar,) = of(liar_seat, "Ruled")
+        (ruled_honest,) = of(honest_seat, "Ruled")
+        assert ruled_liar.args["mediator"] == grid.mediator.address
+        assert not ruled_liar.args["upheld"] and ruled_honest.args["upheld"]
+        (slash,) = of(liar_seat, "ProviderSlashed")
+        assert slash.args["provider"] == account.address
+        assert slash.args["amount"] == terms.collateral
+        (resolved,) = [
+            e for e in events if e.name == "Resolved" and bytes(e.args["groupId"]) == group
+        ]
+        assert resolved.args["agreeing"] == 2 and resolved.args["replicas"] == 2
+        # the mediator's tie-break re-run was a job of its own, paid to a third provider
+        reruns = [
+            e
+            for e in events
+            if e.name == "JobCreated" and e.args["submitter"] == grid.mediator.address
+        ]
+        assert reruns, "the mediator funded no re-run"
+        rerun_state = grid.escrow.job_state(bytes(reruns[-1].args["jobId"]))
+        assert rerun_state.status is Status.RELEASED
+        assert rerun_state.job.provider not in (account.address,)
