@@ -415,8 +415,8 @@ def _expected_seats(
 # --------------------------------------------------------------------------- following
 
 
-def _seat_line(seat: dict[str, Any]) -> str:
-    """One seat, one line, nothing wrapped: ``seat 0  released  0xPROVIDER  CID  agrees``."""
+def _seat_fields(seat: dict[str, Any]) -> str:
+    """A seat's state, provider, output CID and verdict on one line, nothing wrapped."""
     agrees = seat.get("agrees")
     verdict = (
         "slashed"
@@ -428,9 +428,14 @@ def _seat_line(seat: dict[str, Any]) -> str:
         else "-"
     )
     return (
-        f"seat {seat['seat']}  {seat.get('status') or '-':<9}  {seat.get('provider') or '-':<42}  "
+        f"{seat.get('status') or '-':<9}  {seat.get('provider') or '-':<42}  "
         f"{seat.get('output_cid') or '-'}  {verdict}"
     )
+
+
+def _seat_line(seat: dict[str, Any]) -> str:
+    """``seat 0  released   0xPROVIDER  CID  agrees``."""
+    return f"seat {seat['seat']}  {_seat_fields(seat)}"
 
 
 def _verdict_lines(group: dict[str, Any]) -> list[str]:
@@ -584,7 +589,7 @@ def status(
     if group:
         rows.append(("verify", f"{group['verification']}  group {group['group_id']}"))
         for seat in group.get("seats") or []:
-            rows.append((f"seat {seat['seat']}", f"{seat['job_id']}  {_seat_line(seat)}"))
+            rows.append((f"seat {seat['seat']}", f"{seat['job_id']}  {_seat_fields(seat)}"))
         for line in _verdict_lines(group):
             key, _, value = line.partition("  ")
             rows.append((key.strip(), value.strip()))
