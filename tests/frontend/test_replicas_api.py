@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from eth_account.signers.local import LocalAccount
+from eth_utils.crypto import keccak
 
 from frontend_api.index import ChainIndex
 from frontend_api.txs import TxBuilder, TxError
@@ -25,6 +29,7 @@ from gridmarket.escrow import Status, Terms, cid_digest, job_id, seat_ids
 from tests.frontend.conftest import MANUAL_STAKE, FrontendStack, unrunnable_spec
 from tests.frontend.test_api import relay, sign
 
+ROOT = Path(__file__).resolve().parents[2]
 SHARE = 2 * 10**15
 """Each seat's share of the bounty (the escrow's minimum bounty is 10**15)."""
 PINNED = "gridmarket/busybox@sha256:" + "ab" * 32
@@ -325,3 +330,86 @@ def test_terms_say_what_each_verification_means(stack: FrontendStack) -> None:
     poor = "0x" + os.urandom(20).hex()
     response = prepare(stack, **{"from": poor}, dry_run=True)
     assert response.status_code == 400 and response.json()["field"] == "from", response.text
+
+
+def _doc_blocks() -> list[str]:
+    """The ``sh`` blocks of docs/protocol.md's section 7 (replicated jobs), in order."""
+    doc = (ROOT / "docs" / "protocol.md").read_text()
+    section = doc.split("## 7. Replicated jobs", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```sh\n(.*?)\n```", section, re.S)
+
+
+def test_the_protocol_doc_commands_fund_and_read_a_replicated_job(
+    stack: FrontendStack, tmp_path: Path
+) -> None:
+    """docs/protocol.md section 7, run as written with ``cast`` and ``jq`` against the stack's
+    chain: fund three seats, list their ids, and (after three providers deliver by hand, two
+    agreeing, and the group is resolved) read the verdict."""
+    fund_block, seats_block, verdict_block = _doc_blocks()
+    deadline = int(stack.escrow.w3.eth.get_block("latest")["timestamp"]) + 3600
+    created_sig = (
+        "0x"
+        + keccak(
+            text="JobCreated(bytes32,address,uint96,uint40,uint16,address,address,uint96,uint8,"
+            "bytes32,string)"
+        ).hex()
+    )
+    account = stack.devnet.submitters[1]
+    env = {
+        **os.environ,
+        "PATH": f"{ROOT / 'node_modules' / '.bin'}{os.pathsep}{os.environ['PATH']}",
+        "RPC": stack.devnet.url,
+        "ESCROW": stack.escrow.address,
+        "KEY": "0x" + bytes(account.key).hex(),
+        "SUBMITTER": account.address,
+        "MEDIATOR": stack.mediator.address,
+        "SPEC_CID": bytes_cid(b'{"doc": "replicated"}'),
+        "DEADLINE": str(deadline),
+        "BOUNTY": str(SHARE),
+        "CREATED_SIG": created_sig,
+    }
+
+    def sh(script: str, *names: str) -> dict[str, str]:
+        """Run ``script`` in bash; the values of ``names`` it set."""
+        dump = f'for v in {" ".join(names)}; do printf "%s=%s\\0" "$v" "${{!v}}"; done'
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", f"{script}\n{dump}"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return dict(item.partition("=")[::2] for item in done.stdout.split("\0") if item)
+
+    found = sh(
+        f"{fund_block}\n{seats_block}",
+        *("GROUP_SALT", "GROUP_ID", "SEAT_0", "SEATS", "SEAT_COLLATERAL", "GROUP_BOUNTY"),
+    )
+    group = job_id(account.address, env["SPEC_CID"], bytes.fromhex(found["GROUP_SALT"][2:]))
+    seats = ["0x" + s.hex() for s in seat_ids(group, 3)]
+    assert found["GROUP_ID"] == "0x" + group.hex() and found["SEAT_0"] == seats[0]
+    assert found["SEATS"].split() == seats
+    assert found["SEAT_COLLATERAL"] == str(SHARE) and found["GROUP_BOUNTY"] == str(3 * SHARE)
+    for seat in seats:
+        state = stack.chain_job(seat)
+        assert state.status is Status.FUNDED and state.job.bounty == SHARE
+        assert state.job.replicas == 3 and state.salt == group
+
+    providers = [
+        stack.manual_provider,
+        registered(stack, stack.devnet.providers[0]),
+        registered(stack, stack.devnet.providers[1]),
+    ]
+    good, bad = bytes_cid(b"doc: right\n"), bytes_cid(b"doc: wrong\n")
+    for seat, provider, output in zip(seats, providers, (good, bad, good), strict=True):
+        stack.assign_by_hand(seat, provider)
+        stack.submit_by_hand(seat, output)
+    states = [stack.chain_job(s) for s in seats]
+    if any(s.status is Status.SUBMITTED for s in states):
+        with contextlib.suppress(ChainError):  # the scheduler may have resolved it first
+            stack.client().resolve(stack.devnet.providers[0], group, states)
+    _wait_verdict(stack, seats[0])
+    env["BLOCK"] = str(stack.escrow.deployment.block)
+    verdict = sh(
+        f"GROUP_ID={found['GROUP_ID']}\n{verdict_block}", "WINNING", "AGREEING", "SEAT_COUNT"
+    )
+    assert verdict["WINNING"] == "0x" + cid_digest(good).hex()
+    assert (verdict["AGREEING"], verdict["SEAT_COUNT"]) == ("2", "3")
