@@ -353,6 +353,12 @@ class Backend:
         chain = view["chain"]
         view.setdefault("group", None)
         view["state"] = (sched or {}).get("state") or (chain or {}).get("status")
+        if (
+            view["group"] is not None
+            and (chain or {}).get("status") in ("released", "refunded")
+            and view["state"] not in TERMINAL_STATES
+        ):  # a seat settled by `resolve` (sent by anyone): the chain is final before the
+            view["state"] = chain["status"]  # scheduler has folded it
         view["chain_status"] = (chain or {}).get("status")
         view["output_cid"] = (chain or {}).get("output_cid") or (sched or {}).get("output_cid")
         view["spec_cid"] = (chain or {}).get("spec_cid") or (sched or {}).get("spec_cid")

@@ -808,7 +808,13 @@ def jobs(
         f"{'job':<66}  {'status':<9}  {'bounty':>14}  {'paid':<12}  {'deadline':<23}  output\n"
     )
     for j in rows:
-        paid = "on check" if j.get("payment") == "on_verify" else "after window"
+        paid = (
+            f"replicate:{j['replicas']}"
+            if j.get("replicas")
+            else "on check"
+            if j.get("payment") == "on_verify"
+            else "after window"
+        )
         buf.write(
             f"{j['job_id']:<66}  {j['status']:<9}  {eth(j['bounty_wei']):>14}  {paid:<12}  "
             f"{when(j['deadline']):<23}  {j.get('output_cid') or '-'}\n"

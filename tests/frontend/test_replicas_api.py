@@ -117,6 +117,8 @@ def test_prepare_replicate_3_builds_create_replicated_with_k_seats(stack: Fronte
     assert (
         listed[seats[2]]["replicas"] == 3 and listed[seats[2]]["group_id"] == group_view["group_id"]
     )
+    jobs_page = stack.get("/jobs", headers={"accept": "text/html"}).text
+    assert 'data-verification="replicate:3"' in jobs_page
     page = stack.get(f"/jobs/{seats[1]}", headers={"accept": "text/html"})
     assert page.status_code == 200 and 'id="job-group"' in page.text
     assert 'id="job-verdict-pending"' in page.text and page.text.count('class="seat') == 3
@@ -221,6 +223,7 @@ def test_a_resolved_group_shows_its_verdict_and_slash(stack: FrontendStack) -> N
     assert [r["agrees"] for r in rows] == [True, True, False]
     assert [r["slashed"] for r in rows] == [False, False, True]
     assert view["group"]["final"] is True and view["final"] is True
+    assert view["state"] in ("released", "refunded")  # never a stale "queued" once settled
 
     page = stack.get(f"/jobs/{seats[2]}", headers={"accept": "text/html"})
     assert page.status_code == 200
