@@ -505,8 +505,6 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
             "collateral_wei": str(checked.collateral_wei),
             "flags": checked.flags,
             "payment": checked.payment,
-            "verification": checked.verification,
-            "replicas": k,
         },
         "challenge_window_s": int(params.get("challenge_window", 0)),
         "dispute_deposit_wei": str(int(params.get("dispute_deposit", 0))),

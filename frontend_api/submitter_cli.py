@@ -286,9 +286,9 @@ def submit(
         )
         checked = fe.post("/api/jobs/prepare", json={**terms, "spec": probe, "dry_run": True})
         asked = checked["terms"]
-        if int(asked.get("replicas") or 0) != replicas:
+        if int(checked.get("replicas") or 0) != replicas:
             raise CliError(
-                f"the front end prepared {asked.get('verification') or 'integrity'}, "
+                f"the front end prepared {checked.get('verification') or 'integrity'}, "
                 f"not {verification_name(replicas)}"
             )
         if not replicas:
@@ -319,7 +319,7 @@ def submit(
             spec_cid,
             int(prepared["deadline"]),
             int(prepared["bounty_wei"]),
-            asked,
+            {**asked, "replicas": replicas},  # the seat count it must fund
         )
         # 3. signed here, relayed there
         result = relay(fe, sign_tx(account, prepared["tx"]))
