@@ -61,6 +61,7 @@ def test_replicate_choice_and_live_verdict_in_chromium(
 
     assert "k distinct providers" in result["replicate_hint"]
     assert result["on_verify_disabled"] is True
+    assert result["use_quote"].endswith("as bounty (2 runs)"), result["use_quote"]
     assert "must divide by 2: 1 wei too many" in result["price_odd"]
     assert result["price"] == (
         "You pay 0.004 ETH for 2 runs (0.002 ETH per seat); each of the 2 providers locks "

@@ -106,6 +106,9 @@ async function main() {
     await page.locator("#verification-hint-replicate:not(.hidden)").waitFor();
     result.replicate_hint = await page.textContent("#verification-hint-replicate");
     result.on_verify_disabled = await page.isDisabled('input[name="payment"][value="on_verify"]');
+    const use = page.locator("#quote button", { hasText: "runs)" });
+    await use.waitFor({ timeout: 15000 });  // the quote, again for k runs
+    result.use_quote = await use.textContent();
     await page.fill("#bounty", "0.004000000000000001");  // 1 wei too many for 2 seats
     result.price_odd = await page.textContent("#verification-price");
     await page.fill("#bounty", "0.004");
