@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 
-from gridmarket.escrow import Terms
+from gridmarket.escrow import MAX_REPLICAS, Terms, seat_ids
 from gridmarket.escrow import job_id as compute_job_id
 from gridmarket.tiers import REGIONS, TIERS
 from gridmarket.wire import QuoteRequest
@@ -35,7 +35,9 @@ from .forms import (
     check_quote,
     field_error,
     min_collateral,
+    parse_verification,
     quote_fits,
+    verification_name,
 )
 from .records import NotFoundError, hexstr
 from .scheduler import SchedulerError
@@ -135,6 +137,43 @@ async def payouts(
         "payouts": [p.to_json() for p in rows[offset : offset + limit]],
         "totals": [bucket.to_json() for bucket in buckets],
         "head_block": b.index.head,
+    }
+
+
+@router.get("/verdicts")
+async def verdicts(b: BackendDep, limit: int = Query(100, ge=1, le=5000)) -> dict[str, Any]:
+    """Replicated jobs (newest first) with their verdicts (``Resolved``: agreeing count and
+    winning digest), and every slash (``ProviderSlashed``) on the escrow, newest first."""
+    await b.refresh()
+    return verdicts_body(b, limit)
+
+
+def verdicts_body(b: Backend, limit: int) -> dict[str, Any]:
+    groups = b.index.groups()
+    slashes = b.index.events_named("ProviderSlashed")
+    return {
+        "group_count": len(groups),
+        "groups": [g.to_json() for g in groups[:limit]],
+        "slash_count": len(slashes),
+        "slashes": [slash_json(e) for e in slashes[:limit]],
+    }
+
+
+def slash_json(e: Any) -> dict[str, Any]:
+    """A ``ProviderSlashed`` as the explorer lists it (a hostile one shown as it came)."""
+
+    def wei(value: Any) -> str | None:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return {
+        "provider": str(e.args.get("provider")),
+        "job_id": e.job_id,
+        "amount_wei": wei(e.args.get("amount")),
+        "to_mediator_wei": wei(e.args.get("toMediator")),
+        "submitter": str(e.args.get("submitter")),
+        "tx_hash": e.tx_hash,
+        "block": e.block,
+        "time": e.time,
     }
 
 
@@ -301,11 +340,17 @@ async def terms(
     bounty_wei: str | None = None,
     bounty_eth: str | None = None,
     submitter: str | None = None,
+    verification: str | None = None,
 ) -> dict[str, Any]:
     """The terms a job funded now gets unless its submitter chooses others: the default
-    mediator (and every listed one), the least collateral for the bounty, the challenge window,
-    the dispute deposit, and what each payment mode means."""
+    mediator (and every listed one), the least collateral for the bounty (for each seat's
+    share with ``verification=replicate:k``), the challenge window, the dispute deposit, and
+    what each payment mode and verification choice means."""
     sub = _address(submitter, "submitter")
+    try:
+        replicas = parse_verification(verification)
+    except ValueError as exc:
+        raise field_error(exc, "verification") from None
     bounty: int | None = None
     try:
         if bounty_wei not in (None, ""):
@@ -318,19 +363,43 @@ async def terms(
         raise FieldError("bounty_wei", "the bounty cannot be negative")
     await b.refresh()
     params = b.params
-    return terms_body(b, params, bounty, sub)
+    return terms_body(b, params, bounty, sub, replicas)
+
+
+VERIFICATIONS = {
+    "integrity": (
+        "One provider runs the job; the scheduler checks its output exists and hashes to the "
+        "CID it signed (not that the computation was right). You pay one run."
+    ),
+    "replicate": (
+        "k distinct providers (2..5) each run the job for bounty/k; the escrow pays the seats "
+        "whose outputs agree in a strict majority and slashes the collateral of the others. "
+        "You pay k runs; a majority of colluding providers can still agree on a wrong output."
+    ),
+}
+"""What each verification choice means, as the submit page and the CLI say it."""
 
 
 def terms_body(
-    b: Backend, params: dict[str, Any], bounty: int | None, submitter: str | None
+    b: Backend,
+    params: dict[str, Any],
+    bounty: int | None,
+    submitter: str | None,
+    replicas: int = 0,
 ) -> dict[str, Any]:
     window = int(params.get("challenge_window", 0))
+    share = None if bounty is None else bounty // (replicas or 1)
     return {
         "mediator": b.default_mediator(submitter),
         "mediators": b.index.mediators(),
         "operator": params.get("operator"),
         "min_collateral_bps": int(params.get("min_collateral_bps", 10_000)),
-        "min_collateral_wei": None if bounty is None else str(min_collateral(bounty, params)),
+        "min_collateral_wei": None if share is None else str(min_collateral(share, params)),
+        "verification": verification_name(replicas),
+        "replicas": replicas,
+        "max_replicas": MAX_REPLICAS,
+        "share_wei": None if share is None else str(share),
+        "verifications": VERIFICATIONS,
         "challenge_window_s": window,
         "dispute_deposit_wei": str(int(params.get("dispute_deposit", 0))),
         "mediation_window_s": int(params.get("mediation_window", 0)),
@@ -365,7 +434,9 @@ def check_mediator(b: Backend, checked: CheckedJob) -> None:
 @router.post("/jobs/prepare")
 async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
     """Check a job, add its spec to IPFS, and build the ``createJob`` transaction for the
-    submitter's wallet, with its terms (mediator, collateral, payment). Nothing is created when
+    submitter's wallet, with its terms (mediator, collateral, payment); with ``verification:
+    replicate:k`` the ``createReplicated`` transaction instead (``job_id`` is then seat 0's,
+    ``group_id`` and ``seat_ids`` name the group and every seat). Nothing is created when
     a check fails: the spec is added to IPFS only once the transaction's dry run passed (the
     spec's CID is computed locally first)."""
     from gridmarket.cid import bytes_cid
@@ -381,27 +452,49 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
     )
     fields = {
         "collateral": checked.collateral_field,
-        "bounty": "bounty_wei" if req.bounty_wei is not None else "bounty_eth",
+        "bounty": checked.bounty_field,
         "deadline": "deadline" if req.deadline is not None else "ttl_s",
     }
-    tx = await asyncio.to_thread(
-        b.txs.create_job,
-        checked.sender,
-        checked.salt,
-        spec_cid,
-        checked.deadline,
-        checked.bounty_wei,
-        job_terms,
-        fields,
-    )
+    # a single job's id, or a replicated job's group id (the same formula)
     jid = hexstr(compute_job_id(checked.sender, spec_cid, checked.salt))
+    seats: list[str] = []
+    if checked.replicas:
+        tx = await asyncio.to_thread(
+            b.txs.create_replicated,
+            checked.sender,
+            checked.salt,
+            spec_cid,
+            checked.deadline,
+            checked.bounty_wei,
+            checked.replicas,
+            job_terms,
+            fields,
+        )
+        seats = [hexstr(s) for s in seat_ids(bytes.fromhex(jid[2:]), checked.replicas)]
+    else:
+        tx = await asyncio.to_thread(
+            b.txs.create_job,
+            checked.sender,
+            checked.salt,
+            spec_cid,
+            checked.deadline,
+            checked.bounty_wei,
+            job_terms,
+            fields,
+        )
     if not req.dry_run:
         stored = await asyncio.to_thread(add_spec, b, spec_bytes)
         if stored != spec_cid:
             raise HTTPException(502, f"IPFS stored the spec as {stored}, expected {spec_cid}")
+    k = checked.replicas
     return {
         "dry_run": req.dry_run,
-        "job_id": jid,
+        "job_id": seats[0] if seats else jid,
+        "group_id": jid if seats else None,
+        "seat_ids": seats,
+        "verification": checked.verification,
+        "replicas": k,
+        "price": price_view(checked, params),
         "spec_cid": spec_cid,
         "spec": checked.spec.model_dump(mode="json"),
         "salt": hexstr(checked.salt),
@@ -416,7 +509,34 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
         "challenge_window_s": int(params.get("challenge_window", 0)),
         "dispute_deposit_wei": str(int(params.get("dispute_deposit", 0))),
         "tx": tx,
-        "job_url": f"/jobs/{jid}",
+        "job_url": f"/jobs/{seats[0] if seats else jid}",
+    }
+
+
+def price_view(checked: CheckedJob, params: dict[str, Any]) -> dict[str, Any]:
+    """What the submitter pays and what backs each run: the bounty locked now (k seats' shares
+    for ``replicate:k``), each seat's share, the platform fee taken from each payout, and the
+    collateral each provider locks."""
+    runs = checked.replicas or 1
+    share = checked.share_wei
+    fee_bps = int(params.get("fee_bps", 0))
+    return {
+        "verification": checked.verification,
+        "runs": runs,
+        "total_wei": str(checked.bounty_wei),
+        "per_seat_wei": str(share),
+        "fee_bps": fee_bps,
+        "payout_per_seat_wei": str(share - share * fee_bps // 10_000),
+        "collateral_per_seat_wei": str(checked.collateral_wei),
+        "min_collateral_per_seat_wei": str(min_collateral(share, params)),
+        "summary": (
+            f"you lock {checked.bounty_wei} wei for {runs} runs by distinct providers "
+            f"({share} wei each); each provider locks {checked.collateral_wei} wei of "
+            "collateral, lost if its result disagrees with the majority"
+            if checked.replicas
+            else f"you lock {checked.bounty_wei} wei for one run; the provider locks "
+            f"{checked.collateral_wei} wei of collateral"
+        ),
     }
 
 

@@ -341,8 +341,24 @@ class Backend:
             actions["finalize"] = (
                 state.status is Status.SUBMITTED and not terms["window_open"]
             ) or (state.status is Status.DISPUTED and now >= int(terms["mediation_ends"] or 0))
+            if job.replicas:  # a seat is settled with its group (resolve), never on its own
+                actions["dispute"] = actions["finalize"] = False
+                group_id = self.index.group_of(state)
+                view["chain"]["replicas"] = job.replicas
+                view["chain"]["verification"] = f"replicate:{job.replicas}"
+                view["group"] = self.group_view(group_id) if group_id else None
+            else:
+                view["chain"]["replicas"] = 0
+                view["chain"]["verification"] = "integrity"
         chain = view["chain"]
+        view.setdefault("group", None)
         view["state"] = (sched or {}).get("state") or (chain or {}).get("status")
+        if (
+            view["group"] is not None
+            and (chain or {}).get("status") in ("released", "refunded")
+            and view["state"] not in TERMINAL_STATES
+        ):  # a seat settled by `resolve` (sent by anyone): the chain is final before the
+            view["state"] = chain["status"]  # scheduler has folded it
         view["chain_status"] = (chain or {}).get("status")
         view["output_cid"] = (chain or {}).get("output_cid") or (sched or {}).get("output_cid")
         view["spec_cid"] = (chain or {}).get("spec_cid") or (sched or {}).get("spec_cid")
@@ -351,6 +367,8 @@ class Backend:
         view["final"] = (chain or {}).get("status") in ("released", "refunded") or (
             view["state"] in TERMINAL_STATES and chain is not None
         )
+        if view["group"] is not None and not view["group"]["final"]:
+            view["final"] = False  # a seat's page follows its group until every seat is final
         txs: dict[str, dict[str, Any]] = {}
         for event in (chain or {}).get("events", []):
             entry = txs.setdefault(
@@ -365,6 +383,84 @@ class Backend:
             entry["events"].append(event["name"])
         view["transactions"] = list(txs.values())
         return view
+
+    def group_view(self, group_id: str) -> dict[str, Any]:
+        """A replicated job: its seats (state, provider, output CID, whether its result is the
+        majority's), and the verdict of Resolved: agreeing count, winning digest and output,
+        the seats paid and the providers slashed. :class:`NotFoundError` for an unknown group."""
+        group, seats, group_events = self.index.group(group_id)
+        rows: list[dict[str, Any]] = []
+        slashed: list[dict[str, Any]] = []
+        paid: list[str] = []
+        winning_cid: str | None = None
+        for n, (seat_id, state) in enumerate(zip(group.seat_ids, seats, strict=True)):
+            if state is None:
+                rows.append({"seat": n, "job_id": seat_id, "status": "unknown"})
+                continue
+            job = state.job
+            digest = hexstr(job.result_digest) if int.from_bytes(job.result_digest) else None
+            agrees = None
+            if group.resolved and group.majority and digest is not None:
+                agrees = digest == group.result_digest
+                if agrees and winning_cid is None:
+                    winning_cid = state.output_cid
+            _, events = self.index.job(seat_id)
+            slash = next(
+                (
+                    e
+                    for e in events
+                    if e.name == "ProviderSlashed" and e.tx_hash == group.resolved_tx
+                ),
+                None,
+            )
+            provider = None if int(job.provider, 16) == 0 else job.provider
+            if slash is not None:
+                slashed.append(
+                    {
+                        "seat": n,
+                        "job_id": seat_id,
+                        "provider": str(slash.args.get("provider")),
+                        "amount_wei": str(slash.args.get("amount")),
+                        "tx_hash": slash.tx_hash,
+                    }
+                )
+            if state.status is Status.RELEASED and provider:
+                paid.append(provider)
+            rows.append(
+                {
+                    "seat": n,
+                    "job_id": seat_id,
+                    "status": state.status.name.lower(),
+                    "provider": provider,
+                    "output_cid": state.output_cid,
+                    "result_digest": digest,
+                    "agrees": agrees,
+                    "slashed": slash is not None,
+                    "problem": state.problem,
+                }
+            )
+        final = all(r["status"] in ("released", "refunded") for r in rows)
+        verdict: dict[str, Any] | None = None
+        if group.resolved:
+            verdict = {
+                "majority": group.majority,
+                "agreeing": group.agreeing,
+                "replicas": group.replicas,
+                "result_digest": group.result_digest,
+                "output_cid": winning_cid,
+                "paid": paid,
+                "slashed": slashed,
+                "tx_hash": group.resolved_tx,
+                "time": group.resolved_time,
+            }
+        return {
+            **group.to_json(),
+            "verification": f"replicate:{group.replicas}",
+            "seats": rows,
+            "final": final,
+            "verdict": verdict,
+            "events": [e.to_json() for e in group_events],
+        }
 
     async def address_view(self, address: str) -> dict[str, Any]:
         """Totals from the events, live balance and stake, jobs and nodes of one address."""
@@ -479,6 +575,8 @@ def job_summary(state: JobState) -> dict[str, Any]:
         "mediator": job.mediator,
         "collateral_wei": str(job.collateral),
         "payment": "on_verify" if job.on_verify else "after_window",
+        "replicas": job.replicas,
+        "group_id": hexstr(state.salt) if job.replicas else None,
         "spec_cid": state.spec_cid,
         "output_cid": state.output_cid,
         "problem": state.problem,

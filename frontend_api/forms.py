@@ -8,11 +8,12 @@ the message next to that field.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gridmarket.escrow import FLAG_ON_VERIFY, MAX_TIMESTAMP, MAX_WEI, ZERO_ADDRESS
+from gridmarket.escrow import FLAG_ON_VERIFY, MAX_REPLICAS, MAX_TIMESTAMP, MAX_WEI, ZERO_ADDRESS
 from gridmarket.wire import MAX_SPEC_BYTES, JobSpec, QuoteRequest
 
 from .format import parse_eth
@@ -21,6 +22,33 @@ from .values import parse_address, parse_bytes32
 DEADLINE_MARGIN_S = 60
 """A deadline must leave this much more than the escrow's minimum duration: the transaction
 is mined some time after it was built."""
+
+_REPLICATE = re.compile(r"^replicate\s*[:=]\s*(\d+)$")
+
+
+def parse_verification(value: object) -> int:
+    """The seat count a verification choice asks for: 0 for ``integrity`` (one provider),
+    k for ``replicate:k`` (k = 2..MAX_REPLICAS distinct providers). ValueError naming the
+    ``verification`` field otherwise."""
+    text = str(value if value is not None else "integrity").strip().lower()
+    if text in ("", "integrity"):
+        return 0
+    match = _REPLICATE.match(text)
+    if match is None:
+        raise ValueError(
+            f"verification: {value!r} is not integrity or replicate:k (k = 2..{MAX_REPLICAS})"
+        )
+    k = int(match.group(1))
+    if not 2 <= k <= MAX_REPLICAS:
+        raise ValueError(
+            f"verification: replicate:{k} asks for {k} seats; k must be 2..{MAX_REPLICAS}"
+        )
+    return k
+
+
+def verification_name(replicas: int) -> str:
+    """``integrity`` or ``replicate:k``: the name of a seat count (see parse_verification)."""
+    return f"replicate:{replicas}" if replicas else "integrity"
 
 
 class FieldError(ValueError):
@@ -90,6 +118,11 @@ class PrepareJobRequest(BaseModel):
     collateral_wei: int | str | None = None
     collateral_eth: str | float | None = None
     payment: Literal["after_window", "on_verify"] = "after_window"
+    verification: str = Field("integrity", max_length=32)
+    """``integrity`` (one provider; the scheduler checks the output exists and hashes to its
+    CID) or ``replicate:k`` (k = 2..5 seats run by distinct providers, each funded with
+    ``bounty / k`` and backed by ``collateral`` of its own; ``resolve`` pays the agreeing
+    majority and slashes the others). Replicated jobs are paid after the window only."""
     dry_run: bool = False
     """Check everything (the transaction's dry run included) but add nothing to IPFS."""
 
@@ -107,10 +140,22 @@ class CheckedJob(BaseModel):
     flags: int
     collateral_field: str = "collateral_eth"
     """The request field the collateral came from (or would have: it was left out)."""
+    replicas: int = 0
+    """Seats of a replicated job (2..5); 0 for a single job (``integrity``)."""
+    bounty_field: str = "bounty_eth"
 
     @property
     def payment(self) -> str:
         return "on_verify" if self.flags & FLAG_ON_VERIFY else "after_window"
+
+    @property
+    def share_wei(self) -> int:
+        """What each seat is funded with (the whole bounty for a single job)."""
+        return self.bounty_wei // self.replicas if self.replicas else self.bounty_wei
+
+    @property
+    def verification(self) -> str:
+        return verification_name(self.replicas)
 
 
 def min_collateral(bounty: int, params: dict[str, Any]) -> int:
@@ -158,6 +203,10 @@ def check_job(req: PrepareJobRequest, *, chain_now: int, params: dict[str, Any])
         except ValueError as exc:
             raise field_error(exc, "bounty_eth") from None
         bounty_field = "bounty_eth"
+    try:
+        replicas = parse_verification(req.verification)
+    except ValueError as exc:
+        raise field_error(exc, "verification") from None
     min_bounty = int(params.get("min_bounty", 0))
     if bounty < max(1, min_bounty):
         raise FieldError(
@@ -165,6 +214,34 @@ def check_job(req: PrepareJobRequest, *, chain_now: int, params: dict[str, Any])
         )
     if bounty > MAX_WEI:
         raise FieldError(bounty_field, f"the bounty must be at most {MAX_WEI} wei (uint96)")
+    share = bounty
+    if replicas:
+        if req.payment == "on_verify":
+            raise FieldError(
+                "payment",
+                f"replicate:{replicas} is paid only when the seats' results agree (resolve): "
+                "choose after_window, or integrity verification for on_verify",
+            )
+        if bounty % replicas:
+            raise FieldError(
+                bounty_field,
+                f"the bounty ({bounty} wei) must divide by {replicas} (replicate:{replicas}: "
+                f"each seat gets an equal share); e.g. {bounty - bounty % replicas} wei",
+            )
+        share = bounty // replicas
+        image = spec.image or ""
+        if spec.executor.value == "docker" and "@sha256:" not in image:
+            raise FieldError(
+                "spec.image",
+                f"replicate:{replicas} compares the seats' outputs: a Docker image must be "
+                f"pinned by digest (name@sha256:<hex>), not {image!r}",
+            )
+        if share < max(1, min_bounty):
+            raise FieldError(
+                bounty_field,
+                f"each of the {replicas} seats gets {share} wei, less than the escrow's "
+                f"minimum bounty ({min_bounty} wei): fund at least {min_bounty * replicas} wei",
+            )
 
     if req.deadline is not None and req.ttl_s is not None:
         raise FieldError("deadline", "give deadline or ttl_s, not both")
@@ -200,7 +277,7 @@ def check_job(req: PrepareJobRequest, *, chain_now: int, params: dict[str, Any])
         except ValueError as exc:
             raise field_error(exc, "salt") from None
 
-    mediator, collateral, collateral_field = check_terms(req, sender, bounty, params)
+    mediator, collateral, collateral_field = check_terms(req, sender, share, params, replicas)
     return CheckedJob(
         sender=sender,
         spec=spec,
@@ -211,14 +288,17 @@ def check_job(req: PrepareJobRequest, *, chain_now: int, params: dict[str, Any])
         collateral_wei=collateral,
         flags=FLAG_ON_VERIFY if req.payment == "on_verify" else 0,
         collateral_field=collateral_field,
+        replicas=replicas,
+        bounty_field=bounty_field,
     )
 
 
 def check_terms(
-    req: PrepareJobRequest, sender: str, bounty: int, params: dict[str, Any]
+    req: PrepareJobRequest, sender: str, bounty: int, params: dict[str, Any], replicas: int = 0
 ) -> tuple[str, int, str]:
     """The mediator, collateral (wei) and the collateral's field name, checked against what
-    the deployment allows. Whether the mediator is listed on-chain is the caller's check."""
+    the deployment allows (``bounty``: one seat's share for a replicated job, whose collateral
+    is each seat's). Whether the mediator is listed on-chain is the caller's check."""
     if req.mediator is None or str(req.mediator).strip() == "":
         mediator = default_mediator(params, sender)
     else:
@@ -254,8 +334,8 @@ def check_terms(
         raise FieldError(
             field,
             f"the collateral must be at least {least} wei "
-            f"(minCollateral: {int(params.get('min_collateral_bps', 10_000)) / 100:g}% of the "
-            "bounty)",
+            f"(minCollateral: {int(params.get('min_collateral_bps', 10_000)) / 100:g}% of "
+            + ("each seat's share of the bounty)" if replicas else "the bounty)"),
         )
     if collateral > MAX_WEI:
         raise FieldError(field, f"the collateral must be at most {MAX_WEI} wei (uint96)")

@@ -38,7 +38,15 @@ from hexbytes import HexBytes
 from web3.exceptions import BlockNotFound
 
 from gridmarket.chain import EscrowClient, Event, abi_type
-from gridmarket.escrow import JOB_EVENTS, JobState, Status, apply_event, decode_text
+from gridmarket.escrow import (
+    JOB_EVENTS,
+    MAX_REPLICAS,
+    JobState,
+    Status,
+    apply_event,
+    decode_text,
+    seat_ids,
+)
 
 from .records import (
     AddressStats,
@@ -46,7 +54,9 @@ from .records import (
     ChainEvent,
     NotFoundError,
     Payout,
+    ReplicaGroup,
     TxView,
+    group_id_of,
     hexstr,
     pick_bucket,
 )
@@ -105,6 +115,9 @@ class ChainIndex:
         self._addresses: dict[str, AddressStats] = {}
         self._mediators: dict[str, bool] = {}  # MediatorListed, in log order
         self._bad_events: list[tuple[int, str]] = []  # (seq, why) events that did not fold
+        self._groups: dict[str, ReplicaGroup] = {}  # replicated jobs by group id (0x hex)
+        self._group_order: list[str] = []
+        self._group_events: dict[str, list[int]] = {}
 
     # ------------------------------------------------------------------ reading the chain
     @property
@@ -223,6 +236,9 @@ class ChainIndex:
         job_id = event.job_id
         if job_id is not None and (event.name in JOB_EVENTS or job_id in self._jobs):
             self._job_events.setdefault(job_id, []).append(seq)
+        group_id = group_id_of(event)
+        if group_id is not None:
+            self._group_events.setdefault(group_id, []).append(seq)
         try:
             if event.name in JOB_EVENTS and job_id is not None:
                 previous = self._jobs.get(job_id)
@@ -285,6 +301,10 @@ class ChainIndex:
             m.rulings += 1
             if not args["upheld"]:
                 m.rulings_against += 1
+        elif name == "ReplicasCreated":
+            self._group_created(event)
+        elif name == "Resolved":
+            self._group_resolved(event)
         elif name == "MediatorListed":
             self._mediators[to_checksum_address(args["mediator"])] = bool(args["listed"])
         elif name == "ProviderRegistered":
@@ -298,7 +318,89 @@ class ChainIndex:
             t = self._stats(to_checksum_address(args["treasury"]))
             t.fees_collected += int(args["amount"])
 
+    def _group_created(self, event: ChainEvent) -> None:
+        """A ``ReplicasCreated``: a group of ``replicas`` seats (their JobCreated follow)."""
+        group_id = group_id_of(event)
+        replicas = event.args["replicas"]
+        if group_id is None:
+            raise ValueError("ReplicasCreated without a 32-byte groupId")
+        if not isinstance(replicas, int) or not 2 <= replicas <= MAX_REPLICAS:
+            raise ValueError(f"ReplicasCreated with {replicas!r} replicas (2..{MAX_REPLICAS})")
+        if group_id in self._groups:
+            raise ValueError(f"ReplicasCreated for a group already known: {group_id}")
+        self._groups[group_id] = ReplicaGroup(
+            group_id=group_id,
+            submitter=to_checksum_address(event.args["submitter"]),
+            replicas=replicas,
+            seat_ids=[hexstr(s) for s in seat_ids(bytes.fromhex(group_id[2:]), replicas)],
+            created_tx=event.tx_hash,
+            created_time=event.time,
+        )
+        self._group_order.append(group_id)
+
+    def _group_resolved(self, event: ChainEvent) -> None:
+        """A ``Resolved``: the verdict of a group the log created (its seats' payouts, refunds
+        and slashes follow as job events)."""
+        group_id = group_id_of(event)
+        group = self._groups.get(group_id) if group_id is not None else None
+        if group is None:
+            raise ValueError(f"Resolved for a group the log never created: {group_id}")
+        digest, agreeing, replicas = (
+            event.args["resultDigest"],
+            event.args["agreeing"],
+            event.args["replicas"],
+        )
+        if not isinstance(digest, bytes | bytearray) or len(digest) != 32:
+            raise ValueError("Resolved without a 32-byte resultDigest")
+        if replicas != group.replicas or not isinstance(agreeing, int):
+            raise ValueError(f"Resolved for {replicas!r} seats, the group has {group.replicas}")
+        if not 0 <= agreeing <= replicas:
+            raise ValueError(f"Resolved with {agreeing!r} agreeing of {replicas} seats")
+        if group.resolved_tx is not None:
+            raise ValueError(f"a second Resolved for {group_id}")
+        group.result_digest = hexstr(bytes(digest))
+        group.agreeing = agreeing
+        group.resolved_tx = event.tx_hash
+        group.resolved_time = event.time
+
     # ------------------------------------------------------------------ queries
+    def group(self, group_id: str) -> tuple[ReplicaGroup, list[JobState | None], list[ChainEvent]]:
+        """A replicated job: the group, its seats' folded states in seat order (None for a
+        seat the log has not created) and the group's own events; :class:`NotFoundError`."""
+        with self._lock:
+            group = self._groups.get(group_id)
+            if group is None:
+                raise NotFoundError(f"no replicated job {group_id} on escrow {self.escrow.address}")
+            seats = [self._jobs.get(s) for s in group.seat_ids]
+            events = [self._events[i] for i in self._group_events.get(group_id, [])]
+            return replace(group, seat_ids=list(group.seat_ids)), seats, events
+
+    def group_of(self, state: JobState) -> str | None:
+        """The group id of a seat (its JobCreated's ``salt``), when the log created that group
+        and the job is one of its seats; None for a single job."""
+        if not state.job.replicas:
+            return None
+        group_id = hexstr(state.salt)
+        with self._lock:
+            group = self._groups.get(group_id)
+            if group is None or hexstr(state.job_id) not in group.seat_ids:
+                return None
+        return group_id
+
+    def groups(self) -> list[ReplicaGroup]:
+        """Replicated jobs, newest first (copies)."""
+        with self._lock:
+            return [
+                replace(self._groups[g], seat_ids=list(self._groups[g].seat_ids))
+                for g in reversed(self._group_order)
+            ]
+
+    def events_named(self, *names: str, limit: int | None = None) -> list[ChainEvent]:
+        """Events with one of these names (``ProviderSlashed``, ``Resolved``...), newest first."""
+        with self._lock:
+            rows = [e for e in reversed(self._events) if e.name in names]
+        return rows[:limit] if limit is not None else rows
+
     def mediators(self) -> list[str]:
         """Mediators listed now (``MediatorListed`` events), in the order they were listed."""
         with self._lock:

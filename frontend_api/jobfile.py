@@ -20,7 +20,10 @@ submission fields, which are not part of the spec:
     ETH the provider locks while it holds the job (default and minimum: ``minCollateral``);
 ``payment``
     ``after-window`` (default: paid when accepted, or when nobody disputed within the challenge
-    window) or ``on-verify`` (paid at once on the scheduler's check: you trust the scheduler).
+    window) or ``on-verify`` (paid at once on the scheduler's check: you trust the scheduler);
+``verification``
+    ``integrity`` (default: one provider) or ``replicate:k`` (k = 2..5 distinct providers, each
+    paid ``bounty / k`` when their outputs agree in a majority; ``collateral`` is each seat's).
 
 Relative paths are relative to the job file. See docs/submitter.md and examples/.
 """
@@ -39,7 +42,7 @@ from pydantic import ValidationError
 
 from gridmarket.wire import JobSpec
 
-from .forms import spec_error
+from .forms import parse_verification, spec_error, verification_name
 
 SUBMISSION_FIELDS = (
     "dataset",
@@ -50,6 +53,7 @@ SUBMISSION_FIELDS = (
     "mediator",
     "collateral",
     "payment",
+    "verification",
 )
 PAYMENTS = ("after-window", "on-verify")
 PLACEHOLDER_CID = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
@@ -79,6 +83,8 @@ class JobFile:
     collateral_eth: str | None = None
     payment: str | None = None
     """``after-window`` or ``on-verify``; None: the default (after the window)."""
+    verification: str | None = None
+    """``integrity`` or ``replicate:k``; None: the default (integrity)."""
 
     def spec_with(
         self, *, dataset_cid: str | None = None, module_cid: str | None = None
@@ -175,6 +181,12 @@ def load_job_file(path: Path) -> JobFile:
     if mediator is not None and not isinstance(mediator, str):
         raise JobFileError(f"{path}: mediator: {mediator!r} is not a 0x address")
     collateral = data.get("collateral")
+    verification = data.get("verification")
+    if verification is not None:
+        try:
+            verification = verification_name(parse_verification(verification))
+        except ValueError as exc:
+            raise JobFileError(f"{path}: {exc}") from None
 
     # The spec is checked here, with placeholders for what is still to upload, so that a typo
     # is reported before anything is uploaded or signed.
@@ -200,4 +212,5 @@ def load_job_file(path: Path) -> JobFile:
         mediator=mediator,
         collateral_eth=None if collateral is None else str(collateral),
         payment=payment,
+        verification=verification,
     )

@@ -16,11 +16,19 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.background import BackgroundTask
 
 from gridmarket.cid import CidError, normalize_cid
+from gridmarket.escrow import MAX_REPLICAS
 from gridmarket.ipfs import ContentTooLargeError, ContentVerificationError, IpfsError
 from gridmarket.tiers import REGIONS, TIERS
 
 from . import svg
-from .api import BackendDep, _address, _job_id, _required_address
+from .api import (
+    VERIFICATIONS,
+    BackendDep,
+    _address,
+    _job_id,
+    _required_address,
+    verdicts_body,
+)
 from .backend import ON_VERIFY_TRUST, Backend, job_summary
 from .forms import FieldError
 from .records import NotFoundError, hexstr
@@ -98,6 +106,7 @@ async def payouts_page(
         fees=sum(p.fee for p in rows),
         chart=svg.totals_chart(b.index.totals(rows)),
         filters={"provider": prov or "", "submitter": sub or "", "job": jid or ""},
+        verdicts=verdicts_body(b, 100),
     )
 
 
@@ -176,6 +185,8 @@ async def submit_page(request: Request, b: BackendDep) -> Response:
         mediator=b.default_mediator() or "",
         mediators=b.index.mediators(),
         on_verify_trust=ON_VERIFY_TRUST,
+        verifications=VERIFICATIONS,
+        max_replicas=MAX_REPLICAS,
     )
 
 

@@ -77,6 +77,58 @@ class ChainEvent:
         }
 
 
+def group_id_of(event: ChainEvent) -> str | None:
+    """The ``groupId`` a ReplicasCreated or Resolved names, as 0x hex; None when it has none
+    (or a malformed one: hostile logs are shown, never trusted)."""
+    raw = event.args.get("groupId")
+    if isinstance(raw, bytes | bytearray) and len(raw) == 32:
+        return hexstr(bytes(raw))
+    return None
+
+
+@dataclass
+class ReplicaGroup:
+    """A replicated job (``createReplicated``) as its ReplicasCreated and Resolved say."""
+
+    group_id: str
+    submitter: str
+    replicas: int
+    seat_ids: list[str]
+    """The seats' job ids, seat i at index i: ``keccak256(abi.encode(groupId, i))``."""
+    created_tx: str
+    created_time: int
+    result_digest: str | None = None
+    """The digest the majority agreed on (0x00..00: no majority); None until Resolved."""
+    agreeing: int | None = None
+    resolved_tx: str | None = None
+    resolved_time: int | None = None
+
+    @property
+    def resolved(self) -> bool:
+        return self.resolved_tx is not None
+
+    @property
+    def majority(self) -> bool:
+        """Whether Resolved named a majority (False before it, or when none was reached)."""
+        return bool(self.agreeing) and self.result_digest != "0x" + "00" * 32
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "submitter": self.submitter,
+            "replicas": self.replicas,
+            "seat_ids": list(self.seat_ids),
+            "created_tx": self.created_tx,
+            "created_time": self.created_time,
+            "resolved": self.resolved,
+            "result_digest": self.result_digest,
+            "agreeing": self.agreeing,
+            "majority": self.majority,
+            "resolved_tx": self.resolved_tx,
+            "resolved_time": self.resolved_time,
+        }
+
+
 @dataclass(frozen=True)
 class Payout:
     """A ``JobReleased``: the provider was credited ``amount`` and the platform ``fee``."""

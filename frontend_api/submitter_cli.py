@@ -208,6 +208,14 @@ def submit(
             "(you trust the scheduler)"
         ),
     ] = None,
+    verification: Annotated[
+        str | None,
+        typer.Option(
+            help="integrity: one provider (default); replicate:k (k = 2..5): k distinct "
+            "providers each run it for bounty/k, the agreeing majority is paid and the others "
+            "slashed (you pay k runs; --collateral is each seat's)"
+        ),
+    ] = None,
     registry: Annotated[
         str | None,
         typer.Option(
@@ -221,10 +229,20 @@ def submit(
     from gridmarket.cid import bytes_cid
     from gridmarket.wire import JobSpec
 
+    from .forms import parse_verification, verification_name
     from .jobfile import load_job_file, parse_deadline
 
     opts = _opts(ctx)
     job = load_job_file(job_file)
+    try:
+        replicas = parse_verification(verification or job.verification)
+    except ValueError as exc:
+        raise CliError(f"--{exc}") from None
+    if replicas and payment is None and job.payment == "on-verify":
+        raise CliError(
+            f"{job_file}: payment: on-verify cannot be used with replicate:{replicas} "
+            "(a replicated job is paid only when its seats agree)"
+        )
     payment_mode = (payment or job.payment or "after-window").strip().lower().replace("_", "-")
     if payment_mode not in ("after-window", "on-verify"):
         raise CliError(f"--payment: {payment!r} is not after-window or on-verify")
@@ -252,6 +270,7 @@ def submit(
         if ttl_s is not None:
             terms["ttl_s"] = ttl_s
         terms["payment"] = payment_mode.replace("-", "_")
+        terms["verification"] = verification_name(replicas)
         if mediator is not None:
             terms["mediator"] = mediator
         if collateral is not None:
@@ -259,13 +278,21 @@ def submit(
         # 1. everything checked (the transaction's dry run included) before any upload
         from .jobfile import PLACEHOLDER_CID
 
+        if replicas:  # seats compare outputs: the image is pinned before the front end checks
+            job = pin_image(job, registry or info.get("registry"))
         probe = job.spec_with(
             dataset_cid=PLACEHOLDER_CID if job.dataset else None,
             module_cid=PLACEHOLDER_CID if job.module else None,
         )
         checked = fe.post("/api/jobs/prepare", json={**terms, "spec": probe, "dry_run": True})
         asked = checked["terms"]
-        job = pin_image(job, registry or info.get("registry"))  # the tag, pinned to its digest
+        if int(checked.get("replicas") or 0) != replicas:
+            raise CliError(
+                f"the front end prepared {checked.get('verification') or 'integrity'}, "
+                f"not {verification_name(replicas)}"
+            )
+        if not replicas:
+            job = pin_image(job, registry or info.get("registry"))  # the tag, to its digest
         if mediator is not None and asked["mediator"].lower() != mediator.strip().lower():
             raise CliError(f"the front end chose mediator {asked['mediator']}, not {mediator}")
         if dry_run:
@@ -274,6 +301,7 @@ def submit(
                 f"until {when(checked['deadline'])}"
             )
             typer.echo(f"  terms    {_terms_line(asked, checked)}")
+            typer.echo(f"  verify   {_verification_line(checked)}")
             return
         # 2. the files, then the spec and the transaction
         dataset_cid = upload_dataset(fe, job.dataset) if job.dataset else None
@@ -291,16 +319,22 @@ def submit(
             spec_cid,
             int(prepared["deadline"]),
             int(prepared["bounty_wei"]),
-            asked,
+            {**asked, "replicas": replicas},  # the seat count it must fund
         )
         # 3. signed here, relayed there
         result = relay(fe, sign_tx(account, prepared["tx"]))
-        created = [e for e in result.get("events", []) if e["name"] == "JobCreated"]
-        if not created or created[0]["args"]["jobId"] != prepared["job_id"]:
+        events = result.get("events", [])
+        created = [e["args"]["jobId"] for e in events if e["name"] == "JobCreated"]
+        expected = _expected_seats(prepared, account.address, spec_cid, replicas)
+        if created != expected:
             raise CliError(f"transaction {result['tx_hash']} did not create the job")
         job_id = prepared["job_id"]
         out = {
             "job_id": job_id,
+            "verification": verification_name(replicas),
+            "group_id": prepared.get("group_id"),
+            "seat_ids": expected if replicas else [],
+            "price": prepared.get("price"),
             "spec_cid": spec_cid,
             "tx_hash": result["tx_hash"],
             "bounty_wei": prepared["bounty_wei"],
@@ -317,10 +351,20 @@ def submit(
                 f"  funded   {eth(prepared['bounty_wei'])}, deadline {when(prepared['deadline'])}"
             )
             typer.echo(f"  terms    {_terms_line(asked, prepared)}")
+            typer.echo(f"  verify   {_verification_line(prepared)}")
+            if replicas:
+                typer.echo(f"  group    {prepared['group_id']}")
+                for n, seat in enumerate(expected):
+                    typer.echo(f"  seat {n}   {seat}")
             typer.echo(f"  spec     {spec_cid}")
             typer.echo(f"  tx       {out['tx_url']}")
             typer.echo(f"  follow   {out['url']}")
-        if wait:
+        if wait and replicas:
+            group = _follow_group(fe, job_id, timeout, quiet=as_json)
+            verdict = group.get("verdict") or {}
+            if not verdict.get("majority"):
+                raise typer.Exit(1)
+        elif wait:
             final = _follow(fe, job_id, timeout, quiet=as_json)
             if final.get("chain_status") != "released" and final.get("state") != "released":
                 raise typer.Exit(1)
@@ -339,7 +383,107 @@ def _terms_line(terms: dict[str, Any], prepared: dict[str, Any]) -> str:
     return f"mediator {terms['mediator']}, collateral {eth(terms['collateral_wei'])}, {mode}"
 
 
+def _verification_line(prepared: dict[str, Any]) -> str:
+    """``replicate:3: you pay 0.03 ETH for 3 runs (0.01 ETH per seat), each provider locks
+    0.01 ETH of collateral`` (or ``integrity: one run``)."""
+    price = prepared.get("price") or {}
+    runs = int(price.get("runs") or 1)
+    if runs == 1:
+        return f"integrity: one provider, you pay {eth(prepared['bounty_wei'])} for one run"
+    return (
+        f"{price['verification']}: you pay {eth(price['total_wei'])} for {runs} runs by "
+        f"distinct providers ({eth(price['per_seat_wei'])} per seat), each provider locks "
+        f"{eth(price['collateral_per_seat_wei'])} of collateral"
+    )
+
+
+def _expected_seats(
+    prepared: dict[str, Any], submitter: str, spec_cid: str, replicas: int
+) -> list[str]:
+    """The job ids the funding transaction must create, computed here (not taken from the
+    front end): the job's id, or the seats of the group ``keccak256(submitter, spec, salt)``."""
+    from gridmarket.escrow import job_id as compute_job_id
+    from gridmarket.escrow import seat_ids
+
+    salt = bytes.fromhex(str(prepared["salt"])[2:])
+    base = compute_job_id(submitter, spec_cid, salt)
+    if not replicas:
+        return ["0x" + base.hex()]
+    return ["0x" + s.hex() for s in seat_ids(base, replicas)]
+
+
 # --------------------------------------------------------------------------- following
+
+
+def _seat_fields(seat: dict[str, Any]) -> str:
+    """A seat's state, provider, output CID and verdict on one line, nothing wrapped."""
+    agrees = seat.get("agrees")
+    verdict = (
+        "slashed"
+        if seat.get("slashed")
+        else "agrees"
+        if agrees is True
+        else "disagrees"
+        if agrees is False
+        else "-"
+    )
+    return (
+        f"{seat.get('status') or '-':<9}  {seat.get('provider') or '-':<42}  "
+        f"{seat.get('output_cid') or '-'}  {verdict}"
+    )
+
+
+def _seat_line(seat: dict[str, Any]) -> str:
+    """``seat 0  released   0xPROVIDER  CID  agrees``."""
+    return f"seat {seat['seat']}  {_seat_fields(seat)}"
+
+
+def _verdict_lines(group: dict[str, Any]) -> list[str]:
+    """The Resolved verdict: agreeing count, winning output and digest, who was slashed."""
+    v = group.get("verdict")
+    if not v:
+        return ["verdict  not resolved yet"]
+    if not v.get("majority"):
+        return [f"verdict  no majority of {v['replicas']}: open seats refunded, nobody slashed"]
+    lines = [
+        f"verdict  {v['agreeing']} of {v['replicas']} agree  output {v.get('output_cid') or '-'}"
+        f"  digest {v['result_digest']}",
+        f"paid     {len(v.get('paid') or [])} seat(s)",
+    ]
+    for x in v.get("slashed") or []:
+        lines.append(f"slashed  seat {x['seat']}  {x['provider']}  {eth(x['amount_wei'])}")
+    if not v.get("slashed"):
+        lines.append("slashed  none")
+    return lines
+
+
+def _follow_group(fe: Frontend, job_id: str, timeout: float, quiet: bool = False) -> dict[str, Any]:
+    """Follow every seat of the replicated job ``job_id`` is a seat of until all are final;
+    print each seat line as it changes, then the verdict. The group's last view."""
+    deadline = time.monotonic() + timeout
+    shown: dict[int, str] = {}
+    group: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            view = fe.get(f"/api/jobs/{job_id}")
+        except CliError as exc:
+            if "not on escrow" not in str(exc):
+                raise
+            time.sleep(1)
+            continue
+        group = view.get("group") or {}
+        for seat in group.get("seats") or []:
+            line = _seat_line(seat)
+            if shown.get(seat["seat"]) != line and not quiet:
+                typer.echo(f"{time.strftime('%H:%M:%S')}  {line}")
+            shown[seat["seat"]] = line
+        if group.get("final"):  # resolve settles every seat and says Resolved in one tx
+            if not quiet:
+                for line in _verdict_lines(group):
+                    typer.echo(line)
+            return group
+        time.sleep(1)
+    raise CliError(f"the seats of {job_id} are not all final after {timeout:.0f} s")
 
 
 def _follow(fe: Frontend, job_id: str, timeout: float, quiet: bool = False) -> dict[str, Any]:
@@ -441,6 +585,16 @@ def status(
             )
             rows.append(("ruling", f"attempt {r['attempt']}: {verdict}"))
     rows.append(("output", view.get("output_cid") or "-"))
+    group = view.get("group")
+    if group:
+        rows.append(("verify", f"{group['verification']}  group {group['group_id']}"))
+        for seat in group.get("seats") or []:
+            rows.append((f"seat {seat['seat']}", f"{seat['job_id']}  {_seat_fields(seat)}"))
+        for line in _verdict_lines(group):
+            key, _, value = line.partition("  ")
+            rows.append((key.strip(), value.strip()))
+    elif chain:
+        rows.append(("verify", chain.get("verification") or "integrity"))
     commands = {"release": "accept"}  # the CLI's name for the submitter's release
     allowed = [commands.get(name, name) for name, ok in (view.get("actions") or {}).items() if ok]
     if allowed:
@@ -654,7 +808,13 @@ def jobs(
         f"{'job':<66}  {'status':<9}  {'bounty':>14}  {'paid':<12}  {'deadline':<23}  output\n"
     )
     for j in rows:
-        paid = "on check" if j.get("payment") == "on_verify" else "after window"
+        paid = (
+            f"replicate:{j['replicas']}"
+            if j.get("replicas")
+            else "on check"
+            if j.get("payment") == "on_verify"
+            else "after window"
+        )
         buf.write(
             f"{j['job_id']:<66}  {j['status']:<9}  {eth(j['bounty_wei']):>14}  {paid:<12}  "
             f"{when(j['deadline']):<23}  {j.get('output_cid') or '-'}\n"

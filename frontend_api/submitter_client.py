@@ -14,6 +14,7 @@ import httpx
 from gridmarket.cmdline import prompt_password
 
 CREATE_JOB_SIGNATURE = "createJob(bytes32,string,uint40,address,uint96,uint8)"
+CREATE_REPLICATED_SIGNATURE = "createReplicated(bytes32,string,uint40,address,uint96,uint8,uint8)"
 JOB_TUPLE = (
     "(address,uint96,address,uint40,uint40,uint16,uint16,bytes32,address,address,uint96,uint40,"
     "uint8)"
@@ -110,7 +111,8 @@ def check_create_job(
     """Refuse a ``createJob`` transaction that is not the one asked for: another contract or
     chain, another function, spec, deadline or value, or other terms than ``terms``
     (``mediator``, ``collateral_wei``, ``flags``: what the user asked for, the defaults filled
-    in), so a front end cannot redirect funds or change who rules."""
+    in), so a front end cannot redirect funds or change who rules. With ``terms["replicas"]``
+    = k it must be ``createReplicated`` of k seats (``bounty`` is then the whole value)."""
     from eth_abi.abi import decode
     from eth_utils.crypto import keccak
 
@@ -119,11 +121,21 @@ def check_create_job(
     if int(tx["chainId"], 16) != int(info["chain_id"]):
         raise CliError(f"the transaction is for chain {int(tx['chainId'], 16)}")
     data = bytes.fromhex(tx["data"][2:])
-    if data[:4] != keccak(text=CREATE_JOB_SIGNATURE)[:4]:
-        raise CliError("the transaction does not call createJob")
-    _, cid, got_deadline, mediator, collateral, flags = decode(
-        ["bytes32", "string", "uint40", "address", "uint96", "uint8"], data[4:]
-    )
+    replicas = int((terms or {}).get("replicas") or 0)
+    if replicas:
+        if data[:4] != keccak(text=CREATE_REPLICATED_SIGNATURE)[:4]:
+            raise CliError("the transaction does not call createReplicated")
+        _, cid, got_deadline, mediator, collateral, flags, seats = decode(
+            ["bytes32", "string", "uint40", "address", "uint96", "uint8", "uint8"], data[4:]
+        )
+        if seats != replicas:
+            raise CliError(f"the transaction funds {seats} seats, not {replicas}")
+    else:
+        if data[:4] != keccak(text=CREATE_JOB_SIGNATURE)[:4]:
+            raise CliError("the transaction does not call createJob")
+        _, cid, got_deadline, mediator, collateral, flags = decode(
+            ["bytes32", "string", "uint40", "address", "uint96", "uint8"], data[4:]
+        )
     if cid != spec_cid or got_deadline != deadline or int(tx["value"], 16) != bounty:
         raise CliError("the transaction's spec, deadline or bounty is not the one prepared")
     if terms is not None:

@@ -43,8 +43,11 @@ CREATE_JOB_ERROR_FIELDS = (
     ("JobEscrowBountyTooLow", "bounty"),
     ("JobEscrowBountyTooHigh", "bounty"),
     ("JobEscrowDeadlineOutOfRange", "deadline"),
+    ("JobEscrowBadReplicas", "verification"),
+    ("JobEscrowBountyNotDivisible", "bounty"),
 )
-"""``createJob``'s custom errors and the input each is about (``from`` for anything else)."""
+"""``createJob``'s and ``createReplicated``'s custom errors and the input each is about
+(``from`` for anything else)."""
 
 
 class TxError(ValueError):
@@ -130,6 +133,41 @@ class TxBuilder:
                 terms.mediator,
                 terms.collateral,
                 terms.flags,
+                value=bounty,
+            )
+        except TxError as exc:
+            for error, key in CREATE_JOB_ERROR_FIELDS:
+                if error in exc.message:
+                    raise TxError(names.get(key, key), exc.message) from None
+            raise
+
+    def create_replicated(
+        self,
+        sender: str,
+        salt: bytes,
+        spec_cid: str,
+        deadline: int,
+        bounty: int,
+        replicas: int,
+        terms: Terms,
+        fields: dict[str, str] | None = None,
+    ) -> dict[str, str]:
+        """``createReplicated(salt, specCid, deadline, mediator, collateral, 0, replicas)``
+        with the whole ``bounty`` (``replicas`` equal shares) as value; ``terms.collateral``
+        is each seat's. Reverts name the input at fault as :meth:`create_job`'s do
+        (``verification`` for the seat count)."""
+        names = fields or {}
+        try:
+            return self.unsigned(
+                sender,
+                "createReplicated",
+                salt,
+                spec_cid,
+                deadline,
+                terms.mediator,
+                terms.collateral,
+                terms.flags,
+                replicas,
                 value=bounty,
             )
         except TxError as exc:

@@ -42,6 +42,11 @@ STATE_CLASSES = {
     "expired": "warn",
     "failed": "bad",
     "invalid": "bad",
+    # seats of a replicated job, against the verdict
+    "agrees": "ok",
+    "disagrees": "bad",
+    "slashed": "bad",
+    "unknown": "info",
     # nodes, attempts, registry
     "busy": "work",
     "online": "ok",

@@ -75,6 +75,7 @@
       bounty_eth: $("bounty").value.trim(),
       ttl_s: Math.round(Number($("deadline").value) * 3600),
       payment: radio("payment"),
+      verification: $("verification").value,
     };
     const mediator = $("mediator").value.trim();
     if (mediator) body.mediator = mediator;
@@ -83,12 +84,48 @@
     return body;
   }
 
-  /** The least collateral for the bounty typed (minCollateral), as wei; null if unreadable. */
+  /** Seats the verification choice asks for: 1 for integrity, k for replicate:k. */
+  function seats() {
+    const m = /^replicate:(\d)$/.exec($("verification").value);
+    return m ? Number(m[1]) : 1;
+  }
+
+  /** The least collateral for the bounty typed (minCollateral of one seat's share), as wei;
+   * null if unreadable. */
   function minCollateral() {
     const bounty = GM.toWei($("bounty").value);
     if (bounty === null) return null;
     const bps = BigInt(form.getAttribute("data-min-collateral-bps") || "10000");
-    return (BigInt(bounty) * bps) / 10000n;
+    return ((BigInt(bounty) / BigInt(seats())) * bps) / 10000n;
+  }
+
+  /** What the verification choice costs: the bounty locked for k runs, each seat's share and
+   * the collateral each provider locks. */
+  function showVerification() {
+    const k = seats();
+    const replicated = k > 1;
+    $("verification-hint-integrity").classList.toggle("hidden", replicated);
+    $("verification-hint-replicate").classList.toggle("hidden", !replicated);
+    const onVerify = form.querySelector('input[name="payment"][value="on_verify"]');
+    onVerify.disabled = replicated;  // a replicated job is paid only on agreeing results
+    if (replicated && onVerify.checked) {
+      form.querySelector('input[name="payment"][value="after_window"]').checked = true;
+    }
+    const line = $("verification-price");
+    line.dataset.state = replicated ? `replicate:${k}` : "integrity";
+    const bounty = GM.toWei($("bounty").value);
+    if (bounty === null) { line.textContent = ""; return; }
+    const total = BigInt(bounty);
+    const typed = GM.toWei($("collateral").value);
+    const collateral = typed === null || !$("collateral").value.trim() ? minCollateral() : BigInt(typed);
+    if (!replicated) {
+      line.textContent = `You pay ${GM.eth(total.toString(), 18)} for one run; the provider locks ${GM.eth(collateral.toString(), 18)} of collateral.`;
+      return;
+    }
+    const share = total / BigInt(k);
+    const rest = total % BigInt(k);
+    line.textContent = `You pay ${GM.eth(total.toString(), 18)} for ${k} runs (${GM.eth(share.toString(), 18)} per seat); each of the ${k} providers locks ${GM.eth(collateral.toString(), 18)} of collateral.`
+      + (rest ? ` The bounty must divide by ${k}: ${rest} wei too many.` : "");
   }
 
   function showTerms() {
@@ -102,8 +139,11 @@
     if (line) {
       line.textContent = least === null
         ? ""
-        : `The provider locks at least ${shown} of collateral for a bounty of ${GM.eth(GM.toWei($("bounty").value), 18)}.`;
+        : seats() > 1
+          ? `Each of the ${seats()} providers locks at least ${shown} of collateral (its seat's share of the bounty).`
+          : `The provider locks at least ${shown} of collateral for a bounty of ${GM.eth(GM.toWei($("bounty").value), 18)}.`;
     }
+    showVerification();
   }
 
   /** Take the error off the field that holds `input` (the user is fixing it). */
@@ -194,8 +234,10 @@
       use.textContent = "Use as bounty";
       use.style.margin = "0.5rem 0";
       const minimum = BigInt(form.getAttribute("data-min-bounty") || "0");
-      const suggested = BigInt(best.total_wei) > minimum ? BigInt(best.total_wei) : minimum;
-      use.textContent = `Use ${GM.eth(suggested)} as bounty`;
+      const k = BigInt(seats());
+      const one = BigInt(best.total_wei) > minimum ? BigInt(best.total_wei) : minimum;
+      const suggested = one * k;  // replicate:k pays k runs
+      use.textContent = k > 1n ? `Use ${GM.eth(suggested)} as bounty (${k} runs)` : `Use ${GM.eth(suggested)} as bounty`;
       use.onclick = () => {
         $("bounty").value = GM.eth(suggested.toString(), 18).replace(" ETH", "");
         clearError($("bounty"));
@@ -288,7 +330,7 @@
       const hash = await GM.send(prepared.tx);
       GM.notice(status, "info", `Sent ${GM.short(hash)}; waiting for a block…`);
       const mined = await GM.waitTx(hash);
-      if (mined.status !== "success") throw new Error(`createJob reverted (transaction ${hash})`);
+      if (mined.status !== "success") throw new Error(`${seats() > 1 ? "createReplicated" : "createJob"} reverted (transaction ${hash})`);
       GM.notice(status, "ok", "Funded. Opening the job…");
       window.location = prepared.job_url;
     } catch (err) {
@@ -305,7 +347,7 @@
   });
   form.addEventListener("input", (e) => {
     clearError(e.target);
-    if (e.target.id === "bounty") showTerms();
+    if (["bounty", "collateral"].includes(e.target.id)) showTerms();
     if (["cpu", "ram", "disk", "gpus", "vram", "timeout"].includes(e.target.id)) scheduleQuote();
   });
   form.addEventListener("submit", fund);
