@@ -236,6 +236,13 @@ def check_job(req: PrepareJobRequest, *, chain_now: int, params: dict[str, Any])
                 f"replicate:{replicas} compares the seats' outputs: a Docker image must be "
                 f"pinned by digest (name@sha256:<hex>), not {image!r}",
             )
+        if not spec.comparable:
+            raise FieldError(
+                "spec.deterministic",
+                f"replicate:{replicas} compares the seats' outputs by CID: declare the Docker "
+                "job deterministic: true (its output depends only on its inputs; the agent runs "
+                "it with a fixed environment), or choose integrity verification",
+            )
         if share < max(1, min_bounty):
             raise FieldError(
                 bounty_field,

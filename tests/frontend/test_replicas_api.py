@@ -38,7 +38,7 @@ WASM only, so these jobs stay queued until assigned by hand."""
 
 
 def replicated_spec(name: str) -> dict[str, Any]:
-    return unrunnable_spec(name=name, image=PINNED)
+    return unrunnable_spec(name=name, image=PINNED, deterministic=True)
 
 
 def prepare(stack: FrontendStack, **fields: Any) -> Any:
@@ -154,6 +154,7 @@ def test_prepare_integrity_is_unchanged(stack: FrontendStack) -> None:
         ({"bounty_eth": "0.0015", "bounty_wei": None}, "bounty_eth", "less than the escrow's"),
         ({"collateral_wei": str(SHARE - 1)}, "collateral_wei", "each seat's share"),
         ({"spec": unrunnable_spec()}, "spec.image", "pinned by digest"),
+        ({"spec": unrunnable_spec(image=PINNED)}, "spec.deterministic", "deterministic: true"),
     ],
 )
 def test_prepare_refuses_bad_replicated_inputs_naming_the_field(
