@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from eth_utils.address import to_checksum_address
 
+from gridmarket.cid import bytes_cid
 from gridmarket.wire import JobSpec
 from scheduler.dispatch import refused_wallets, requirements
 from scheduler.store import Store
@@ -18,7 +19,11 @@ from .test_store import SPEC, WALLETS, created, jid, store  # noqa: F401 - the s
 def test_the_wallets_a_spec_excludes_are_never_matched(store: Store) -> None:  # noqa: F811
     excluded = to_checksum_address(WALLETS[0])  # any letter case in the spec
     spec = JobSpec.model_validate({**SPEC.model_dump(mode="json"), "exclude_providers": [excluded]})
-    store.apply_chain_events([created(1)], through_block=10)
+    # its own spec CID: specs are cached by CID for the whole process, and the other store
+    # tests' jobs all name the plain SPEC's
+    ev = created(1)
+    ev = replace(ev, args={**ev.args, "specCid": bytes_cid(spec.to_bytes())})
+    store.apply_chain_events([ev], through_block=10)
     assert store.set_spec(jid(1), spec) == "queued"
     job = store.job(jid(1))
     free = replace(job, spec=SPEC)  # the same job without the exclusion
