@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agent.acceptance import AcceptancePolicy, EscrowFacts
-from agent.capacity import node_capacity, usable_executors
+from agent.capacity import CapacitySource, node_capacity, usable_executors
 from agent.client import Backoff, NodeSession
 from agent.config import AgentConfig
 from agent.daemon import Agent
@@ -116,6 +116,7 @@ def node_session(
         capacity=capacity,
         agent_version=agent_version(),
         timeout_s=config.request_timeout_s,
+        images=capacity.images if isinstance(capacity, CapacitySource) else None,
     )
 
 

@@ -1,21 +1,38 @@
 """What this node can offer: which executors can run here (probed at start) and the capacity
-it registers with (hardware, configuration, free disk measured at each heartbeat)."""
+it registers with (hardware, configuration, free disk measured at each registration, and the
+images its Docker engine has cached, sent again with each heartbeat)."""
 
 from __future__ import annotations
 
 import logging
+import re
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from agent.config import AgentConfig, ConfigError
-from gridmarket.wire import ExecutorKind, GpuGroup, NodeCapacityIn
+from gridmarket.wire import (
+    MAX_ADVERTISED_IMAGES,
+    PINNED_IMAGE_PATTERN,
+    ExecutorKind,
+    GpuGroup,
+    NodeCapacityIn,
+)
 
 if TYPE_CHECKING:
     from agent.hardware import HardwareReport
 
-__all__ = ["DEFAULT_DOCKER_HOST", "node_capacity", "usable_executors"]
+__all__ = [
+    "DEFAULT_DOCKER_HOST",
+    "CachedImages",
+    "CapacitySource",
+    "node_capacity",
+    "pinned_images",
+    "usable_executors",
+]
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +122,125 @@ def _wasm_problem() -> str | None:
     return None
 
 
+_PINNED = re.compile(PINNED_IMAGE_PATTERN)
+
+
+def pinned_images(listing: Any, limit: int = MAX_ADVERTISED_IMAGES) -> list[str]:
+    """The pinned references (``host[:port]/name@sha256:<hex>``, the wire's form) in a Docker
+    ``GET /images/json`` answer, newest image first, at most ``limit``. Anything else in it (tag
+    only images, malformed entries, references too long for the wire) is left out."""
+    if not isinstance(listing, list):
+        return []
+    images = [i for i in listing if isinstance(i, dict)]
+    images.sort(key=_created)
+    refs: list[str] = []
+    seen: set[str] = set()
+    for image in reversed(images):
+        digests = image.get("RepoDigests")
+        if not isinstance(digests, list):
+            continue
+        for ref in digests:
+            if isinstance(ref, str) and len(ref) <= 255 and _PINNED.match(ref) and ref not in seen:
+                seen.add(ref)
+                refs.append(ref)
+                if len(refs) >= limit:
+                    return refs
+    return refs
+
+
+def _created(image: dict[Any, Any]) -> int:
+    created = image.get("Created")
+    return created if isinstance(created, int) else 0
+
+
+class CachedImages:
+    """The images this node's Docker engine has, by pinned reference: what it advertises so that
+    matching prefers it for jobs naming them (no pull).
+
+    One ``GET /images/json`` on the engine (httpx over its socket, like the ping; the docker SDK
+    for an ``ssh://`` host), at most once per ``refresh_s``; :func:`pinned_images` picks the
+    references. An engine that does not answer keeps the last list (a warning, once per outage).
+    """
+
+    def __init__(self, docker_host: str | None, refresh_s: float = 1.0) -> None:
+        self.host = docker_host or DEFAULT_DOCKER_HOST
+        self.refresh_s = refresh_s
+        self._lock = threading.Lock()
+        self._images: list[str] = []
+        self._at = -float("inf")
+        self._failing = False
+
+    def __call__(self) -> list[str]:
+        with self._lock:
+            if time.monotonic() - self._at < self.refresh_s:
+                return list(self._images)
+            try:
+                listing = self._list()
+            except Exception as exc:  # httpx's, docker's and OS errors alike
+                if not self._failing:
+                    log.warning("cannot list the engine's images at %s: %s", self.host, exc)
+                self._failing = True
+            else:
+                self._failing = False
+                self._images = pinned_images(listing)
+            self._at = time.monotonic()
+            return list(self._images)
+
+    def _list(self) -> Any:
+        parts = urlsplit(self.host)
+        if parts.scheme == "ssh":
+            import docker
+
+            client = docker.DockerClient(base_url=self.host, timeout=10)
+            try:
+                return client.api.images()
+            finally:
+                client.close()
+        import httpx
+
+        transport: httpx.HTTPTransport | None = None
+        if parts.scheme == "unix":
+            transport = httpx.HTTPTransport(uds=parts.path)
+            url = "http://docker/images/json"
+        else:
+            scheme = "https" if parts.scheme == "https" else "http"
+            url = f"{scheme}://{parts.netloc}/images/json"
+        with httpx.Client(transport=transport, timeout=10, verify=False) as client:  # noqa: S501
+            response = client.get(url)
+            response.raise_for_status()
+            return response.json()
+
+
+class CapacitySource:
+    """What this node offers, as a function: free disk is measured again at each call, and the
+    cached images listed again (:class:`CachedImages`). :meth:`images` is the heartbeat's list
+    (None when this node serves no Docker jobs)."""
+
+    def __init__(
+        self, build: Callable[[list[str]], NodeCapacityIn], images: CachedImages | None
+    ) -> None:
+        self._build = build
+        self._images = images
+
+    def __call__(self) -> NodeCapacityIn:
+        return self._build(self._images() if self._images is not None else [])
+
+    def images(self) -> list[str] | None:
+        return self._images() if self._images is not None else None
+
+
 def node_capacity(
-    config: AgentConfig, report: HardwareReport, executors: list[ExecutorKind]
-) -> Callable[[], NodeCapacityIn]:
+    config: AgentConfig,
+    report: HardwareReport,
+    executors: list[ExecutorKind],
+    *,
+    images: CachedImages | None = None,
+) -> CapacitySource:
     """What this node offers, as a function: free disk is measured again at each call.
 
     One GPU model per node (the wire's rule): the largest group of identical GPUs is offered.
+    A node serving Docker jobs advertises the images its engine has (``images``, default a
+    :class:`CachedImages` on ``config.docker_host``).
     """
     gpu: GpuGroup | None = None
     if report.gpu_groups:
@@ -129,7 +259,7 @@ def node_capacity(
     cores = config.cpu_cores or report.cpu_logical_cores
     ram = config.ram_mib or report.ram_mib
 
-    def capacity() -> NodeCapacityIn:
+    def build(cached: list[str]) -> NodeCapacityIn:
         return NodeCapacityIn(
             gpu=gpu,
             cpu_cores=cores,
@@ -139,10 +269,13 @@ def node_capacity(
             price_floor_wei_per_hour=config.price_floor_wei_per_hour,
             executors=list(executors),
             slots=config.slots,
+            images=cached,
         )
 
-    capacity()  # validate now: a bad value is a configuration error, not a registration one
-    return capacity
+    build([])  # validate now: a bad value is a configuration error, not a registration one
+    if images is None and ExecutorKind.DOCKER in executors:
+        images = CachedImages(config.docker_host)
+    return CapacitySource(build, images)
 
 
 def _free_disk_mib(path: Path) -> int:

@@ -219,8 +219,10 @@ class NodeSession:
         agent_version: str = "",
         timeout_s: float = 15.0,
         transport: httpx.BaseTransport | None = None,
+        images: Callable[[], list[str] | None] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._images = images  # the cached images each heartbeat advertises
         self.account = account
         self.name = name
         self._capacity = capacity
@@ -309,8 +311,10 @@ class NodeSession:
     def heartbeat(
         self, running: Iterable[str] = (), load: float | None = None
     ) -> HeartbeatResponse:
-        """Report the jobs this node runs (their leases are renewed); what to cancel."""
-        body = HeartbeatRequest(running=list(running), load=load)
+        """Report the jobs this node runs (their leases are renewed) and the images it has
+        cached; what to cancel."""
+        images = self._images() if self._images is not None else None
+        body = HeartbeatRequest(running=list(running), load=load, images=images)
         response = self._authed("POST", API.HEARTBEAT, json=_dump(body), what="heartbeat")
         return self._parse(HeartbeatResponse, response, "heartbeat")
 

@@ -46,6 +46,8 @@ from gridmarket.tiers import REGIONS, TIERS
 
 __all__ = [
     "API",
+    "MAX_ADVERTISED_IMAGES",
+    "PINNED_IMAGE_PATTERN",
     "SPEC_VERSION",
     "AcceptAck",
     "AcceptRequest",
@@ -117,6 +119,17 @@ NodeName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]
 Wei = Annotated[int, Field(ge=0, le=MAX_WEI)]
 LogTail = Annotated[str, StringConstraints(strip_whitespace=False, max_length=MAX_LOG_CHARS)]
 """Log text is kept as the job wrote it (the models strip other strings)."""
+
+MAX_ADVERTISED_IMAGES = 64
+"""Cached images a node may advertise (registration or heartbeat); an agent with more sends
+its most recently used ones."""
+PINNED_IMAGE_PATTERN = (
+    r"^(?:[a-z0-9-]+(?:\.[a-z0-9-]+)+(?::[0-9]{1,5})?|[a-z0-9-]+:[0-9]{1,5}|localhost)"
+    r"/[a-z0-9]+(?:(?:[._]|__|-+|/)[a-z0-9]+)*@sha256:[0-9a-f]{64}$"
+)
+PinnedImage = Annotated[str, StringConstraints(max_length=255, pattern=PINNED_IMAGE_PATTERN)]
+"""An image a node has, as jobs name it: ``host[:port]/name@sha256:<64 hex>`` (the form
+:func:`gridmarket.images.parse_pinned` accepts), at most 255 characters."""
 
 
 def _cid(value: str) -> str:
@@ -364,6 +377,9 @@ class NodeCapacityIn(BaseModel):
     price_floor_wei_per_hour: Wei = 0
     executors: list[ExecutorKind] = Field(min_length=1, max_length=2)
     slots: int = Field(1, ge=1, le=64)
+    images: list[PinnedImage] = Field(default_factory=list, max_length=MAX_ADVERTISED_IMAGES)
+    """Images the node has cached (pinned references): matching prefers such a node for a job
+    naming one of them (docs/matching.md). Heartbeats bring it up to date."""
 
     @field_validator("executors")
     @classmethod
@@ -372,10 +388,17 @@ class NodeCapacityIn(BaseModel):
             raise ValueError("executors must not repeat")
         return sorted(value)
 
+    @field_validator("images")
+    @classmethod
+    def _distinct_images(cls, value: list[str]) -> list[str]:
+        return sorted(set(value))
+
 
 def capacity_digest(capacity: NodeCapacityIn) -> bytes:
-    """SHA-256 of the capacity's canonical JSON: what the registration signature covers."""
-    data = json.dumps(capacity.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """SHA-256 of the capacity's canonical JSON: what the registration signature covers (with
+    no image cached, ``images`` is left out: the digest of a capacity without it is unchanged)."""
+    doc = capacity.model_dump(mode="json", exclude=None if capacity.images else {"images"})
+    data = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(data.encode()).digest()
 
 
@@ -493,12 +516,14 @@ class SchedulerInfo(BaseModel):
 
 
 class HeartbeatRequest(BaseModel):
-    """A node's pulse: the jobs it is running (their leases are renewed)."""
+    """A node's pulse: the jobs it is running (their leases are renewed), and the images it has
+    cached now (``None``: unchanged since the last pulse or the registration)."""
 
     model_config = _strict()
 
     running: list[HexBytes32] = Field(default_factory=list, max_length=64)
     load: float | None = Field(None, ge=0, le=100_000)
+    images: list[PinnedImage] | None = Field(None, max_length=MAX_ADVERTISED_IMAGES)
 
 
 class HeartbeatResponse(BaseModel):

@@ -101,14 +101,22 @@ def requirements(
         region=res.region,
         max_price_wei_per_hour=offered_price_wei_per_hour(job.bounty_wei, spec),
         excluded_node_ids=frozenset(excluded),
+        image=spec.image,
     )
 
 
 def free_capacity(
-    node: NodeRow, running: list[JobSpec], *, now: float, reputation: float, banned: bool
+    node: NodeRow,
+    running: list[JobSpec],
+    *,
+    now: float,
+    reputation: float,
+    banned: bool,
+    images: frozenset[str] | None = None,
 ) -> NodeCapacity | None:
     """What ``node`` has free while the ``running`` jobs (their specs) hold part of it; None
-    when its running jobs hold every core, all its RAM or every slot (no job can fit)."""
+    when its running jobs hold every core, all its RAM or every slot (no job can fit).
+    ``images``: the images it has cached, as its last heartbeat said (default: as registered)."""
     cap = node.capacity
     used_gpus = used_cores = used_ram = used_disk = 0
     for spec in running:
@@ -141,6 +149,7 @@ def free_capacity(
         slots=node.slots - len(running),
         reputation=min(1.0, max(0.0, reputation)),
         suspended=banned,
+        images=frozenset(cap.images) if images is None else images,
     )
 
 
@@ -169,6 +178,9 @@ class Dispatcher:
         self._explained: dict[str, float] = {}
         self._pending_reasons: list[tuple[str, str]] = []
         self._idle: dict[str, int] = {}
+        # the images each node said it has cached in its last heartbeat to this replica (its
+        # registration's list until then): matching prefers a node that has the job's image
+        self._images: dict[str, frozenset[str]] = {}
         # the nodes seen waiting, by wallet (lower case): a wallet excluded for a job excludes
         # all of them (ids of nodes no longer waiting are harmless in an exclusion set)
         self._wallet_nodes: dict[str, set[str]] = {}
@@ -206,6 +218,16 @@ class Dispatcher:
         """Empty long-polls in a row for ``node_id`` (0 after it got a job)."""
         return self._idle.get(node_id, 0)
 
+    def advertise(self, node_id: str, images: list[str]) -> None:
+        """Record the images ``node_id`` has cached now (its heartbeat); used from its next poll."""
+        if len(self._images) > 200_000 and node_id not in self._images:
+            self._images.clear()
+        self._images[node_id] = frozenset(images)
+
+    def images_of(self, node_id: str) -> frozenset[str] | None:
+        """The images ``node_id`` last advertised in a heartbeat here (None: none yet)."""
+        return self._images.get(node_id)
+
     @property
     def waiting(self) -> int:
         return len(self._waiters)
@@ -231,6 +253,7 @@ class Dispatcher:
             now=now,
             reputation=node.score(now, self.store.policy),
             banned=node.excluded(now, self.store.policy),
+            images=self._images.get(node.node_id),
         )
         if capacity is None:  # every slot, core or MiB of RAM is taken: nothing can fit
             # Held a moment (within the wait_s it asked for) rather than answered at once: a
@@ -364,6 +387,7 @@ class Dispatcher:
             now=now,
             reputation=node.score(now, self.store.policy),
             banned=node.excluded(now, self.store.policy),
+            images=self._images.get(node.node_id),
         )
         if capacity is not None:
             self.engine.add_node(capacity)

@@ -51,7 +51,9 @@ def _bad(message: str, code: int = status.HTTP_400_BAD_REQUEST) -> HTTPException
 
 
 @router.post(API.REGISTER, response_model=RegisterResponse)
-async def register(body: RegisterRequest, grid: GridDep, request: Request) -> RegisterResponse:
+async def register(
+    body: RegisterRequest, grid: GridDep, dispatcher: DispatcherDep, request: Request
+) -> RegisterResponse:
     """Register (or re-register) a node. The registration must be signed (EIP-712
     ``NodeRegistration``) by its wallet, be unexpired, carry a nonce above the wallet's last one,
     and the wallet must be a registered (and, if required, staked) provider on-chain."""
@@ -110,6 +112,7 @@ async def register(body: RegisterRequest, grid: GridDep, request: Request) -> Re
     except ReplayError as exc:
         raise _bad(str(exc), status.HTTP_409_CONFLICT) from None
     request.app.state.node_cache.pop(node.node_id, None)
+    dispatcher.advertise(node.node_id, reg.capacity.images)  # newer than any heartbeat's
     grid.count("registrations")
     token, expires = issue(s.token_secret.get_secret_value().encode(), node.node_id, s.token_ttl_s)
     return RegisterResponse(
@@ -123,12 +126,21 @@ async def register(body: RegisterRequest, grid: GridDep, request: Request) -> Re
 
 @router.post(API.HEARTBEAT, response_model=HeartbeatResponse)
 async def heartbeat(
-    body: HeartbeatRequest, node: NodeDep, grid: GridDep, store: StoreDep, request: Request
+    body: HeartbeatRequest,
+    node: NodeDep,
+    grid: GridDep,
+    store: StoreDep,
+    dispatcher: DispatcherDep,
+    request: Request,
 ) -> Any:
     """Keep the node online and renew the leases of the jobs it runs (written behind, in
-    batches: scheduler/heartbeats.py)."""
+    batches: scheduler/heartbeats.py). ``images``, when given, replaces the images the node
+    advertised (kept in this replica's memory: matching prefers a node that has a job's image;
+    a replica that has not heard it uses the registration's list)."""
     ttl = grid.settings.lease_ttl_s
     grid.count("heartbeats")
+    if body.images is not None:
+        dispatcher.advertise(node.node_id, body.images)
     if node.status != "online":  # back from offline: written at once, so it can poll at once
         request.app.state.node_cache.pop(node.node_id, None)
         try:
@@ -384,8 +396,9 @@ async def list_nodes(
 
 
 @router.get(API.NODE)
-async def get_node(node_id: str, store: StoreDep) -> dict[str, Any]:
-    """One node, with the jobs it runs now."""
+async def get_node(node_id: str, store: StoreDep, dispatcher: DispatcherDep) -> dict[str, Any]:
+    """One node, with the jobs it runs now and the images it advertises as cached (its last
+    heartbeat to this replica, else its registration)."""
     try:
         node = await asyncio.to_thread(store.node, node_id)
     except NotFoundError as exc:
@@ -393,4 +406,6 @@ async def get_node(node_id: str, store: StoreDep) -> dict[str, Any]:
     running = await asyncio.to_thread(store.running_jobs, node_id)
     view = node_view(node, time.time())
     view["running_jobs"] = [j.job_id for j in running]
+    advertised = dispatcher.images_of(node_id)
+    view["images"] = sorted(node.capacity.images if advertised is None else advertised)
     return view

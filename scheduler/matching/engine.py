@@ -9,7 +9,8 @@ floor <= job's offer), free disk, and not excluded for this job.
 :func:`rank_key` = over-provisioning first (spare GPUs, then VRAM class, core class and RAM
 class above what the job asked for; classes are powers of two for cores and MiB of RAM and the
 standard sizes of :data:`gridmarket.tiers.VRAM_CLASSES_GIB` for VRAM), then faster GPU tier,
-then lower price floor, then higher reputation, then node id (deterministic ties).
+then, when the job names an image, a node that has it cached (no pull; a preference, never a
+gate), then lower price floor, then higher reputation, then node id (deterministic ties).
 
 **Index.** Every idle node (not suspended or banned, at least one free slot) sits, once per
 executor it offers, in a bucket keyed by ``(executor, region, free GPUs, VRAM per GPU, model,
@@ -24,6 +25,13 @@ fails (cores, RAM or disk in the job's own class, where the exact amount is comp
 exclusion), and the price gate stops a bucket at its first node that is too dear. The first
 group with a passing node holds the answer. Claims and releases move one node between buckets
 (``bisect`` on short lists).
+
+**Images.** The indexed nodes that have an image cached are also kept by image. When the best
+node of the first group lacks the job's image, the engine looks in that group for the best node
+that has it: through the image's holders when they are fewer than the group's nodes (each is
+gated and must share the group's rank prefix), else by walking the group's buckets for their
+first passing holder. A job without an image (WASM), or whose best node has it, costs one set
+lookup more.
 
 :func:`reference_match` is the O(n) definition the index must agree with (tests, bench).
 
@@ -127,6 +135,7 @@ class MatchingEngine:
         self._regional: dict[ExecutorKind, list[Bucket]] = {e: [] for e in ExecutorKind}
         self._pooled: dict[ExecutorKind, list[Bucket]] = {e: [] for e in ExecutorKind}
         self._shapes: OrderedDict[Shape, Candidates] = OrderedDict()
+        self._holders: dict[str, set[IndexedNode]] = {}  # image -> indexed nodes that have it
         self._n_banned = 0
         self._n_full = 0
         self._n_indexed = 0
@@ -260,8 +269,53 @@ class MatchingEngine:
                         best = entry
                     break
             if best is not None:
+                image = job.image
+                if image is not None and image not in best[3].images:
+                    best = self._best_holder(group, job, image, best)
                 return Match(job.job_id, best[2], rank_key(best[3], job))
         return NoMatch(job.job_id, self.explain(job) if explain else None)
+
+    def _best_holder(
+        self, group: list[Bucket], job: JobRequirements, image: str, best: Entry
+    ) -> Entry:
+        """The best node of ``group`` (the first group with a passing node; ``best`` is its best
+        node, which lacks ``image``) that has ``image`` cached, else ``best``."""
+        holders = self._holders.get(image)
+        if not holders:
+            return best
+        found: Entry | None = None
+        if len(holders) <= sum(len(b.entries) for b in group):
+            prefix = rank_key(best[3], job)[:5]
+            for node in holders:
+                if first_failed_gate(node, job, ban_below=self.ban_below) is not None:
+                    continue
+                if rank_key(node, job)[:5] != prefix:  # fits worse (a later group)
+                    continue
+                entry: Entry = (node.price, -node.reputation, node.node_id, node)
+                if found is None or entry < found:
+                    found = entry
+            return best if found is None else found
+        cores, ram, disk, excluded = job.cpu_cores, job.ram_mib, job.disk_mib, job.excluded_node_ids
+        max_price, min_vram = job.max_price_wei_per_hour, job.min_vram_mib
+        for bucket in group:
+            if bucket.vram_mib < min_vram:
+                continue
+            for entry in bucket.entries:
+                if entry[0] > max_price:
+                    break
+                node = entry[3]
+                if (
+                    image not in node.images
+                    or node.free_cores < cores
+                    or node.free_ram_mib < ram
+                    or node.free_disk_mib < disk
+                    or (excluded and node.node_id in excluded)
+                ):
+                    continue
+                if found is None or entry < found:
+                    found = entry
+                break
+        return best if found is None else found
 
     def explain(self, job: JobRequirements) -> WhyNot:
         """Count, per gate, the nodes that fail it first for ``job``.
@@ -375,6 +429,8 @@ class MatchingEngine:
         node.state = INDEXED
         self._n_indexed += 1
         entry: Entry = (node.price, -node.reputation, node.node_id, node)
+        for image in node.images:
+            self._holders.setdefault(image, set()).add(node)
         cclass, rclass = size_class(node.free_cores), size_class(node.free_ram_mib)
         dclass = disk_class(node.free_disk_mib)
         for executor in node.executors:
@@ -404,6 +460,12 @@ class MatchingEngine:
             self._n_full -= 1
         elif node.state == INDEXED:
             self._n_indexed -= 1
+            for image in node.images:
+                holders = self._holders.get(image)
+                if holders is not None:
+                    holders.discard(node)
+                    if not holders:
+                        del self._holders[image]
             for bucket, entry in node.entries:
                 entries = bucket.entries
                 i = bisect.bisect_left(entries, entry)
@@ -443,4 +505,5 @@ class MatchingEngine:
             "buckets": len(self._buckets),
             "empty_buckets": self._n_empty,
             "cached_shapes": len(self._shapes),
+            "images": len(self._holders),
         }

@@ -33,6 +33,7 @@ class IndexedNode:
         "free_gpus",
         "free_ram_mib",
         "free_slots",
+        "images",
         "model",
         "node_id",
         "price",
@@ -61,6 +62,7 @@ class IndexedNode:
         self.speed = capacity.speed
         self.reputation = capacity.reputation
         self.suspended = capacity.suspended
+        self.images = capacity.images
         self.recount()
 
     def recount(self) -> None:
@@ -88,6 +90,7 @@ class IndexedNode:
             free_disk_mib=self.free_disk_mib,
             free_slots=self.free_slots,
             jobs=frozenset(self.claims),
+            images=self.images,
         )
 
 

@@ -103,7 +103,8 @@ class NodeCapacity:
 
     ``slots`` caps concurrent jobs; ``reputation`` is a score in [0, 1]
     (:func:`scheduler.matching.reputation.score`); ``suspended`` takes the node out of matching
-    whatever its score (the reputation exclusion rule, or an operator).
+    whatever its score (the reputation exclusion rule, or an operator). ``images`` are the
+    pinned image references the node has cached: a preference in the rank, never a gate.
     """
 
     node_id: str
@@ -117,6 +118,7 @@ class NodeCapacity:
     slots: int = 1
     reputation: float = 0.5
     suspended: bool = False
+    images: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         _check(bool(self.node_id), "node_id must not be empty")
@@ -155,7 +157,8 @@ class JobRequirements:
     ``gpu_models`` (tier keys) restricts the GPU model when set; ``region`` restricts the
     region when set. ``max_price_wei_per_hour`` is what the job offers per GPU-hour (per
     job-hour when ``gpu_count`` is 0). ``excluded_node_ids`` are nodes the job must not go to
-    (for example the node that lost its lease).
+    (for example the node that lost its lease). ``image`` is the Docker job's pinned image:
+    among nodes that fit equally well, one that has it cached ranks first (no pull).
     """
 
     job_id: str
@@ -169,6 +172,7 @@ class JobRequirements:
     region: str | None = None
     max_price_wei_per_hour: int = 0
     excluded_node_ids: frozenset[str] = field(default_factory=frozenset)
+    image: str | None = None
 
     def __post_init__(self) -> None:
         _check(bool(self.job_id), "job_id must not be empty")

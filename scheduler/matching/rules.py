@@ -71,6 +71,8 @@ class NodeLike(Protocol):
     def free_disk_mib(self) -> int: ...
     @property
     def free_slots(self) -> int: ...
+    @property
+    def images(self) -> frozenset[str]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +94,7 @@ class NodeView:
     free_disk_mib: int
     free_slots: int
     jobs: frozenset[str] = frozenset()
+    images: frozenset[str] = frozenset()
 
 
 def first_failed_gate(node: NodeLike, job: JobRequirements, *, ban_below: float) -> Gate | None:
@@ -125,13 +128,17 @@ def first_failed_gate(node: NodeLike, job: JobRequirements, *, ban_below: float)
 
 
 class RankKey(NamedTuple):
-    """Why a node ranks where it does; smaller is better, compared field by field."""
+    """Why a node ranks where it does; smaller is better, compared field by field.
+
+    ``pull`` is 1 when the job names an image the node has not cached (it would pull it), else
+    0: among nodes that fit equally well and are as fast, one with the image comes first."""
 
     spare_gpus: int
     vram_class_excess: int
     core_class_excess: int
     ram_class_excess: int
     neg_speed: float
+    pull: int
     price: int
     neg_reputation: float
     node_id: str
@@ -145,10 +152,16 @@ def rank_key(node: NodeLike, job: JobRequirements) -> RankKey:
         size_class(node.free_cores) - size_class(job.cpu_cores),
         size_class(node.free_ram_mib) - size_class(job.ram_mib),
         -node.speed,
+        needs_pull(node, job),
         node.price,
         -node.reputation,
         node.node_id,
     )
+
+
+def needs_pull(node: NodeLike, job: JobRequirements) -> int:
+    """1 when ``job`` names an image ``node`` has not cached, else 0 (the rank's ``pull``)."""
+    return 0 if job.image is None or job.image in node.images else 1
 
 
 def reference_match(

@@ -1,6 +1,7 @@
 """The submitter CLI (``python -m frontend_api.submitter_cli``, the ``gridmarket`` console
-script) from a terminal against the real stack: init a keystore, submit the WASM example (paid
-on the scheduler's check) until Released, then status, logs, get (integrity-checked), jobs;
+script) from a terminal against the real stack: init a keystore; submit every example of
+examples/jobs (WASM, Docker, Python + numpy) as docs/submitter.md shows, until Released, then
+status, logs, get (integrity-checked, the outputs compared with what they should be), jobs;
 cancel and withdraw; the terms (default and explicit; a bad mediator, collateral or payment
 mode refused naming it); a result submitted by hand (signed acceptance, the operator's
 ``assign``) disputed, accepted, or finalized by anyone after its window; and bad job files
@@ -13,11 +14,19 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import docker
+import httpx
 import pytest
+from eth_account.signers.local import LocalAccount
 
+from devstack._process import ManagedProcess
+from devstack.dockerd import Dockerd
+from devstack.images import publish_python_image
 from gridmarket.cid import bytes_cid, path_cid
 from gridmarket.escrow import Status
 from gridmarket.keystore import create_keystore, keystore_address
@@ -28,7 +37,7 @@ EXAMPLES = ROOT / "examples" / "jobs"
 PASSWORD = "cli-test-password"
 
 
-def gm(stack: FrontendStack, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _cli_env(stack: FrontendStack, home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRIDMARKET_")}
     env.update(
         {
@@ -37,12 +46,16 @@ def gm(stack: FrontendStack, home: Path, *args: str) -> subprocess.CompletedProc
             "GRIDMARKET_PASSWORD": PASSWORD,
         }
     )
+    return env
+
+
+def gm(stack: FrontendStack, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "frontend_api.submitter_cli", *args],
         capture_output=True,
         text=True,
         cwd=home,
-        env=env,
+        env=_cli_env(stack, home),
         timeout=240,
         check=False,
     )
@@ -82,65 +95,254 @@ def test_init_creates_or_imports_a_keystore_and_never_overwrites_one(
     assert wrong.returncode == 1 and "wrong password" in wrong.stderr
 
 
-def test_submit_the_wasm_example_until_released_then_status_logs_get_and_jobs(
-    stack: FrontendStack, home: Path
-) -> None:
-    done = gm(
-        stack,
-        home,
-        "submit",
-        str(EXAMPLES / "wasm-csvstats.yaml"),
-        "--payment",
-        "on-verify",  # the scheduler pays at once on its check: no window to wait out
-        "--wait",
-        "--timeout",
-        "120",
+EXAMPLE_FILES = ["wasm-csvstats.yaml", "docker-hours-by-tier.yaml", "python-hours-regression.yaml"]
+DATA = ROOT / "examples" / "datasets" / "gpu-hours" / "data.csv"
+NEWLINE = b"\n"
+DOCKER_AGENT_PASSWORD = "cli-docker-agent"
+
+
+def _start_docker_agent(
+    stack: FrontendStack, dockerd: Dockerd, work: Path
+) -> tuple[ManagedProcess, LocalAccount]:
+    """A provider's agent serving Docker jobs only (the stack's agent serves WASM), on the
+    session's dockerd, in eu-west (the Docker example's region)."""
+    provider = stack.devnet.providers[2]
+    if not stack.escrow.call("providerOf", provider.address)[3]:
+        stack.escrow.send(provider, "registerProvider", "bafkreiclidocker", value=5 * 10**16)
+    keystore = work / "keystore.json"
+    create_keystore(keystore, DOCKER_AGENT_PASSWORD, private_key=bytes(provider.key),
+                    iterations=2**10)  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRIDMARKET_")}
+    env.update(
+        {
+            "GRIDMARKET_AGENT_SCHEDULER_URL": stack.scheduler.url,
+            "GRIDMARKET_AGENT_IPFS_API": stack.ipfs_api,
+            "GRIDMARKET_AGENT_KEYSTORE": str(keystore),
+            "GRIDMARKET_AGENT_PASSWORD": DOCKER_AGENT_PASSWORD,
+            "GRIDMARKET_AGENT_REGION": "eu-west",
+            "GRIDMARKET_AGENT_NAME": "cli-docker-node",
+            "GRIDMARKET_AGENT_EXECUTORS": '["docker"]',
+            "GRIDMARKET_AGENT_DOCKER_HOST": dockerd.host,
+            "GRIDMARKET_AGENT_WORK_DIR": str(work / "work"),
+            "GRIDMARKET_AGENT_POLL_WAIT_S": "2",
+            "GRIDMARKET_AGENT_BACKOFF_CAP_S": "2",
+            "GRIDMARKET_AGENT_SLOTS": "2",
+        }
     )
+    agent = ManagedProcess(
+        "docker agent",
+        [sys.executable, "-m", "agent.cli", "run"],
+        work / "agent.log",
+        env=env,
+        cwd=ROOT,
+    )
+    agent.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        nodes = _scheduler_nodes(stack)
+        if any(n["name"] == "cli-docker-node" and n["status"] == "online" for n in nodes):
+            return agent, provider
+        assert agent.running(), agent.log_path.read_text()[-3000:]
+        time.sleep(0.3)
+    agent.stop()
+    pytest.fail(f"the Docker agent did not come online: {agent.log_path}", pytrace=False)
+
+
+def _scheduler_nodes(stack: FrontendStack) -> list[dict[str, Any]]:
+    response = httpx.get(stack.scheduler.url + "/v1/nodes", timeout=5)
+    return list(response.json()["nodes"])
+
+
+@pytest.fixture(scope="module")
+def example_runs(
+    frontend_stack: FrontendStack,
+    home: Path,
+    dockerd: Dockerd,
+    docker_client: docker.DockerClient,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, tuple[subprocess.CompletedProcess[str], str]]:
+    """Every example of examples/jobs submitted exactly as docs/submitter.md shows, from the
+    checkout: ``gridmarket submit examples/jobs/<file> --wait`` (the file's own terms: paid
+    after the challenge window, which the scheduler then finalizes), the three following each
+    other as soon as the previous one is funded, while a Docker agent runs beside the stack's
+    WASM one and the chain gets an empty block every second, as on `make up`'s devnet. The
+    Docker agent stops before the other tests of this module run (their Docker jobs must stay
+    queued). Each run, with its provider."""
+    stack = frontend_stack
+    registry = stack.get("/api/info").json()["registry"]
+    publish_python_image(docker_client, registry)  # the stack's registry holds busybox only
+    agent, docker_provider = _start_docker_agent(
+        stack, dockerd, tmp_path_factory.mktemp("docker-agent")
+    )
+    env = _cli_env(stack, home)
+    idle = threading.Event()
+    miner = threading.Thread(target=_idle_blocks, args=(stack, idle), daemon=True)
+    miner.start()
+    try:
+        runs: dict[str, _Run] = {}
+        for name in EXAMPLE_FILES:
+            command = ["submit", f"examples/jobs/{name}", "--wait"]  # as the docs show
+            runs[name] = run = _Run(command, env)
+            # the next submit once this one is funded (its first line, the job id): one key
+            # signs all three, and two createJob signed at once would share a nonce
+            run.first_line.wait(120)
+        done: dict[str, tuple[subprocess.CompletedProcess[str], str]] = {}
+        for name, run in runs.items():
+            provider = (stack.provider if name.startswith("wasm") else docker_provider).address
+            done[name] = (run.result(timeout=240), provider)
+    finally:
+        idle.set()
+        miner.join()
+        agent.stop()
+    return done
+
+
+class _Run:
+    """``gridmarket ARGS`` from the checkout, its output read as it comes (``first_line`` set
+    on the first line of stdout, or when the command ends)."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "frontend_api.submitter_cli", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.first_line = threading.Event()
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.readers = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.out), daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True),
+        ]
+        for reader in self.readers:
+            reader.start()
+
+    def _read(self, stream: Any, into: list[str]) -> None:
+        for line in stream:
+            into.append(line)
+            if into is self.out:
+                self.first_line.set()
+        self.first_line.set()
+
+    def result(self, timeout: float) -> subprocess.CompletedProcess[str]:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for reader in self.readers:
+            reader.join(10)
+        return subprocess.CompletedProcess(
+            self.proc.args, self.proc.returncode, "".join(self.out), "".join(self.err)
+        )
+
+
+def _idle_blocks(stack: FrontendStack, stop: threading.Event) -> None:
+    """An empty block every second, as `make up`'s anvil mines when idle: the chain's clock
+    moves, so a challenge window closes on time (this stack's anvil mines only on demand)."""
+    while not stop.wait(1.0):
+        stack.mine()
+
+
+def _expected_hours_by_tier() -> str:
+    """What the Docker example's awk | sort writes: GPU-hours per tier, sorted."""
+    hours: dict[str, int] = {}
+    for row in DATA.read_text().splitlines()[1:]:
+        tier, _region, h, _price = row.split(",")
+        hours[tier] = hours.get(tier, 0) + int(h)
+    return "".join(sorted(f"{tier} {total}\n" for tier, total in hours.items()))
+
+
+def _close(a: Any, b: Any, path: str = "") -> None:
+    """Same JSON, floats within 1e-4 relative (6 significant digits, any BLAS)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and sorted(a) == sorted(b), path
+        for key in a:
+            _close(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-9), path
+    else:
+        assert a == b, path
+
+
+@pytest.mark.parametrize("example", EXAMPLE_FILES)
+def test_every_example_runs_as_the_docs_show_until_released(
+    example: str,
+    example_runs: dict[str, tuple[subprocess.CompletedProcess[str], str]],
+    stack: FrontendStack,
+    home: Path,
+    tmp_path: Path,
+) -> None:
+    done, provider = example_runs[example]
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "paid on the scheduler's check" in done.stdout
+    assert "Traceback" not in done.stderr
     lines = done.stdout.splitlines()
     job_id = lines[0]
     assert job_id.startswith("0x") and len(job_id) == 66
     assert f"{stack.frontend_url}/jobs/{job_id}" in done.stdout
+    assert "paid after the challenge window" in done.stdout
     assert "released (on-chain released)" in done.stdout
-    assert "Traceback" not in done.stderr
+    if example.startswith("docker") or example.startswith("python"):
+        assert "@sha256:" in done.stderr  # "image TAG -> PINNED": the tag was resolved
 
     status = gm(stack, home, "status", job_id, "--json")
     assert status.returncode == 0, status.stderr
     view = json.loads(status.stdout)
     assert view["chain_status"] == "released"
     assert view["chain"]["submitter"] == stack.submitter.address
-    assert view["chain"]["bounty_wei"] == str(10**15)
+    assert view["chain"]["provider"] == provider
     text = gm(stack, home, "status", job_id)
-    assert "released" in text.stdout and stack.provider.address in text.stdout
-
+    assert "released" in text.stdout and provider in text.stdout
     logs = gm(stack, home, "logs", job_id)
     assert logs.returncode == 0 and "success" in logs.stdout, logs.stdout
+    jobs = gm(stack, home, "jobs")
+    assert jobs.returncode == 0 and job_id in jobs.stdout
+    payouts = stack.get("/api/payouts", params={"job": job_id}).json()["payouts"]
+    assert len(payouts) == 1 and payouts[0]["provider"] == provider
 
-    out = home / "out"
+    out = tmp_path / "out"
     got = gm(stack, home, "get", job_id, "-o", str(out))
     assert got.returncode == 0, got.stderr
     assert path_cid(out) == view["output_cid"]
     assert "integrity-checked" in got.stderr and "verified" not in got.stderr
-    stats = (out / "stats.txt").read_text()
-    data = (ROOT / "examples" / "datasets" / "gpu-hours" / "data.csv").read_bytes()
-    assert f"bytes={len(data)}" in stats and "lines=" in stats and "fields=" in stats
-
-    direct = home / "direct"
-    got = subprocess.run(
-        [sys.executable, "-m", "frontend_api.submitter_cli", "--ipfs-api", stack.ipfs_api, "get",
-         view["output_cid"], "-o", str(direct)],
-        capture_output=True, text=True, cwd=home, timeout=60, check=False,
-    )  # fmt: skip
-    assert got.returncode == 0, got.stderr
-    assert path_cid(direct) == view["output_cid"]
-
-    jobs = gm(stack, home, "jobs")
-    assert jobs.returncode == 0 and job_id in jobs.stdout and "released" in jobs.stdout
-
-    # the explorer shows the payout of the CLI's job
-    payouts = stack.get("/api/payouts", params={"job": job_id}).json()["payouts"]
-    assert len(payouts) == 1 and payouts[0]["provider"] == stack.provider.address
+    if example == "wasm-csvstats.yaml":
+        assert view["chain"]["bounty_wei"] == str(10**15)
+        stats = (out / "stats.txt").read_text()
+        data = DATA.read_bytes()
+        assert f"bytes={len(data)}" in stats
+        assert f"lines={data.count(NEWLINE)}" in stats and "fields=" in stats
+        direct = tmp_path / "direct"  # straight from an IPFS node, not through the front end
+        got = subprocess.run(
+            [sys.executable, "-m", "frontend_api.submitter_cli", "--ipfs-api", stack.ipfs_api,
+             "get", view["output_cid"], "-o", str(direct)],
+            capture_output=True, text=True, cwd=home, timeout=60, check=False,
+        )  # fmt: skip
+        assert got.returncode == 0, got.stderr
+        assert path_cid(direct) == view["output_cid"]
+    elif example == "docker-hours-by-tier.yaml":
+        assert view["chain"]["bounty_wei"] == str(2 * 10**15)
+        assert (out / "hours-by-tier.txt").read_text() == _expected_hours_by_tier()
+    else:
+        assert view["chain"]["bounty_wei"] == str(3 * 10**15)
+        assert sorted(p.name for p in out.iterdir()) == ["plot.svg", "result.json"]
+        local = tmp_path / "local"  # the same script, run here on the same data
+        ran = subprocess.run(
+            [sys.executable, str(ROOT / "examples" / "python" / "hours_regression.py"),
+             str(DATA), str(local)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        _close(json.loads((out / "result.json").read_text()),
+               json.loads((local / "result.json").read_text()))  # fmt: skip
+        svg = (out / "plot.svg").read_text()
+        assert "<svg" in svg and svg.rstrip().endswith("</svg>")
 
 
 def test_cancel_then_withdraw_from_the_terminal(
