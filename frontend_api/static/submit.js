@@ -62,7 +62,10 @@
       max_attempts: num("attempts"),
     };
     if (wasm) spec.module_cid = cids.module || $("module-cid").value.trim() || null;
-    else spec.image = $("image").value.trim() || null;
+    else {
+      spec.image = $("image").value.trim() || null;
+      if ($("deterministic").checked) spec.deterministic = true;
+    }
     const mode = radio("dataset_mode");
     if (mode === "cid") spec.dataset_cid = $("dataset-cid").value.trim() || null;
     if (mode === "upload") spec.dataset_cid = cids.dataset || null;

@@ -217,11 +217,12 @@ def _exported(path: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGrid]:
-    """One grid with one agent (WASM jobs: no Docker engine needed)."""
+    """One grid with two agents (WASM jobs: no Docker engine needed): the dispute's re-run
+    (the mediator re-runs a disputed deterministic job) goes to the agent that did not run it."""
     try:
         cm = run_grid(
             tmp_path_factory.mktemp("outside-grid"),
-            agents=1,
+            agents=2,
             with_frontend=False,
             scheduler_overrides=FAST,
             # the doc's release, dispute and in-window finalize all happen inside the window:
@@ -325,7 +326,7 @@ def test_funded_with_cast_in_base32_and_base58btc_and_paid(grid: LocalGrid, shel
         if form == "base32":
             sh.run(RELEASE)  # the submitter accepts the result at once
         else:
-            sh.run(DISPUTE, STATUS)  # the mediator checks the output and upholds it
+            sh.run(DISPUTE, STATUS)  # the mediator re-runs the job elsewhere and upholds it
             assert sh["STATUS"] in {"6", "4"}  # Disputed, or already ruled
         view = wait_job(grid, sh["JOB_ID"], {"released"}, 90)
         assert same_cid(view["spec_cid"], cid) and view["spec"]["name"] == f"outside-{form}"
@@ -346,7 +347,14 @@ def test_funded_with_cast_in_base32_and_base58btc_and_paid(grid: LocalGrid, shel
                 if "0x" + bytes(e.args.get("jobId", b"")).hex() == sh["JOB_ID"]
             }
             assert "ResultDisputed" in events and events["Ruled"].args["upheld"] is True
-        assert paid[0].args["provider"] == grid.agents[0].account.address
+            # upheld on the re-run's output, not on integrity alone
+            reruns = [
+                e
+                for e in grid.escrow.events(int(sh["BLOCK"]))
+                if e.name == "JobCreated" and e.args["submitter"] == grid.mediator.address
+            ]
+            assert reruns, "the mediator did not re-run the disputed job"
+        assert paid[0].args["provider"] in {a.account.address for a in grid.agents}
         assert int(paid[0].args["payout"]) == BOUNTY - fee and fee > 0
     assert ids["base32"] != ids["base58btc"]  # keccak256(bytes(specCid)): the text counts
 

@@ -69,6 +69,7 @@ def test_replicate_choice_and_live_verdict_in_chromium(
     )
     assert result["price_state"] == "replicate:2"
     assert "pinned by digest" in result["image_error"]
+    assert "deterministic: true" in result["deterministic_error"]
     assert result["job_id"] == seat0 == seats[0]
     assert result["seat_rows"] == 2 and result["pending"] == 1
     assert result["agreeing"] == "2" and "2 of 2" in result["verdict_text"]

@@ -120,6 +120,11 @@ async function main() {
     result.image_error = await imageError.textContent();
     result.screenshots.push(await shot(page, "replicas-submit-refused"));
     await page.fill("#image", IMAGE);
+    await page.click("#fund");  // pinned, but not declared deterministic: refused
+    const detError = page.locator('.field[data-field="spec.deterministic"].invalid .error');
+    await detError.waitFor();
+    result.deterministic_error = await detError.textContent();
+    await page.check("#deterministic");
     await page.click("#fund");
     await page.waitForURL(/\/jobs\/0x[0-9a-f]{64}$/, { timeout: 60000 });
     result.job_id = page.url().split("/").pop();
