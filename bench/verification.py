@@ -18,15 +18,16 @@ For each cell of ``--cheaters`` (percent of the provider nodes that lie) x ``--p
   attacker would, so liars keep their share of the runs (column ``lruns``);
 * ``--jobs`` jobs per cell, each its own job spec on IPFS, funded on anvil by the submitter dev
   account while the nodes work, each as soon as fewer than ``--backlog`` funded seats wait for
-  their ``assign`` (so every node that asks gets work, whatever order the dispatcher prefers
-  nodes in, and the liars run their share): ``integrity`` jobs with ``createJob`` (one seat, a
-  0.001 ETH bounty, paid on the scheduler's check, ``FLAG_ON_VERIFY``: the single-provider life
-  the gas goal names, and the quickest; nobody disputes here, so paying after the window would
-  accept the same outputs), or ``integrity:window`` (relayed, finalized after the challenge
-  window: the same steps as a seat); ``replicate:k`` jobs with
-  ``createReplicated`` (k seats of a 0.001 ETH share each; the scheduler keeps the seats on
-  distinct wallets, relays each seat's result and sends ``resolve`` once every seat has one:
-  the agreeing strict majority is paid, the rest slashed);
+  a node (so every node that asks gets work, whatever order the dispatcher prefers nodes in,
+  and the liars run their share; the wait in that queue is part of funded -> paid):
+  ``integrity`` jobs with ``createJob`` (one seat, a 0.001 ETH bounty, paid on the
+  scheduler's check, ``FLAG_ON_VERIFY``: the single-provider life the gas goal names, and the
+  quickest; nobody disputes here, so paying after the window would accept the same outputs),
+  or ``integrity:window`` (relayed, finalized after the challenge window: the same steps as a
+  seat); ``replicate:k`` jobs with ``createReplicated`` (k seats of a 0.001 ETH share each; the
+  scheduler keeps the seats on distinct wallets, relays each seat's result and sends
+  ``resolve`` once every seat has one: the agreeing strict majority is paid, the rest
+  slashed);
 * when nothing moves any more and every open job has all its results on-chain (a 1-1 split of
   replicate:2, two different lies of replicate:3, or an after-window job), the chain's clock is
   moved past the deadline plus the mediation window (``evm_increaseTime``) so the scheduler's
@@ -148,8 +149,6 @@ class Watcher(threading.Thread):
         self.events: list[Event] = []
         self.seen: dict[tuple[str, str], float] = {}
         self.changed = time.perf_counter()
-        self.assigned = 0
-        """``JobAssigned`` events seen (an attempt assigned on-chain)"""
         self.halt = threading.Event()
         self.error: Exception | None = None
 
@@ -164,7 +163,6 @@ class Watcher(threading.Thread):
             key = ev.args.get("jobId", ev.args.get("groupId"))
             if key is not None:
                 self.seen.setdefault((ev.name, "0x" + bytes(key).hex()), now)
-            self.assigned += ev.name == "JobAssigned"
         if got:
             self.events.extend(got)
             self.changed = now
@@ -201,43 +199,65 @@ def fund(
     jobs: list[Job],
     k: int,
     on_verify: bool,
-    rate: float,
-    backlog: int,
-    watcher: Watcher,
+    args: argparse.Namespace,
     http: httpx.Client,
 ) -> None:
     """Fund ``jobs`` in turn from the submitter dev account, ``createJob`` (k = 1) or
-    ``createReplicated`` of k seats, each as soon as fewer than ``backlog`` funded seats wait
-    for an ``assign`` on-chain (so every node that asks finds work, whichever the dispatcher
-    prefers), at most ``rate`` jobs per second; each job's funding time is its receipt's."""
+    ``createReplicated`` of k seats, each as soon as fewer than ``args.backlog`` funded seats
+    wait for a node (not yet leased: funded but not yet seen by the scheduler, ``pending_spec``
+    or ``queued`` in its store), so every node that asks finds work and the dispatcher's
+    preferences do not pick who runs; at most ``args.rate`` jobs per second. Each job's
+    funding time is its receipt's. With ``args.fund_for``, funding stops after that many
+    seconds and ``jobs`` is cut to the jobs funded."""
     submitter = Account.from_key(dev_accounts(SUBMITTER + 1)[SUBMITTER]).address
     terms = st.escrow.default_terms(SHARE, submitter, on_verify=on_verify and k == 1)
-    t0 = time.perf_counter()
-    for i, job in enumerate(jobs):
-        wait = t0 + i / rate - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
-        while i * k - watcher.assigned >= backlog:
-            time.sleep(0.05)
-        salt = secrets.token_bytes(32)
-        ident = job_id(submitter, job.spec_cid, salt)
-        job.key = "0x" + ident.hex()
-        common = (salt, job.spec_cid, job.deadline, terms.mediator, terms.collateral, terms.flags)
-        if k == 1:
-            data = st.escrow.encode("createJob", *common)
-            job.seats = [job.key]
-        else:
-            data = st.escrow.encode("createReplicated", *common, k)
-            job.seats = ["0x" + s.hex() for s in seat_ids(ident, k)]
-        tx = {
-            "from": submitter,
-            "to": st.escrow.address,
-            "data": "0x" + data.hex(),
-            "value": hex(SHARE * k),
-            "gas": hex(250_000 * k),
-        }
-        send_sync(http, st.anvil.url, tx, f"funding job {i} ({'createJob' if k == 1 else k})")
-        job.funded_at = time.perf_counter()
+    backlog = args.backlog or args.nodes
+    store = Store(st.db_url)
+    try:
+        known0 = sum(store.job_counts().values())
+        t0 = time.perf_counter()
+        for i, job in enumerate(jobs):
+            if args.fund_for and time.perf_counter() - t0 > args.fund_for:
+                print(f"    --fund-for {args.fund_for:g} s: {i} jobs funded", flush=True)
+                del jobs[i:]
+                return
+            wait = t0 + i / args.rate - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            while True:
+                counts = store.job_counts()
+                unseen = i * k - (sum(counts.values()) - known0)
+                waiting = unseen + counts.get("queued", 0) + counts.get("pending_spec", 0)
+                if waiting < backlog:
+                    break
+                time.sleep(0.1)
+            _fund_one(st, http, submitter, terms, job, i, k)
+    finally:
+        store.close()
+
+
+def _fund_one(
+    st: Stack, http: httpx.Client, submitter: str, terms: Any, job: Job, i: int, k: int
+) -> None:
+    salt = secrets.token_bytes(32)
+    ident = job_id(submitter, job.spec_cid, salt)
+    job.key = "0x" + ident.hex()
+    common = (salt, job.spec_cid, job.deadline, terms.mediator, terms.collateral, terms.flags)
+    if k == 1:
+        data = st.escrow.encode("createJob", *common)
+        job.seats = [job.key]
+    else:
+        data = st.escrow.encode("createReplicated", *common, k)
+        job.seats = ["0x" + s.hex() for s in seat_ids(ident, k)]
+    tx = {
+        "from": submitter,
+        "to": st.escrow.address,
+        "data": "0x" + data.hex(),
+        "value": hex(SHARE * k),
+        "gas": hex(250_000 * k),
+    }
+    send_sync(http, st.anvil.url, tx, f"funding job {i} ({'createJob' if k == 1 else k})")
+    job.funded_at = time.perf_counter()
 
 
 def gas_by_job(
@@ -408,17 +428,7 @@ def run_cell(
 
         async def body() -> None:
             fund_task = asyncio.create_task(
-                asyncio.to_thread(
-                    fund,
-                    st,
-                    jobs,
-                    k,
-                    on_verify,
-                    args.rate,
-                    args.backlog or args.nodes,
-                    watcher,
-                    http,
-                )
+                asyncio.to_thread(fund, st, jobs, k, on_verify, args, http)
             )
             while True:
                 await asyncio.sleep(0.25)
@@ -628,7 +638,13 @@ def main() -> None:
         "--backlog",
         type=int,
         default=0,
-        help="fund while fewer seats than this wait for an assign (default: --nodes)",
+        help="fund while fewer seats than this wait for a node (default: --nodes)",
+    )
+    ap.add_argument(
+        "--fund-for",
+        type=float,
+        default=0,
+        help="stop funding a cell after this many seconds (0: fund all --jobs)",
     )
     ap.add_argument("--run-s", type=float, default=0.5, help="simulated run time of a job")
     ap.add_argument("--stall-s", type=float, default=90, help="give a cell up after this quiet")
@@ -647,8 +663,8 @@ def main() -> None:
     print(uptime())
     print(
         f"{args.jobs} jobs per cell funded with a backlog of {args.backlog or args.nodes} "
-        f"unassigned seats (at most {args.rate:g}/s), {args.nodes} simulated nodes per cell "
-        f"(fresh wallets), liars {'colluding' if args.collude else 'each its own lie'}, "
+        f"seats waiting for a node (at most {args.rate:g}/s), {args.nodes} simulated nodes per "
+        f"cell (fresh wallets), liars {'colluding' if args.collude else 'each its own lie'}, "
         f"lazy {args.lazy:g} %, simulated run {args.run_s} s (x0.5..1.5)"
         + (", slashed liars come back as fresh wallets" if args.sybils else ""),
         flush=True,
