@@ -29,9 +29,11 @@ For each cell of ``--cheaters`` (percent of the provider nodes that lie) x ``--p
   ``resolve`` once every seat has one: the agreeing strict majority is paid, the rest
   slashed);
 * when nothing moves any more and every open job has all its results on-chain (a 1-1 split of
-  replicate:2, two different lies of replicate:3, or an after-window job), the chain's clock is
-  moved past the deadline plus the mediation window (``evm_increaseTime``) so the scheduler's
-  deferred ``resolve``/``finalize`` go through; those jobs' times are not counted as latency.
+  replicate:2, two different lies of replicate:3, or an after-window job), or nothing at all
+  moved for ``--warp-after-s`` (a seat whose ``assign`` the chain refused waits for the
+  deadline), the chain's clock is moved past the deadline plus the mediation window
+  (``evm_increaseTime``) so the scheduler's deferred ``resolve``/``finalize`` go through; those
+  jobs' times are not counted as latency.
 
 Figures per cell, all from the chain's events and receipts unless said otherwise:
 
@@ -66,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import secrets
@@ -445,21 +448,21 @@ def run_cell(
                 if (
                     state["warped"] is None
                     and quiet > SETTLE_QUIET_S
-                    and all(all_submitted(j) for j in open_jobs)
+                    and (all(all_submitted(j) for j in open_jobs) or quiet > args.warp_after_s)
                 ):
                     mediation = int(st.escrow.call("mediationWindow"))
                     challenge = int(st.escrow.call("challengeWindow"))
                     now = chain_time(http, st.anvil.url)
                     to = max(deadline + mediation, now + challenge) + 10
                     print(
-                        f"    {len(open_jobs)} jobs have every result on-chain but no payout: "
+                        f"    {len(open_jobs)} jobs unpaid, nothing new for {quiet:.0f} s: "
                         f"chain clock moved {to - now} s ahead, past deadline + mediation window",
                         flush=True,
                     )
                     warp(http, st.anvil.url, to)
                     state["warped"] = time.perf_counter()
                     watcher.changed = time.perf_counter()
-                elif quiet > args.stall_s:
+                elif state["warped"] is not None and quiet > args.stall_s:
                     state["stalled"] = True
                     return
 
@@ -647,8 +650,24 @@ def main() -> None:
         help="stop funding a cell after this many seconds (0: fund all --jobs)",
     )
     ap.add_argument("--run-s", type=float, default=0.5, help="simulated run time of a job")
-    ap.add_argument("--stall-s", type=float, default=90, help="give a cell up after this quiet")
+    ap.add_argument(
+        "--warp-after-s",
+        type=float,
+        default=30,
+        help="move the clock past the deadlines after this long without a new event, even "
+        "when a seat has no result on-chain (its assign was refused): such a seat is refunded "
+        "by resolve only after the deadline",
+    )
+    ap.add_argument(
+        "--stall-s", type=float, default=90, help="give a cell up after this quiet, once warped"
+    )
     ap.add_argument("--seed", type=int, default=10)
+    ap.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="keep the stack's folder (scheduler and anvil logs, the database) here",
+    )
     args = ap.parse_args()
     try:
         pcts = [float(p) for p in parse_list(args.cheaters)]
@@ -672,7 +691,11 @@ def main() -> None:
     rng = random.Random(args.seed)
     rows = []
     with (
-        tempfile.TemporaryDirectory(prefix="gm-bench-verify-") as tmp,
+        (
+            contextlib.nullcontext(str(args.work))
+            if args.work
+            else tempfile.TemporaryDirectory(prefix="gm-bench-verify-")
+        ) as tmp,
         stack(Path(tmp), providers=0, db="sqlite") as st,
     ):
         for pct in pcts:
