@@ -57,7 +57,7 @@ Spot checks (``spot:0.1``, ``spot:0.25``) are not in the escrow yet: they are pr
 with no figure.
 
     python bench/verification.py                     # 0/10/30 % x integrity, replicate:2, :3
-    python bench/verification.py --cheaters 30 --policies replicate:3 --jobs 1000
+    python bench/verification.py --cheaters 30 --policies replicate:3 --jobs 1000 --sybils
 
 Goals (issue 10): replicate:3 accepts 0 wrong outputs in >= 1,000 jobs with <= 30 % cheaters;
 spot:0.1 costs <= 1.15x compute and a cheater's expected profit is negative; a 3-replica life
