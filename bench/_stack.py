@@ -407,3 +407,54 @@ def acceptor(
         return status == 200 and bool(json.loads(answer).get("accepted"))
 
     return accept
+
+
+# --------------------------------------------------------------------------- raw chain access
+
+
+def rpc_batch(http: httpx.Client, url: str, calls: Sequence[tuple[str, list[Any]]]) -> list[Any]:
+    """One JSON-RPC batch to anvil; the results in the order of ``calls``. Raises naming the
+    method when anvil answers one of them with an error."""
+    if not calls:
+        return []
+    body = [{"jsonrpc": "2.0", "id": i, "method": m, "params": p} for i, (m, p) in enumerate(calls)]
+    answers = http.post(url, json=body).json()
+    if not isinstance(answers, list):
+        raise RuntimeError(f"anvil answered a batch of {len(calls)} with {answers!r:.300}")
+    by_id = {a.get("id"): a for a in answers if isinstance(a, dict)}
+    out = []
+    for i, (method, params) in enumerate(calls):
+        a = by_id.get(i)
+        if a is None or "error" in a:
+            why = a.get("error") if a else "no answer"
+            raise RuntimeError(f"anvil refused {method}{params!r:.200}: {why}")
+        out.append(a["result"])
+    return out
+
+
+def send_sync(http: httpx.Client, url: str, tx: dict[str, Any], what: str) -> dict[str, Any]:
+    """Send ``tx`` from one of anvil's dev accounts with ``eth_sendTransactionSync`` (anvil
+    signs; the receipt comes back in the same round trip, as :func:`fund_jobs`); the receipt.
+    Raises naming ``what`` when it is refused or reverts."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "eth_sendTransactionSync", "params": [tx]}
+    answer = http.post(url, json=body).json()
+    if "error" in answer:
+        raise RuntimeError(f"{what} refused: {answer['error']}")
+    receipt: dict[str, Any] = answer["result"]
+    if int(receipt["status"], 16) != 1:
+        raise RuntimeError(f"{what} reverted: {receipt}")
+    return receipt
+
+
+def chain_time(http: httpx.Client, url: str) -> int:
+    """The latest block's timestamp (the escrow's clock)."""
+    (block,) = rpc_batch(http, url, [("eth_getBlockByNumber", ["latest", False])])
+    return int(block["timestamp"], 16)
+
+
+def warp(http: httpx.Client, url: str, to: int) -> None:
+    """Move the chain's clock forward to ``to`` (a block is mined at that time)."""
+    now = chain_time(http, url)
+    if to > now:
+        rpc_batch(http, url, [("evm_increaseTime", [to - now])])
+        rpc_batch(http, url, [("evm_mine", [])])

@@ -9,10 +9,19 @@ signs its acceptance of each offered job's terms (EIP-712) and posts it, "runs" 
 short while, then adds a small real output to IPFS, signs its CID and reports it, so the
 scheduler checks it and the escrow pays as for a real agent.
 
+The right output of a job is a deterministic function of its spec CID (:func:`right_output`),
+so honest nodes given seats of one replicated job upload the same bytes and report the same CID.
+
 Dishonest nodes, for the verification policies (docs/trust.md):
-  --cheaters 20   20 % of the nodes upload a plausible wrong output (a valid CID of bytes that
-                  are not the job's result): an integrity check cannot tell.
+  --cheaters 20   20 % of the nodes upload a plausible wrong output (a valid CID of real bytes
+                  of the same shape that are not the job's result, :func:`wrong_output`): an
+                  integrity check cannot tell. Each cheater has its own wrong bytes...
+  --collude       ... unless the cheaters collude: then they all upload the same wrong bytes.
   --lazy 10       10 % of the nodes replay an output they produced for an earlier job.
+
+Jobs (``--jobs``) are funded with ``createJob`` (one seat), or with ``--replicas K`` as
+replicated jobs (``createReplicated``: K seats of a 0.001 ETH bounty each, paid to the
+agreeing majority of K distinct providers by ``resolve``). Each job has its own spec on IPFS.
 
 Tier mix (the seeds' table): RTX 4090, 3090, 4070, 3060 and CPU-only in equal parts, spread over
 the pricing regions. Settings default to the running ``make up`` grid (.run/grid/grid.json).
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import random
 import secrets
@@ -76,34 +86,85 @@ def capacity(tier_key: str, region: str) -> NodeCapacityIn:
     )
 
 
+def right_output(spec_cid: str) -> bytes:
+    """The result an honest node delivers for the job whose spec is ``spec_cid``: the same bytes
+    on every node, so replicas of one job agree on its CID."""
+    digest = hashlib.sha256(f"computed:{spec_cid}".encode()).hexdigest()
+    return f"spec {spec_cid}\nresult {digest}\n".encode()
+
+
+def wrong_output(spec_cid: str, liar: str) -> bytes:
+    """A plausible wrong result (same shape as :func:`right_output`, other digest) made up by
+    ``liar``: each liar its own bytes, unless they collude and pass the same ``liar`` name."""
+    digest = hashlib.sha256(f"made up by {liar}:{spec_cid}".encode()).hexdigest()
+    return f"spec {spec_cid}\nresult {digest}\n".encode()
+
+
+def add_output(ipfs: IpfsStore, data: bytes) -> str:
+    """Add ``data`` as an output directory holding ``result.txt`` (the agent's output shape);
+    its CID. The same bytes give the same CID on every node."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out"
+        out.mkdir()
+        (out / "result.txt").write_bytes(data)
+        return ipfs.add_dir(out)
+
+
 def submit(
-    escrow: EscrowClient, ipfs: IpfsStore, count: int, over_s: float, on_verify: bool, image: str
+    escrow: EscrowClient,
+    ipfs: IpfsStore,
+    count: int,
+    over_s: float,
+    on_verify: bool,
+    image: str,
+    replicas: int = 1,
 ) -> None:
-    """Fund ``count`` small jobs from the first submitter, spread over ``over_s`` seconds."""
+    """Fund ``count`` small jobs from the first submitter, spread over ``over_s`` seconds: each
+    its own spec, funded with ``createJob``, or with ``createReplicated`` when ``replicas`` >= 2
+    (one 0.001 ETH bounty per seat)."""
     submitter = Account.from_key(dev_accounts(4)[3])
-    terms = escrow.default_terms(10**15, submitter.address, on_verify=on_verify)
-    spec = JobSpec.model_validate(
-        {"name": "fleet load", "executor": "docker", "image": image, "command": ["true"]}
-    )
-    spec_cid = ipfs.add_bytes(spec.to_bytes())
-    for _ in range(count):
+    share = 10**15
+    terms = escrow.default_terms(share, submitter.address, on_verify=on_verify and replicas < 2)
+    tag = secrets.token_hex(4)
+    for i in range(count):
+        spec = JobSpec.model_validate(
+            {
+                "name": f"fleet load {tag}-{i}",
+                "executor": "docker",
+                "image": image,
+                "command": ["true"],
+            }
+        )
+        spec_cid = ipfs.add_bytes(spec.to_bytes())
         now = int(escrow.w3.eth.get_block("latest")["timestamp"])
-        escrow.create_job(submitter, secrets.token_bytes(32), spec_cid, now + 3600, 10**15, terms)
+        salt = secrets.token_bytes(32)
+        if replicas >= 2:
+            escrow.create_replicated(
+                submitter, salt, spec_cid, now + 3600, share * replicas, replicas, terms
+            )
+        else:
+            escrow.create_job(submitter, salt, spec_cid, now + 3600, share, terms)
         time.sleep(over_s / count)
 
 
 class Node:
-    """One simulated node; ``behaviour`` is ``honest``, ``cheater`` or ``lazy``."""
+    """One simulated node; ``behaviour`` is ``honest``, ``cheater`` or ``lazy``; a cheater that
+    ``collude``s uploads the same wrong bytes as every other colluding cheater. Each result it
+    reports is appended to ``reports`` (job id, output CID, whether the scheduler took it).
+    Setting ``stopped`` ends its loops (after the current poll or job)."""
 
     def __init__(
         self, http: httpx.AsyncClient, base: str, account: LocalAccount, name: str,
         cap: NodeCapacityIn, ipfs: IpfsStore, stats: dict[str, int], behaviour: str = "honest",
+        collude: bool = False,
     ) -> None:  # fmt: skip
         self.http, self.base, self.account, self.name, self.cap = http, base, account, name, cap
-        self.ipfs, self.stats, self.behaviour = ipfs, stats, behaviour
+        self.ipfs, self.stats, self.behaviour, self.collude = ipfs, stats, behaviour, collude
         self.node_id = self.token = ""
         self.running: list[str] = []
         self.outputs: list[str] = []
+        self.reports: list[tuple[str, str, bool]] = []
+        self.stopped = False
 
     async def accept(self, a: dict[str, Any]) -> bool:
         """Sign the acceptance of the offered job's terms and post it; whether it stands."""
@@ -111,27 +172,28 @@ class Node:
         terms = JobTerms.model_validate(t).as_job()
         job_id = bytes.fromhex(a["job_id"][2:])
         sig = sign_acceptance(self.account, a["chain_id"], a["escrow"], job_id, a["attempt"], terms)
-        r = await self.http.post(
-            self.base + API.ACCEPT.format(node_id=self.node_id, job_id=a["job_id"]),
-            json={"attempt": a["attempt"], "signature": "0x" + sig.hex()},
-            headers=self.auth,
-        )
+        try:
+            r = await self.http.post(
+                self.base + API.ACCEPT.format(node_id=self.node_id, job_id=a["job_id"]),
+                json={"attempt": a["attempt"], "signature": "0x" + sig.hex()},
+                headers=self.auth,
+            )
+        except httpx.TransportError:  # the offer lapses; the scheduler offers it again
+            self.stats["http_errors"] += 1
+            return False
         return r.status_code == 200 and bool(r.json().get("accepted"))
 
     async def output(self, a: dict[str, Any]) -> str:
-        """The CID this node reports: the real result, a plausible wrong one, or a replay."""
+        """The CID this node reports: the real result, a plausible wrong one, or a replay (a
+        lazy node's first job is done honestly: it has nothing to replay yet)."""
         if self.behaviour == "lazy" and self.outputs:
             self.stats["replayed"] += 1
             return random.choice(self.outputs)  # noqa: S311
-        line = f"job {a['job_id']} attempt {a['attempt']} simulated on {self.name}\n"
+        data = right_output(a["spec_cid"])
         if self.behaviour == "cheater":
             self.stats["forged"] += 1
-            line = f"job {a['job_id']} result {secrets.token_hex(8)} (made up)\n"
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "out"
-            out.mkdir()
-            (out / "result.txt").write_text(line)
-            cid = await asyncio.to_thread(self.ipfs.add_dir, out)
+            data = wrong_output(a["spec_cid"], "colluders" if self.collude else self.name)
+        cid = await asyncio.to_thread(add_output, self.ipfs, data)
         self.outputs.append(cid)
         return cid
 
@@ -156,23 +218,31 @@ class Node:
         return {"Authorization": f"Bearer {self.token}"}
 
     async def heartbeats(self, interval: float, until: float) -> None:
-        while time.monotonic() < until:
-            await self.http.post(
-                self.base + API.HEARTBEAT.format(node_id=self.node_id),
-                json={"running": self.running},
-                headers=self.auth,
-            )
-            self.stats["heartbeats"] += 1
+        while time.monotonic() < until and not self.stopped:
+            try:
+                await self.http.post(
+                    self.base + API.HEARTBEAT.format(node_id=self.node_id),
+                    json={"running": self.running},
+                    headers=self.auth,
+                )
+                self.stats["heartbeats"] += 1
+            except httpx.TransportError:  # a dropped keep-alive connection: beat again later
+                self.stats["http_errors"] += 1
             await asyncio.sleep(interval)
 
     async def work(self, until: float, run_s: float) -> None:
-        while time.monotonic() < until:
-            r = await self.http.post(
-                self.base + API.NEXT_JOB.format(node_id=self.node_id),
-                params={"wait_s": 5},
-                headers=self.auth,
-                timeout=20,
-            )
+        while time.monotonic() < until and not self.stopped:
+            try:
+                r = await self.http.post(
+                    self.base + API.NEXT_JOB.format(node_id=self.node_id),
+                    params={"wait_s": 5},
+                    headers=self.auth,
+                    timeout=20,
+                )
+            except httpx.TransportError:  # a dropped keep-alive connection: ask again
+                self.stats["http_errors"] += 1
+                await asyncio.sleep(0.2)
+                continue
             if r.status_code == 204:
                 continue
             r.raise_for_status()
@@ -192,20 +262,28 @@ class Node:
                 a["attempt"],
                 cid,
             )
-            r = await self.http.post(
-                self.base + API.RESULT.format(node_id=self.node_id, job_id=a["job_id"]),
-                json={
-                    "attempt": a["attempt"],
-                    "reason": "succeeded",
-                    "exit_code": 0,
-                    "duration_s": run_s,
-                    "output_cid": cid,
-                    "signature": "0x" + sig.hex(),
-                },
-                headers=self.auth,
-            )
+            for tries in range(3):  # a dropped keep-alive connection: send it again
+                try:
+                    r = await self.http.post(
+                        self.base + API.RESULT.format(node_id=self.node_id, job_id=a["job_id"]),
+                        json={
+                            "attempt": a["attempt"],
+                            "reason": "succeeded",
+                            "exit_code": 0,
+                            "duration_s": run_s,
+                            "output_cid": cid,
+                            "signature": "0x" + sig.hex(),
+                        },
+                        headers=self.auth,
+                    )
+                    break
+                except httpx.TransportError:
+                    self.stats["http_errors"] += 1
+                    if tries == 2:
+                        raise
             self.running.remove(a["job_id"])
             self.stats["reported" if r.status_code == 202 else "refused"] += 1
+            self.reports.append((a["job_id"], cid, r.status_code == 202))
 
 
 async def fleet(args: argparse.Namespace, grid: dict[str, Any]) -> dict[str, int]:
@@ -226,6 +304,7 @@ async def fleet(args: argparse.Namespace, grid: dict[str, Any]) -> dict[str, int
         "refused": 0,
         "forged": 0,
         "replayed": 0,
+        "http_errors": 0,
     }
     n_cheat = round(args.nodes * args.cheaters / 100)
     n_lazy = round(args.nodes * args.lazy / 100)
@@ -245,6 +324,7 @@ async def fleet(args: argparse.Namespace, grid: dict[str, Any]) -> dict[str, int
                 ipfs,
                 stats,
                 behaviours[i],
+                args.collude,
             )
             for i, acct in enumerate(accounts)
         ]
@@ -267,6 +347,7 @@ async def fleet(args: argparse.Namespace, grid: dict[str, Any]) -> dict[str, int
                     args.seconds / 2,
                     args.on_verify,
                     grid.get("busybox_image") or BUSYBOX_IMAGE,
+                    args.replicas,
                 )
             )
         await asyncio.gather(*tasks)
@@ -283,7 +364,14 @@ def main() -> int:
     ap.add_argument(
         "--cheaters", type=float, default=0, help="percent of nodes uploading wrong outputs"
     )
+    ap.add_argument("--collude", action="store_true", help="cheaters upload the same wrong output")
     ap.add_argument("--lazy", type=float, default=0, help="percent of nodes replaying outputs")
+    ap.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="fund replicated jobs of this many seats (2..5, createReplicated); 1: single jobs",
+    )
     ap.add_argument(
         "--on-verify", action="store_true", help="fund jobs paid on the scheduler's check"
     )
@@ -291,6 +379,10 @@ def main() -> int:
     args = ap.parse_args()
     if not 0 <= args.cheaters + args.lazy <= 100:
         ap.error("--cheaters plus --lazy must be between 0 and 100 percent")
+    if args.replicas != 1 and not 2 <= args.replicas <= 5:
+        ap.error(f"--replicas {args.replicas}: 1 (single jobs) or 2..5 seats")
+    if args.replicas >= 2 and args.on_verify:
+        ap.error("--on-verify is for single jobs: a replicated job is paid by resolve")
     if not args.grid.exists():
         print(f"{args.grid} not found: start the grid first (`make up`)")
         return 1
