@@ -426,6 +426,32 @@ class EscrowClient:
             raise ChainError(f"freeCollateralOf({provider}): {answer}", "BadAnswer")
         return int(result, 16)
 
+    def free_collateral_at(self, provider: str) -> tuple[int, int]:
+        """``(freeCollateralOf(provider), block)``: the value as of one block, named, so that a
+        caller can tell which later assigns it does not count yet (the scheduler's acceptance
+        check: an assign mined after ``block`` is not in it). Two raw calls, ``eth_blockNumber``
+        then ``eth_call`` at that block."""
+        try:
+            head = self.w3.provider.make_request("eth_blockNumber", [])  # type: ignore[arg-type]
+            block = int(str(head["result"]), 16)
+            answer = self.w3.provider.make_request(
+                "eth_call",  # type: ignore[arg-type]
+                [
+                    {"to": self.address, "data": self._free_collateral_data(provider)},
+                    hex(block),
+                ],
+            )
+        except Exception as exc:
+            raise ChainError(f"freeCollateralOf({provider}): {exc}", "Unavailable") from exc
+        result = answer.get("result") if isinstance(answer, dict) else None
+        if not isinstance(result, str) or not result.startswith("0x") or len(result) != 66:
+            raise ChainError(f"freeCollateralOf({provider}): {answer}", "BadAnswer")
+        return int(result, 16), block
+
+    @staticmethod
+    def _free_collateral_data(provider: str) -> str:
+        return "0x" + (_FREE_COLLATERAL_OF + bytes(12) + bytes.fromhex(provider[2:])).hex()
+
     def decode_logs(self, logs: Iterable[LogReceipt]) -> list[Event]:
         """The escrow's events among ``logs``, each log decoded on its own.
 

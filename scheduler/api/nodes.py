@@ -280,14 +280,15 @@ async def accept(
             401,
         )
     free: int | None = None
+    as_of: int | None = None
     if row.acceptance is None:
         try:
-            free = await asyncio.to_thread(grid.chain.free_collateral_of, node.wallet)
+            free, as_of = await asyncio.to_thread(grid.chain.free_collateral_at, node.wallet)
         except ChainError as exc:
             raise _bad(f"chain unavailable: {exc}", status.HTTP_503_SERVICE_UNAVAILABLE) from None
     try:
         await asyncio.to_thread(
-            store.accept, job_id, node.node_id, body.attempt, body.signature, free
+            store.accept, job_id, node.node_id, body.attempt, body.signature, free, as_of
         )
     except NotFoundError as exc:
         raise _bad(str(exc), 404) from None

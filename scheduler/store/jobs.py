@@ -21,8 +21,15 @@ from scheduler.matching.reputation import Outcome
 
 from .outbox import OutboxStore
 from .reputation import ReputationStore
-from .rows import ConflictError, JobRow, NotFoundError, SeatTakenError, ShortOfCollateralError
-from .tables import attempts, jobs, nodes
+from .rows import (
+    ConflictError,
+    JobRow,
+    NotFoundError,
+    SeatTakenError,
+    ShortOfCollateralError,
+    block_of,
+)
+from .tables import attempts, jobs, nodes, outbox
 
 __all__ = ["TIMED_OUT", "JobStore"]
 
@@ -469,20 +476,36 @@ class JobStore(ReputationStore, OutboxStore):
             self._audit(conn, "job", job_id, to.value, node_id=node_id)
             return to.value
 
-    def _collateral_pending(self, conn: Connection, wallet: str, but: str) -> int:
-        """Collateral of ``wallet``'s accepted jobs (other than ``but``) whose on-chain
-        ``assign`` is not folded yet: the chain's ``freeCollateralOf`` does not count it."""
+    def _collateral_pending(
+        self, conn: Connection, wallet: str, but: str, as_of_block: int | None = None
+    ) -> int:
+        """Collateral of ``wallet``'s accepted jobs (other than ``but``) that the chain's
+        ``freeCollateralOf`` read at ``as_of_block`` does not count: those whose on-chain
+        ``assign`` is not folded yet, and (when the block is known) those it holds whose latest
+        event was folded from a later block (an assign mined between the read and this
+        transaction: counted nowhere else, so a fast node could promise the same stake twice).
+        The second rule may count a job twice (it was locked at the block and moved on since):
+        that refuses an offer too many, never lets one through that the chain would refuse."""
+        holding = (int(Status.ASSIGNED), int(Status.SUBMITTED), int(Status.DISPUTED))
         q = (
-            select(jobs.c.chain_job)
+            select(jobs.c.chain_job, jobs.c.chain_status, jobs.c.chain_pos)
             .select_from(jobs.join(nodes, jobs.c.node_id == nodes.c.node_id))
             .where(
                 nodes.c.wallet == wallet,
                 jobs.c.acceptance.is_not(None),
-                jobs.c.chain_status == int(Status.FUNDED),
+                jobs.c.chain_status.in_((int(Status.FUNDED), *holding)),
                 jobs.c.job_id != but,
             )
         )
-        return sum(int(row.chain_job.get("collateral", 0)) for row in conn.execute(q))
+        total = 0
+        for row in conn.execute(q):
+            if row.chain_status != int(Status.FUNDED):
+                later = as_of_block is not None and block_of(row.chain_pos) > as_of_block
+                mine = str(row.chain_job.get("provider", "")).lower() == wallet.lower()
+                if not (later and mine):
+                    continue
+            total += int(row.chain_job.get("collateral", 0))
+        return total
 
     def _paid(
         self,
@@ -514,6 +537,7 @@ class JobStore(ReputationStore, OutboxStore):
         attempt: int,
         signature: str,
         free_collateral: int | None = None,
+        as_of_block: int | None = None,
     ) -> str:
         """The node accepted its offer: ``signature`` (checked by the caller against the job's
         on-chain struct, for attempt ``chain attempt + 1``) is stored and the outbox assigns the
@@ -521,7 +545,8 @@ class JobStore(ReputationStore, OutboxStore):
         :class:`ConflictError` when the lease is not this node's, or not that attempt, or the
         chain moved on (another assignment: the offer no longer fits the chain).
 
-        ``free_collateral``: the wallet's ``freeCollateralOf`` as the chain says now. The
+        ``free_collateral``: the wallet's ``freeCollateralOf`` as the chain said at block
+        ``as_of_block`` (assigns folded from later blocks are counted as pending too). The
         collateral of the wallet's other accepted jobs whose ``assign`` is not mined yet is
         not in it: it is taken off here, in the same transaction as the acceptance, and
         :class:`ShortOfCollateralError` is raised when what is left does not cover this job
@@ -551,7 +576,7 @@ class JobStore(ReputationStore, OutboxStore):
             if job.chain.job.replicas:
                 self._claim_seat(conn, job, wallet)
             if free_collateral is not None:
-                pending = self._collateral_pending(conn, wallet, job_id)
+                pending = self._collateral_pending(conn, wallet, job_id, as_of_block)
                 needed = job.chain.job.collateral
                 if free_collateral - pending < needed:
                     raise ShortOfCollateralError(
@@ -651,6 +676,16 @@ class JobStore(ReputationStore, OutboxStore):
             else:
                 at = None
                 reason = f"result on-chain; every seat of {k} has one: resolving"
+                # the other seats' resolves waiting for the deadline are superseded by this one
+                conn.execute(
+                    update(outbox)
+                    .where(
+                        outbox.c.job_id.in_([s.job_id for s in siblings]),
+                        outbox.c.status == "pending",
+                        outbox.c.kind == "resolve",
+                    )
+                    .values(status="done", error=f"superseded by the resolve of {job_id}")
+                )
             self._outbox(conn, job_id, "resolve", {"group": job.salt}, not_before=at)
             conn.execute(
                 update(jobs)

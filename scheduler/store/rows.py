@@ -76,6 +76,11 @@ def pos_of(block: int, log_index: int) -> int:
     return block * 100_000 + log_index
 
 
+def block_of(pos: int) -> int:
+    """The block of a :func:`pos_of` position."""
+    return pos // 100_000
+
+
 def job_to_json(state: JobState) -> dict[str, Any]:
     j = state.job
     return {

@@ -252,6 +252,10 @@ def test_accepting_counts_collateral_promised_to_assigns_not_yet_mined(store: St
             )
         ],
     )
+    # the race: free collateral read at block 10, job 1's assign mined (block 11) and folded
+    # before this acceptance's transaction: counted nowhere but here
+    with pytest.raises(ShortOfCollateralError, match="200000000000000000 of it promised"):
+        store.accept(jid(3), a, 1, SIG, 2 * 10**17 + 10**16, as_of_block=10)
     # (the chain now says 1.1e17 free: job 1's collateral is locked there, job 2's promised)
     with pytest.raises(ShortOfCollateralError, match="100000000000000000 of it promised"):
         store.accept(jid(3), a, 1, SIG, 10**17 + 10**16)
