@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 pragma solidity ^0.8.28;
 
-/// @title IJobEscrow (version 3)
+/// @title IJobEscrow (version 4)
 /// @notice Types, events and errors of the GridMarket job escrow and provider registry.
 /// @dev Everything an indexer (the scheduler's chain watcher, the payouts explorer) needs is in
 ///      the events: it never has to read contract storage.
@@ -24,6 +24,12 @@ pragma solidity ^0.8.28;
 ///        digests agree in a strict majority of k distinct providers, and slashes the seats that
 ///        disagree; without a majority only the job's mediator can rule a seat, and nobody is
 ///        paid without one.
+///      - A job is funded in ETH or in an ERC-20 token the owner allow-listed (`createJobWith`,
+///        one transaction with `permitToken` in a `multicall`). Everything about the job then
+///        moves in that token: bounty, payout, fee, refund, collateral (locked from the
+///        provider's stake in the token) and the dispute deposit. Unlisting a token only stops
+///        new jobs and stakes in it. A token that moves less than it was asked to (fee on
+///        transfer) is refused at the transfer.
 interface IJobEscrow {
     /// @notice Where a job is in its on-chain life.
     /// None -> Funded -> Assigned -> Submitted -> Released, with Funded|Assigned -> Refunded
@@ -59,9 +65,11 @@ interface IJobEscrow {
         uint96 collateral; // wei of the provider's stake locked while it holds this job
         uint40 disputedAt; // when the submitter disputed the pending result; zero otherwise
         uint8 flags; // FLAG_ON_VERIFY: the operator may pay at once on its own check
+        address token; // what the job is paid in: zero for ETH, else an allow-listed ERC-20
     }
 
-    /// @notice A provider's registry entry.
+    /// @notice A provider's registry entry (`providerOf`: ETH stake and registration) or its
+    ///         stake in one token (`stakeOf`; `registered` is unused there).
     struct Provider {
         uint96 stake; // slashable collateral: free (stake - locked) plus locked by jobs
         uint96 locked; // part of `stake` backing jobs the provider holds
@@ -82,6 +90,7 @@ interface IJobEscrow {
         address mediator,
         uint96 collateral,
         uint8 flags,
+        address token,
         bytes32 salt,
         string specCid
     );
@@ -146,25 +155,32 @@ interface IJobEscrow {
     event JobRefunded(bytes32 indexed jobId, address indexed submitter, uint96 amount);
 
     // ---------------------------------------------------------------- money events
-    /// @notice Accrued platform fees were credited to the treasury's balance.
-    event FeesCollected(address indexed treasury, uint256 amount);
-    /// @notice `account` withdrew `amount` of its balance to `to`.
-    event Withdrawn(address indexed account, address indexed to, uint256 amount);
+    /// @notice Accrued platform fees in `token` (zero: ETH) were credited to the treasury.
+    event FeesCollected(address indexed treasury, address indexed token, uint256 amount);
+    /// @notice `account` withdrew `amount` of its balance in `token` (zero: ETH) to `to`.
+    event Withdrawn(
+        address indexed account, address indexed token, address indexed to, uint256 amount
+    );
     /// @notice `amount` was credited to `account`'s balance outside a payout or refund: a
-    ///         dispute deposit returned or paid to the mediator (`reason` says which).
+    ///         dispute deposit returned or paid to the mediator (`reason` says which), in the
+    ///         job's token.
     event Credited(bytes32 indexed jobId, address indexed account, uint96 amount, string reason);
 
     // ---------------------------------------------------------------- registry events
     /// @notice A provider registered (or updated) its metadata commitment.
     event ProviderRegistered(address indexed provider, bytes32 metadataDigest, string metadataCid);
-    /// @notice A provider added collateral.
-    event Staked(address indexed provider, uint96 amount, uint96 totalStake);
-    /// @notice A provider took `amount` of its free stake out, available at `availableAt`.
-    event UnstakeRequested(address indexed provider, uint96 amount, uint40 availableAt);
-    /// @notice Unstaked stake was credited to the provider's balance.
-    event Unstaked(address indexed provider, uint96 amount, uint96 totalStake);
-    /// @notice A ruling took `amount` of the provider's locked collateral for `jobId`:
-    ///         `toMediator` pays the mediator's re-run, the rest went to the submitter.
+    /// @notice A provider added collateral in `token` (zero: ETH).
+    event Staked(address indexed provider, address indexed token, uint96 amount, uint96 totalStake);
+    /// @notice A provider took `amount` of its free stake in `token` out, available at
+    ///         `availableAt`.
+    event UnstakeRequested(
+        address indexed provider, address indexed token, uint96 amount, uint40 availableAt
+    );
+    /// @notice Unstaked stake in `token` was credited to the provider's balance.
+    event Unstaked(address indexed provider, address indexed token, uint96 amount, uint96 totalStake);
+    /// @notice A ruling took `amount` of the provider's locked collateral for `jobId` (in the
+    ///         job's token): `toMediator` pays the mediator's re-run, the rest went to the
+    ///         submitter.
     event ProviderSlashed(
         address indexed provider,
         bytes32 indexed jobId,
@@ -187,6 +203,10 @@ interface IJobEscrow {
     /// @notice A mediator was added to or removed from the list submitters pick from (funded
     ///         jobs keep the mediator they named).
     event MediatorListed(address indexed mediator, bool listed);
+    /// @notice An ERC-20 token was allowed for new jobs and stakes with this smallest bounty in
+    ///         its units, or disallowed (zero); jobs funded in it, balances and stakes in it are
+    ///         unaffected.
+    event TokenListed(address indexed token, uint256 minBounty);
 
     // ---------------------------------------------------------------- errors
     error JobEscrowNotOwner(address caller);
@@ -227,6 +247,10 @@ interface IJobEscrow {
     error JobEscrowNothingToWithdraw(address account);
     error JobEscrowWithdrawFailed(address to, uint256 amount);
     error JobEscrowReentrancy();
+    error JobEscrowTokenNotAllowed(address token);
+    error JobEscrowTokenTransferFailed(address token);
+    error JobEscrowTokenAmountMismatch(address token, uint256 expected, uint256 received);
+    error JobEscrowPermitFailed(address token, uint256 allowance, uint256 needed);
     error ProviderRegistryNotRegistered(address provider);
     error ProviderRegistryInsufficientStake(address provider, uint256 stake, uint256 minStake);
     error ProviderRegistryInsufficientCollateral(address provider, uint256 free, uint256 needed);

@@ -2,9 +2,9 @@
 pragma solidity ^0.8.28;
 
 import {IJobEscrow} from "./IJobEscrow.sol";
-import {ProviderRegistry} from "./ProviderRegistry.sol";
+import {IERC20Min, ProviderRegistry} from "./ProviderRegistry.sol";
 
-/// @title JobEscrow (version 3)
+/// @title JobEscrow (version 4)
 /// @notice Per-job escrow for the GridMarket GPU compute marketplace, with no key in the middle
 ///         that can take a bounty or a stake (docs/trust.md).
 ///
@@ -22,8 +22,12 @@ import {ProviderRegistry} from "./ProviderRegistry.sol";
 /// of the bounty, assigned to k providers; `resolve` pays the seats whose outputs agree in a
 /// strict majority of distinct providers and slashes the ones that disagree (no operator, no
 /// challenge window: the agreement is the check). Without a majority only the mediator rules.
-/// Money only moves into withdrawable balances (pull payments); `withdraw` is the one place ETH
-/// leaves, guarded against reentrancy, so a reverting receiver can only block itself.
+/// A job is paid in ETH (`createJob`, `createReplicated`) or in an ERC-20 token the owner
+/// allow-listed (`createJobWith`); all of its money (bounty, fee, collateral, dispute deposit)
+/// is in that token, and balances are kept per account and token.
+/// Money only moves into withdrawable balances (pull payments); `withdraw` and `withdrawToken`
+/// are the only places it leaves, guarded against reentrancy, so a reverting receiver can only
+/// block itself.
 ///
 /// @dev Storage holds one slot per job: keccak256(abi.encode(Job)) with the low byte replaced by
 ///      the status. See docs/contracts.md for the gas reasoning and the invariants.
@@ -46,18 +50,18 @@ contract JobEscrow is ProviderRegistry {
     /// @notice EIP-712 type of a provider's acceptance of a job's terms for one assignment.
     bytes32 public constant ACCEPTANCE_TYPEHASH = keccak256(
         "Acceptance(bytes32 jobId,uint16 attempt,uint96 bounty,uint16 feeBps,uint40 deadline,"
-        "uint96 collateral,address mediator,uint8 flags)"
+        "uint96 collateral,address mediator,uint8 flags,address token)"
     );
     bytes32 private constant _DOMAIN_TYPEHASH = keccak256(
         "EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)"
     );
     bytes32 private constant _NAME_HASH = keccak256("GridMarket JobEscrow");
-    bytes32 private constant _VERSION_HASH = keccak256("2"); // the signing format (Acceptance, Result) is unchanged since version 2
+    bytes32 private constant _VERSION_HASH = keccak256("4"); // Acceptance names the job's token since version 4
     /// @dev secp256k1n / 2: signatures with a higher s are malleable copies and are refused.
     uint256 private constant _HALF_N =
         0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0;
-    /// @dev Size of an ABI-encoded Job: 13 static words.
-    uint256 private constant _JOB_BYTES = 0x1a0;
+    /// @dev Size of an ABI-encoded Job: 14 static words.
+    uint256 private constant _JOB_BYTES = 0x1c0;
 
     /// @notice Smallest bounty accepted, in wei.
     uint96 public immutable minBounty;
@@ -70,8 +74,9 @@ contract JobEscrow is ProviderRegistry {
     uint40 public immutable challengeWindow;
     /// @notice Smallest collateral a job may ask of its provider, in basis points of the bounty.
     uint16 public immutable minCollateralBps;
-    /// @notice What a submitter deposits to dispute a result: it pays the mediator's re-run if
-    ///         the result is upheld and comes back otherwise.
+    /// @notice What a submitter deposits to dispute the result of an ETH job: it pays the
+    ///         mediator's re-run if the result is upheld and comes back otherwise. (For a job
+    ///         paid in a token the deposit is the job's bounty, in the token: `depositOf`.)
     uint96 public immutable disputeDeposit;
     /// @notice Seconds the mediator has to rule on a dispute; then anyone may finalize it (the
     ///         result stands, the deposit goes back to the submitter).
@@ -103,8 +108,12 @@ contract JobEscrow is ProviderRegistry {
     /// @notice Mediators a submitter may name (besides itself) for jobs funded from now on.
     mapping(address mediator => bool) public isListedMediator;
 
+    /// @notice Fees in a token released but not yet credited to the treasury.
+    mapping(address token => uint256) public tokenFeesAccrued;
+
     mapping(bytes32 jobId => uint256) private _jobs;
     mapping(address account => uint256) private _balances;
+    mapping(address account => mapping(address token => uint256)) private _tokenBalances;
 
     bool private transient _locked;
 
@@ -195,7 +204,75 @@ contract JobEscrow is ProviderRegistry {
     ) external payable returns (bytes32 jobId) {
         if (flags > FLAG_ON_VERIFY) revert JobEscrowBadFlags(flags);
         jobId = keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt));
-        _fund(jobId, _bountyOf(msg.value, 1), salt, specCid, deadline, mediator, collateral, flags);
+        _fund(
+            jobId,
+            _bountyOf(msg.value, 1, minBounty),
+            salt,
+            specCid,
+            deadline,
+            mediator,
+            collateral,
+            flags,
+            address(0)
+        );
+    }
+
+    /// @notice Fund a job in an allow-listed ERC-20 `token`: `amount` is pulled from the caller
+    ///         with `transferFrom` (approve it first, or call `permitToken` before this in one
+    ///         `multicall`). `replicas` zero funds a single job (as `createJob`), 2..MAX_REPLICAS
+    ///         a replicated one (as `createReplicated`; `flags` must then be zero). Everything
+    ///         about the job then moves in `token`: the provider's collateral is locked from its
+    ///         stake in `token` (`stakeToken`).
+    /// @return id The job id (single) or the group id (replicated), derived as for ETH jobs.
+    function createJobWith(
+        address token,
+        uint256 amount,
+        bytes32 salt,
+        string calldata specCid,
+        uint40 deadline,
+        address mediator,
+        uint96 collateral,
+        uint8 flags,
+        uint8 replicas
+    ) external nonReentrant returns (bytes32 id) {
+        uint256 least = tokenMinBounty[token];
+        if (least == 0) revert JobEscrowTokenNotAllowed(token);
+        id = keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt));
+        if (replicas == 0) {
+            if (flags > FLAG_ON_VERIFY) revert JobEscrowBadFlags(flags);
+            _fund(
+                id,
+                _bountyOf(amount, 1, least),
+                salt,
+                specCid,
+                deadline,
+                mediator,
+                collateral,
+                flags,
+                token
+            );
+        } else {
+            _fundSeats(id, amount, salt, specCid, deadline, mediator, collateral, flags, replicas, token, least);
+        }
+        _pull(token, amount);
+    }
+
+    /// @notice Let this contract spend `value` of the caller's `token` by an EIP-2612 permit, so
+    ///         that `createJobWith`, `stakeToken` or a token `dispute` after it in one
+    ///         `multicall` needs no separate approval. A permit someone already used (front-run)
+    ///         is fine as long as the allowance is there.
+    function permitToken(
+        address token,
+        uint256 value,
+        uint256 permitDeadline,
+        uint8 v,
+        bytes32 r,
+        bytes32 s
+    ) external {
+        try IERC20Min(token).permit(msg.sender, address(this), value, permitDeadline, v, r, s) {}
+        catch {}
+        uint256 allowance = IERC20Min(token).allowance(msg.sender, address(this));
+        if (allowance < value) revert JobEscrowPermitFailed(token, allowance, value);
     }
 
     /// @notice Fund a replicated job: `replicas` seats (2..MAX_REPLICAS), each a job of its own
@@ -214,25 +291,58 @@ contract JobEscrow is ProviderRegistry {
         uint8 flags,
         uint8 replicas
     ) external payable returns (bytes32 groupId) {
+        groupId = keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt));
+        _fundSeats(
+            groupId,
+            msg.value,
+            salt,
+            specCid,
+            deadline,
+            mediator,
+            collateral,
+            flags,
+            replicas,
+            address(0),
+            minBounty
+        );
+    }
+
+    /// @dev Funds the seats of a replicated job worth `total` in `token`.
+    function _fundSeats(
+        bytes32 groupId,
+        uint256 total,
+        bytes32 salt,
+        string calldata specCid,
+        uint40 deadline,
+        address mediator,
+        uint96 collateral,
+        uint8 flags,
+        uint8 replicas,
+        address token,
+        uint256 least
+    ) private {
         if (flags != 0) revert JobEscrowBadFlags(flags);
         if (replicas < 2 || replicas > MAX_REPLICAS) revert JobEscrowBadReplicas(replicas);
-        if (msg.value % replicas != 0) revert JobEscrowBountyNotDivisible(msg.value, replicas);
-        uint96 share = _bountyOf(msg.value / replicas, replicas);
-        groupId = keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt));
+        if (total % replicas != 0) revert JobEscrowBountyNotDivisible(total, replicas);
+        if (total > type(uint96).max) revert JobEscrowBountyTooHigh(total, type(uint96).max);
+        uint96 share = _bountyOf(total / replicas, replicas, least);
         emit ReplicasCreated(groupId, msg.sender, replicas, salt);
         uint8 seatFlags = replicas << 1;
         for (uint256 i; i < replicas; ++i) {
             bytes32 seatId = keccak256(abi.encode(groupId, i));
-            _fund(seatId, share, groupId, specCid, deadline, mediator, collateral, seatFlags);
+            _fund(seatId, share, groupId, specCid, deadline, mediator, collateral, seatFlags, token);
         }
     }
 
-    /// @dev The bounty (or one seat's share of it) checked against the bounds.
-    function _bountyOf(uint256 amount, uint256 replicas) private view returns (uint96) {
-        if (amount < minBounty) revert JobEscrowBountyTooLow(amount * replicas, minBounty * replicas);
-        if (msg.value > type(uint96).max) {
-            revert JobEscrowBountyTooHigh(msg.value, type(uint96).max);
-        }
+    /// @dev The bounty (or one seat's share of it) checked against the bounds (`least`: the
+    ///      smallest bounty in the job's currency).
+    function _bountyOf(uint256 amount, uint256 replicas, uint256 least)
+        private
+        pure
+        returns (uint96)
+    {
+        if (amount < least) revert JobEscrowBountyTooLow(amount * replicas, least * replicas);
+        if (amount > type(uint96).max) revert JobEscrowBountyTooHigh(amount, type(uint96).max);
         return uint96(amount);
     }
 
@@ -246,7 +356,8 @@ contract JobEscrow is ProviderRegistry {
         uint40 deadline,
         address mediator,
         uint96 collateral,
-        uint8 flags
+        uint8 flags,
+        address token
     ) private {
         uint256 earliest = block.timestamp + minDuration;
         uint256 latest = block.timestamp + maxDuration;
@@ -278,11 +389,23 @@ contract JobEscrow is ProviderRegistry {
             mediator,
             collateral,
             0,
-            flags
+            flags,
+            token
         );
         _jobs[jobId] = _pack(keccak256(abi.encode(job)), Status.Funded);
         emit JobCreated(
-            jobId, msg.sender, bounty, deadline, fee, op, mediator, collateral, flags, salt, specCid
+            jobId,
+            msg.sender,
+            bounty,
+            deadline,
+            fee,
+            op,
+            mediator,
+            collateral,
+            flags,
+            token,
+            salt,
+            specCid
         );
     }
 
@@ -301,7 +424,7 @@ contract JobEscrow is ProviderRegistry {
         if (block.timestamp <= job.deadline) {
             revert JobEscrowDeadlineNotPassed(jobId, job.deadline, block.timestamp);
         }
-        if (status == Status.Assigned) _unlock(job.provider, job.collateral);
+        if (status == Status.Assigned) _unlock(job.provider, job.token, job.collateral);
         _finishRefund(jobId, job);
     }
 
@@ -320,12 +443,15 @@ contract JobEscrow is ProviderRegistry {
     }
 
     /// @notice Dispute the pending result within the challenge window, depositing
-    ///         `disputeDeposit`: the job's mediator rules on it.
-    function dispute(bytes32 jobId, Job calldata job) external payable {
+    ///         `depositOf(job)` (ETH sent with the call for an ETH job; for a token job, pulled
+    ///         in the token, with no ETH sent): the job's mediator rules on it.
+    function dispute(bytes32 jobId, Job calldata job) external payable nonReentrant {
         _check(jobId, job, Status.Submitted);
         if (msg.sender != job.submitter) revert JobEscrowNotSubmitter(msg.sender, job.submitter);
         if (job.flags & FLAG_REPLICAS_MASK != 0) revert JobEscrowReplicated(jobId);
-        if (msg.value != disputeDeposit) revert JobEscrowWrongDeposit(msg.value, disputeDeposit);
+        uint96 deposit = depositOf(job);
+        uint256 sent = job.token == address(0) ? deposit : 0;
+        if (msg.value != sent) revert JobEscrowWrongDeposit(msg.value, sent);
         uint256 closesAt = uint256(job.since) + challengeWindow;
         if (block.timestamp >= closesAt) {
             revert JobEscrowChallengeWindowClosed(jobId, closesAt, block.timestamp);
@@ -335,7 +461,8 @@ contract JobEscrow is ProviderRegistry {
             _hashProgress(job, job.provider, job.since, job.attempt, job.resultDigest, nowTs),
             Status.Disputed
         );
-        emit ResultDisputed(jobId, job.provider, nowTs, uint96(msg.value));
+        emit ResultDisputed(jobId, job.provider, nowTs, deposit);
+        if (sent == 0 && deposit != 0) _pull(job.token, deposit);
     }
 
     // ================================================================ operator
@@ -364,9 +491,9 @@ contract JobEscrow is ProviderRegistry {
         if (signer != provider) revert JobEscrowBadSignature(jobId, signer, provider);
         if (status == Status.Assigned) {
             _requireTakeBackAllowed(jobId, job);
-            _unlock(job.provider, job.collateral);
+            _unlock(job.provider, job.token, job.collateral);
         }
-        _lock(provider, job.collateral);
+        _lock(provider, job.token, job.collateral);
         uint16 attempt = job.attempt + 1;
         uint40 nowTs = uint40(block.timestamp);
         _jobs[jobId] = _pack(_hashProgress(job, provider, nowTs, attempt, 0, 0), Status.Assigned);
@@ -383,7 +510,7 @@ contract JobEscrow is ProviderRegistry {
         } else if (msg.sender != job.provider) {
             revert JobEscrowNotAllowed(msg.sender);
         }
-        _unlock(job.provider, job.collateral);
+        _unlock(job.provider, job.token, job.collateral);
         _jobs[jobId] =
             _pack(_hashProgress(job, address(0), 0, job.attempt, 0, 0), Status.Funded);
         emit JobUnassigned(jobId, job.provider, job.attempt);
@@ -442,8 +569,10 @@ contract JobEscrow is ProviderRegistry {
     ///         it is finalized, or on its own check within the challenge window (a seat of a
     ///         replicated job: at any time until it is resolved; this breaks a tie). Upheld: the
     ///         result is paid (and a dispute deposit pays the mediator). Not upheld: the provider
-    ///         loses the job's collateral (the submitter gets it, less the mediator's re-run when
-    ///         disputed, and its deposit back) and the job is Funded again.
+    ///         loses the job's collateral and the job is Funded again; the submitter gets its
+    ///         deposit back in full, the mediator (when disputed) `min(collateral, deposit)` of
+    ///         the collateral for its re-run, and the submitter the rest. The mediator is paid
+    ///         the same whichever way it rules whenever the collateral covers the deposit.
     function rule(bytes32 jobId, Job calldata job, bool upheld) external {
         Status status = _checkEither(jobId, job, Status.Submitted, Status.Disputed);
         if (msg.sender != job.mediator) revert JobEscrowNotMediator(msg.sender, job.mediator);
@@ -454,10 +583,11 @@ contract JobEscrow is ProviderRegistry {
             }
         }
         bool disputed = status == Status.Disputed;
+        uint96 deposit = disputed ? depositOf(job) : 0;
         emit Ruled(jobId, job.mediator, job.provider, job.attempt, upheld);
         if (upheld) {
             _jobs[jobId] = _pack(_hashCalldata(job), Status.Released);
-            if (disputed) _creditEvent(jobId, job.mediator, disputeDeposit, "result upheld");
+            if (disputed) _creditEvent(jobId, job.mediator, job.token, deposit, "result upheld");
             _finishRelease(jobId, job);
             return;
         }
@@ -466,13 +596,13 @@ contract JobEscrow is ProviderRegistry {
         uint96 amount = job.collateral;
         uint96 toMediator;
         if (disputed) {
-            toMediator = amount < disputeDeposit ? amount : disputeDeposit;
-            _creditEvent(jobId, job.submitter, disputeDeposit, "deposit returned");
+            toMediator = amount < deposit ? amount : deposit;
+            _creditEvent(jobId, job.submitter, job.token, deposit, "deposit returned");
         }
-        _slashLocked(job.provider, amount);
+        _slashLocked(job.provider, job.token, amount);
         emit ProviderSlashed(job.provider, jobId, amount, job.submitter, toMediator);
-        if (toMediator != 0) _credit(job.mediator, toMediator);
-        _credit(job.submitter, amount - toMediator);
+        if (toMediator != 0) _credit(job.mediator, job.token, toMediator);
+        _credit(job.submitter, job.token, amount - toMediator);
     }
 
     // ================================================================ anyone
@@ -528,19 +658,19 @@ contract JobEscrow is ProviderRegistry {
             if (s == Status.Submitted && majority) {
                 if (seat.resultDigest != win) {
                     uint96 amount = seat.collateral;
-                    _slashLocked(seat.provider, amount);
+                    _slashLocked(seat.provider, seat.token, amount);
                     emit ProviderSlashed(seat.provider, ids[i], amount, seat.submitter, 0);
-                    _credit(seat.submitter, amount);
+                    _credit(seat.submitter, seat.token, amount);
                     _finishRefund(ids[i], seat);
                 } else if (_paidEarlier(seats, st, i)) {
-                    _unlock(seat.provider, seat.collateral); // one provider, one vote, one pay
+                    _unlock(seat.provider, seat.token, seat.collateral); // one provider, one vote, one pay
                     _finishRefund(ids[i], seat);
                 } else {
                     _jobs[ids[i]] = _pack(_hashCalldata(seat), Status.Released);
                     _finishRelease(ids[i], seat);
                 }
             } else if (s == Status.Submitted || s == Status.Assigned) {
-                _unlock(seat.provider, seat.collateral);
+                _unlock(seat.provider, seat.token, seat.collateral);
                 _finishRefund(ids[i], seat);
             } else if (s == Status.Funded) {
                 _finishRefund(ids[i], seat);
@@ -563,7 +693,9 @@ contract JobEscrow is ProviderRegistry {
         }
         _jobs[jobId] = _pack(_hashCalldata(job), Status.Released);
         if (status == Status.Disputed) {
-            _creditEvent(jobId, job.submitter, disputeDeposit, "deposit returned: no ruling");
+            _creditEvent(
+                jobId, job.submitter, job.token, depositOf(job), "deposit returned: no ruling"
+            );
         }
         _finishRelease(jobId, job);
     }
@@ -575,8 +707,18 @@ contract JobEscrow is ProviderRegistry {
         if (amount == 0) revert JobEscrowNothingToWithdraw(treasury);
         feesAccrued = 0;
         address to = treasury;
-        emit FeesCollected(to, amount);
-        _credit(to, amount);
+        emit FeesCollected(to, address(0), amount);
+        _credit(to, address(0), amount);
+    }
+
+    /// @notice `collectFees` for the fees accrued in `token`.
+    function collectTokenFees(address token) external {
+        uint256 amount = tokenFeesAccrued[token];
+        address to = treasury;
+        if (amount == 0) revert JobEscrowNothingToWithdraw(to);
+        tokenFeesAccrued[token] = 0;
+        emit FeesCollected(to, token, amount);
+        _credit(to, token, amount);
     }
 
     // ================================================================ money out
@@ -591,6 +733,17 @@ contract JobEscrow is ProviderRegistry {
     function withdrawTo(address payable to) external {
         if (to == address(0)) revert JobEscrowZeroAddress();
         _withdraw(to);
+    }
+
+    /// @notice Send the caller's whole balance in `token` to `to` (any token it holds a balance
+    ///         in, listed or no longer listed).
+    function withdrawToken(address token, address to) external nonReentrant {
+        if (to == address(0) || token == address(0)) revert JobEscrowZeroAddress();
+        uint256 amount = _tokenBalances[msg.sender][token];
+        if (amount == 0) revert JobEscrowNothingToWithdraw(msg.sender);
+        _tokenBalances[msg.sender][token] = 0;
+        emit Withdrawn(msg.sender, token, to, amount);
+        _callToken(token, abi.encodeCall(IERC20Min.transfer, (to, amount)));
     }
 
     // ================================================================ batching
@@ -670,6 +823,17 @@ contract JobEscrow is ProviderRegistry {
         feeBps = newFeeBps;
     }
 
+    /// @notice Allow an ERC-20 token for jobs funded and stakes added from now on, with the
+    ///         smallest bounty in its units (`minBountyInToken`), or disallow it (zero); jobs
+    ///         funded in it, stakes and balances in it are unaffected. List only plain tokens: a
+    ///         fee-on-transfer token is refused at every transfer anyway, but a rebasing token
+    ///         would break the solvency of balances held in it (docs/contracts.md).
+    function setToken(address token, uint256 minBountyInToken) external onlyOwner {
+        if (token == address(0)) revert JobEscrowZeroAddress();
+        tokenMinBounty[token] = minBountyInToken;
+        emit TokenListed(token, minBountyInToken);
+    }
+
     /// @notice List or unlist a mediator submitters may name from now on; jobs already funded
     ///         keep the mediator they named. The operator cannot be listed.
     function setMediator(address mediator, bool listed) external onlyOwner {
@@ -692,9 +856,24 @@ contract JobEscrow is ProviderRegistry {
         return slot != 0 && slot == _pack(_hashCalldata(job), Status(uint8(slot)));
     }
 
-    /// @notice Withdrawable balance of `account`.
+    /// @notice Withdrawable ETH balance of `account`.
     function balanceOf(address account) external view returns (uint256) {
         return _balances[account];
+    }
+
+    /// @notice Withdrawable balance of `account` in `token` (zero: ETH).
+    function balanceOfToken(address account, address token) external view returns (uint256) {
+        return token == address(0) ? _balances[account] : _tokenBalances[account][token];
+    }
+
+    /// @notice What disputing `job`'s result deposits: `disputeDeposit` wei for an ETH job, the
+    ///         job's bounty in its token for a token job (the price of the mediator's re-run,
+    ///         which is funded at the disputed job's own bounty). Whoever the ruling finds wrong
+    ///         pays the re-run: upheld, the deposit goes to the mediator; ruled wrong, the
+    ///         deposit comes back in full and the mediator takes at most the deposit's worth of
+    ///         the slashed collateral, the rest going to the submitter (`rule`).
+    function depositOf(Job calldata job) public view returns (uint96) {
+        return job.token == address(0) ? disputeDeposit : job.bounty;
     }
 
     /// @notice The least collateral a job with this bounty may ask for.
@@ -731,7 +910,8 @@ contract JobEscrow is ProviderRegistry {
                 job.deadline,
                 job.collateral,
                 job.mediator,
-                job.flags
+                job.flags,
+                job.token
             )
         );
         return keccak256(abi.encodePacked("\x19\x01", domainSeparator(), structHash));
@@ -850,14 +1030,18 @@ contract JobEscrow is ProviderRegistry {
             fee = uint96((uint256(job.bounty) * job.feeBps) / 10_000);
             payout = job.bounty - fee;
         }
-        _unlock(job.provider, job.collateral);
-        _credit(job.provider, payout);
+        _unlock(job.provider, job.token, job.collateral);
+        _credit(job.provider, job.token, payout);
         if (fee != 0) {
-            uint256 accrued = uint256(feesAccrued) + fee;
-            if (accrued > type(uint96).max) {
-                _credit(treasury, fee); // the accumulator is full: credit directly
+            if (job.token != address(0)) {
+                tokenFeesAccrued[job.token] += fee;
             } else {
-                feesAccrued = uint96(accrued);
+                uint256 accrued = uint256(feesAccrued) + fee;
+                if (accrued > type(uint96).max) {
+                    _credit(treasury, address(0), fee); // the accumulator is full: credit directly
+                } else {
+                    feesAccrued = uint96(accrued);
+                }
             }
         }
         emit JobReleased(jobId, job.provider, job.submitter, payout, fee);
@@ -865,30 +1049,35 @@ contract JobEscrow is ProviderRegistry {
 
     function _finishRefund(bytes32 jobId, Job calldata job) private {
         _jobs[jobId] = _pack(_hashCalldata(job), Status.Refunded);
-        _credit(job.submitter, job.bounty);
+        _credit(job.submitter, job.token, job.bounty);
         emit JobRefunded(jobId, job.submitter, job.bounty);
     }
 
-    function _creditEvent(bytes32 jobId, address account, uint96 amount, string memory reason)
-        private
-    {
+    function _creditEvent(
+        bytes32 jobId,
+        address account,
+        address token,
+        uint96 amount,
+        string memory reason
+    ) private {
         emit Credited(jobId, account, amount, reason);
-        _credit(account, amount);
+        _credit(account, token, amount);
     }
 
     function _withdraw(address payable to) private nonReentrant {
         uint256 amount = _balances[msg.sender];
         if (amount == 0) revert JobEscrowNothingToWithdraw(msg.sender);
         _balances[msg.sender] = 0;
-        emit Withdrawn(msg.sender, to, amount);
+        emit Withdrawn(msg.sender, address(0), to, amount);
         (bool ok,) = to.call{value: amount}("");
         if (!ok) revert JobEscrowWithdrawFailed(to, amount);
     }
 
-    function _credit(address account, uint256 amount) internal override {
-        // Total credits are bounded by the ETH this contract ever received (< 2**256).
+    function _credit(address account, address token, uint256 amount) internal override {
+        // Total credits are bounded by what this contract ever received of the token (< 2**256).
         unchecked {
-            _balances[account] += amount;
+            if (token == address(0)) _balances[account] += amount;
+            else _tokenBalances[account][token] += amount;
         }
     }
 
@@ -927,7 +1116,7 @@ contract JobEscrow is ProviderRegistry {
     }
 
     /// @dev keccak256(abi.encode(job)) read straight from calldata. `Job` is a static struct of
-    ///      13 words, so its calldata bytes are its ABI encoding; a non-canonical encoding (dirty
+    ///      14 words, so its calldata bytes are its ABI encoding; a non-canonical encoding (dirty
     ///      high bits) hashes differently from the stored commitment and is refused by `_check`.
     function _hashCalldata(Job calldata job) private pure returns (bytes32 h) {
         assembly ("memory-safe") {

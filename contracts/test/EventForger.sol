@@ -16,6 +16,7 @@ contract EventForger {
         address mediator,
         uint96 collateral,
         uint8 flags,
+        address token,
         bytes32 salt,
         string specCid
     );
@@ -33,6 +34,7 @@ contract EventForger {
             msg.sender,
             1e16,
             0,
+            address(0),
             bytes32(0),
             string(specCid)
         );

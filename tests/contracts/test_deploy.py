@@ -215,7 +215,8 @@ def test_explorer_links_for_known_chains_only() -> None:
 
 def test_artifacts_exported_from_apes_compile() -> None:
     artifacts = load_artifacts()
-    assert set(artifacts) == {"JobEscrow"}  # no interfaces, no test attackers
+    # no interfaces, no test attackers; TestUSD is the devnet's stablecoin
+    assert set(artifacts) == {"JobEscrow", "TestUSD"}
     exported = load_artifacts(EXPORTED)  # what an installed package reads
     assert exported["JobEscrow"] == artifacts["JobEscrow"]
     manifest = load_artifacts(ROOT / ".build" / "__local__.json")
@@ -246,7 +247,7 @@ def test_installed_package_reads_the_exported_artifacts(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     path, names, head = json.loads(done.stdout)
     assert path.startswith(str(site))
-    assert names == ["JobEscrow"]
+    assert names == ["JobEscrow", "TestUSD"]
     assert head == load_artifacts()["JobEscrow"].bytecode[:40]
     # without the export it says what to do
     (site / "gridmarket" / "_compiled" / "contracts.json").unlink()

@@ -1,24 +1,27 @@
-"""Stateful property test of the escrow (version 3): random sequences of every escrow function
-by random actors, a malicious operator among them, with single and replicated jobs.
+"""Stateful property test of the escrow (version 4): random sequences of every escrow function
+by random actors, a malicious operator among them, with single and replicated jobs paid in ETH
+or in TestUSD (an allow-listed ERC-20, 6 decimals), and stakes in both.
 
 Actors: two submitters, three registered providers (one of them cheats: it delivers a bad output
 the mediator rules against), a provider that registers later, the mediator listed at deployment,
 a stranger, the owner, the treasury, and the operator, who besides its honest work tries every
 job function on every job with whatever acceptances it has seen (replays included).
 
-After every step:
-- solvency to the wei: ETH held == bounties of open jobs (Funded, Assigned, Submitted, Disputed)
-  + withdrawable balances + stakes + stakes pending unstake + fees accrued + the dispute deposit
-  of every Disputed job;
-- every balance, stake, pending unstake and the fee pot equal what the events say (nobody
-  withdrew more than it was credited);
-- every provider's locked collateral == the collateral of the jobs it holds (Assigned,
-  Submitted, Disputed);
+After every step, for ETH and for the token alike:
+- solvency to the smallest unit: what the escrow holds (its ETH; its tUSD `balanceOf`) == the
+  bounties of open jobs in that currency (Funded, Assigned, Submitted, Disputed) + withdrawable
+  balances + stakes + stakes pending unstake + fees accrued + the dispute deposit of every
+  Disputed job (`disputeDeposit` for an ETH job, the bounty for a token job);
+- every balance, stake, pending unstake and fee pot, per currency, equal what the events say
+  (nobody withdrew more than it was credited);
+- every provider's locked collateral in each currency == the collateral of the jobs in that
+  currency it holds (Assigned, Submitted, Disputed);
 - consent: every JobReleased came from the submitter's `release`, a `finalize` after the
   challenge window (or after the mediation window of a dispute), the job's mediator upholding
   it (`rule(.., true)`), or the job's operator on a job funded on-verify (`settle`/`release`);
   every ProviderSlashed from the job's mediator ruling against the result, for exactly the
-  job's collateral;
+  job's collateral, of which the mediator gets `min(collateral, deposit)` after a dispute and
+  nothing on its own check (the submitter the rest, and its deposit back in full);
 - replicated jobs: a seat is paid by `resolve` only when the seats' results (Submitted or
   already paid, one vote per distinct provider, as the model counts them before the call) agree
   in a strict majority of k, and only the seats with that result; a seat is slashed by `resolve`
@@ -100,6 +103,11 @@ GOOD, BAD = "bafkreigoodoutput", "bafkreibadoutput"
 OTHER = "bafkreiothergoodoutput"
 """An honest provider's other output (a job that is not quite deterministic): ties."""
 BOUNTIES = [10**15, 10**15 + 1, 3 * 10**17 + 7, 10**18]
+T_MIN = 10**6  # tokenMinBounty of tUSD: 1 tUSD
+T_BOUNTIES = [T_MIN, T_MIN + 1, 3 * 10**7 + 7, 10**8]
+T_FUNDS = 10**13  # tUSD minted to each account
+ETH = "0x" + "00" * 20
+MAX_UINT = 2**256 - 1
 SLEEPS = [1, 59, REASSIGN_DELAY, CHALLENGE + 1, MEDIATION_WINDOW, 7 * 24 * 3600]
 DURATIONS = [3600, 120, 24 * 3600]
 HOLDING = (Status.ASSIGNED, Status.SUBMITTED, Status.DISPUTED)
@@ -111,10 +119,10 @@ JOB_FUNCTIONS = [
 GAS = hex(1_000_000)  # above any escrow call: no estimate needed
 N_ACCOUNTS = 11
 WEIGHTS = {
-    "create": 4, "assign": 4, "unassign": 1, "submit": 2, "relay": 3, "release": 2,
+    "create": 3, "assign": 4, "unassign": 1, "submit": 2, "relay": 3, "release": 2,
     "finalize": 2, "dispute": 2, "rule_on": 2, "give_back": 1, "malicious_operator": 3,
-    "withdraw": 1, "registry": 1, "collect_fees": 1, "sleep": 3, "progress": 8,
-    "create_group": 2, "resolve_group": 2,
+    "withdraw": 1, "registry": 1, "collect_fees": 1, "sleep": 3, "progress": 10,
+    "create_group": 2, "resolve_group": 2, "create_token": 2, "create_token_group": 1,
 }  # fmt: skip
 ACTIONS = [name for name, weight in WEIGHTS.items() for _ in range(weight)]
 NEEDS_JOBS = {
@@ -255,7 +263,9 @@ class Codec:
 class EscrowMachine(RuleBasedStateMachine):
     rpc: ClassVar[Rpc]
     codec: ClassVar[Codec]
+    token_codec: ClassVar[Codec]
     bytecode: ClassVar[str]
+    token_bytecode: ClassVar[str]
     keys: ClassVar[list[str]]
     chain_id: ClassVar[int]
     steps: ClassVar[int] = 0
@@ -288,28 +298,57 @@ class EscrowMachine(RuleBasedStateMachine):
         )
         assert receipt["status"] == "0x1", "the escrow could not be deployed"
         self.escrow = to_checksum_address(receipt["contractAddress"])
-        reads = [("feesAccrued", ())] + [("balanceOf", (a,)) for a in self.addrs]
+        self.usd = self._deploy_token()
+        usd = self.usd
+        reads: list[tuple[str, tuple[Any, ...]]] = [("feesAccrued", ())]
+        reads += [("balanceOf", (a,)) for a in self.addrs]
         reads += [("providerOf", (a,)) for a in self.addrs]
+        reads += [("tokenFeesAccrued", (usd,))]
+        reads += [("balanceOfToken", (a, usd)) for a in self.addrs]
+        reads += [("stakeOf", (a, usd)) for a in self.addrs]
         self.views: list[tuple[str, list[Any]]] = [("eth_getBalance", [self.escrow, "latest"])]
         self.views += [
             ("eth_call", [{"to": self.escrow, "data": self.codec.encode(fn, *a)}, "latest"])
             for fn, a in reads
         ]
+        held = self.token_codec.encode("balanceOf", self.escrow)
+        self.views.append(("eth_call", [{"to": usd, "data": held}, "latest"]))
         self.now = int(receipt["blockTimestamp"])
         self.snapshot = self.rpc.call("evm_snapshot")
         self.jobs: dict[bytes, JobState] = {}
         self.touched: set[bytes] = set()
         self.clean = True  # False from a step's start until its invariant passed
-        self.credited: dict[str, int] = defaultdict(int)
-        self.withdrawn: dict[str, int] = defaultdict(int)
-        self.stakes: dict[str, int] = defaultdict(int)
-        self.pending: dict[str, int] = defaultdict(int)
-        self.fees = 0
+        # the model's money, keyed by (account, currency): ETH is the zero address
+        self.credited: dict[tuple[str, str], int] = defaultdict(int)
+        self.withdrawn: dict[tuple[str, str], int] = defaultdict(int)
+        self.stakes: dict[tuple[str, str], int] = defaultdict(int)
+        self.pending: dict[tuple[str, str], int] = defaultdict(int)
+        self.fees: dict[str, int] = defaultdict(int)
         self.seen_acceptances: list[tuple[str, bytes]] = []  # what the operator was ever given
         self.salts = 0
         self.groups: dict[bytes, list[bytes]] = {}
         for p, stake in zip(self.providers, (2 * 10**18, 2 * 10**18, 10**18), strict=True):
             self._send(p, "registerProvider", "bafkreimeta", value=stake)
+            self._send(p, "stakeToken", usd, stake // 10**10)  # 200, 200 and 100 tUSD
+
+    def _deploy_token(self) -> str:
+        """TestUSD, listed at 1 tUSD; every account holds T_FUNDS and has approved the escrow
+        for all of it (so a token dispute or stake is refused only by the escrow's rules)."""
+        receipt = self.rpc.call(
+            "eth_sendTransactionSync", {"from": self.owner.address, "data": self.token_bytecode}
+        )
+        assert receipt["status"] == "0x1", "TestUSD could not be deployed"
+        usd = to_checksum_address(receipt["contractAddress"])
+        self._setup_tx(self.owner, self.escrow, self.codec.encode("setToken", usd, T_MIN))
+        for a in self.everyone:
+            self._setup_tx(self.owner, usd, self.token_codec.encode("mint", a.address, T_FUNDS))
+            self._setup_tx(a, usd, self.token_codec.encode("approve", self.escrow, MAX_UINT))
+        return usd
+
+    def _setup_tx(self, account: LocalAccount, to: str, data: str) -> None:
+        tx = {"from": account.address, "to": to, "data": data, "gas": GAS}
+        receipt = self.rpc.call("eth_sendTransactionSync", tx)
+        assert receipt["status"] == "0x1", f"set-up transaction to {to} failed"
 
     # ------------------------------------------------------------------ plumbing
     def _send(self, account: LocalAccount, fn: str, *args: Any, value: int = 0) -> bool:
@@ -324,7 +363,7 @@ class EscrowMachine(RuleBasedStateMachine):
             args
             and isinstance(args[0], bytes)
             and len(args[0]) == 32
-            and fn not in ("createJob", "createReplicated")
+            and fn not in ("createJob", "createReplicated", "createJobWith")
         ):
             self.touched.add(args[0])
         tx = {
@@ -355,6 +394,8 @@ class EscrowMachine(RuleBasedStateMachine):
         EscrowMachine.accepted[fn] += 1
         events: list[tuple[str, dict[str, Any]]] = []
         for log in receipt["logs"]:
+            if log["address"].lower() == self.usd.lower():
+                continue  # the token's own Transfer (the solvency check reads its balances)
             assert log["address"].lower() == self.escrow.lower(), f"{fn}: log of another address"
             decoded = self.codec.decode_log(log)
             assert decoded is not None, f"{fn} emitted a log the ABI does not know: {log}"
@@ -440,7 +481,16 @@ class EscrowMachine(RuleBasedStateMachine):
                 f"{a['provider']} slashed by {fn} from {who}, not by the job's mediator's ruling"
             )
             assert a["amount"] == job.collateral, "slashed more or less than the job's collateral"
-            EscrowMachine.paid_by["slash: mediator ruled wrong"] += 1
+            if prior.status is Status.DISPUTED:
+                deposit = job.bounty if job.token != ETH else DISPUTE_DEPOSIT
+                assert a["toMediator"] == min(job.collateral, deposit), (
+                    f"the mediator took {a['toMediator']} of a slashed collateral of "
+                    f"{job.collateral}, its re-run's bound is {min(job.collateral, deposit)}"
+                )
+            else:
+                assert a["toMediator"] == 0, "the mediator was paid for its own check"
+            what = "token" if job.token != ETH else "ETH"
+            EscrowMachine.paid_by[f"slash: mediator ruled wrong ({what} job)"] += 1
             return
         if fn == "release" and who == job.submitter:
             kind = "release: submitter"
@@ -461,37 +511,41 @@ class EscrowMachine(RuleBasedStateMachine):
             )
         assert a["provider"] == job.provider, "paid someone other than the job's provider"
         EscrowMachine.paid_by[kind] += 1
+        if job.token != ETH:
+            EscrowMachine.paid_by["(of which token jobs)"] += 1
 
     def _observe(self, name: str, a: dict[str, Any]) -> None:
         if name in JOB_EVENTS:
             jid = bytes(a["jobId"])
             self.jobs[jid] = apply_event(self.jobs.get(jid), name, a)
             self.touched.add(jid)
+        # a job's money moves in the job's currency; the registry's events name theirs
+        cur = self.jobs[bytes(a["jobId"])].job.token if "jobId" in a else a.get("token", ETH)
         if name == "JobReleased":
-            self.credited[a["provider"]] += a["payout"]
-            self.fees += a["fee"]
+            self.credited[a["provider"], cur] += a["payout"]
+            self.fees[cur] += a["fee"]
         elif name == "JobRefunded":
-            self.credited[a["submitter"]] += a["amount"]
+            self.credited[a["submitter"], cur] += a["amount"]
         elif name == "ProviderSlashed":
             mediator = self.jobs[bytes(a["jobId"])].job.mediator
-            self.credited[a["submitter"]] += a["amount"] - a["toMediator"]
-            self.credited[mediator] += a["toMediator"]
-            self.stakes[a["provider"]] -= a["amount"]
+            self.credited[a["submitter"], cur] += a["amount"] - a["toMediator"]
+            self.credited[mediator, cur] += a["toMediator"]
+            self.stakes[a["provider"], cur] -= a["amount"]
         elif name == "Credited":
-            self.credited[a["account"]] += a["amount"]
+            self.credited[a["account"], cur] += a["amount"]
         elif name == "Staked":
-            self.stakes[a["provider"]] += a["amount"]
+            self.stakes[a["provider"], cur] += a["amount"]
         elif name == "UnstakeRequested":
-            self.stakes[a["provider"]] -= a["amount"]
-            self.pending[a["provider"]] += a["amount"]
+            self.stakes[a["provider"], cur] -= a["amount"]
+            self.pending[a["provider"], cur] += a["amount"]
         elif name == "Unstaked":
-            self.pending[a["provider"]] -= a["amount"]
-            self.credited[a["provider"]] += a["amount"]
+            self.pending[a["provider"], cur] -= a["amount"]
+            self.credited[a["provider"], cur] += a["amount"]
         elif name == "FeesCollected":
-            self.fees -= a["amount"]
-            self.credited[a["treasury"]] += a["amount"]
+            self.fees[cur] -= a["amount"]
+            self.credited[a["treasury"], cur] += a["amount"]
         elif name == "Withdrawn":
-            self.withdrawn[a["account"]] += a["amount"]
+            self.withdrawn[a["account"], cur] += a["amount"]
 
     def _job(self, data: st.DataObject, *statuses: Status) -> JobState:
         candidates = [j for j in self.jobs.values() if not statuses or j.status in statuses]
@@ -586,6 +640,49 @@ class EscrowMachine(RuleBasedStateMachine):
             value=bounty,
         )
 
+    def create_token(self, data: st.DataObject, replicas: int = 0) -> None:
+        """Fund a job (or with ``replicas``, a replicated one) in tUSD with `createJobWith`,
+        sometimes wrongly (terms, amount, an unlisted token, ETH as the token)."""
+        k = replicas
+        bounty = data.draw(st.sampled_from(T_BOUNTIES))
+        duration = data.draw(st.sampled_from(DURATIONS))
+        self.salts += 1
+        salt = self.salts.to_bytes(32, "big")
+        who = data.draw(st.sampled_from([*self.submitters, *self.submitters, self.stranger]))
+        mediator = data.draw(st.sampled_from([self.mediator, self.mediator, who]))
+        collateral = bounty * data.draw(st.sampled_from([1, 1, 1, 2]))
+        flags = FLAG_ON_VERIFY if not k and data.draw(st.booleans()) else 0
+        token, amount = self.usd, bounty * max(k, 1)
+        wrong = self._wrong(data, "amount", "collateral", "flags", "token", "duration", "funds")
+        if wrong == "amount":
+            amount = T_MIN - 1 if not k else amount + 1  # under the floor, or not divisible
+        elif wrong == "collateral":
+            collateral = bounty - 1
+        elif wrong == "flags":
+            flags = 2
+        elif wrong == "token":
+            token = data.draw(st.sampled_from([ETH, self.stranger.address]))
+        elif wrong == "duration":
+            duration = 30
+        elif wrong == "funds":
+            amount = T_FUNDS * 2 // max(k, 1) * max(k, 1)  # more than the submitter holds
+        self._send(
+            who,
+            "createJobWith",
+            token,
+            amount,
+            salt,
+            data.draw(st.sampled_from(SPECS)),
+            self.now + duration,
+            mediator.address,
+            collateral,
+            flags,
+            k,
+        )
+
+    def create_token_group(self, data: st.DataObject) -> None:
+        self.create_token(data, data.draw(st.sampled_from([2, 3, 3])))
+
     def create_group(self, data: st.DataObject) -> None:
         """Fund a replicated job (k seats), sometimes wrongly (k, divisibility, flags)."""
         k = data.draw(st.sampled_from([2, 3, 3]))
@@ -675,8 +772,15 @@ class EscrowMachine(RuleBasedStateMachine):
     def dispute(self, data: st.DataObject) -> None:
         job = self._job(data, Status.SUBMITTED)
         who = self._actor(data, self._by_address(job.job.submitter))
-        deposit = DISPUTE_DEPOSIT if data.draw(st.integers(0, 7)) != 7 else DISPUTE_DEPOSIT - 1
+        deposit = self._eth_deposit(job)  # a token job's deposit is pulled in the token
+        if data.draw(st.integers(0, 7)) == 7:
+            deposit = DISPUTE_DEPOSIT - 1 if deposit else DISPUTE_DEPOSIT  # the wrong ETH
         self._send(who, "dispute", job.job_id, job.job.as_tuple(), value=deposit)
+
+    @staticmethod
+    def _eth_deposit(job: JobState) -> int:
+        """The ETH to send with `dispute`: the deposit of an ETH job, nothing for a token job."""
+        return DISPUTE_DEPOSIT if job.job.token == ETH else 0
 
     def rule_on(self, data: st.DataObject) -> None:
         job = self._job(data, Status.DISPUTED, Status.SUBMITTED)
@@ -753,7 +857,7 @@ class EscrowMachine(RuleBasedStateMachine):
             mediator = self._by_address(job.job.mediator)
             assert submitter is not None and mediator is not None
             if how == "dispute":
-                self._send(submitter, "dispute", jid, tup, value=DISPUTE_DEPOSIT)
+                self._send(submitter, "dispute", jid, tup, value=self._eth_deposit(job))
             elif how == "release":
                 self._send(submitter, "release", jid, tup)
             elif how == "rule":
@@ -799,13 +903,23 @@ class EscrowMachine(RuleBasedStateMachine):
         elif fn == "rule":
             extra = (data.draw(st.booleans()),)
         elif fn == "dispute":
-            value = DISPUTE_DEPOSIT
+            value = self._eth_deposit(job)
         self._send(self.operator, fn, job.job_id, job.job.as_tuple(), *extra, value=value)
 
     def withdraw(self, data: st.DataObject) -> None:
         to_other = data.draw(st.booleans())
         who = data.draw(st.sampled_from(self.everyone))
-        if to_other:
+        if data.draw(st.booleans()):
+            owed = [
+                x for x in self.everyone
+                if self.credited[x.address, self.usd] > self.withdrawn[x.address, self.usd]
+            ]  # fmt: skip
+            if owed and data.draw(st.integers(0, 3)) != 3:
+                who = data.draw(st.sampled_from(owed))
+            to = data.draw(st.sampled_from(self.everyone)).address if to_other else who.address
+            token = self.usd if data.draw(st.integers(0, 7)) != 7 else ETH  # ETH: refused
+            self._send(who, "withdrawToken", token, to)
+        elif to_other:
             self._send(who, "withdrawTo", data.draw(st.sampled_from(self.everyone)).address)
         else:
             self._send(who, "withdraw")
@@ -813,7 +927,16 @@ class EscrowMachine(RuleBasedStateMachine):
     def registry(self, data: st.DataObject) -> None:
         amount = data.draw(st.sampled_from([1, 10**16, 5 * 10**16, 10**17, 10**18]))
         who = data.draw(st.sampled_from([*self.providers, self.late, self.stranger]))
-        op = data.draw(st.sampled_from(["register", "stake", "request", "complete"]))
+        op = data.draw(
+            st.sampled_from(["register", "stake", "request", "complete", "token", "token"])
+        )
+        if op == "token":
+            op = data.draw(st.sampled_from(["stakeToken", "requestUnstakeToken"]))
+            if op == "stakeToken" or data.draw(st.booleans()):
+                self._send(who, op, self.usd, amount // 10**10)
+            else:
+                self._send(who, "completeUnstakeToken", self.usd)
+            return
         if op == "register":
             self._send(
                 who,
@@ -829,7 +952,11 @@ class EscrowMachine(RuleBasedStateMachine):
             self._send(who, "completeUnstake")
 
     def collect_fees(self, data: st.DataObject) -> None:
-        self._send(data.draw(st.sampled_from(self.everyone)), "collectFees")
+        who = data.draw(st.sampled_from(self.everyone))
+        if data.draw(st.booleans()):
+            self._send(who, "collectTokenFees", self.usd)
+        else:
+            self._send(who, "collectFees")
 
     def sleep(self, data: st.DataObject) -> None:
         self._sleep_to(self.now + data.draw(st.sampled_from(SLEEPS)))
@@ -887,43 +1014,57 @@ class EscrowMachine(RuleBasedStateMachine):
         calls = self.views + [call for jid in touched for call in self._job_calls(jid)]
         out = self.rpc.batch(calls)
         n = len(self.addrs)
-        held = int(out[0], 16)
-        (fees,) = _words(out[1], 1)
-        balances = [_words(raw, 1)[0] for raw in out[2 : 2 + n]]
+        eth_fees, token_fees = _words(out[1], 1)[0], _words(out[2 + 2 * n], 1)[0]
+        eth_balances = [_words(raw, 1)[0] for raw in out[2 : 2 + n]]
+        token_balances = [_words(raw, 1)[0] for raw in out[3 + 2 * n : 3 + 3 * n]]
         # Provider: stake, locked, unstakeAt, registered, unstakePending
-        infos = [_words(raw, 5) for raw in out[2 + n : 2 + 2 * n]]
-        jobs = self.jobs.values()
+        eth_infos = [_words(raw, 5) for raw in out[2 + n : 2 + 2 * n]]
+        token_infos = [_words(raw, 5) for raw in out[3 + 3 * n : 3 + 4 * n]]
+        (token_held,) = _words(out[3 + 4 * n], 1)
+        self._check_currency(ETH, int(out[0], 16), eth_fees, eth_balances, eth_infos)
+        self._check_currency(self.usd, token_held, token_fees, token_balances, token_infos)
+        rest = out[4 + 4 * n :]
+        for k, jid in enumerate(touched):
+            self._check_job(jid, rest[2 * k], rest[2 * k + 1])
+        self.clean = True
+
+    def _check_currency(
+        self, cur: str, held: int, fees: int, balances: list[int], infos: list[list[int]]
+    ) -> None:
+        """Solvency and the model's money in one currency (ETH: the zero address)."""
+        what = "wei" if cur == ETH else "tUSD units"
+        jobs = [j for j in self.jobs.values() if j.job.token == cur]
         escrowed = sum(j.job.bounty for j in jobs if j.status in OPEN)
-        deposits = DISPUTE_DEPOSIT * sum(1 for j in jobs if j.status is Status.DISPUTED)
+        disputed = [j for j in jobs if j.status is Status.DISPUTED]
+        deposits = sum(DISPUTE_DEPOSIT if cur == ETH else j.job.bounty for j in disputed)
         staked = sum(i[0] for i in infos)
         pending = sum(i[4] for i in infos)
         assert held == escrowed + sum(balances) + staked + pending + fees + deposits, (
-            f"escrow is not solvent: holds {held} wei, owes {escrowed} in open bounties + "
+            f"escrow is not solvent: holds {held} {what}, owes {escrowed} in open bounties + "
             f"{sum(balances)} withdrawable + {staked} staked + {pending} unstaking + "
             f"{fees} fees + {deposits} dispute deposits"
         )
-        assert fees == self.fees, f"feesAccrued is {fees}, the events say {self.fees}"
+        assert fees == self.fees[cur], f"fees in {cur}: {fees}, the events say {self.fees[cur]}"
         locked: dict[str, int] = defaultdict(int)
         for j in jobs:
             if j.status in HOLDING:
                 locked[j.job.provider] += j.job.collateral
         for a, bal, info in zip(self.addrs, balances, infos, strict=True):
-            assert self.withdrawn[a] <= self.credited[a], f"{a} withdrew more than credited"
-            assert bal == self.credited[a] - self.withdrawn[a], (
-                f"balance of {a} is {bal}, events say {self.credited[a] - self.withdrawn[a]}"
+            key = (a, cur)
+            assert self.withdrawn[key] <= self.credited[key], f"{key} withdrew more than credited"
+            assert bal == self.credited[key] - self.withdrawn[key], (
+                f"balance of {key} is {bal}, events say {self.credited[key] - self.withdrawn[key]}"
             )
-            assert info[0] == self.stakes[a], f"stake of {a} is {info[0]}, events: {self.stakes[a]}"
-            assert info[4] == self.pending[a], (
-                f"unstaking of {a}: {info[4]}, events: {self.pending[a]}"
+            assert info[0] == self.stakes[key], (
+                f"stake of {key} is {info[0]}, events: {self.stakes[key]}"
+            )
+            assert info[4] == self.pending[key], (
+                f"unstaking of {key}: {info[4]}, events: {self.pending[key]}"
             )
             assert info[1] == locked[a], (
-                f"{a} has {info[1]} locked, the jobs it holds need {locked[a]}"
+                f"{key} has {info[1]} locked, the jobs it holds need {locked[a]}"
             )
-            assert info[1] <= info[0], f"{a} has more locked than staked"
-        rest = out[2 + 2 * n :]
-        for k, jid in enumerate(touched):
-            self._check_job(jid, rest[2 * k], rest[2 * k + 1])
-        self.clean = True
+            assert info[1] <= info[0], f"{key} has more locked than staked"
 
 
 def _words(raw: str, count: int) -> list[int]:
@@ -938,6 +1079,8 @@ def test_escrow_invariants_hold_under_random_use(project: Any) -> None:
     # slower than the last.
     contract_type = project.JobEscrow.contract_type
     abi = [a.model_dump(mode="json", by_alias=True) for a in contract_type.abi]
+    token_type = project.TestUSD.contract_type
+    token_abi = [a.model_dump(mode="json", by_alias=True) for a in token_type.abi]
     keys = dev_accounts(N_ACCOUNTS)
     with Anvil(accounts=N_ACCOUNTS, prune_history=True) as anvil:
         rpc = Rpc(anvil.url)
@@ -946,6 +1089,8 @@ def test_escrow_invariants_hold_under_random_use(project: Any) -> None:
         EscrowMachine.rpc = rpc
         EscrowMachine.codec = Codec(abi, [Account.from_key(k).address for k in keys])
         EscrowMachine.bytecode = str(contract_type.deployment_bytecode.bytecode)
+        EscrowMachine.token_codec = Codec(token_abi, [Account.from_key(k).address for k in keys])
+        EscrowMachine.token_bytecode = str(token_type.deployment_bytecode.bytecode)
         EscrowMachine.keys = keys
         EscrowMachine.chain_id = int(rpc.call("eth_chainId"), 16)
         EscrowMachine.steps = EscrowMachine.refused = EscrowMachine.examples = 0
@@ -986,6 +1131,7 @@ def test_escrow_invariants_hold_under_random_use(project: Any) -> None:
     # the run reached the interesting paths, not only refusals
     for fn in (
         "assign", "settle", "release", "finalize", "dispute", "rule", "refund",
-        "createReplicated", "resolve",
+        "createReplicated", "resolve", "createJobWith", "stakeToken", "withdrawToken",
+        "collectTokenFees",
     ):  # fmt: skip
         assert EscrowMachine.accepted[fn] > 0 or TARGET_STEPS < 1000, f"no {fn} was accepted"
