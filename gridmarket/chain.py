@@ -7,12 +7,10 @@ per-account nonce cache, so no node-side unlocked accounts are needed.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 from eth_abi.abi import decode as abi_decode
@@ -27,10 +25,13 @@ from web3 import Web3
 from web3.exceptions import ContractCustomError, ContractLogicError, Web3RPCError
 from web3.types import LogReceipt, TxParams, TxReceipt
 
+from gridmarket.deployment import ChainError as ChainError  # re-exported
+from gridmarket.deployment import Deployment as Deployment  # re-exported
 from gridmarket.escrow import (
     FLAG_ON_VERIFY,
     JOB_EVENTS,
     PROSE_FIELDS,
+    ZERO_ADDRESS,
     InvalidText,
     JobState,
     Terms,
@@ -38,60 +39,9 @@ from gridmarket.escrow import (
     decode_prose,
     decode_text,
 )
+from gridmarket.token import TokenClient
 
 log = logging.getLogger(__name__)
-
-
-class ChainError(RuntimeError):
-    """A chain call failed; ``reason`` is the decoded custom error when the contract reverted."""
-
-    def __init__(self, message: str, reason: str | None = None) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """What the other components need to find and read the escrow (written by the deploy step)."""
-
-    chain_id: int
-    escrow: str
-    abi: list[dict[str, Any]]
-    block: int
-    params: dict[str, Any] = field(default_factory=dict)
-    rpc_url: str | None = None
-
-    def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        body = {
-            "chainId": self.chain_id,
-            "rpcUrl": self.rpc_url,
-            "contracts": {
-                "JobEscrow": {"address": self.escrow, "block": self.block, "abi": self.abi}
-            },
-            "params": self.params,
-        }
-        path.write_text(json.dumps(body, indent=2) + "\n")
-
-    @classmethod
-    def load(cls, path: Path) -> Deployment:
-        try:
-            body = json.loads(path.read_text())
-            escrow = body["contracts"]["JobEscrow"]
-            return cls(
-                chain_id=int(body["chainId"]),
-                escrow=to_checksum_address(escrow["address"]),
-                abi=escrow["abi"],
-                block=int(escrow["block"]),
-                params=dict(body.get("params", {})),
-                rpc_url=body.get("rpcUrl"),
-            )
-        except FileNotFoundError:
-            raise ChainError(
-                f"deployment file {path} not found: deploy the contracts first"
-            ) from None
-        except (KeyError, ValueError, TypeError) as exc:
-            raise ChainError(f"deployment file {path} is malformed: {exc!r}") from exc
 
 
 @dataclass(frozen=True)
@@ -219,6 +169,12 @@ class EscrowClient:
         receipt = self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=receipt_timeout)
         return self.sent_from_receipt(fn_name, params, receipt)
 
+    def forget_nonce(self, address: str) -> None:
+        """Read ``address``'s nonce from the node again at its next :meth:`send` (after a reorg
+        that may have dropped its transactions, the cached one can be ahead of the chain)."""
+        with self._lock:
+            self._nonces.pop(to_checksum_address(address), None)
+
     def prepare(self, account: LocalAccount, fn_name: str, *args: Any, value: int = 0) -> TxParams:
         """The transaction for ``fn_name(*args)`` from ``account``, gas estimated with a margin.
 
@@ -326,19 +282,24 @@ class EscrowClient:
         bounty: int,
         terms: Terms | None = None,
     ) -> tuple[JobState, Sent]:
-        """Fund a job; ``terms`` default to the deployment's (:meth:`default_terms`)."""
+        """Fund a job; ``terms`` default to the deployment's (:meth:`default_terms`). A job in a
+        token (``terms.token``) is funded in one transaction with the submitter's permit
+        (:meth:`fund_in_token`); ``bounty`` is then in the token's units."""
         t = terms or self.default_terms(bounty, submitter.address)
-        sent = self.send(
-            submitter,
-            "createJob",
-            salt,
-            spec_cid,
-            deadline,
-            t.mediator,
-            t.collateral,
-            t.flags,
-            value=bounty,
-        )
+        if t.token != ZERO_ADDRESS:
+            sent = self.fund_in_token(submitter, salt, spec_cid, deadline, bounty, t, 0)
+        else:
+            sent = self.send(
+                submitter,
+                "createJob",
+                salt,
+                spec_cid,
+                deadline,
+                t.mediator,
+                t.collateral,
+                t.flags,
+                value=bounty,
+            )
         (created,) = [e for e in sent.events if e.name == "JobCreated"]
         return apply_event(None, created.name, created.args), sent
 
@@ -355,21 +316,70 @@ class EscrowClient:
         """Fund a replicated job of ``replicas`` seats sharing ``bounty`` (divisible by it);
         ``terms.collateral`` is each seat's. Returns the group id and the seats in order."""
         t = terms or self.default_terms(bounty // replicas, submitter.address)
-        sent = self.send(
-            submitter,
-            "createReplicated",
-            salt,
-            spec_cid,
-            deadline,
-            t.mediator,
-            t.collateral,
-            t.flags,
-            replicas,
-            value=bounty,
-        )
+        if t.token != ZERO_ADDRESS:
+            sent = self.fund_in_token(submitter, salt, spec_cid, deadline, bounty, t, replicas)
+        else:
+            sent = self.send(
+                submitter,
+                "createReplicated",
+                salt,
+                spec_cid,
+                deadline,
+                t.mediator,
+                t.collateral,
+                t.flags,
+                replicas,
+                value=bounty,
+            )
         (group,) = [e for e in sent.events if e.name == "ReplicasCreated"]
         seats = [apply_event(None, e.name, e.args) for e in sent.events if e.name == "JobCreated"]
         return bytes(group.args["groupId"]), seats, sent
+
+    def fund_in_token(
+        self,
+        submitter: LocalAccount,
+        salt: bytes,
+        spec_cid: str,
+        deadline: int,
+        amount: int,
+        terms: Terms,
+        replicas: int,
+        *,
+        permit: bool = True,
+    ) -> Sent:
+        """``createJobWith`` in ``terms.token``: with ``permit``, one ``multicall`` of the
+        submitter's EIP-2612 permit and the funding (one transaction, no approval first);
+        without, an allowance must already be there."""
+        create = self.encode(
+            "createJobWith",
+            terms.token,
+            amount,
+            salt,
+            spec_cid,
+            deadline,
+            terms.mediator,
+            terms.collateral,
+            terms.flags,
+            replicas,
+        )
+        signed = self._permit(submitter, terms.token, amount) if permit else []
+        return self.send(submitter, "multicall", [*signed, create])
+
+    def _permit(self, owner: LocalAccount, token: str, amount: int) -> list[bytes]:
+        """``[permitToken(...)]`` for ``amount`` of ``token``, or nothing when the allowance is
+        already there."""
+        client = TokenClient(self.w3, token)
+        if client.allowance(owner.address, self.address) >= amount:
+            return []
+        deadline = int(self.w3.eth.get_block("latest")["timestamp"]) + 3600
+        v, r, s = client.sign_permit(owner, self.address, amount, deadline)
+        return [self.encode("permitToken", client.address, amount, deadline, v, r, s)]
+
+    def stake_token(self, provider: LocalAccount, token: str, amount: int) -> Sent:
+        """Add ``amount`` of ``token`` to the provider's stake in it (permit and stake in one
+        transaction)."""
+        stake = self.encode("stakeToken", to_checksum_address(token), amount)
+        return self.send(provider, "multicall", [*self._permit(provider, token, amount), stake])
 
     def resolve(
         self, account: LocalAccount, group_id: bytes, seats: Sequence[JobState]
@@ -394,26 +404,34 @@ class EscrowClient:
                 state = apply_event(state, event.name, event.args)
         return state, sent
 
-    def default_terms(self, bounty: int, submitter: str, on_verify: bool = False) -> Terms:
+    def default_terms(
+        self, bounty: int, submitter: str, on_verify: bool = False, token: str = ZERO_ADDRESS
+    ) -> Terms:
         """The terms a job gets unless its submitter says otherwise: the mediator listed at
         deployment (the submitter itself when none was), the least collateral the contract
-        allows for ``bounty``, and after-window payment unless ``on_verify``."""
+        allows for ``bounty`` (in the job's token), and after-window payment unless
+        ``on_verify``."""
         mediator = self.deployment.params.get("mediator") or submitter
         return Terms(
             mediator=to_checksum_address(mediator),
             collateral=int(self.call("minCollateral", bounty)),
             flags=FLAG_ON_VERIFY if on_verify else 0,
+            token=to_checksum_address(token),
         )
 
     # ------------------------------------------------------------------ reads
-    def balance_of(self, account: str) -> int:
-        return int(self.call("balanceOf", account))
+    def balance_of(self, account: str, token: str = ZERO_ADDRESS) -> int:
+        """Withdrawable balance of ``account`` in ``token`` (zero: ETH)."""
+        if token == ZERO_ADDRESS:
+            return int(self.call("balanceOf", account))
+        return int(self.call("balanceOfToken", account, to_checksum_address(token)))
 
-    def free_collateral_of(self, provider: str) -> int:
-        """``freeCollateralOf(provider)`` as one raw ``eth_call``: the scheduler asks it on every
-        acceptance, and web3's contract machinery costs four times the CPU of the call itself
-        (2.8 ms against 0.7 ms here). Raises :class:`ChainError` when the node refuses it."""
-        data = "0x" + (_FREE_COLLATERAL_OF + bytes(12) + bytes.fromhex(provider[2:])).hex()
+    def free_collateral_of(self, provider: str, token: str = ZERO_ADDRESS) -> int:
+        """``freeCollateralIn(provider, token)`` as one raw ``eth_call``: the scheduler asks it
+        on every acceptance, and web3's contract machinery costs four times the CPU of the call
+        itself (2.8 ms against 0.7 ms here). Raises :class:`ChainError` when the node refuses
+        it."""
+        data = self._free_collateral_data(provider, token)
         try:
             answer = self.w3.provider.make_request(
                 "eth_call",  # type: ignore[arg-type]
@@ -426,18 +444,18 @@ class EscrowClient:
             raise ChainError(f"freeCollateralOf({provider}): {answer}", "BadAnswer")
         return int(result, 16)
 
-    def free_collateral_at(self, provider: str) -> tuple[int, int]:
-        """``(freeCollateralOf(provider), block)``: the value as of one block, named, so that a
-        caller can tell which later assigns it does not count yet (the scheduler's acceptance
-        check: an assign mined after ``block`` is not in it). Two raw calls, ``eth_blockNumber``
-        then ``eth_call`` at that block."""
+    def free_collateral_at(self, provider: str, token: str = ZERO_ADDRESS) -> tuple[int, int]:
+        """``(freeCollateralIn(provider, token), block)``: the value as of one block, named, so
+        that a caller can tell which later assigns it does not count yet (the scheduler's
+        acceptance check: an assign mined after ``block`` is not in it). Two raw calls,
+        ``eth_blockNumber`` then ``eth_call`` at that block."""
         try:
             head = self.w3.provider.make_request("eth_blockNumber", [])  # type: ignore[arg-type]
             block = int(str(head["result"]), 16)
             answer = self.w3.provider.make_request(
                 "eth_call",  # type: ignore[arg-type]
                 [
-                    {"to": self.address, "data": self._free_collateral_data(provider)},
+                    {"to": self.address, "data": self._free_collateral_data(provider, token)},
                     hex(block),
                 ],
             )
@@ -449,8 +467,17 @@ class EscrowClient:
         return int(result, 16), block
 
     @staticmethod
-    def _free_collateral_data(provider: str) -> str:
-        return "0x" + (_FREE_COLLATERAL_OF + bytes(12) + bytes.fromhex(provider[2:])).hex()
+    def _free_collateral_data(provider: str, token: str = ZERO_ADDRESS) -> str:
+        return (
+            "0x"
+            + (
+                _FREE_COLLATERAL_IN
+                + bytes(12)
+                + bytes.fromhex(provider[2:])
+                + bytes(12)
+                + bytes.fromhex(token[2:])
+            ).hex()
+        )
 
     def decode_logs(self, logs: Iterable[LogReceipt]) -> list[Event]:
         """The escrow's events among ``logs``, each log decoded on its own.
@@ -599,5 +626,5 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-_FREE_COLLATERAL_OF = bytes(Web3.keccak(text="freeCollateralOf(address)")[:4])
-"""The selector of ``freeCollateralOf(address)`` (EscrowClient.free_collateral_of)."""
+_FREE_COLLATERAL_IN = bytes(Web3.keccak(text="freeCollateralIn(address,address)")[:4])
+"""The selector of ``freeCollateralIn(address,address)`` (EscrowClient.free_collateral_of)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -26,6 +26,7 @@ from web3 import Web3
 
 from gridmarket.build import load_artifacts
 from gridmarket.chain import ChainError, Deployment
+from gridmarket.token import TokenClient
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,62 @@ def deploy_escrow(w3: Web3, deployer: LocalAccount, params: EscrowParams) -> Dep
         block=int(receipt["blockNumber"]),
         params=asdict(params),
     )
+
+
+def _send_and_wait(w3: Web3, account: LocalAccount, tx: dict[str, Any]) -> Any:
+    signed = account.sign_transaction(cast(Any, tx))
+    receipt = w3.eth.wait_for_transaction_receipt(
+        w3.eth.send_raw_transaction(signed.raw_transaction)
+    )
+    if receipt["status"] != 1:
+        raise ChainError(f"transaction reverted (tx {receipt['transactionHash'].hex()})")
+    return receipt
+
+
+def deploy_test_token(w3: Web3, deployer: LocalAccount) -> str:
+    """Deploy TestUSD (6 decimals, EIP-2612 permit; the deployer may mint): the devnet's
+    stablecoin. Returns its address."""
+    artifact = load_artifacts()["TestUSD"]
+    factory = w3.eth.contract(abi=artifact.abi, bytecode=artifact.bytecode)
+    tx = factory.constructor().build_transaction(
+        {
+            "from": deployer.address,
+            "nonce": w3.eth.get_transaction_count(deployer.address, "pending"),
+            "chainId": w3.eth.chain_id,
+        }
+    )
+    receipt = _send_and_wait(w3, deployer, cast(dict[str, Any], tx))
+    if not receipt["contractAddress"]:
+        raise ChainError("TestUSD deployment created no contract")
+    return str(receipt["contractAddress"])
+
+
+def list_token(
+    w3: Web3,
+    owner: LocalAccount,
+    deployment: Deployment,
+    token: str,
+    min_bounty: int | None = None,
+) -> Deployment:
+    """Allow ``token`` for bounties with the smallest bounty ``min_bounty`` in its units
+    (default: a hundredth of a whole token) (``setToken``, the escrow owner's call) and return
+    the deployment with it in ``tokens`` (symbol, decimals and the minimum)."""
+    escrow = w3.eth.contract(address=cast(Any, deployment.escrow), abi=deployment.abi)
+    address = Web3.to_checksum_address(token)
+    erc20 = TokenClient(w3, address).contract.functions
+    symbol = str(erc20.symbol().call())
+    decimals = int(erc20.decimals().call())
+    least = min_bounty if min_bounty is not None else max(1, 10**decimals // 100)
+    tx = escrow.functions.setToken(address, least).build_transaction(
+        {
+            "from": owner.address,
+            "nonce": w3.eth.get_transaction_count(owner.address, "pending"),
+            "chainId": w3.eth.chain_id,
+        }
+    )
+    _send_and_wait(w3, owner, cast(dict[str, Any], tx))
+    entry = {"address": address, "decimals": decimals, "minBounty": least}
+    return replace(deployment, tokens={**deployment.tokens, symbol: entry})
 
 
 def main(argv: list[str] | None = None) -> int:

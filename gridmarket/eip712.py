@@ -12,8 +12,9 @@ from eth_account.signers.local import LocalAccount
 from gridmarket.escrow import Job
 
 DOMAIN_NAME = "GridMarket JobEscrow"
-DOMAIN_VERSION = "2"
-"""JobEscrow version 2 (docs/trust.md); registrations use the same domain."""
+DOMAIN_VERSION = "4"
+"""The escrow's signing version: "4" since JobEscrow version 4 added the job's token to
+``Acceptance`` (docs/trust.md); registrations use the same domain."""
 DOMAIN_TYPE = [
     {"name": "name", "type": "string"},
     {"name": "version", "type": "string"},
@@ -76,6 +77,7 @@ ACCEPTANCE_TYPE = [
     {"name": "collateral", "type": "uint96"},
     {"name": "mediator", "type": "address"},
     {"name": "flags", "type": "uint8"},
+    {"name": "token", "type": "address"},
 ]
 
 
@@ -103,6 +105,7 @@ def acceptance_typed_data(
             "collateral": job.collateral,
             "mediator": job.mediator,
             "flags": job.flags,
+            "token": job.token,
         },
     }
 

@@ -32,6 +32,7 @@ JOB_ABI_TYPES = (
     "uint96",
     "uint40",
     "uint8",
+    "address",
 )
 FLAG_ON_VERIFY = 1
 """JobEscrow.FLAG_ON_VERIFY: the job's operator may pay a result at once on its own check."""
@@ -163,7 +164,8 @@ class Job:
     """Mirror of ``IJobEscrow.Job``: the full state a caller passes back to the contract.
 
     The first eight fields are the progress and price; ``operator``, ``mediator``,
-    ``collateral`` and ``flags`` are the terms fixed at funding (docs/trust.md)."""
+    ``collateral``, ``flags`` and ``token`` are the terms fixed at funding (docs/trust.md).
+    ``token`` is what every amount of the job is in: the zero address for ETH, else an ERC-20."""
 
     submitter: str
     bounty: int
@@ -179,6 +181,7 @@ class Job:
     collateral: int = 0
     disputed_at: int = 0
     flags: int = 0
+    token: str = ZERO_ADDRESS
 
     def as_tuple(self) -> tuple[Any, ...]:
         """The ABI tuple for contract calls."""
@@ -196,6 +199,7 @@ class Job:
             self.collateral,
             self.disputed_at,
             self.flags,
+            self.token,
         )
 
     @property
@@ -227,12 +231,15 @@ class Job:
 @dataclass(frozen=True, slots=True)
 class Terms:
     """What a submitter fixes at funding besides price and deadline (``createJob``'s last three
-    arguments): who may rule on the result, what the provider must lock, and whether the
-    operator may pay at once on its own check (docs/trust.md)."""
+    arguments, and the token ``createJobWith`` takes): who may rule on the result, what the
+    provider must lock, whether the operator may pay at once on its own check, and what the job
+    is paid in (docs/trust.md)."""
 
     mediator: str
     collateral: int
     flags: int = 0
+    token: str = ZERO_ADDRESS
+    """What the job is paid in: the zero address for ETH, else an allow-listed ERC-20."""
 
     @property
     def on_verify(self) -> bool:
@@ -320,6 +327,7 @@ def apply_event(state: JobState | None, name: str, args: Mapping[str, Any]) -> J
             mediator=to_checksum_address(args["mediator"]),
             collateral=int(args["collateral"]),
             flags=int(args["flags"]),
+            token=to_checksum_address(args.get("token") or ZERO_ADDRESS),
         )
         spec = args["specCid"]
         return JobState(

@@ -120,6 +120,8 @@ Wei = Annotated[int, Field(ge=0, le=MAX_WEI)]
 LogTail = Annotated[str, StringConstraints(strip_whitespace=False, max_length=MAX_LOG_CHARS)]
 """Log text is kept as the job wrote it (the models strip other strings)."""
 
+MAX_PRICE_FLOORS = 8
+"""Most ERC-20 tokens a node may name a price floor for."""
 MAX_ADVERTISED_IMAGES = 64
 """Cached images a node may advertise (registration or heartbeat); an agent with more sends
 its most recently used ones."""
@@ -305,7 +307,9 @@ class QuoteRequest(BaseModel):
     could run it. The fields are a job spec's ``executor``, ``resources`` and a duration.
 
     ``region`` None asks for any region; prices are then quoted for :attr:`PRICE_REGION`.
-    ``gpu_models`` (tier keys) limits the quote to those tiers.
+    ``gpu_models`` (tier keys) limits the quote to those tiers. ``token`` (a listed ERC-20's
+    address; None or the zero address: ETH) asks for the price in that token's smallest units,
+    ``ceiling_wei_per_hour`` then being in them too.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -322,6 +326,7 @@ class QuoteRequest(BaseModel):
     disk_mib: int = Field(0, ge=0, le=64 * 1024 * 1024)
     duration_s: int = Field(3600, ge=1, le=30 * 24 * 3600)
     ceiling_wei_per_hour: Wei | None = None
+    token: Address | None = None
 
     def problem(self) -> tuple[str, str] | None:
         """The first field the models cannot check alone, and what is wrong with it; None
@@ -380,6 +385,18 @@ class NodeCapacityIn(BaseModel):
     images: list[PinnedImage] = Field(default_factory=list, max_length=MAX_ADVERTISED_IMAGES)
     """Images the node has cached (pinned references): matching prefers such a node for a job
     naming one of them (docs/matching.md). Heartbeats bring it up to date."""
+    price_floors: dict[Address, Wei] = Field(default_factory=dict, max_length=MAX_PRICE_FLOORS)
+    """The node's floor for jobs paid in an ERC-20 token: token address -> the token's smallest
+    units per hour. A node takes jobs in ETH (``price_floor_wei_per_hour``) and in the tokens
+    named here only; a token job is never matched to a node without a floor for its token."""
+
+    @field_validator("price_floors")
+    @classmethod
+    def _token_floors(cls, value: dict[str, int]) -> dict[str, int]:
+        out = {to_checksum_address(k): v for k, v in value.items()}
+        if ZERO_ADDRESS in out:
+            raise ValueError("price_floors names tokens; ETH's floor is price_floor_wei_per_hour")
+        return dict(sorted(out.items()))
 
     @field_validator("executors")
     @classmethod
@@ -395,9 +412,11 @@ class NodeCapacityIn(BaseModel):
 
 
 def capacity_digest(capacity: NodeCapacityIn) -> bytes:
-    """SHA-256 of the capacity's canonical JSON: what the registration signature covers (with
-    no image cached, ``images`` is left out: the digest of a capacity without it is unchanged)."""
-    doc = capacity.model_dump(mode="json", exclude=None if capacity.images else {"images"})
+    """SHA-256 of the capacity's canonical JSON: what the registration signature covers (an
+    empty ``images`` or ``price_floors`` is left out: the digest of a capacity without them is
+    unchanged)."""
+    exclude = {k for k in ("images", "price_floors") if not getattr(capacity, k)}
+    doc = capacity.model_dump(mode="json", exclude=exclude or None)
     data = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(data.encode()).digest()
 
@@ -539,8 +558,9 @@ class HeartbeatResponse(BaseModel):
 class JobTerms(BaseModel):
     """A job's on-chain terms as the provider accepts them (EIP-712 ``Acceptance``, see
     :func:`gridmarket.eip712.acceptance_typed_data`): the price, the deadline, the collateral it
-    locks while it holds the job, who may rule on its result, and whether the operator may pay
-    at once (``on_verify``)."""
+    locks while it holds the job, who may rule on its result, whether the operator may pay at
+    once (``on_verify``), and what it is paid in (``token``: the zero address for ETH; then
+    ``bounty_wei`` and ``collateral_wei`` are in that token's smallest units)."""
 
     model_config = _strict()
 
@@ -551,6 +571,7 @@ class JobTerms(BaseModel):
     mediator: Address
     flags: int = Field(ge=0, le=255)
     operator: Address
+    token: Address = ZERO_ADDRESS
 
     def as_job(self) -> Job:
         """The job struct the acceptance covers: only the terms enter the EIP-712 digest
@@ -563,6 +584,7 @@ class JobTerms(BaseModel):
             collateral=self.collateral_wei,
             mediator=to_checksum_address(self.mediator),
             flags=self.flags,
+            token=to_checksum_address(self.token),
         )
 
 

@@ -15,18 +15,28 @@ Step by step: docs/operator.md.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import click
-from ape import accounts, chain, project
+from ape import Contract, accounts, chain, project
 from ape.cli import ConnectedProviderCommand, network_option
+from eth_utils.address import to_checksum_address
 
 from gridmarket.chain import Deployment
 from gridmarket.deploy import EscrowParams, explorer_lines
+from gridmarket.token import ERC20_ABI
 
 _D = EscrowParams(operator="", treasury="")
+
+
+def _token_arg(text: str) -> tuple[str, int | None]:
+    address, _, least = text.partition(":")
+    try:
+        return to_checksum_address(address), (int(least) if least else None)
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r}: {exc}", param_hint="--token") from None
 
 
 def _account(alias: str | None, local: bool) -> Any:
@@ -70,6 +80,19 @@ def _account(alias: str | None, local: bool) -> Any:
 @click.option("--mediation-window", type=int, default=_D.mediation_window, show_default=True)
 @click.option("--reassign-delay", type=int, default=_D.reassign_delay, show_default=True)
 @click.option("--mediator", default=None, help="a mediator to list at deployment")
+@click.option(
+    "--token",
+    "tokens",
+    multiple=True,
+    metavar="ADDRESS[:MIN_BOUNTY]",
+    help="an ERC-20 to allow for bounties (repeatable), with the smallest bounty in its units "
+    "(default: a hundredth of a whole token)",
+)
+@click.option(
+    "--test-token",
+    is_flag=True,
+    help="also deploy TestUSD (6 decimals, permit; the deployer mints) and list it: devnets only",
+)
 def cli(
     network: Any,
     alias: str | None,
@@ -89,6 +112,8 @@ def cli(
     mediation_window: int,
     reassign_delay: int,
     mediator: str | None,
+    tokens: tuple[str, ...],
+    test_token: bool,
 ) -> None:
     provider = chain.provider
     net = provider.network
@@ -134,6 +159,22 @@ def cli(
         # a public RPC URL often carries an API key: only a local devnet's is written down
         rpc_url=provider.http_uri if local else None,
     )
+    listed: dict[str, Any] = {}
+    to_list = [_token_arg(t) for t in tokens]
+    if test_token:
+        usd = project.TestUSD.deploy(sender=deployer)
+        click.echo(f"TestUSD at {usd.address} (tx {usd.txn_hash})")
+        to_list.append((str(usd.address), None))
+    for address, least in to_list:
+        erc20 = Contract(address, abi=ERC20_ABI)
+        symbol, decimals = str(erc20.symbol()), int(erc20.decimals())
+        least = least if least is not None else max(1, 10**decimals // 100)
+        tx = contract.setToken(address, least, sender=deployer)
+        listed[symbol] = {"address": address, "decimals": decimals, "minBounty": least}
+        click.echo(
+            f"listed {symbol} ({address}, {decimals} decimals, min bounty {least}) tx {tx.txn_hash}"
+        )
+    deployment = replace(deployment, tokens=listed)
     path = out or Path("deployments") / f"{'local' if local else net.name}.json"
     deployment.save(path)
     click.echo(
