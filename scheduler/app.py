@@ -29,13 +29,20 @@ def create_app(settings: Settings | None = None, *, grid: Replica | None = None)
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         g = grid or Replica(settings)
         g.start()
-        dispatcher = Dispatcher(g.store, settings, chain_id=g.chain_id, escrow=g.escrow)
+        dispatcher = Dispatcher(
+            g.store,
+            settings,
+            chain_id=g.chain_id,
+            escrow=g.escrow,
+            symbols={t.address: t.symbol for t in g.tokens.values() if not t.is_eth},
+        )
         g.store.on_queued = dispatcher.wake
         dispatcher.on_claimed = lambda: g.wake("outbox")
         dispatcher.start()
         app.state.grid = g
         app.state.dispatcher = dispatcher
         app.state.node_cache = {}  # node id -> (monotonic time, NodeRow): api/deps.py
+        app.state.token_floors = {}  # token -> (monotonic time, floors by tier): api/market.py
         heartbeats = HeartbeatBuffer(g.store, settings.lease_ttl_s)
         heartbeats.start()
         app.state.heartbeats = heartbeats

@@ -24,9 +24,10 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from gridmarket.escrow import ZERO_ADDRESS
 from gridmarket.tiers import classify_gpu
 from gridmarket.wire import Assignment, JobSpec, JobTerms, offered_price_wei_per_hour
 from scheduler.matching import (
@@ -75,6 +76,7 @@ def terms_of(job: JobRow) -> JobTerms:
         mediator=j.mediator,
         flags=j.flags,
         operator=j.operator,
+        token=j.token,
     )
 
 
@@ -82,7 +84,8 @@ def requirements(
     job: JobRow, nodes_of: Callable[[str], Iterable[str]] = lambda _wallet: ()
 ) -> JobRequirements:
     """The matching engine's view of a queued job. ``nodes_of(wallet)``: the node ids of a
-    wallet, each excluded when the wallet is (:func:`refused_wallets`)."""
+    wallet, each excluded when the wallet is (:func:`refused_wallets`). A job paid in a token
+    offers its price in the token's units and needs a node with a floor in it."""
     excluded = set(job.excluded)
     for wallet in refused_wallets(job):
         excluded.update(nodes_of(wallet))
@@ -102,6 +105,7 @@ def requirements(
         max_price_wei_per_hour=offered_price_wei_per_hour(job.bounty_wei, spec),
         excluded_node_ids=frozenset(excluded),
         image=spec.image,
+        token=None if job.chain.job.token == ZERO_ADDRESS else job.chain.job.token,
     )
 
 
@@ -141,6 +145,7 @@ def free_capacity(
         node_id=node.node_id,
         region=cap.region,
         price_floor_wei_per_hour=cap.price_floor_wei_per_hour,
+        price_floors=cap.price_floors,
         cpu_cores=free_cores,
         ram_mib=free_ram,
         disk_mib=max(0, cap.disk_mib - used_disk),
@@ -164,11 +169,21 @@ class _Waiter:
 class Dispatcher:
     """Parks node polls and runs dispatch rounds (one at a time, in a worker thread)."""
 
-    def __init__(self, store: Store, settings: Settings, *, chain_id: int, escrow: str) -> None:
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        *,
+        chain_id: int,
+        escrow: str,
+        symbols: Mapping[str, str] | None = None,
+    ) -> None:
+        """``symbols``: listed token address -> symbol, to name a job's token in why it waits."""
         self.store = store
         self.settings = settings
         self.chain_id = chain_id
         self.escrow = escrow
+        self.symbols = dict(symbols or {})
         self.engine = MatchingEngine(ban_below=settings.ban_below)
         self._lock = threading.Lock()  # the engine and the waiters, between loop and thread
         self._waiters: dict[str, _Waiter] = {}
@@ -344,7 +359,7 @@ class Dispatcher:
                         claims.append(Claim(job.job_id, found.node_id))
                     elif now - self._explained.get(job.job_id, 0.0) > _EXPLAIN_EVERY_S:
                         self._explained[job.job_id] = now
-                        why = _reason(self.engine.explain(req).message())
+                        why = _reason(self.engine.explain(req).message(self.symbols))
                         if why != job.reason:  # written only when it changed
                             self._pending_reasons.append((job.job_id, why))
             return claims

@@ -70,6 +70,18 @@ class Settings(BaseSettings):
 
     # market
     base_rate_wei_per_hour: int = Field(10**14, ge=0)
+    base_rates: dict[str, int] = Field(
+        default_factory=lambda: {"tUSD": 300_000},
+        description="listed token symbol -> the market's base rate in that token's smallest "
+        "units per GPU-hour, for quotes in it (POST /v1/quote with a token); a token without "
+        "one is quoted from the online nodes' floors in it alone",
+    )
+    quote_floors_ttl_s: float = Field(
+        10.0,
+        ge=0,
+        description="how long a quote in a token reuses the online nodes' floors in it it read "
+        "(one pass over the node rows); 0: read them for every quote",
+    )
 
     # request limits (gridmarket/http_guard.py; docs/operator.md)
     max_body_bytes: int = Field(1024**2, ge=1, description="request body cap (413 past it)")

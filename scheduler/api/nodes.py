@@ -275,7 +275,8 @@ async def accept(
             f"signature is by {signer}, not by the node's wallet {node.wallet}: sign the "
             f"Acceptance of attempt {body.attempt} on the offer's terms (bounty "
             f"{chain.bounty}, feeBps {chain.fee_bps}, deadline {chain.deadline}, collateral "
-            f"{chain.collateral}, mediator {chain.mediator}, flags {chain.flags}), chain "
+            f"{chain.collateral}, mediator {chain.mediator}, flags {chain.flags}, token "
+            f"{chain.token}), chain "
             f"{grid.chain_id}, escrow {grid.escrow}",
             401,
         )
@@ -283,7 +284,9 @@ async def accept(
     as_of: int | None = None
     if row.acceptance is None:
         try:
-            free, as_of = await asyncio.to_thread(grid.chain.free_collateral_at, node.wallet)
+            free, as_of = await asyncio.to_thread(
+                grid.chain.free_collateral_at, node.wallet, chain.token
+            )
         except ChainError as exc:
             raise _bad(f"chain unavailable: {exc}", status.HTTP_503_SERVICE_UNAVAILABLE) from None
     try:

@@ -26,6 +26,15 @@ exclusion), and the price gate stops a bucket at its first node that is too dear
 group with a passing node holds the answer. Claims and releases move one node between buckets
 (``bisect`` on short lists).
 
+**Tokens.** The key's last part is a currency: ``None`` for the buckets sorted by the ETH floor
+(every indexed node is in them), a token address for the buckets of the nodes that name a floor
+in that token (``NodeCapacity.price_floors``), sorted by that floor. A job's shape carries the
+token it is paid in (``JobRequirements.token``), so an ETH job only ever sees ETH buckets (the
+same buckets, cache and walk as before tokens existed) and a token job only its token's buckets:
+the same walk, the price gate and rank reading the floor in its token. Explaining a token job's
+miss scans the nodes that take its token (they are also kept by token); a node of the job's
+executor without a floor in it fails the ``token`` gate.
+
 **Images.** The indexed nodes that have an image cached are also kept by image. When the best
 node of the first group lacks the job's image, the engine looks in that group for the best node
 that has it: through the image's holders when they are fewer than the group's nodes (each is
@@ -83,6 +92,7 @@ from .rules import (
     class_floor,
     disk_class,
     first_failed_gate,
+    floor_for,
     rank_key,
     reference_match,
     size_class,
@@ -132,10 +142,12 @@ class MatchingEngine:
         self._nodes: dict[str, IndexedNode] = {}
         self._claims: dict[str, IndexedNode] = {}  # job id -> node
         self._buckets: dict[BucketKey, Bucket] = {}
-        self._regional: dict[ExecutorKind, list[Bucket]] = {e: [] for e in ExecutorKind}
-        self._pooled: dict[ExecutorKind, list[Bucket]] = {e: [] for e in ExecutorKind}
+        # buckets by (currency, executor): currency None for the ETH floor, else a token
+        self._regional: dict[tuple[str | None, ExecutorKind], list[Bucket]] = {}
+        self._pooled: dict[tuple[str | None, ExecutorKind], list[Bucket]] = {}
         self._shapes: OrderedDict[Shape, Candidates] = OrderedDict()
         self._holders: dict[str, set[IndexedNode]] = {}  # image -> indexed nodes that have it
+        self._takers: dict[str, set[IndexedNode]] = {}  # token -> indexed nodes with a floor in it
         self._n_banned = 0
         self._n_full = 0
         self._n_indexed = 0
@@ -275,6 +287,24 @@ class MatchingEngine:
                 return Match(job.job_id, best[2], rank_key(best[3], job))
         return NoMatch(job.job_id, self.explain(job) if explain else None)
 
+    def _explain_in_token(self, job: JobRequirements, token: str) -> WhyNot:
+        """:meth:`explain` for a job paid in ``token``: a node of the job's executor without a
+        floor in it fails the token gate; the nodes with one are gated one by one."""
+        counts = dict.fromkeys(Gate, 0)
+        counts[Gate.REPUTATION] = self._n_banned
+        counts[Gate.SLOTS] = self._n_full
+        counts[Gate.EXECUTOR] = self._n_indexed - self._n_by_executor[job.executor]
+        takers = [n for n in self._takers.get(token, ()) if job.executor in n.executors]
+        counts[Gate.TOKEN] = self._n_by_executor[job.executor] - len(takers)
+        eligible = 0
+        for node in takers:
+            gate = first_failed_gate(node, job, ban_below=self.ban_below)
+            if gate is None:
+                eligible += 1
+            else:
+                counts[gate] += 1
+        return WhyNot(job.job_id, len(self._nodes), eligible, MappingProxyType(counts), token)
+
     def _best_holder(
         self, group: list[Bucket], job: JobRequirements, image: str, best: Entry
     ) -> Entry:
@@ -291,7 +321,9 @@ class MatchingEngine:
                     continue
                 if rank_key(node, job)[:5] != prefix:  # fits worse (a later group)
                     continue
-                entry: Entry = (node.price, -node.reputation, node.node_id, node)
+                price = floor_for(node, job)
+                assert price is not None  # it passed the token gate
+                entry: Entry = (price, -node.reputation, node.node_id, node)
                 if found is None or entry < found:
                     found = entry
             return best if found is None else found
@@ -321,8 +353,11 @@ class MatchingEngine:
         """Count, per gate, the nodes that fail it first for ``job``.
 
         Costs one pass over the buckets, plus a pass over the nodes of the buckets where the
-        job's exact cores or RAM decide; elsewhere prices are counted by bisection.
+        job's exact cores or RAM decide; elsewhere prices are counted by bisection. A job
+        paid in a token: one pass over the nodes with a floor in it.
         """
+        if job.token is not None:
+            return self._explain_in_token(job, job.token)
         counts = dict.fromkeys(Gate, 0)
         counts[Gate.REPUTATION] = self._n_banned
         counts[Gate.SLOTS] = self._n_full
@@ -335,7 +370,7 @@ class MatchingEngine:
         exact_r = ram > class_floor(shape.rclass)
         exact_d = disk > DISK_FLOORS_MIB[shape.dclass]
         n_cores = n_ram = n_price = n_disk = n_excluded = eligible = 0
-        for bucket in self._regional[job.executor]:
+        for bucket in self._regional.get((None, job.executor), ()):
             entries = bucket.entries
             if not entries:
                 continue
@@ -396,7 +431,7 @@ class MatchingEngine:
             return found
         found = Candidates()
         pool = self._pooled if shape.region is None else self._regional
-        admitted = [b for b in pool[shape.executor] if shape.admits(b)]
+        admitted = [b for b in pool.get((shape.token, shape.executor), ()) if shape.admits(b)]
         admitted.sort(key=lambda b: (shape.order(b), b.model, b.dclass))
         for bucket in admitted:
             found.add(shape.order(bucket), bucket)
@@ -411,7 +446,7 @@ class MatchingEngine:
             bucket = self._buckets[key] = Bucket(key)
             self._n_empty += 1
             pool = self._pooled if bucket.region is None else self._regional
-            pool[bucket.executor].append(bucket)
+            pool.setdefault((bucket.token, bucket.executor), []).append(bucket)
             for shape, candidates in self._shapes.items():
                 if shape.admits(bucket):
                     candidates.add(shape.order(bucket), bucket)
@@ -428,11 +463,11 @@ class MatchingEngine:
             return
         node.state = INDEXED
         self._n_indexed += 1
-        entry: Entry = (node.price, -node.reputation, node.node_id, node)
         for image in node.images:
             self._holders.setdefault(image, set()).add(node)
         cclass, rclass = size_class(node.free_cores), size_class(node.free_ram_mib)
         dclass = disk_class(node.free_disk_mib)
+        entry: Entry = (node.price, -node.reputation, node.node_id, node)
         for executor in node.executors:
             self._n_by_executor[executor] += 1
             for region in (node.region, None):  # its region's bucket and the pooled one
@@ -446,12 +481,39 @@ class MatchingEngine:
                     cclass,
                     rclass,
                     dclass,
+                    None,  # the ETH floor
                 )
                 bucket = self._bucket(key)
                 if not bucket.entries:
                     self._n_empty -= 1
                 bisect.insort(bucket.entries, entry)
                 node.entries.append((bucket, entry))
+        if node.price_floors:  # and in each token's buckets at its floor in the token
+            self._index_tokens(node, cclass, rclass, dclass)
+
+    def _index_tokens(self, node: IndexedNode, cclass: int, rclass: int, dclass: int) -> None:
+        for token, price in node.price_floors.items():
+            self._takers.setdefault(token, set()).add(node)
+            entry: Entry = (price, -node.reputation, node.node_id, node)
+            for executor in node.executors:
+                for region in (node.region, None):
+                    key = (
+                        executor,
+                        region,
+                        node.free_gpus,
+                        node.vram_mib,
+                        node.model,
+                        node.speed,
+                        cclass,
+                        rclass,
+                        dclass,
+                        token,
+                    )
+                    bucket = self._bucket(key)
+                    if not bucket.entries:
+                        self._n_empty -= 1
+                    bisect.insort(bucket.entries, entry)
+                    node.entries.append((bucket, entry))
 
     def _deindex(self, node: IndexedNode) -> None:
         if node.state == BANNED:
@@ -466,6 +528,12 @@ class MatchingEngine:
                     holders.discard(node)
                     if not holders:
                         del self._holders[image]
+            for token in node.price_floors or ():
+                takers = self._takers.get(token)
+                if takers is not None:
+                    takers.discard(node)
+                    if not takers:
+                        del self._takers[token]
             for bucket, entry in node.entries:
                 entries = bucket.entries
                 i = bisect.bisect_left(entries, entry)
@@ -473,7 +541,7 @@ class MatchingEngine:
                 del entries[i]
                 if not entries:
                     self._n_empty += 1
-                if bucket.region is not None:
+                if bucket.region is not None and bucket.token is None:  # once per executor
                     self._n_by_executor[bucket.executor] -= 1
             node.entries.clear()
         node.state = NEW
@@ -506,4 +574,5 @@ class MatchingEngine:
             "empty_buckets": self._n_empty,
             "cached_shapes": len(self._shapes),
             "images": len(self._holders),
+            "tokens": len(self._takers),
         }

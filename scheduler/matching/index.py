@@ -37,6 +37,7 @@ class IndexedNode:
         "model",
         "node_id",
         "price",
+        "price_floors",
         "region",
         "reputation",
         "speed",
@@ -56,6 +57,7 @@ class IndexedNode:
         self.node_id = capacity.node_id
         self.region = capacity.region
         self.price = capacity.price_floor_wei_per_hour
+        self.price_floors = capacity.price_floors
         self.executors = capacity.executors
         self.model = capacity.gpu_model
         self.vram_mib = capacity.vram_mib
@@ -91,16 +93,21 @@ class IndexedNode:
             free_slots=self.free_slots,
             jobs=frozenset(self.claims),
             images=self.images,
+            price_floors=self.price_floors,
         )
 
 
-BucketKey = tuple[ExecutorKind, str | None, int, int, str, float, int, int, int]
+BucketKey = tuple[ExecutorKind, str | None, int, int, str, float, int, int, int, str | None]
+"""(executor, region or None, free GPUs, VRAM per GPU, model, speed, core class, RAM class, disk
+class, token or None): the last is the currency its entries' prices are in (None: ETH)."""
 
 
 class Bucket:
     """Idle nodes with one bucket key, sorted by ``(price, -reputation, node id)``.
 
-    ``region`` is ``None`` in the pooled buckets that serve jobs without a region.
+    ``region`` is ``None`` in the pooled buckets that serve jobs without a region. ``token`` is
+    the currency of the prices (None: the ETH floor; else the nodes' floor in that token, and
+    only nodes with one are in the bucket).
     """
 
     __slots__ = (
@@ -113,6 +120,7 @@ class Bucket:
         "rclass",
         "region",
         "speed",
+        "token",
         "vclass",
         "vram_mib",
     )
@@ -128,6 +136,7 @@ class Bucket:
             self.cclass,
             self.rclass,
             self.dclass,
+            self.token,
         ) = key
         self.vclass = vram_class(self.vram_mib)
         self.entries: list[Entry] = []
@@ -144,6 +153,7 @@ class Shape(NamedTuple):
     cclass: int
     rclass: int
     dclass: int
+    token: str | None = None
 
     @classmethod
     def of(cls, job: JobRequirements) -> Shape:
@@ -157,11 +167,12 @@ class Shape(NamedTuple):
             size_class(job.cpu_cores),
             size_class(job.ram_mib),
             disk_class(job.disk_mib),
+            job.token,
         )
 
     def admits(self, b: Bucket) -> bool:
         """Can bucket ``b`` hold a match for a job of this shape (bucket-level gates)?"""
-        if b.executor != self.executor or b.free_gpus < self.gpu_count:
+        if b.executor != self.executor or b.free_gpus < self.gpu_count or b.token != self.token:
             return False
         if b.region != self.region:  # pooled buckets (None) serve jobs without a region
             return False

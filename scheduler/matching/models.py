@@ -2,7 +2,10 @@
 
 Units: memory and disk in MiB; prices in wei **per GPU-hour** (a CPU-only job counts as one
 unit, so for it the same numbers read "per job-hour"). A node's price floor and a job's offered
-price are both in that unit, so the price gate is a plain comparison.
+price are both in that unit, so the price gate is a plain comparison. A job paid in an ERC-20
+token (escrow v4) offers its price in that token's smallest units per GPU-hour, and is compared
+with the node's floor for that token (``NodeCapacity.price_floors``); a node without one does
+not take the job (the ``token`` gate).
 
 A node's GPUs are one model: a machine with mixed cards registers one node per model (the agent
 groups them, see ``agent.hardware.HardwareReport.gpu_groups``), each with its share of cores,
@@ -11,6 +14,7 @@ RAM and disk.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -56,13 +60,14 @@ class Gate(StrEnum):
     REPUTATION = "reputation"  # suspended, or score below the ban line
     SLOTS = "slots"  # no free job slot
     EXECUTOR = "executor"
+    TOKEN = "token"  # noqa: S105 (a gate's name) the job is paid in a token the node names no floor for
     REGION = "region"
     GPU_COUNT = "gpu_count"  # fewer free GPUs than asked
     GPU_MODEL = "gpu_model"  # model not in the job's allowed list
     VRAM = "vram"  # per-GPU VRAM below the job's minimum
     CPU_CORES = "cpu_cores"
     RAM = "ram"
-    PRICE = "price"  # node's floor above the job's offered price
+    PRICE = "price"  # node's floor (in the job's currency) above the job's offered price
     DISK = "disk"
     EXCLUDED = "excluded"  # the job must not go back to this node
 
@@ -105,6 +110,9 @@ class NodeCapacity:
     (:func:`scheduler.matching.reputation.score`); ``suspended`` takes the node out of matching
     whatever its score (the reputation exclusion rule, or an operator). ``images`` are the
     pinned image references the node has cached: a preference in the rank, never a gate.
+    ``price_floors`` are its floors for jobs paid in ERC-20 tokens (checksummed token address ->
+    the token's smallest units per GPU-hour); it takes ETH jobs at ``price_floor_wei_per_hour``
+    and token jobs only in the tokens named here.
     """
 
     node_id: str
@@ -119,9 +127,11 @@ class NodeCapacity:
     reputation: float = 0.5
     suspended: bool = False
     images: frozenset[str] = frozenset()
+    price_floors: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check(bool(self.node_id), "node_id must not be empty")
+        _check(all(v >= 0 for v in self.price_floors.values()), "floors must not be negative")
         _check(bool(self.region), "region must not be empty")
         _check(self.price_floor_wei_per_hour >= 0, "price floor must not be negative")
         _check(self.cpu_cores > 0, "cpu_cores must be positive")
@@ -159,6 +169,9 @@ class JobRequirements:
     job-hour when ``gpu_count`` is 0). ``excluded_node_ids`` are nodes the job must not go to
     (for example the node that lost its lease). ``image`` is the Docker job's pinned image:
     among nodes that fit equally well, one that has it cached ranks first (no pull).
+    ``token`` is the (checksummed) address of the ERC-20 the job is paid in, ``None`` for ETH;
+    for a token job ``max_price_wei_per_hour`` is in that token's smallest units and only nodes
+    with a floor for it can take the job.
     """
 
     job_id: str
@@ -173,6 +186,7 @@ class JobRequirements:
     max_price_wei_per_hour: int = 0
     excluded_node_ids: frozenset[str] = field(default_factory=frozenset)
     image: str | None = None
+    token: str | None = None
 
     def __post_init__(self) -> None:
         _check(bool(self.job_id), "job_id must not be empty")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from gridmarket.tiers import vram_class
@@ -73,6 +73,8 @@ class NodeLike(Protocol):
     def free_slots(self) -> int: ...
     @property
     def images(self) -> frozenset[str]: ...
+    @property
+    def price_floors(self) -> Mapping[str, int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,15 @@ class NodeView:
     free_slots: int
     jobs: frozenset[str] = frozenset()
     images: frozenset[str] = frozenset()
+    price_floors: Mapping[str, int] = field(default_factory=dict)
+
+
+def floor_for(node: NodeLike, job: JobRequirements) -> int | None:
+    """``node``'s price floor in the currency ``job`` is paid in (ETH's, or its floor for the
+    job's token); None when it names no floor for that token (it does not take the job)."""
+    if job.token is None:
+        return node.price
+    return node.price_floors.get(job.token)
 
 
 def first_failed_gate(node: NodeLike, job: JobRequirements, *, ban_below: float) -> Gate | None:
@@ -106,6 +117,9 @@ def first_failed_gate(node: NodeLike, job: JobRequirements, *, ban_below: float)
         return Gate.SLOTS
     if job.executor not in node.executors:
         return Gate.EXECUTOR
+    floor = node.price if job.token is None else node.price_floors.get(job.token)
+    if floor is None:
+        return Gate.TOKEN
     if job.region is not None and node.region != job.region:
         return Gate.REGION
     if node.free_gpus < g:
@@ -118,7 +132,7 @@ def first_failed_gate(node: NodeLike, job: JobRequirements, *, ban_below: float)
         return Gate.CPU_CORES
     if node.free_ram_mib < job.ram_mib:
         return Gate.RAM
-    if node.price > job.max_price_wei_per_hour:
+    if floor > job.max_price_wei_per_hour:
         return Gate.PRICE
     if node.free_disk_mib < job.disk_mib:
         return Gate.DISK
@@ -153,7 +167,7 @@ def rank_key(node: NodeLike, job: JobRequirements) -> RankKey:
         size_class(node.free_ram_mib) - size_class(job.ram_mib),
         -node.speed,
         needs_pull(node, job),
-        node.price,
+        node.price if job.token is None else node.price_floors.get(job.token, 0),
         -node.reputation,
         node.node_id,
     )
@@ -191,21 +205,23 @@ class WhyNot:
     """Why no node can take a job now: each node counted once, under the first gate it fails.
 
     ``top_gate`` is the gate that eliminated the most nodes (ties: earlier gate), ``None`` when
-    no node is registered at all.
+    no node is registered at all. ``token``: the ERC-20 the job is paid in (None: ETH).
     """
 
     job_id: str
     total_nodes: int
     eligible: int
     eliminated: Mapping[Gate, int]
+    token: str | None = None
 
     @property
     def top_gate(self) -> Gate | None:
         counts = [(n, -i, g) for i, (g, n) in enumerate(self.eliminated.items()) if n]
         return max(counts)[2] if counts else None
 
-    def message(self) -> str:
-        """One line a submitter can act on."""
+    def message(self, symbols: Mapping[str, str] | None = None) -> str:
+        """One line a submitter can act on. ``symbols``: token address -> symbol, to name the
+        job's token (else it is named by its address)."""
         if self.total_nodes == 0:
             return "no node is registered"
         if self.eligible:
@@ -213,6 +229,13 @@ class WhyNot:
         parts = ", ".join(f"{g.value}: {n}" for g, n in self.eliminated.items() if n)
         top = self.top_gate
         assert top is not None
+        if top is Gate.TOKEN and self.token is not None:
+            symbol = (symbols or {}).get(self.token, self.token)
+            return (
+                f"waiting: no node takes {symbol}: {self.eliminated[top]} of "
+                f"{self.total_nodes} name no {symbol} price floor (the job is paid in {symbol}); "
+                f"{parts}"
+            )
         return (
             f"waiting: no node passes every gate; {top.value} eliminates the most "
             f"({self.eliminated[top]} of {self.total_nodes}); {parts}"

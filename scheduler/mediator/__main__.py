@@ -66,7 +66,16 @@ def parser() -> argparse.ArgumentParser:
         "--rerun-max-bounty-wei",
         type=int,
         default=None,
-        help="the most one re-run may cost (default: the disputed job's bounty, no cap)",
+        help="the most one re-run of an ETH job may cost (default: the disputed job's "
+        "bounty, no cap)",
+    )
+    run.add_argument(
+        "--rerun-max-bounty-token",
+        type=int,
+        default=None,
+        help="the most one re-run of a job paid in a token may cost, in that token's smallest "
+        "units (the re-run is paid in the job's token from the mediator's balance of it; "
+        "default: no cap)",
     )
     run.add_argument("--log-level", default="INFO")
     return p
@@ -95,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             rerun_min_s=args.rerun_min,
             rerun_poll_s=args.rerun_poll,
             rerun_max_bounty_wei=args.rerun_max_bounty_wei,
+            rerun_max_bounty_token=args.rerun_max_bounty_token,
         )
         mediator = Mediator.connect(
             args.rpc_url, args.deployment, key, args.ipfs_api, args.state, config

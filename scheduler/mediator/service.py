@@ -42,11 +42,14 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_utils.address import to_checksum_address
 from eth_utils.crypto import keccak
+from hexbytes import HexBytes
+from web3.exceptions import TransactionNotFound
 
 from gridmarket.chain import ChainError, Deployment, EscrowClient, Event
 from gridmarket.cid import CidError, same_cid
 from gridmarket.escrow import (
     JOB_EVENTS,
+    ZERO_ADDRESS,
     InvalidText,
     JobState,
     Status,
@@ -59,7 +62,7 @@ from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import MAX_EXCLUDED, MAX_SPEC_BYTES, JobLimits, JobSpec
 from scheduler.chain.retry import RetryPolicy, describe, is_transient
 from scheduler.chain.watcher import ChainWatcher
-from scheduler.mediator.state import MediatorState, Rerun, Task
+from scheduler.mediator.state import MediatorState, Rerun, Task, pos_of
 from scheduler.verify import VerdictCode, verify_output
 
 __all__ = ["CHECK", "DISPUTE", "TIE", "Decision", "Mediator", "MediatorConfig", "MediatorError"]
@@ -127,8 +130,13 @@ class MediatorConfig:
     rerun_poll_s: float = 5.0
     """How often a dispute waiting for its re-run looks at the re-run's state."""
     rerun_max_bounty_wei: int | None = None
-    """The most this mediator pays for one re-run (it offers the disputed job's own bounty, the
-    price the market already accepted); None: no cap. Over it: integrity only."""
+    """The most this mediator pays for one re-run of a job paid in ETH (it offers the disputed
+    job's own bounty, the price the market already accepted); None: no cap. Over it: integrity
+    only."""
+    rerun_max_bounty_token: int | None = None
+    """The same for a job paid in an ERC-20 token (escrow v4): the re-run is paid in the job's
+    token, from this mediator's own balance of it (a permit in the same transaction), so the cap
+    is in that token's smallest units, whatever the token; None: no cap."""
 
     def __post_init__(self) -> None:
         if self.fetch_attempts < 1:
@@ -225,6 +233,7 @@ class Mediator:
             confirmations=self.config.confirmations,
             batch_blocks=self.config.batch_blocks,
             poll_interval_s=self.config.poll_interval_s,
+            reorgs=self,
         )
         self.counters: Counter[str] = Counter()
         """Events folded, jobs ignored, events refused, checks by verdict, rulings..."""
@@ -331,10 +340,24 @@ class Mediator:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # ------------------------------------------------------------------ reorgs
+    def checkpoints(self) -> list[tuple[int, str]]:
+        """The watcher's reorg checkpoints (:class:`scheduler.chain.ReorgStore`)."""
+        return self.state.checkpoints()
+
+    def rollback(self, fork_block: int, read: Any) -> list[str]:
+        """Undo what a reorg removed (:meth:`MediatorState.rollback`); this mediator's own
+        transactions after the fork may be gone too, so its nonce is read from the chain again."""
+        changed = self.state.rollback(fork_block, read)
+        self.client.forget_nonce(self.address)
+        self.counters["reorgs"] += 1
+        return changed
+
     # ------------------------------------------------------------------ events
-    def _sink(self, events: list[Event], through: int) -> None:
-        """Fold ``events`` and move the cursor to ``through``, in one transaction. An event that
-        does not fold is logged, counted and skipped: no event stops the mediator."""
+    def _sink(self, events: list[Event], through: int, block_hash: str | None = None) -> None:
+        """Fold ``events`` and move the cursor to ``through`` (keeping ``block_hash``, its hash,
+        as a reorg checkpoint), in one transaction. An event that does not fold is logged,
+        counted and skipped: no event stops the mediator."""
         with self.state.batch():
             for event in events:
                 try:
@@ -352,6 +375,8 @@ class Mediator:
                         _one_line(repr(exc))[:300],
                     )
             self.state.set_cursor(through)
+            if block_hash is not None:
+                self.state.set_checkpoint(through, block_hash)
 
     def _fold(self, event: Event) -> None:
         if event.name not in JOB_EVENTS:
@@ -369,7 +394,8 @@ class Mediator:
             if known is None:
                 return  # another mediator's job
             state = apply_event(known, event.name, event.args)
-        self.state.put_job(state)
+        created = event.block if event.name == "JobCreated" else None
+        self.state.put_job(state, pos_of(event.block, event.log_index), created)
         self.counters["events_folded"] += 1
         attempt = state.job.attempt
         if event.name == "ResultSubmitted":
@@ -401,6 +427,10 @@ class Mediator:
     def work(self, stop: threading.Event | None = None) -> int:
         """Run every check that is due; the number run. Errors put a check back with backoff."""
         done = 0
+        try:
+            self._lost_rulings()
+        except Exception as exc:  # the node: try again at the next poll
+            log.warning("mediator: could not look up its sent rulings: %s", describe(exc))
         for task in self.state.due_tasks(time.time()):
             if stop is not None and stop.is_set():
                 break
@@ -428,6 +458,41 @@ class Mediator:
                     )
             done += 1
         return done
+
+    def _lost_rulings(self) -> None:
+        """A ruling sent (mined: its receipt came back) whose ``Ruled`` event never folded in,
+        while the job is still open at that attempt, may have been reorged out before this
+        mediator saw it: if the node knows the transaction neither mined nor pending, the ruling
+        is decided again (the escrow refuses a second one should the first come back)."""
+        for ruling in self.state.sent_rulings():
+            state = self.state.job(ruling.job_id)
+            kind = {Status.SUBMITTED: CHECK, Status.DISPUTED: DISPUTE}.get(
+                state.status if state is not None else Status.NONE
+            )
+            if state is None or kind is None or state.job.attempt != ruling.attempt:
+                continue  # moved on: the Ruled event folds in (or the job is gone)
+            if ruling.tx_hash is None or self._known_tx(ruling.tx_hash):
+                continue
+            note = f"its ruling {ruling.tx_hash} is no longer on the chain (reorg): decided again"
+            log.warning(
+                "mediator: job 0x%s attempt %d: %s", ruling.job_id.hex(), ruling.attempt, note
+            )
+            self.client.forget_nonce(self.address)
+            self.state.decide_again(ruling.job_id, ruling.attempt, kind, note)
+            self.counters["rulings_lost"] += 1
+
+    def _known_tx(self, tx_hash: str) -> bool:
+        """Whether the node has the transaction, mined or in its pool."""
+        for lookup in (
+            self.client.w3.eth.get_transaction_receipt,
+            self.client.w3.eth.get_transaction,
+        ):
+            try:
+                lookup(HexBytes(tx_hash))
+                return True
+            except TransactionNotFound:
+                continue
+        return False
 
     def _handle(self, task: Task) -> None:
         state = self.state.job(task.job_id)
@@ -619,13 +684,15 @@ class Mediator:
             )
             return
         bounty = state.job.bounty
-        cap = self.config.rerun_max_bounty_wei
+        in_eth = state.job.token == ZERO_ADDRESS
+        cap = self.config.rerun_max_bounty_wei if in_eth else self.config.rerun_max_bounty_token
         if cap is not None and bounty > cap:
+            unit = "wei" if in_eth else f"units of token {state.job.token}"
             self._integrity_only(
                 task,
                 state,
                 intact,
-                f"a re-run would cost {bounty} wei, over this mediator's cap {cap}",
+                f"a re-run would cost {bounty} {unit}, over this mediator's cap {cap}",
             )
             return
         self._fund_rerun(task, state, spec, closes)
@@ -680,12 +747,14 @@ class Mediator:
         on_unfunded: Callable[[str], None] | None = None,
     ) -> None:
         """Send the re-run's ``createJob`` (again, after a crash: the fixed salt makes a second
-        one revert), then wait for its result."""
+        one revert), then wait for its result. A job paid in a token is re-run in that token
+        (``createJobWith`` after this mediator's permit, one transaction)."""
         if int(self.client.call("statusOf", rerun.rerun_id)) == Status.NONE:
             terms = Terms(
                 mediator=self.address,
                 collateral=int(self.client.call("minCollateral", rerun.bounty)),
                 flags=0,
+                token=state.job.token,
             )
             try:
                 _, sent = self.client.create_job(
@@ -715,12 +784,13 @@ class Mediator:
         self.state.set_rerun(task.job_id, task.attempt, FUNDED, f"{rerun.note}; funded in {tx}")
         self.counters["reruns_funded"] += 1
         log.info(
-            "mediator: job 0x%s attempt %d disputed: re-run 0x%s funded (%d wei, deadline %d, "
+            "mediator: job 0x%s attempt %d disputed: re-run 0x%s funded (%d %s, deadline %d, "
             "spec %s) in %s; %s",
             task.job_id.hex(),
             task.attempt,
             rerun.rerun_id.hex(),
             rerun.bounty,
+            "wei" if state.job.token == ZERO_ADDRESS else f"of token {state.job.token}",
             rerun.deadline,
             rerun.spec_cid,
             tx,

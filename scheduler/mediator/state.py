@@ -3,11 +3,15 @@ the checks it still owes, every ruling it decided, and the re-run it funded for 
 (docs/mediator.md).
 
 The fold of a batch of events and the cursor move together in one transaction, so a crash
-between batches re-delivers only what was not committed. The ``rulings`` row of a job attempt is
-written before the transaction is sent: it is how the mediator never rules twice. The ``reruns``
-row of a disputed job attempt is written before its ``createJob`` is sent, with the re-run's job
-id (fixed in advance by a salt derived from the disputed job and attempt): it is how a restarted
-mediator never funds a second re-run for the same dispute.
+between batches re-delivers only what was not committed. With the cursor it keeps the hash of each
+batch's last block (the newest :data:`KEEP_BLOCKS`), so the chain watcher can tell a reorg and
+:meth:`MediatorState.rollback` can undo what the reorg removed (docs/mediator.md "Reorgs").
+
+The ``rulings`` row of a job attempt is written before the transaction is sent: it is how the
+mediator never rules twice. The ``reruns`` row of a disputed job attempt is written before its
+``createJob`` is sent, with the re-run's job id (fixed in advance by a salt derived from the
+disputed job and attempt): it is how a restarted mediator never funds a second re-run for the
+same dispute.
 """
 
 from __future__ import annotations
@@ -22,9 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gridmarket.escrow import InvalidText, Job, JobState, Status
+from gridmarket.escrow import (
+    JOB_EVENTS,
+    ZERO_ADDRESS,
+    InvalidText,
+    Job,
+    JobState,
+    Status,
+    apply_event,
+)
 
 __all__ = [
+    "KEEP_BLOCKS",
     "MediatorState",
     "Rerun",
     "Ruling",
@@ -36,7 +49,16 @@ __all__ = [
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS jobs (job_id TEXT PRIMARY KEY, state TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    pos INTEGER NOT NULL DEFAULT 0,           -- the last folded event: block * 100000 + log index
+    created_block INTEGER NOT NULL DEFAULT 0  -- the block of its JobCreated
+);
+CREATE TABLE IF NOT EXISTS blocks (         -- the watcher's checkpoints (reorgs)
+    block INTEGER PRIMARY KEY,
+    hash TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS tasks (
     job_id TEXT NOT NULL,
     attempt INTEGER NOT NULL,
@@ -71,6 +93,16 @@ CREATE TABLE IF NOT EXISTS reruns (
     PRIMARY KEY (job_id, attempt)
 );
 """
+
+
+KEEP_BLOCKS = 128
+"""How many checkpoints (the watcher's delivered batch ends) are kept: the deepest reorg that can
+be rolled back is about this many batches (blocks, once caught up)."""
+
+
+def pos_of(block: int, log_index: int) -> int:
+    """Total order of a log in the chain (the scheduler's ``scheduler.store.rows.pos_of``)."""
+    return block * 100_000 + log_index
 
 
 @dataclass(frozen=True)
@@ -156,6 +188,7 @@ def state_to_json(state: JobState) -> str:
                 "collateral": job.collateral,
                 "disputed_at": job.disputed_at,
                 "flags": job.flags,
+                "token": job.token,
             },
         },
         sort_keys=True,
@@ -167,6 +200,7 @@ def state_from_json(text: str) -> JobState:
     body = json.loads(text)
     job = dict(body["job"])
     job["result_digest"] = bytes.fromhex(job["result_digest"])
+    job.setdefault("token", ZERO_ADDRESS)  # a state file written before JobEscrow version 4
     spec = _untext(body["spec_cid"])
     return JobState(
         job_id=bytes.fromhex(body["job_id"]),
@@ -191,6 +225,10 @@ class MediatorState:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        for column in ("pos", "created_block"):  # a state file from before reorg handling
+            if column not in columns:
+                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
         self._depth = 0
         owner = f"{chain_id}:{escrow.lower()}"
         with self.batch():
@@ -255,17 +293,135 @@ class MediatorState:
             ).fetchone()
         return None if row is None else state_from_json(row[0])
 
-    def put_job(self, state: JobState) -> None:
+    def put_job(self, state: JobState, pos: int = 0, created_block: int | None = None) -> None:
+        """Store a job's fold; ``pos`` is the position of the event folded last
+        (:func:`pos_of`), ``created_block`` the block of its ``JobCreated`` (kept when None)."""
         with self.batch():
             self._db.execute(
-                "INSERT INTO jobs (job_id, state) VALUES (?, ?) "
-                "ON CONFLICT (job_id) DO UPDATE SET state = excluded.state",
-                (state.job_id.hex(), state_to_json(state)),
+                "INSERT INTO jobs (job_id, state, pos, created_block) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (job_id) DO UPDATE SET state = excluded.state, pos = excluded.pos, "
+                "created_block = CASE WHEN ? IS NULL THEN jobs.created_block "
+                "ELSE excluded.created_block END",
+                (
+                    state.job_id.hex(),
+                    state_to_json(state),
+                    pos,
+                    created_block or 0,
+                    created_block,
+                ),
             )
 
     def job_count(self) -> int:
         with self._lock:
             return int(self._db.execute("SELECT count(*) FROM jobs").fetchone()[0])
+
+    # ------------------------------------------------------------------ reorgs
+    def set_checkpoint(self, block: int, block_hash: str) -> None:
+        """Keep ``(block, hash)`` of a delivered batch's end (with the cursor, in its batch)."""
+        with self.batch():
+            self._db.execute("DELETE FROM blocks WHERE block >= ?", (block,))
+            self._db.execute("INSERT INTO blocks (block, hash) VALUES (?, ?)", (block, block_hash))
+            self._db.execute(
+                "DELETE FROM blocks WHERE block NOT IN "
+                "(SELECT block FROM blocks ORDER BY block DESC LIMIT ?)",
+                (KEEP_BLOCKS,),
+            )
+
+    def checkpoints(self) -> list[tuple[int, str]]:
+        """The kept ``(block, hash)`` of the watcher's delivered batch ends, oldest first."""
+        with self._lock:
+            rows = self._db.execute("SELECT block, hash FROM blocks ORDER BY block").fetchall()
+        return [(int(b), str(h)) for b, h in rows]
+
+    def rollback(self, fork_block: int, read: Any) -> list[str]:
+        """Undo what a reorg removed: everything after ``fork_block`` (which the chain still has).
+
+        Each job whose fold reached past it is folded again from its events up to it
+        (``read(first, last, topics)``: the watcher's reader); a job created after it is
+        forgotten with its checks and rulings. For the others (:meth:`_reopen`), the checks and
+        rulings that came from removed events are forgotten (handled again if those events are
+        mined again) and the check the refolded state owes is open again; a ruling of this
+        mediator whose ``Ruled`` the reorg removed is decided again (the escrow refuses a second
+        ruling if the first is mined again). A re-run whose ``JobCreated`` the reorg removed goes
+        back to ``funding`` (sent again only if the chain has no such job). Checkpoints after
+        ``fork_block`` go and the cursor moves to it, all in one transaction. Returns the ids
+        (hex) of the jobs changed.
+        """
+        first_gone = pos_of(fork_block + 1, 0)
+        with self._lock:
+            hit = self._db.execute(
+                "SELECT job_id, created_block FROM jobs WHERE pos >= ?", (first_gone,)
+            ).fetchall()
+        kept = {str(j): int(b) for j, b in hit if int(b) <= fork_block}
+        folded: dict[str, JobState] = {}
+        last_pos: dict[str, int] = {}
+        if kept:
+            ids = ["0x" + j for j in sorted(kept)]
+            for ev in read(min(kept.values()), fork_block, [None, ids]):
+                if ev.name not in JOB_EVENTS:
+                    continue
+                job_id = bytes(ev.args["jobId"]).hex()
+                if job_id not in kept or (job_id not in folded and ev.name != "JobCreated"):
+                    continue
+                folded[job_id] = apply_event(folded.get(job_id), ev.name, ev.args)
+                last_pos[job_id] = pos_of(ev.block, ev.log_index)
+        now = time.time()
+        with self.batch():
+            for job_id in (str(j) for j, _ in hit):
+                state = folded.get(job_id)
+                if state is None:  # created after the fork: the chain has no such job now
+                    for table in ("jobs", "tasks", "rulings"):
+                        self._db.execute(
+                            f"DELETE FROM {table} WHERE job_id = ?",  # noqa: S608
+                            (job_id,),
+                        )
+                    self._db.execute(  # sent again, unless the chain has such a job
+                        "UPDATE reruns SET status = 'funding', note = ? "
+                        "WHERE rerun_id = ? AND status IN ('funded', 'compared')",
+                        (f"its createJob was reorged out at block {fork_block}", job_id),
+                    )
+                    continue
+                self._db.execute(
+                    "UPDATE jobs SET state = ?, pos = ? WHERE job_id = ?",
+                    (state_to_json(state), last_pos[job_id], job_id),
+                )
+                self._reopen(job_id, state, fork_block, now)
+            self._db.execute("DELETE FROM blocks WHERE block > ?", (fork_block,))
+            self._set_meta("cursor", str(fork_block))
+        return [str(j) for j, _ in hit]
+
+    def _reopen(self, job_id: str, state: JobState, fork_block: int, now: float) -> None:
+        """The checks, rulings and re-runs of a job refolded to ``state`` by a rollback: what
+        came from events after the fork is forgotten, so the same events, mined again, are
+        handled again; the check the refolded state owes is open again (a check that finds
+        nothing to do, or a ruling the escrow refuses because the first one came back, ends it).
+        """
+        attempt = state.job.attempt
+        want = {Status.SUBMITTED: "check", Status.DISPUTED: "dispute"}.get(state.status, "")
+        open_result = state.status in (Status.ASSIGNED, Status.SUBMITTED, Status.DISPUTED)
+        # no ruling of the current attempt is on the chain while it is open
+        self._db.execute(
+            "DELETE FROM rulings WHERE job_id = ? AND (attempt > ? OR (attempt = ? AND ?))",
+            (job_id, attempt, attempt, int(open_result)),
+        )
+        self._db.execute(
+            "DELETE FROM tasks WHERE job_id = ? AND kind != 'tie' "
+            "AND (attempt > ? OR (attempt = ? AND kind != ? AND ?))",
+            (job_id, attempt, attempt, want, int(open_result)),
+        )
+        if want == "dispute":  # compare again with the re-run (its job is still on chain)
+            self._db.execute(
+                "UPDATE reruns SET status = 'funded', note = ? WHERE job_id = ? AND attempt = ? "
+                "AND status = 'compared'",
+                (f"compared again: reorg at block {fork_block}", job_id, attempt),
+            )
+        if want:
+            self._db.execute(
+                "INSERT INTO tasks (job_id, attempt, kind, due, note) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (job_id, attempt, kind) DO UPDATE SET done = 0, due = excluded.due, "
+                "note = excluded.note",
+                (job_id, attempt, want, now, f"reopened: reorg at block {fork_block}"),
+            )
 
     # ------------------------------------------------------------------ tasks
     def add_task(self, job_id: bytes, attempt: int, kind: str, due: float) -> None:
@@ -342,6 +498,30 @@ class MediatorState:
                 "upheld = excluded.upheld, reason = excluded.reason, "
                 "outcome = excluded.outcome, tx_hash = excluded.tx_hash",
                 (job_id.hex(), attempt, int(upheld), reason, outcome, tx_hash, time.time()),
+            )
+
+    def sent_rulings(self, limit: int = 50) -> list[Ruling]:
+        """Rulings sent whose ``Ruled`` event has not folded in yet, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT job_id, attempt, upheld, reason, outcome, tx_hash, at FROM rulings "
+                "WHERE outcome = 'sent' ORDER BY at LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [_ruling(r) for r in rows]
+
+    def decide_again(self, job_id: bytes, attempt: int, kind: str, note: str) -> None:
+        """Forget the ruling of a job attempt (its transaction is not on the chain) and open its
+        check again, at once."""
+        with self.batch():
+            self._db.execute(
+                "DELETE FROM rulings WHERE job_id = ? AND attempt = ?", (job_id.hex(), attempt)
+            )
+            self._db.execute(
+                "INSERT INTO tasks (job_id, attempt, kind, due, note) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (job_id, attempt, kind) DO UPDATE SET done = 0, due = excluded.due, "
+                "note = excluded.note",
+                (job_id.hex(), attempt, kind, time.time(), note),
             )
 
     # ------------------------------------------------------------------ re-runs

@@ -13,6 +13,7 @@ from eth_account.signers.local import LocalAccount
 
 from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.ipfs import IpfsStore
+from gridmarket.token import Token, by_address, tokens_of
 from gridmarket.wire import checksum
 from scheduler.chain import FeePolicy
 from scheduler.settings import Settings
@@ -41,6 +42,7 @@ class Replica:
         self.settings = settings
         self.store = store or Store(settings.database_url)
         self.deployment = Deployment.load(Path(settings.deployment_file))
+        self._tokens = tokens_of(self.deployment.tokens)
         self.chain = EscrowClient.connect(settings.rpc_url, self.deployment)
         key = settings.operator_key
         self.operator: LocalAccount | None = (
@@ -73,6 +75,17 @@ class Replica:
     @property
     def escrow(self) -> str:
         return self.deployment.escrow
+
+    @property
+    def tokens(self) -> dict[str, Token]:
+        """The currencies jobs may be paid in, by symbol: ETH and the deployment's listed
+        tokens (``Deployment.tokens``)."""
+        return self._tokens
+
+    def token(self, address: str) -> Token:
+        """The listed token at ``address`` (ETH for the zero address); an unlisted one is
+        named by its address."""
+        return by_address(self.tokens, address)
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n

@@ -142,6 +142,7 @@ class ChainStore(JobStore):
                     values: dict[str, Any] = {
                         "chain_status": int(state.status),
                         "chain_job": job_to_json(state),
+                        "token": state.job.token,
                         "chain_pos": last_pos[job_id],
                         "updated_at": now,
                     }
@@ -224,6 +225,7 @@ class ChainStore(JobStore):
                     .values(
                         chain_status=int(state.status),
                         chain_job=job_to_json(state),
+                        token=state.job.token,  # the same id may come back in another token
                         chain_pos=pos,
                         updated_at=now,
                     )
@@ -252,6 +254,7 @@ class ChainStore(JobStore):
                     queued_at=None,
                     chain_status=int(state.status),
                     chain_job=job_to_json(state),
+                    token=state.job.token,
                     chain_pos=pos,
                     output_cid=None,
                     node_id=None,

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, case, func, select, update
 
 from gridmarket.cid import CidError, same_cid
-from gridmarket.escrow import Status, seat_ids
+from gridmarket.escrow import ZERO_ADDRESS, Status, seat_ids
 from gridmarket.wire import JobSpec, ResultReport
 from scheduler import lifecycle
 from scheduler.lifecycle import Event, Fault, State
@@ -477,12 +477,18 @@ class JobStore(ReputationStore, OutboxStore):
             return to.value
 
     def _collateral_pending(
-        self, conn: Connection, wallet: str, but: str, as_of_block: int | None = None
+        self,
+        conn: Connection,
+        wallet: str,
+        but: str,
+        as_of_block: int | None = None,
+        token: str = ZERO_ADDRESS,
     ) -> int:
-        """Collateral of ``wallet``'s accepted jobs (other than ``but``) that the chain's
-        ``freeCollateralOf`` read at ``as_of_block`` does not count: those whose on-chain
-        ``assign`` is not folded yet, and (when the block is known) those it holds whose latest
-        event was folded from a later block (an assign mined between the read and this
+        """Collateral in ``token`` of ``wallet``'s accepted jobs paid in it (other than ``but``;
+        a stake in one token never covers a job in another) that the chain's
+        ``freeCollateralIn(wallet, token)`` read at ``as_of_block`` does not count: those whose
+        on-chain ``assign`` is not folded yet, and (when the block is known) those it holds whose
+        latest event was folded from a later block (an assign mined between the read and this
         transaction: counted nowhere else, so a fast node could promise the same stake twice).
         The second rule may count a job twice (it was locked at the block and moved on since):
         that refuses an offer too many, never lets one through that the chain would refuse."""
@@ -495,6 +501,7 @@ class JobStore(ReputationStore, OutboxStore):
                 jobs.c.acceptance.is_not(None),
                 jobs.c.chain_status.in_((int(Status.FUNDED), *holding)),
                 jobs.c.job_id != but,
+                jobs.c.token == token,
             )
         )
         total = 0
@@ -545,13 +552,13 @@ class JobStore(ReputationStore, OutboxStore):
         :class:`ConflictError` when the lease is not this node's, or not that attempt, or the
         chain moved on (another assignment: the offer no longer fits the chain).
 
-        ``free_collateral``: the wallet's ``freeCollateralOf`` as the chain said at block
-        ``as_of_block`` (assigns folded from later blocks are counted as pending too). The
-        collateral of the wallet's other accepted jobs whose ``assign`` is not mined yet is
-        not in it: it is taken off here, in the same transaction as the acceptance, and
-        :class:`ShortOfCollateralError` is raised when what is left does not cover this job
-        (so a fast node cannot accept more than its stake covers and have the chain refuse
-        the surplus assigns)."""
+        ``free_collateral``: the wallet's ``freeCollateralIn(wallet, job's token)`` as the chain
+        said at block ``as_of_block`` (assigns folded from later blocks are counted as pending
+        too). The collateral of the wallet's other accepted jobs in the same token whose
+        ``assign`` is not mined yet is not in it: it is taken off here, in the same transaction
+        as the acceptance, and :class:`ShortOfCollateralError` is raised when what is left does
+        not cover this job (so a fast node cannot accept more than its stake covers and have
+        the chain refuse the surplus assigns)."""
         with self.engine.begin() as conn:
             job = self._job(conn, job_id, lock=True)
             if job.node_id != node_id or job.state not in lifecycle.sources(Event.ACCEPTED):
@@ -576,13 +583,16 @@ class JobStore(ReputationStore, OutboxStore):
             if job.chain.job.replicas:
                 self._claim_seat(conn, job, wallet)
             if free_collateral is not None:
-                pending = self._collateral_pending(conn, wallet, job_id, as_of_block)
+                token = job.chain.job.token
+                pending = self._collateral_pending(conn, wallet, job_id, as_of_block, token)
                 needed = job.chain.job.collateral
                 if free_collateral - pending < needed:
+                    unit = "wei" if token == ZERO_ADDRESS else f"units of token {token}"
+                    how = "stake more" if token == ZERO_ADDRESS else "stakeToken more of it"
                     raise ShortOfCollateralError(
-                        f"{wallet} has {free_collateral} wei of free collateral on-chain, "
+                        f"{wallet} has {free_collateral} {unit} of free collateral on-chain, "
                         f"{pending} of it promised to accepted jobs not yet assigned; the job "
-                        f"locks {needed}: offer withdrawn (stake more, or finish other jobs)"
+                        f"locks {needed}: offer withdrawn ({how}, or finish other jobs)"
                     )
             self._outbox(
                 conn,

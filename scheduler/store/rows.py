@@ -217,6 +217,7 @@ class JobRow:
                 collateral=int(cj["collateral"]),
                 disputed_at=cj["disputed_at"],
                 flags=cj["flags"],
+                token=r.token,
             ),
             status=Status(r.chain_status),
             spec_cid=r.spec_cid,

@@ -21,6 +21,8 @@ from sqlalchemy import (
     Text,
 )
 
+from gridmarket.escrow import ZERO_ADDRESS
+
 metadata = MetaData(
     naming_convention={
         "ix": "ix_%(table_name)s_%(column_0_name)s",
@@ -91,6 +93,9 @@ jobs = Table(
     # the on-chain struct and status, folded from events (gridmarket.escrow.apply_event)
     Column("chain_status", Integer, nullable=False),
     Column("chain_job", JSON, nullable=False),
+    # what the job is paid in (the struct's ``token``: the zero address for ETH, else a listed
+    # ERC-20); every amount of the job, bounty_wei and chain_job's included, is in its units
+    Column("token", String(42), nullable=False, server_default=ZERO_ADDRESS),
     Column("chain_pos", BigInteger, nullable=False),  # block * 100_000 + log index last applied
     Column("output_cid", String(128), nullable=True),
     # the current lease

@@ -21,7 +21,6 @@ from devstack.anvil import free_port
 from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.deploy import EscrowParams, deploy_escrow
 from gridmarket.eip712 import sign_acceptance, sign_result
-from gridmarket.escrow import ZERO_ADDRESS, Job
 from gridmarket.wire import (
     API,
     JobSpec,
@@ -210,16 +209,7 @@ class Provider:
     ) -> httpx.Response:
         """Sign the EIP-712 acceptance of ``assignment`` from its terms (what the agent does)
         and post it; ``signer`` / ``attempt`` override the wallet and the attempt signed."""
-        t = JobTerms.model_validate(assignment["terms"])
-        job = Job(
-            submitter=ZERO_ADDRESS,
-            bounty=t.bounty_wei,
-            deadline=t.deadline,
-            fee_bps=t.fee_bps,
-            collateral=t.collateral_wei,
-            mediator=t.mediator,
-            flags=t.flags,
-        )
+        job = JobTerms.model_validate(assignment["terms"]).as_job()  # its token included
         n = assignment["attempt"] if attempt is None else attempt
         sig = sign_acceptance(
             signer or self.account,

@@ -140,15 +140,23 @@ def test_unauthenticated_endpoints_are_rate_limited_per_client(
         deployment,
         devnet,
         ipfs_daemon.api_addr,
-        rate_limit_per_s=2.0,
+        rate_limit_per_s=0.5,
         rate_limit_burst=5,
         rate_limit_exempt=[],
     ) as s:
-        time.sleep(3)  # the start-up's health polls came out of the same bucket
-        codes = [httpx.get(s.url + API.INFO, timeout=5).status_code for _ in range(8)]
-        assert codes[:5] == [200] * 5 and 429 in codes[5:]
+        time.sleep(10.5)  # the start-up's polls came out of the same bucket: full again
+        # one token every 2 s, so a slow machine refills at most a token or two meanwhile
+        codes: list[int] = []
+        t0 = time.monotonic()
         r = httpx.get(s.url + API.INFO, timeout=5)
-        assert r.status_code == 429
+        while True:
+            codes.append(r.status_code)
+            if r.status_code != 200 or len(codes) == 12:
+                break
+            r = httpx.get(s.url + API.INFO, timeout=5)
+        elapsed = time.monotonic() - t0
+        assert codes[:5] == [200] * 5 and codes[-1] == 429, codes
+        assert codes.count(200) <= 5 + int(0.5 * elapsed) + 1, (codes, elapsed)
         assert int(r.headers["retry-after"]) >= 1
         assert "too many requests from 127.0.0.1" in r.json()["detail"]
         quote = httpx.post(s.url + API.QUOTE, content=b"{}", headers=JSON, timeout=5)
@@ -162,7 +170,7 @@ def test_unauthenticated_endpoints_are_rate_limited_per_client(
             timeout=5,
         )
         assert heartbeat.status_code == 401
-        time.sleep(1.2)  # refilled at 2 per second
+        time.sleep(2.5)  # refilled at one token per 2 s
         assert httpx.get(s.url + API.INFO, timeout=5).status_code == 200
 
 

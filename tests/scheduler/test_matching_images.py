@@ -224,10 +224,12 @@ def test_advertised_images_are_bounded_in_count_length_and_form() -> None:
 
 
 def test_the_registration_digest_of_a_node_without_images_is_unchanged() -> None:
-    """Agents that advertise nothing sign the same digest as before images existed."""
+    """Agents that advertise nothing (no images, no token floors) sign the same digest as
+    before images and token floors existed."""
     plain = _capacity()
     doc = plain.model_dump(mode="json")
     assert doc.pop("images") == []
+    assert doc.pop("price_floors") == {}
     import hashlib
     import json
 

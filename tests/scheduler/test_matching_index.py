@@ -4,7 +4,8 @@ A hypothesis state machine adds, updates and removes nodes and claims and releas
 MatchingEngine; after every step, for a few jobs, the engine's match must be the node that
 ``reference_match`` (gates + rank over every node) picks, and its "why not" counts must be
 the first failed gate of every node. Small value domains make ties, shared buckets and class
-boundaries frequent.
+boundaries frequent. Nodes draw ERC-20 price floors and jobs a token to be paid in (escrow v4),
+so the currency buckets and the token gate are checked the same way.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ GPU_CHOICES = [
     ("rtx-3090", 24576),
     ("a100-80gb", 81920),
 ]
+TUSD = "0x" + "7a" * 20
+EURC = "0x" + "e0" * 20
+FLOOR_CHOICES = [{}, {}, {TUSD: 100}, {TUSD: 150, EURC: 40}, {EURC: 100}, {TUSD: 300}]
+"""Token floors (escrow v4): a token job goes only to the nodes with a floor in its token."""
 EXECUTOR_SETS = [
     frozenset({ExecutorKind.DOCKER}),
     frozenset({ExecutorKind.WASM}),
@@ -65,6 +70,7 @@ def capacities(draw: st.DrawFn, node_id: str) -> NodeCapacity:
         slots=draw(st.sampled_from([1, 1, 2, 3])),
         reputation=draw(st.sampled_from([0.1, 0.5, 0.5, 0.8, 0.9])),
         suspended=draw(st.integers(0, 9)) == 0,
+        price_floors=draw(st.sampled_from(FLOOR_CHOICES)),
     )
 
 
@@ -95,6 +101,7 @@ def jobs(draw: st.DrawFn) -> JobRequirements:
         region=draw(st.sampled_from([None, None, *REGIONS])),
         max_price_wei_per_hour=draw(st.sampled_from([40, 100, 149, 150, 1000])),
         excluded_node_ids=frozenset(draw(st.lists(st.sampled_from(NODE_IDS), max_size=2))),
+        token=draw(st.sampled_from([None, None, TUSD, EURC])),
     )
 
 

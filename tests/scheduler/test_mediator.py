@@ -25,9 +25,11 @@ from devstack.anvil import free_port
 from devstack.ipfs import IpfsDaemon
 from gridmarket.chain import Deployment, EscrowClient, Event
 from gridmarket.cid import bytes_cid
+from gridmarket.deploy import list_token
 from gridmarket.eip712 import sign_acceptance
 from gridmarket.escrow import JobState, Status
 from gridmarket.ipfs import IpfsStore
+from gridmarket.token import TokenClient
 from gridmarket.wire import JobLimits, JobSpec
 from scheduler.chain.retry import RetryPolicy
 from scheduler.mediator import (
@@ -715,3 +717,106 @@ def test_a_dispute_with_no_time_for_a_rerun_is_ruled_on_integrity_and_says_so(
         assert "integrity only: no time for a re-run" in d.reason
         assert med.state.reruns() == []
     assert jobs_funded_by(client, devnet.mediator.address) == []
+
+
+def test_a_token_job_is_ruled_in_its_token_across_a_restart(
+    devnet: Devnet, ipfs_daemon: IpfsDaemon, spec_cid: str, tmp_path: Path
+) -> None:
+    """A job paid in tUSD (escrow v4): the mediator's state keeps the job's token (the struct
+    it passes back to ``rule`` names it, else the escrow refuses the ruling), and the slashed
+    collateral goes to the submitter in tUSD."""
+    deployment, _ = fresh_escrow(devnet, challenge_window=3600, reassign_delay=60)
+    deployment = list_token(devnet.w3, devnet.owner, deployment, devnet.token)
+    client = EscrowClient(devnet.w3, deployment)
+    provider, submitter, token = devnet.providers[0], devnet.submitter, devnet.token
+    register_on_chain(client, provider)
+    client.stake_token(provider, token, 10 * 10**6)
+    bounty = 2 * 10**6  # 2 tUSD
+    terms = client.default_terms(bounty, submitter.address, token=token)
+    state, _ = client.create_job(
+        submitter, os.urandom(32), spec_cid, chain_now(client) + 3600, bounty, terms
+    )
+    assert state.job.token == token
+    acceptance = sign_acceptance(
+        provider, deployment.chain_id, client.address, state.job_id, 1, state.job
+    )
+    state, _ = client.call_job(devnet.operator, "assign", state, provider.address, acceptance)
+    escrow_call(client, provider, "submitResult", state.job_id, state.job.as_tuple(), INVALID_UTF8)
+    job = client.job_state(state.job_id)
+    assert job.status is Status.SUBMITTED and job.job.token == token
+    path = tmp_path / "m.db"
+    with mediator(devnet, deployment, ipfs_daemon, path) as med:
+        med.watcher.poll_once()  # it knows the result; stops before checking it
+        assert decision(med, job) is None
+    before = client.balance_of(submitter.address, token)
+    eth_before = client.balance_of(submitter.address)
+    with mediator(devnet, deployment, ipfs_daemon, path) as med:  # from its state file
+        until(med, lambda: decision(med, job) is not None, what="the ruling")
+        d = decision(med, job)
+        assert d is not None and d.verdict == "not upheld" and d.tx_hash is not None, d
+        assert status(client, job) is Status.FUNDED
+        assert client.balance_of(submitter.address, token) - before == job.job.collateral
+        assert client.balance_of(submitter.address) == eth_before
+
+
+def test_a_disputed_token_job_is_rerun_in_its_token_within_the_token_cap(
+    devnet: Devnet, ipfs_daemon: IpfsDaemon, store: IpfsStore, tmp_path: Path
+) -> None:
+    """A disputed deterministic job paid in tUSD: the re-run is funded in tUSD from the
+    mediator's own balance (its permit and createJobWith in one transaction), offers the same
+    bounty, and is capped by ``rerun_max_bounty_token``, not by the wei cap."""
+    deployment, _ = fresh_escrow(devnet, challenge_window=3600, reassign_delay=60)
+    deployment = list_token(devnet.w3, devnet.owner, deployment, devnet.token)
+    client = EscrowClient(devnet.w3, deployment)
+    token, submitter = devnet.token, devnet.submitter
+    TokenClient(devnet.w3, token).send(devnet.owner, "mint", devnet.mediator.address, 10**8)
+    for provider in devnet.providers[:2]:
+        register_on_chain(client, provider)
+        client.stake_token(provider, token, 10 * 10**6)
+    spec_cid = store.add_bytes(WASM_SPEC.to_bytes())
+    bounty = 2 * 10**6
+
+    def tusd_job(output: str) -> JobState:
+        provider = devnet.providers[0]
+        terms = client.default_terms(bounty, submitter.address, token=token)
+        state, _ = client.create_job(
+            submitter, os.urandom(32), spec_cid, chain_now(client) + 3600, bounty, terms
+        )
+        acceptance = sign_acceptance(
+            provider, deployment.chain_id, client.address, state.job_id, 1, state.job
+        )
+        state, _ = client.call_job(devnet.operator, "assign", state, provider.address, acceptance)
+        state, _ = client.call_job(provider, "submitResult", state, output)
+        # the dispute deposit is pulled in the job's token
+        TokenClient(devnet.w3, token).send(submitter, "approve", client.address, 10**9)
+        client.send(submitter, "dispute", state.job_id, state.job.as_tuple())
+        return state
+
+    capped = tusd_job(store.add_bytes(b"mean=1\n" + os.urandom(8)))
+    with mediator(
+        devnet,
+        deployment,
+        ipfs_daemon,
+        tmp_path / "capped.db",
+        rerun_max_bounty_wei=10**18,  # no bar for a tUSD job: another unit
+        rerun_max_bounty_token=bounty - 1,
+    ) as med:
+        until(med, lambda: decision(med, capped, "dispute") is not None, what="the ruling")
+        d = decision(med, capped, "dispute")
+        assert d is not None and d.verdict == "upheld", d
+        assert f"over this mediator's cap {bounty - 1}" in d.reason
+        assert f"units of token {token}" in d.reason
+        assert med.state.reruns() == []
+    job = tusd_job(store.add_bytes(b"mean=2\n" + os.urandom(8)))
+    balance = TokenClient(devnet.w3, token)
+    before = balance.balance_of(devnet.mediator.address)
+    with mediator(
+        devnet, deployment, ipfs_daemon, tmp_path / "m.db", rerun_max_bounty_token=bounty
+    ) as med:
+        until(med, lambda: bool(med.state.reruns()), what="the re-run")
+        (rerun,) = med.state.reruns()
+        assert (rerun.job_id, rerun.status) == (job.job_id, "funded"), rerun
+        funded = client.job_state(rerun.rerun_id)
+        assert funded.job.token == token and funded.job.bounty == bounty
+        assert funded.job.submitter == devnet.mediator.address
+        assert before - balance.balance_of(devnet.mediator.address) == bounty

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gridmarket.chain import EscrowClient
-from gridmarket.escrow import Status
+from gridmarket.escrow import ZERO_ADDRESS, Status
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import API, JobSpec
 
@@ -156,6 +156,7 @@ def test_long_poll_offer_accept_verify_and_settle(
         "mediator": chain.mediator,
         "flags": 1,
         "operator": devnet.operator.address,
+        "token": ZERO_ADDRESS,  # paid in ETH
     }
     time.sleep(0.5)
     assert chain_status(client, job_id) is Status.FUNDED
