@@ -8,14 +8,23 @@ that collateral) and the payment flags. :class:`AcceptancePolicy` checks an offe
 
 * the offer must be self-consistent (its terms' bounty and deadline are the offer's), for the
   escrow and chain the scheduler registered the node with, and not past its deadline;
-* the collateral must not exceed ``max_collateral_wei`` (no cap by default) nor, when the node
-  can read the chain, its free stake (``freeCollateralOf``: ``assign`` would revert anyway);
+* the price: what the job pays per GPU-hour (per job-hour without GPUs,
+  :func:`gridmarket.wire.offered_price_wei_per_hour`: its bounty over its timeout) in the job's
+  own token (``terms.token``; the zero address is ETH) must meet the node's floor in that token:
+  ``price_floor_wei_per_hour`` for ETH, ``price_floors`` (token address -> smallest units per
+  hour) for a listed ERC-20. A token the node has no floor for is never taken;
+* the collateral must not exceed ``max_collateral_wei`` (no cap by default; ETH jobs only: it
+  is in wei) nor, when the node can read the chain, its free stake in the job's token
+  (``freeCollateralIn(wallet, token)``: ``assign`` would revert anyway);
 * the mediator (who can slash the collateral):
 
   - never the node itself nor the job's operator (the contract refuses those too);
   - the job's own submitter ("self-mediated": the submitter could rule against any result and
-    keep the collateral) only with ``accept_self_mediated``. The submitter is read from the
-    chain (the job's ``JobCreated``) when the node has an RPC URL;
+    keep the collateral) only with ``accept_self_mediated``, or when that submitter is a mediator
+    the node accepts anyway (by the rules below): that is a mediator's re-run of a disputed job
+    (docs/mediator.md), and a mediator the node trusts to rule on other people's jobs gains
+    nothing over the provider by also funding one. The submitter is read from the chain (the
+    job's ``JobCreated``) when the node has an RPC URL;
   - ``accepted_mediators``, when set, is the whole list of mediators the node accepts;
   - otherwise any *listed* mediator: the one listed in the deployment file the node knows
     (``params.mediator``), or one the escrow's ``isListedMediator`` view confirms (with an
@@ -31,18 +40,25 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from gridmarket.eip712 import sign_acceptance
-from gridmarket.escrow import Job
-from gridmarket.wire import AcceptRequest, Assignment, JobTerms, checksum
+from gridmarket.escrow import ZERO_ADDRESS, Job
+from gridmarket.wire import (
+    AcceptRequest,
+    Assignment,
+    JobTerms,
+    checksum,
+    offered_price_wei_per_hour,
+)
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
     from gridmarket.chain import EscrowClient
+    from gridmarket.token import Token
 
 __all__ = [
     "AcceptancePolicy",
@@ -71,7 +87,7 @@ class ChainFacts(Protocol):
 
     def is_listed_mediator(self, mediator: str) -> bool: ...
 
-    def free_collateral_of(self, provider: str) -> int: ...
+    def free_collateral_of(self, provider: str, token: str = ZERO_ADDRESS) -> int: ...
 
 
 class EscrowFacts:
@@ -86,8 +102,8 @@ class EscrowFacts:
     def is_listed_mediator(self, mediator: str) -> bool:
         return bool(self.client.call("isListedMediator", checksum(mediator)))
 
-    def free_collateral_of(self, provider: str) -> int:
-        return int(self.client.call("freeCollateralOf", checksum(provider)))
+    def free_collateral_of(self, provider: str, token: str = ZERO_ADDRESS) -> int:
+        return self.client.free_collateral_of(checksum(provider), checksum(token))
 
 
 def terms_job(terms: JobTerms) -> Job:
@@ -113,6 +129,8 @@ class AcceptancePolicy:
 
     ``expected`` returns the ``(chain_id, escrow)`` the node registered with (the scheduler's
     ``/v1/info``), or None when unknown; ``chain`` reads the chain when the node has an RPC URL.
+    ``token_floors`` maps each token the node takes to its floor (smallest units per hour);
+    ``token_of`` names a token address for the reasons (symbol and units).
     """
 
     def __init__(
@@ -122,12 +140,18 @@ class AcceptancePolicy:
         accepted_mediators: Sequence[str] = (),
         accept_self_mediated: bool = False,
         max_collateral_wei: int | None = None,
+        price_floor_wei_per_hour: int = 0,
+        token_floors: Mapping[str, int] | None = None,
+        token_of: Callable[[str], Token] | None = None,
         deployment_mediator: str | None = None,
         chain: ChainFacts | None = None,
         expected: Callable[[], tuple[int, str] | None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.wallet = checksum(wallet)
+        self.price_floor_wei_per_hour = price_floor_wei_per_hour
+        self.token_floors = {checksum(k): v for k, v in (token_floors or {}).items()}
+        self.token_of = token_of
         self.accepted_mediators = frozenset(checksum(m) for m in accepted_mediators)
         self.accept_self_mediated = accept_self_mediated
         self.max_collateral_wei = max_collateral_wei
@@ -160,13 +184,18 @@ class AcceptancePolicy:
                 )
         if terms.deadline <= self.clock():
             return Decision(False, f"the deadline {terms.deadline} has passed")
+        token = checksum(terms.token)
+        is_eth = token == ZERO_ADDRESS
+        price = self._price(offer, token)
+        if not price.accept:
+            return price
         mediator = checksum(terms.mediator)
         if mediator == self.wallet:
             return Decision(False, "this node is the job's mediator")
         if mediator == checksum(terms.operator):
             return Decision(False, "the job's mediator is its operator")
         cap = self.max_collateral_wei
-        if cap is not None and terms.collateral_wei > cap:
+        if is_eth and cap is not None and terms.collateral_wei > cap:
             return Decision(
                 False, f"collateral {terms.collateral_wei} wei is over the cap of {cap} wei"
             )
@@ -174,22 +203,57 @@ class AcceptancePolicy:
         if not verdict.accept:
             return verdict
         if self.chain is not None:
-            free = self.chain.free_collateral_of(self.wallet)
-            if terms.collateral_wei > free:
+            free = self.chain.free_collateral_of(self.wallet, token)
+            if terms.collateral_wei > free and is_eth:
                 return Decision(
                     False,
                     f"collateral {terms.collateral_wei} wei is more than the free stake "
                     f"({free} wei)",
                 )
+            if terms.collateral_wei > free:
+                fmt, symbol = self._fmt(token), self._symbol(token)
+                return Decision(
+                    False,
+                    f"collateral {fmt(terms.collateral_wei)} is more than the free stake in "
+                    f"{symbol} ({fmt(free)})",
+                )
         return verdict
 
-    def _mediator(self, offer: Assignment, mediator: str) -> Decision:
-        if self.chain is not None:
-            job_id = bytes.fromhex(offer.job_id.removeprefix("0x"))
-            if checksum(self.chain.submitter_of(job_id)) == mediator:
-                if self.accept_self_mediated:
-                    return Decision(True, "self-mediated job (accept_self_mediated)")
-                return Decision(False, f"the mediator {mediator} is the job's submitter")
+    def _price(self, offer: Assignment, token: str) -> Decision:
+        """The job's price per hour in its token against the node's floor in that token."""
+        rate = offered_price_wei_per_hour(offer.terms.bounty_wei, offer.spec)
+        if token == ZERO_ADDRESS:
+            floor = self.price_floor_wei_per_hour
+            if rate < floor:
+                return Decision(
+                    False,
+                    f"pays {rate} wei per hour, under the floor of {floor} wei per hour",
+                )
+            return Decision(True, "price")
+        symbol = self._symbol(token)
+        token_floor = self.token_floors.get(token)
+        if token_floor is None:
+            return Decision(False, f"no floor for {symbol} (price_floors): not taking {symbol}")
+        if rate < token_floor:
+            fmt = self._fmt(token)
+            return Decision(
+                False,
+                f"pays {fmt(rate)} per hour, under the floor of {fmt(token_floor)} per hour",
+            )
+        return Decision(True, "price")
+
+    def _symbol(self, token: str) -> str:
+        return self.token_of(token).symbol if self.token_of is not None else token
+
+    def _fmt(self, token: str) -> Callable[[int], str]:
+        if self.token_of is not None:
+            return self.token_of(token).fmt
+        return lambda units: f"{units} units of {token}"
+
+    def _trusted(self, mediator: str) -> Decision | None:
+        """Whether the node accepts ``mediator`` to rule on its results (``accepted_mediators``,
+        else the deployment's, else listed on-chain); None when it cannot tell (no list, not
+        the deployment's, no RPC URL)."""
         if self.accepted_mediators:
             if mediator in self.accepted_mediators:
                 return Decision(True, f"mediator {mediator} is in accepted_mediators")
@@ -200,6 +264,24 @@ class AcceptancePolicy:
             if self.chain.is_listed_mediator(mediator):
                 return Decision(True, f"mediator {mediator} is listed on-chain")
             return Decision(False, f"mediator {mediator} is not listed on-chain")
+        return None
+
+    def _mediator(self, offer: Assignment, mediator: str) -> Decision:
+        if self.chain is not None:
+            job_id = bytes.fromhex(offer.job_id.removeprefix("0x"))
+            if checksum(self.chain.submitter_of(job_id)) == mediator:
+                if self.accept_self_mediated:
+                    return Decision(True, "self-mediated job (accept_self_mediated)")
+                trusted = self._trusted(mediator)
+                if trusted is not None and trusted.accept:
+                    return Decision(
+                        True,
+                        f"the mediator's own job (a re-run of a dispute): {trusted.reason}",
+                    )
+                return Decision(False, f"the mediator {mediator} is the job's submitter")
+        trusted = self._trusted(mediator)
+        if trusted is not None:
+            return trusted
         log.warning(
             "job %s: cannot check that mediator %s is a listed one (no rpc_url); accepting",
             offer.job_id[:10],

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from agent.hardware import HardwareReport
     from agent.onchain import ResultGuard
     from agent.storage.ipfs import AgentIpfsStore
+    from gridmarket.chain import EscrowClient
 
 __all__ = [
     "ChainDuties",
@@ -34,6 +35,7 @@ __all__ = [
     "chain_duties",
     "executor_owner",
     "node_session",
+    "stake_tokens_at_start",
 ]
 
 log = logging.getLogger(__name__)
@@ -145,6 +147,7 @@ def build_agent(
     client = node_session(config, account, node_capacity(config, report, kinds))
     runner = build_runner(config, account, kinds, steps=steps)
     chain = chain_duties(config, account, client)
+    stake_tokens_at_start(config, account, chain.escrow)
     return Agent(
         client,
         runner,
@@ -164,11 +167,36 @@ def build_agent(
     )
 
 
+def stake_tokens_at_start(
+    config: AgentConfig, account: LocalAccount, escrow: EscrowClient | None
+) -> None:
+    """``run``'s start: bring the stakes of ``stake_tokens`` up to their amounts when below
+    (:func:`agent.signup.top_up_token_stakes`; nothing is sent when they are there), so that an
+    agent restarted after a slash, or with a raised target, keeps the collateral its token jobs
+    lock. A failure is logged and the node serves on: a token job whose collateral its free
+    stake cannot cover is declined by the acceptance policy."""
+    if not config.token_stakes:
+        return
+    if escrow is None:
+        log.warning("stake_tokens is set but rpc_url is not: the token stakes are not checked")
+        return
+    from agent.signup import top_up_token_stakes
+
+    try:
+        done = top_up_token_stakes(escrow, account, config.token_stakes, config.token)
+    except Exception as exc:  # TokenStakeError, an RPC error: serve on, say why
+        log.error("token stake not topped up: %s", exc)
+        return
+    for stake in done:
+        log.info("%s", stake.line())
+
+
 @dataclass
 class ChainDuties:
     """What the daemon does with the chain (all optional but the policy): see agent.onchain."""
 
     policy: AcceptancePolicy
+    escrow: EscrowClient | None = None
     submit_on_chain: Callable[[str, ResultReport], str | None] | None = None
     guard: ResultGuard | None = None
     finalize: Callable[[], object] | None = None
@@ -176,8 +204,9 @@ class ChainDuties:
 
 def chain_duties(config: AgentConfig, account: LocalAccount, client: NodeSession) -> ChainDuties:
     """The acceptance policy, and with ``rpc_url`` and ``deployment`` the on-chain submitter,
-    the result guard and the finalizer, sharing one escrow client (one nonce cache)."""
-    from gridmarket.chain import ChainError, Deployment, EscrowClient
+    the result guard and the finalizer, sharing one escrow client (one nonce cache). Without
+    ``rpc_url`` web3 is never imported (~18 MB of RSS, docs/agent.md "Footprint")."""
+    from gridmarket.deployment import ChainError, Deployment
 
     deployment = Deployment.load(config.deployment) if config.deployment is not None else None
 
@@ -187,6 +216,8 @@ def chain_duties(config: AgentConfig, account: LocalAccount, client: NodeSession
 
     escrow: EscrowClient | None = None
     if config.rpc_url is not None and deployment is not None:
+        from gridmarket.chain import EscrowClient
+
         try:
             escrow = EscrowClient.connect(config.rpc_url, deployment)
         except ChainError:
@@ -199,11 +230,14 @@ def chain_duties(config: AgentConfig, account: LocalAccount, client: NodeSession
         accepted_mediators=config.accepted_mediators,
         accept_self_mediated=config.accept_self_mediated,
         max_collateral_wei=config.max_collateral_wei,
+        price_floor_wei_per_hour=config.price_floor_wei_per_hour,
+        token_floors=config.token_floors,
+        token_of=config.token,
         deployment_mediator=mediator if isinstance(mediator, str) else None,
         chain=EscrowFacts(escrow) if escrow is not None else None,
         expected=expected,
     )
-    duties = ChainDuties(policy)
+    duties = ChainDuties(policy, escrow)
     if escrow is None:
         return duties
     from agent.onchain import (

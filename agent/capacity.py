@@ -1,6 +1,7 @@
 """What this node can offer: which executors can run here (probed at start) and the capacity
-it registers with (hardware, configuration, free disk measured at each registration, and the
-images its Docker engine has cached, sent again with each heartbeat)."""
+it registers with (hardware, configuration and price floors, ETH's and per token, free disk
+measured at each registration, and the images its Docker engine has cached, sent again with
+each heartbeat)."""
 
 from __future__ import annotations
 
@@ -238,6 +239,8 @@ def node_capacity(
 ) -> CapacitySource:
     """What this node offers, as a function: free disk is measured again at each call.
 
+    Its price floors: ``price_floor_wei_per_hour`` for ETH jobs, and ``price_floors`` (token
+    address -> the token's smallest units per hour) for the listed tokens it takes.
     One GPU model per node (the wire's rule): the largest group of identical GPUs is offered.
     A node serving Docker jobs advertises the images its engine has (``images``, default a
     :class:`CachedImages` on ``config.docker_host``).
@@ -267,6 +270,7 @@ def node_capacity(
             disk_mib=_free_disk_mib(config.work_dir),
             region=region,
             price_floor_wei_per_hour=config.price_floor_wei_per_hour,
+            price_floors=config.token_floors,
             executors=list(executors),
             slots=config.slots,
             images=cached,

@@ -215,7 +215,9 @@ def register(
         Path | None, typer.Option(help="deployment JSON of the escrow (for --stake)")
     ] = None,
 ) -> None:
-    """Sign this node's registration and send it to the scheduler; print the node id."""
+    """Sign this node's registration and send it to the scheduler; print the node id. With
+    ``stake_tokens`` in the configuration, also bring the wallet's stake in each token up to its
+    amount (permit and stakeToken in one transaction each)."""
     from agent.assembly import node_session
     from agent.capacity import node_capacity, usable_executors
     from agent.client import agent_version
@@ -249,6 +251,9 @@ def register(
         ).encode()
         tx = stake_on_chain(config, account, wei, metadata)
         typer.echo(f"registered on-chain with {stake} ETH staked (tx {tx})")
+    if config.token_stakes:
+        for line in _stake_tokens(config, account):
+            typer.echo(line)
     with node_session(config, account, capacity) as client:
         registration = client.register()
     save_node(config, registration, account.address)
@@ -400,6 +405,23 @@ def _escrow(config: AgentConfig) -> EscrowClient:
         raise CliError(f"the chain at {config.rpc_url} does not answer: {one_line(exc)}") from None
 
 
+def _stake_tokens(config: AgentConfig, account: LocalAccount) -> list[str]:
+    """``stake_tokens`` topped up on-chain (register's step); one line per token."""
+    from agent.signup import TokenStakeError, top_up_token_stakes
+
+    if config.rpc_url is None:
+        raise CliError(
+            "stake_tokens needs the chain: set rpc_url (--rpc-url or GRIDMARKET_AGENT_RPC_URL)"
+        )
+    escrow = _escrow(config)
+    with _chain_errors("staking tokens"):
+        try:
+            done = top_up_token_stakes(escrow, account, config.token_stakes, config.token)
+        except TokenStakeError as exc:
+            raise CliError(str(exc)) from None
+    return [stake.line() for stake in done]
+
+
 @contextlib.contextmanager
 def _chain_errors(what: str) -> Iterator[None]:
     """A chain failure inside the block becomes one CliError line."""
@@ -430,7 +452,8 @@ def earnings(
     rpc_url: RpcUrl = None,
     deployment: DeploymentFile = None,
 ) -> None:
-    """What the wallet earned (per job, per day), pending results, stake and balance."""
+    """What the wallet earned (per job, per day), pending results, stake and balance, in ETH and
+    in each listed token."""
     from agent.earnings import earnings as read_earnings
     from gridmarket.keystore import keystore_address
     from gridmarket.wire import checksum
@@ -461,13 +484,19 @@ def withdraw(
     to: Annotated[
         str | None, typer.Option(help="send to this address (withdrawTo) instead of the wallet")
     ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(help="the currency: ETH (default), a listed token's symbol, or an address"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON (wei as strings)")] = False,
     rpc_url: RpcUrl = None,
     deployment: DeploymentFile = None,
 ) -> None:
-    """Send the wallet's whole escrow balance (payouts, unstaked stake) to it or to --to."""
-    from agent.earnings import NothingToWithdrawError
+    """Send the wallet's whole escrow balance in ETH or --token (payouts, unstaked stake) to it
+    or to --to."""
+    from agent.earnings import NothingToWithdrawError, token_named
     from agent.earnings import withdraw as send_withdrawal
+    from gridmarket.token import ETH_TOKEN
     from gridmarket.wire import checksum
 
     setup_logging(_opts(ctx).verbose, default=logging.WARNING)
@@ -477,10 +506,15 @@ def withdraw(
         target = checksum(to) if to is not None else None
     except ValueError as exc:
         raise CliError(f"--to: {exc}") from None
+    with _chain_errors("reading the token"):
+        try:
+            currency = token_named(escrow, token) if token is not None else ETH_TOKEN
+        except ValueError as exc:
+            raise CliError(f"--token {exc}") from None
     account = _account(config)
     with _chain_errors("withdraw"):
         try:
-            done = send_withdrawal(escrow, account, target)
+            done = send_withdrawal(escrow, account, target, currency)
         except NothingToWithdrawError as exc:
             raise CliError(str(exc)) from None
     if as_json:

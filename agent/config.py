@@ -19,13 +19,15 @@ import re
 import socket
 import tomllib
 from contextvars import ContextVar
+from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from pydantic import (
     AliasChoices,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -36,7 +38,10 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from agent.errors import AgentError
 from gridmarket.tiers import REGIONS
-from gridmarket.wire import ExecutorKind
+from gridmarket.wire import MAX_PRICE_FLOORS, ExecutorKind
+
+if TYPE_CHECKING:
+    from gridmarket.token import Token
 
 __all__ = [
     "DEFAULT_HOME",
@@ -132,6 +137,13 @@ class AgentConfig(BaseSettings):
     )
     region: str | None = Field(None, description="pricing region code (gridmarket.tiers)")
     price_floor_wei_per_hour: int = Field(0, ge=0, lt=2**96)
+    price_floors: dict[str, Decimal] = Field(
+        default_factory=dict,
+        max_length=MAX_PRICE_FLOORS,
+        description="jobs paid in a listed ERC-20: token symbol (the deployment's `tokens`) or "
+        "address -> the lowest price per GPU-hour (job-hour without GPUs) in that token, e.g. "
+        '{tUSD: "0.50"}; a token without a floor is not taken (needs deployment)',
+    )
     slots: int = Field(1, ge=1, le=64, description="jobs run at the same time")
     executors: list[ExecutorKind] | None = Field(
         None, description="executors to serve; default: wasm, plus docker when the engine answers"
@@ -205,8 +217,21 @@ class AgentConfig(BaseSettings):
         False, description="accept jobs whose mediator is their submitter"
     )
     max_collateral_wei: int | None = Field(
-        None, ge=0, lt=2**96, description="largest collateral one job may lock (default: no cap)"
+        None,
+        ge=0,
+        lt=2**96,
+        description="largest collateral one ETH job may lock (default: no cap)",
     )
+    stake_tokens: dict[str, Decimal] = Field(
+        default_factory=dict,
+        description="stake kept in listed ERC-20 tokens (the collateral of jobs paid in them): "
+        'symbol or address -> amount, e.g. {tUSD: "100"}; `register` stakes it and `run` tops '
+        "it up at start (needs deployment, and rpc_url to stake)",
+    )
+
+    _tokens: dict[str, Token] = PrivateAttr(default_factory=dict)
+    _floor_units: dict[str, int] = PrivateAttr(default_factory=dict)
+    _stake_units: dict[str, int] = PrivateAttr(default_factory=dict)
 
     @classmethod
     def settings_customise_sources(
@@ -283,6 +308,34 @@ class AgentConfig(BaseSettings):
             raise ValueError("submit_on_chain needs rpc_url and deployment")
         return self
 
+    @model_validator(mode="after")
+    def _token_amounts(self) -> AgentConfig:
+        """Resolve ``price_floors`` and ``stake_tokens`` against the deployment's listed tokens
+        (symbol or address), each amount to the token's smallest units."""
+        if not self.price_floors and not self.stake_tokens:
+            return self
+        if self.deployment is None:
+            used = " and ".join(k for k in ("price_floors", "stake_tokens") if getattr(self, k))
+            raise ValueError(f"{used} name tokens: set deployment (the file listing them)")
+        self._tokens = _listed_tokens(self.deployment)
+        for field_name, out in (
+            ("price_floors", self._floor_units),
+            ("stake_tokens", self._stake_units),
+        ):
+            for key, amount in getattr(self, field_name).items():
+                token = _resolve_token(self._tokens, field_name, key)
+                text = format(amount, "f")
+                try:
+                    units = token.to_units(text)
+                except ValueError as exc:
+                    raise ValueError(f"{field_name}.{key}: {exc}") from None
+                if units >= 2**96:
+                    raise ValueError(f"{field_name}.{key}: {text} {token.symbol} is too large")
+                if token.address in out:
+                    raise ValueError(f"{field_name}.{key}: {token.symbol} is named twice")
+                out[token.address] = units
+        return self
+
     def require_region(self) -> str:
         """The region, which registering needs; ConfigError saying how to set it."""
         if self.region is None:
@@ -291,6 +344,31 @@ class AgentConfig(BaseSettings):
                 f"to one of {', '.join(sorted(REGIONS))}"
             )
         return self.region
+
+    @property
+    def tokens(self) -> dict[str, Token]:
+        """The deployment's listed tokens by symbol (ETH included) when ``price_floors`` or
+        ``stake_tokens`` is set, else empty."""
+        return dict(self._tokens)
+
+    @property
+    def token_floors(self) -> dict[str, int]:
+        """``price_floors`` resolved: token address -> smallest units per hour (the wire's
+        ``NodeCapacityIn.price_floors``)."""
+        return dict(self._floor_units)
+
+    @property
+    def token_stakes(self) -> dict[str, int]:
+        """``stake_tokens`` resolved: token address -> smallest units to keep staked."""
+        return dict(self._stake_units)
+
+    def token(self, address: str) -> Token:
+        """The listed token at ``address`` (unknown ones show by address, 18 decimals)."""
+        from gridmarket.token import ETH_TOKEN, by_address
+
+        if int(address, 16) == 0:
+            return ETH_TOKEN
+        return by_address(self._tokens, address)
 
     @property
     def ipfs_url(self) -> str:
@@ -309,6 +387,44 @@ class AgentConfig(BaseSettings):
             raise ConfigError(f"password_file {self.password_file}: {exc.strerror}") from None
         lines = text.splitlines()
         return lines[0] if lines else ""
+
+
+def _listed_tokens(deployment: Path) -> dict[str, Token]:
+    """The tokens the deployment file lists (``tokens``), ETH included, by symbol."""
+    import json
+
+    from gridmarket.token import tokens_of
+
+    try:
+        body = json.loads(deployment.read_text(encoding="utf-8"))
+        listed = body.get("tokens") or {}
+        if not isinstance(listed, dict):
+            raise TypeError("tokens is not a mapping")
+        return tokens_of(listed)
+    except OSError as exc:
+        raise ValueError(f"deployment {deployment}: {exc.strerror}") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"deployment {deployment}: unreadable tokens ({exc})") from None
+
+
+def _resolve_token(tokens: dict[str, Token], field_name: str, key: str) -> Token:
+    """The listed token ``key`` names (its symbol, any case, or its address); ValueError naming
+    ``field_name.key`` otherwise. ETH is refused: its floor and stake have their own settings."""
+    from gridmarket.token import ETH
+
+    found: Token | None = tokens.get(key)
+    if found is None and re.fullmatch(r"0x[0-9a-fA-F]{40}", key):
+        found = next((t for t in tokens.values() if t.address.lower() == key.lower()), None)
+    if found is None:
+        same = [t for s, t in tokens.items() if s.lower() == key.lower()]
+        found = same[0] if len(same) == 1 else None
+    if found is None:
+        names = ", ".join(s for s in tokens if s != ETH) or "none"
+        raise ValueError(f"{field_name}.{key}: not a token the deployment lists (listed: {names})")
+    if found.is_eth:
+        other = "price_floor_wei_per_hour" if field_name == "price_floors" else "register --stake"
+        raise ValueError(f"{field_name}.{key}: ETH is not a token here; use {other}")
+    return found
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -362,6 +478,7 @@ def load_config(path: Path | None = None, **overrides: Any) -> AgentConfig:
 def _describe(exc: ValidationError) -> str:
     parts = []
     for error in exc.errors():
-        where = ".".join(str(p) for p in error["loc"]) or "config"
-        parts.append(f"{where}: {error['msg']}")
+        where = ".".join(str(p) for p in error["loc"])
+        msg = str(error["msg"]).removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}" if where else msg)
     return "; ".join(parts)

@@ -1,5 +1,8 @@
 """What a provider's wallet earned, read from the chain alone (``gridmarket-agent earnings``),
-and its withdrawal (``gridmarket-agent withdraw``). ETH only.
+and its withdrawal (``gridmarket-agent withdraw``), per currency: ETH and each ERC-20 token a
+job was paid in or the deployment lists (escrow version 4). A job's amounts are in its own
+token (``JobEarning.token``/``symbol``); the flat totals of :class:`Earnings` are ETH's, as
+before, and :attr:`Earnings.tokens` holds the same totals for each listed token.
 
 The jobs are those ever assigned to the wallet (``JobAssigned`` events naming it), each folded
 from its own events (:meth:`gridmarket.chain.EscrowClient.job_state`):
@@ -9,9 +12,10 @@ from its own events (:meth:`gridmarket.chain.EscrowClient.job_state`):
 * **pending**: results of the wallet's that are Submitted or Disputed, not yet final (what they
   will pay if nobody objects, or the mediator upholds them);
 * **slashed**: collateral the wallet lost by mediators' rulings (``ProviderSlashed``);
-* the registry entry (``providerOf``): stake, the part locked by the jobs it holds, free stake
-  (``freeCollateralOf``), unstaking; and the withdrawable balance (``balanceOf``: payouts,
-  completed unstakes), which ``withdraw`` sends out.
+* the registry entry (``providerOf``; ``stakeOf(wallet, token)`` for a token): stake, the part
+  locked by the jobs it holds, free stake (``freeCollateralIn``), unstaking; and the
+  withdrawable balance (``balanceOf``; ``balanceOfToken`` for a token: payouts, completed
+  unstakes), which ``withdraw`` (``withdrawToken`` for a token) sends out.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from agent.onchain import address_topic, event_topic
-from gridmarket.escrow import Status
+from gridmarket.escrow import ZERO_ADDRESS, Status
+from gridmarket.token import ETH, ETH_TOKEN, Token, TokenClient, tokens_of
 from gridmarket.wire import checksum
 
 if TYPE_CHECKING:
@@ -30,7 +35,16 @@ if TYPE_CHECKING:
 
     from gridmarket.chain import EscrowClient
 
-__all__ = ["Earnings", "JobEarning", "Withdrawal", "earnings", "eth", "withdraw"]
+__all__ = [
+    "Earnings",
+    "JobEarning",
+    "TokenEarnings",
+    "Withdrawal",
+    "earnings",
+    "eth",
+    "token_named",
+    "withdraw",
+]
 
 WEI_PER_ETH = 10**18
 
@@ -63,6 +77,40 @@ class JobEarning:
     day: str | None
     tx_hash: str | None
     """The release transaction."""
+    token: str = ZERO_ADDRESS
+    """What the job is paid in (the zero address: ETH); every ``_wei`` amount of the job is in
+    this token's smallest units."""
+    symbol: str = ETH
+
+
+@dataclass(frozen=True)
+class TokenEarnings:
+    """The wallet's totals in one listed ERC-20 token, in its smallest units (the ``_wei``
+    names are the wire's: ``gridmarket.wire.JobTerms`` says the same of a token job)."""
+
+    symbol: str
+    address: str
+    decimals: int
+    earned_wei: int
+    pending_wei: int
+    slashed_wei: int
+    stake_wei: int
+    locked_wei: int
+    free_wei: int
+    unstake_pending_wei: int
+    unstake_at: int
+    withdrawable_wei: int
+    per_day: dict[str, int]
+    jobs_per_day: dict[str, int]
+
+    @property
+    def token(self) -> Token:
+        return Token(self.symbol, self.address, self.decimals)
+
+    def active(self, jobs: list[JobEarning]) -> bool:
+        """Anything to show: a job paid in it, a stake, a balance or an unstake."""
+        amounts = (self.stake_wei, self.withdrawable_wei, self.unstake_pending_wei)
+        return any(amounts) or any(j.token == self.address for j in jobs)
 
 
 @dataclass(frozen=True)
@@ -85,9 +133,12 @@ class Earnings:
     unstake_at: int
     withdrawable_wei: int
     notes: list[str] = field(default_factory=list)
+    tokens: list[TokenEarnings] = field(default_factory=list)
+    """The same totals in each ERC-20 token the deployment lists or a job was paid in."""
 
     def to_json(self) -> dict[str, Any]:
-        """JSON for machines: wei as decimal strings (exact in any JSON reader)."""
+        """JSON for machines: amounts as decimal strings of smallest units (exact in any JSON
+        reader); ``tokens`` by symbol."""
 
         def fix(value: Any, key: str = "") -> Any:
             if isinstance(value, dict):
@@ -101,46 +152,94 @@ class Earnings:
         body = fix(asdict(self))
         body["per_day_wei"] = {day: str(wei) for day, wei in self.per_day.items()}
         del body["per_day"]
+        tokens = {}
+        for entry in body.pop("tokens"):
+            entry["per_day_wei"] = {day: str(units) for day, units in entry.pop("per_day").items()}
+            tokens[entry["symbol"]] = entry
+        body["tokens"] = tokens
         return dict(body)
 
     def lines(self) -> list[str]:
-        """Plain text for people and pipes: one record per line, full hashes, no wrapping."""
-        count = {s: sum(1 for j in self.jobs if j.state == s) for s in ("released", "pending")}
-        disputed = sum(1 for j in self.jobs if j.state == "disputed")
-        running = sum(1 for j in self.jobs if j.state == "running")
+        """Plain text for people and pipes: one record per line, full hashes, no wrapping. ETH
+        first (as before tokens existed), then a block per token with anything in it."""
         out = [
             f"wallet        {self.wallet}",
             f"escrow        {self.escrow} (chain {self.chain_id}, block {self.block})",
-            f"earned        {eth(self.earned_wei)} ({_n(count['released'], 'job')})",
-            f"pending       {eth(self.pending_wei)} "
-            f"({_n(count['pending'], 'result')} in the challenge window, {disputed} disputed)",
-            f"slashed       {eth(self.slashed_wei)}",
-            f"stake         {eth(self.stake_wei)}"
-            + ("" if self.registered else " (not registered)"),
-            f"locked        {eth(self.locked_wei)} (collateral of {_n(running, 'running job')}"
-            f" and {_n(count['pending'] + disputed, 'unfinished result')})",
-            f"free stake    {eth(self.free_wei)}",
         ]
-        if self.unstake_pending_wei:
-            when = datetime.fromtimestamp(self.unstake_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
-            out.append(f"unstaking     {eth(self.unstake_pending_wei)} (ready {when})")
-        out.append(f"withdrawable  {eth(self.withdrawable_wei)}")
+        eth_jobs = [j for j in self.jobs if j.token == ZERO_ADDRESS]
+        eth_totals = TokenEarnings(
+            ETH,
+            ZERO_ADDRESS,
+            18,
+            self.earned_wei,
+            self.pending_wei,
+            self.slashed_wei,
+            self.stake_wei,
+            self.locked_wei,
+            self.free_wei,
+            self.unstake_pending_wei,
+            self.unstake_at,
+            self.withdrawable_wei,
+            self.per_day,
+            self.jobs_per_day,
+        )
+        out.extend(_totals_lines(eth_totals, eth_jobs, registered=self.registered))
+        shown = [t for t in self.tokens if t.active(self.jobs)]
+        for totals in shown:
+            out.append("")
+            out.append(f"{totals.symbol} ({totals.address})")
+            out.extend(_totals_lines(totals, [j for j in self.jobs if j.token == totals.address]))
         out.append("")
         out.append("per day (UTC)")
-        if not self.per_day:
+        days = [
+            (day, ETH_TOKEN, units, self.jobs_per_day[day]) for day, units in self.per_day.items()
+        ]
+        for totals in shown:
+            days += [
+                (day, totals.token, units, totals.jobs_per_day[day])
+                for day, units in totals.per_day.items()
+            ]
+        if not days:
             out.append("  nothing released yet")
-        for day, wei in sorted(self.per_day.items()):
-            out.append(f"  {day}  {eth(wei)}  ({_n(self.jobs_per_day[day], 'job')})")
+        for day, token, units, count in sorted(days, key=lambda d: (d[0], d[1].address)):
+            out.append(f"  {day}  {token.fmt(units)}  ({_n(count, 'job')})")
         out.append("")
         out.append("jobs")
         if not self.jobs:
             out.append("  none assigned to this wallet yet")
+        symbols = {t.address: t.token for t in self.tokens}
         for job in self.jobs:
+            fmt = symbols.get(job.token, ETH_TOKEN).fmt
             when = job.day or "-"
-            extra = f"  slashed {eth(job.slashed_wei)}" if job.slashed_wei else ""
-            out.append(f"  {job.job_id}  {job.state:<8}  {when:<10}  {eth(job.payout_wei)}{extra}")
+            extra = f"  slashed {fmt(job.slashed_wei)}" if job.slashed_wei else ""
+            out.append(f"  {job.job_id}  {job.state:<8}  {when:<10}  {fmt(job.payout_wei)}{extra}")
         out.extend(f"note: {n}" for n in self.notes)
         return out
+
+
+def _totals_lines(
+    totals: TokenEarnings, jobs: list[JobEarning], *, registered: bool = True
+) -> list[str]:
+    """The earned ... withdrawable lines of one currency (its jobs only)."""
+    fmt = totals.token.fmt
+    count = {s: sum(1 for j in jobs if j.state == s) for s in ("released", "pending")}
+    disputed = sum(1 for j in jobs if j.state == "disputed")
+    running = sum(1 for j in jobs if j.state == "running")
+    out = [
+        f"earned        {fmt(totals.earned_wei)} ({_n(count['released'], 'job')})",
+        f"pending       {fmt(totals.pending_wei)} "
+        f"({_n(count['pending'], 'result')} in the challenge window, {disputed} disputed)",
+        f"slashed       {fmt(totals.slashed_wei)}",
+        f"stake         {fmt(totals.stake_wei)}" + ("" if registered else " (not registered)"),
+        f"locked        {fmt(totals.locked_wei)} (collateral of {_n(running, 'running job')}"
+        f" and {_n(count['pending'] + disputed, 'unfinished result')})",
+        f"free stake    {fmt(totals.free_wei)}",
+    ]
+    if totals.unstake_pending_wei:
+        when = datetime.fromtimestamp(totals.unstake_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        out.append(f"unstaking     {fmt(totals.unstake_pending_wei)} (ready {when})")
+    out.append(f"withdrawable  {fmt(totals.withdrawable_wei)}")
+    return out
 
 
 def _n(count: int, noun: str) -> str:
@@ -169,11 +268,13 @@ def earnings(client: EscrowClient, wallet: str) -> Earnings:
             stamps[number] = int(client.w3.eth.get_block(number)["timestamp"])
         return stamps[number]
 
+    listed = {t.address: t for t in tokens_of(client.deployment.tokens).values()}
     jobs: list[JobEarning] = []
-    per_day: dict[str, int] = {}
-    jobs_per_day: dict[str, int] = {}
     for jid in job_ids:
         state = client.job_state(jid)
+        token = checksum(state.job.token or ZERO_ADDRESS)
+        if token not in listed:
+            listed[token] = _token_info(client, token)
         ours = checksum(state.job.provider) == wallet
         release = paid.get(jid)
         released_at = day = tx = None
@@ -184,8 +285,6 @@ def earnings(client: EscrowClient, wallet: str) -> Earnings:
             released_at = stamp(release.block)
             day = datetime.fromtimestamp(released_at, UTC).strftime("%Y-%m-%d")
             tx = release.tx_hash
-            per_day[day] = per_day.get(day, 0) + payout
-            jobs_per_day[day] = jobs_per_day.get(day, 0) + 1
         elif ours and state.status is Status.SUBMITTED:
             kind, payout = "pending", state.job.payout
         elif ours and state.status is Status.DISPUTED:
@@ -209,33 +308,112 @@ def earnings(client: EscrowClient, wallet: str) -> Earnings:
                 released_at=released_at,
                 day=day,
                 tx_hash=tx,
+                token=token,
+                symbol=listed[token].symbol,
             )
         )
-    stake, locked, unstake_at, registered, unstaking = client.call("providerOf", wallet)
+    registered = bool(client.call("providerOf", wallet)[3])
+    totals = {a: _totals(client, wallet, t, jobs) for a, t in listed.items()}
+    eth_totals = totals.pop(ZERO_ADDRESS)
     return Earnings(
         wallet=wallet,
         escrow=client.address,
         chain_id=client.deployment.chain_id,
         block=block,
         jobs=jobs,
-        per_day=dict(sorted(per_day.items())),
-        jobs_per_day=dict(sorted(jobs_per_day.items())),
+        per_day=eth_totals.per_day,
+        jobs_per_day=eth_totals.jobs_per_day,
+        earned_wei=eth_totals.earned_wei,
+        pending_wei=eth_totals.pending_wei,
+        slashed_wei=eth_totals.slashed_wei,
+        registered=registered,
+        stake_wei=eth_totals.stake_wei,
+        locked_wei=eth_totals.locked_wei,
+        free_wei=eth_totals.free_wei,
+        unstake_pending_wei=eth_totals.unstake_pending_wei,
+        unstake_at=eth_totals.unstake_at,
+        withdrawable_wei=eth_totals.withdrawable_wei,
+        tokens=list(totals.values()),
+    )
+
+
+def _totals(
+    client: EscrowClient, wallet: str, token: Token, all_jobs: list[JobEarning]
+) -> TokenEarnings:
+    """The wallet's totals in ``token``: its jobs' payouts, its stake and balance in it."""
+    jobs = [j for j in all_jobs if j.token == token.address]
+    per_day: dict[str, int] = {}
+    jobs_per_day: dict[str, int] = {}
+    for job in jobs:
+        if job.state == "released" and job.day is not None:
+            per_day[job.day] = per_day.get(job.day, 0) + job.payout_wei
+            jobs_per_day[job.day] = jobs_per_day.get(job.day, 0) + 1
+    if token.is_eth:
+        stake, locked, unstake_at, _, unstaking = client.call("providerOf", wallet)
+    else:
+        stake, locked, unstake_at, _, unstaking = client.call("stakeOf", wallet, token.address)
+    return TokenEarnings(
+        symbol=token.symbol,
+        address=token.address,
+        decimals=token.decimals,
         earned_wei=sum(j.payout_wei for j in jobs if j.state == "released"),
         pending_wei=sum(j.payout_wei for j in jobs if j.state in ("pending", "disputed")),
-        slashed_wei=sum(lost.values()),
-        registered=bool(registered),
+        slashed_wei=sum(j.slashed_wei for j in jobs),
         stake_wei=int(stake),
         locked_wei=int(locked),
-        free_wei=int(client.call("freeCollateralOf", wallet)),
+        free_wei=(
+            int(client.call("freeCollateralOf", wallet))
+            if token.is_eth
+            else client.free_collateral_of(wallet, token.address)
+        ),
         unstake_pending_wei=int(unstaking),
         unstake_at=int(unstake_at),
-        withdrawable_wei=int(client.call("balanceOf", wallet)),
+        withdrawable_wei=client.balance_of(wallet, token.address),
+        per_day=dict(sorted(per_day.items())),
+        jobs_per_day=dict(sorted(jobs_per_day.items())),
     )
+
+
+def _token_info(client: EscrowClient, address: str) -> Token:
+    """A token the deployment file does not list (delisted, or listed after it was written):
+    its symbol and decimals read from the token, else shown by address with 18 decimals."""
+    if int(address, 16) == 0:
+        return ETH_TOKEN
+    try:
+        functions = TokenClient(client.w3, address).contract.functions
+        symbol = str(functions.symbol().call())
+        decimals = int(functions.decimals().call())
+    except Exception:  # not an ERC-20 with metadata: show the address
+        return Token(address, address, 18)
+    if not symbol.isprintable() or not 0 < len(symbol) <= 16 or not 0 <= decimals <= 36:
+        return Token(address, address, decimals if 0 <= decimals <= 36 else 18)
+    return Token(symbol, address, decimals)
+
+
+def token_named(client: EscrowClient, name: str) -> Token:
+    """The currency ``name`` names: ``ETH``, a symbol the deployment lists (any case) or a
+    token address (listed or not: a balance may outlive a listing). ValueError otherwise."""
+    listed = tokens_of(client.deployment.tokens)
+    if name in listed:
+        return listed[name]
+    same = [t for symbol, t in listed.items() if symbol.lower() == name.lower()]
+    if len(same) == 1:
+        return same[0]
+    if name.startswith("0x"):
+        try:
+            address = checksum(name)
+        except ValueError as exc:
+            raise ValueError(f"{name!r}: {exc}") from None
+        known = {t.address: t for t in listed.values()}
+        return known.get(address) or _token_info(client, address)
+    names = ", ".join(listed)
+    raise ValueError(f"{name!r} is not a token the deployment lists ({names}) nor an address")
 
 
 @dataclass(frozen=True)
 class Withdrawal:
-    """A withdrawal's effect: the escrow balance before and after, and the recipient's ETH."""
+    """A withdrawal's effect: the escrow balance before and after, and the recipient's holding
+    of the currency withdrawn (ETH, or the token: its smallest units)."""
 
     tx_hash: str
     to: str
@@ -245,22 +423,27 @@ class Withdrawal:
     to_before_wei: int
     to_after_wei: int
     gas_wei: int
-    """What the transaction cost the wallet (paid from its ETH, not the escrow balance)."""
+    """What the transaction cost the wallet, when it is the recipient of ETH (paid from its
+    ETH, not the escrow balance); 0 otherwise (the gas does not touch what is shown)."""
+    token: str = ZERO_ADDRESS
+    symbol: str = ETH
+    decimals: int = 18
 
     def lines(self) -> list[str]:
-        held = f"{self.to} holds {eth(self.to_before_wei)} -> {eth(self.to_after_wei)}"
+        fmt = Token(self.symbol, self.token, self.decimals).fmt
+        held = f"{self.to} holds {fmt(self.to_before_wei)} -> {fmt(self.to_after_wei)}"
         if self.gas_wei:
             held += f" (after {eth(self.gas_wei)} of gas)"
         return [
-            f"withdrew {eth(self.amount_wei)} to {self.to} (tx {self.tx_hash})",
-            f"escrow balance  {eth(self.escrow_before_wei)} -> {eth(self.escrow_after_wei)}",
+            f"withdrew {fmt(self.amount_wei)} to {self.to} (tx {self.tx_hash})",
+            f"escrow balance  {fmt(self.escrow_before_wei)} -> {fmt(self.escrow_after_wei)}",
             held,
         ]
 
     def to_json(self) -> dict[str, Any]:
         return {
             k: str(v) if k.endswith("_wei") else v
-            for k, v in asdict(self).items()  # wei as strings
+            for k, v in asdict(self).items()  # amounts as strings
         }
 
 
@@ -268,28 +451,50 @@ class NothingToWithdrawError(ValueError):
     """The wallet's escrow balance is zero."""
 
 
-def withdraw(client: EscrowClient, account: LocalAccount, to: str | None = None) -> Withdrawal:
-    """Send the wallet's whole escrow balance to itself (``withdraw``) or ``to``
-    (``withdrawTo``); :class:`NothingToWithdrawError` when there is nothing."""
+def withdraw(
+    client: EscrowClient,
+    account: LocalAccount,
+    to: str | None = None,
+    token: Token = ETH_TOKEN,
+) -> Withdrawal:
+    """Send the wallet's whole escrow balance in ``token`` to itself or ``to``: ETH with
+    ``withdraw`` / ``withdrawTo``, a token with ``withdrawToken(token, to)``.
+    :class:`NothingToWithdrawError` when there is nothing."""
     target = checksum(to) if to is not None else account.address
-    before = int(client.call("balanceOf", account.address))
+    before = client.balance_of(account.address, token.address)
     if before == 0:
-        raise NothingToWithdrawError(f"{account.address} has nothing to withdraw from the escrow")
-    held = int(client.w3.eth.get_balance(target))  # type: ignore[arg-type]
-    if to is None:
-        sent = client.send(account, "withdraw")
+        raise NothingToWithdrawError(
+            f"{account.address} has nothing to withdraw from the escrow"
+            + ("" if token.is_eth else f" in {token.symbol}")
+        )
+    if token.is_eth:
+        held = int(client.w3.eth.get_balance(target))  # type: ignore[arg-type]
+        if to is None:
+            sent = client.send(account, "withdraw")
+        else:
+            sent = client.send(account, "withdrawTo", target)
     else:
-        sent = client.send(account, "withdrawTo", target)
+        erc20 = TokenClient(client.w3, token.address)
+        held = erc20.balance_of(target)
+        sent = client.send(account, "withdrawToken", token.address, target)
     receipt = client.w3.eth.get_transaction_receipt(sent.tx_hash)  # type: ignore[arg-type]
     gas = int(receipt["gasUsed"]) * int(receipt.get("effectiveGasPrice", 0))
     (event,) = [e for e in sent.events if e.name == "Withdrawn"]
+    after = (
+        int(client.w3.eth.get_balance(target))  # type: ignore[arg-type]
+        if token.is_eth
+        else erc20.balance_of(target)
+    )
     return Withdrawal(
         tx_hash=sent.tx_hash,
         to=target,
         amount_wei=int(event.args["amount"]),
         escrow_before_wei=before,
-        escrow_after_wei=int(client.call("balanceOf", account.address)),
+        escrow_after_wei=client.balance_of(account.address, token.address),
         to_before_wei=held,
-        to_after_wei=int(client.w3.eth.get_balance(target)),  # type: ignore[arg-type]
-        gas_wei=gas if target == account.address else 0,
+        to_after_wei=after,
+        gas_wei=gas if token.is_eth and target == account.address else 0,
+        token=token.address,
+        symbol=token.symbol,
+        decimals=token.decimals,
     )

@@ -1,12 +1,16 @@
 """A node's sign-up, as ``gridmarket-agent register`` does it besides the scheduler's call: the
 stake in ETH parsed to wei, the metadata document's CID (added to IPFS when the daemon answers),
-``registerProvider`` sent on-chain with the stake, and the node file ``status`` reads."""
+``registerProvider`` sent on-chain with the stake, the stakes in listed tokens
+(``stake_tokens``, topped up to the configured amounts: :func:`top_up_token_stakes`, which
+``run`` calls at start too), and the node file ``status`` reads."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +22,8 @@ from gridmarket.cmdline import one_line
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
+    from gridmarket.chain import EscrowClient
+    from gridmarket.token import Token
     from gridmarket.wire import RegisterResponse
 
 log = logging.getLogger("agent")
@@ -90,3 +96,80 @@ def metadata_cid(config: AgentConfig, metadata: bytes) -> str:
         except AgentError as exc:
             log.warning("metadata not added to IPFS (%s); registering its CID anyway", exc)
             return path_cid(folder)
+
+
+class TokenStakeError(AgentError, ValueError):
+    """A stake in a token cannot be made (not registered, not enough of the token, refused)."""
+
+
+@dataclass(frozen=True)
+class TokenStake:
+    """One ``stake_tokens`` entry checked against the chain: the stake before and after, and the
+    transaction that added the difference (None: it was already at or above the target)."""
+
+    token: Token
+    target: int
+    before: int
+    after: int
+    tx_hash: str | None
+
+    def line(self) -> str:
+        fmt = self.token.fmt
+        if self.tx_hash is None:
+            return (
+                f"{self.token.symbol} stake {fmt(self.before)} (target {fmt(self.target)}): "
+                "nothing to add"
+            )
+        return (
+            f"staked {fmt(self.after - self.before)}: {self.token.symbol} stake "
+            f"{fmt(self.before)} -> {fmt(self.after)} (tx {self.tx_hash})"
+        )
+
+
+def top_up_token_stakes(
+    escrow: EscrowClient,
+    account: LocalAccount,
+    targets: Mapping[str, int],
+    token_of: Callable[[str], Token],
+) -> list[TokenStake]:
+    """Bring the wallet's stake in each token of ``targets`` (address -> smallest units) up to
+    its amount: ``stakeToken`` of the difference, with the wallet's EIP-2612 permit in the same
+    transaction (:meth:`EscrowClient.stake_token`). A stake already at or above its target is
+    left alone, so calling this again sends nothing. The wallet must be registered on-chain and
+    hold the difference; :class:`TokenStakeError` says which is missing (stakes made before the
+    failure stay made)."""
+    from gridmarket.chain import ChainError
+    from gridmarket.token import TokenClient
+
+    done: list[TokenStake] = []
+    if not targets:
+        return done
+    registered = bool(escrow.call("providerOf", account.address)[3])
+    if not registered:
+        raise TokenStakeError(
+            f"{account.address} is not registered on-chain: stake ETH first "
+            "(gridmarket-agent register --stake ETH), then the tokens"
+        )
+    for address, target in targets.items():
+        token = token_of(address)
+        before = int(escrow.call("stakeOf", account.address, address)[0])
+        if before >= target:
+            done.append(TokenStake(token, target, before, before, None))
+            continue
+        missing = target - before
+        held = TokenClient(escrow.w3, address).balance_of(account.address)
+        if held < missing:
+            raise TokenStakeError(
+                f"stake_tokens.{token.symbol}: the wallet holds {token.fmt(held)}, "
+                f"{token.fmt(missing)} is needed to bring the stake from {token.fmt(before)} "
+                f"to {token.fmt(target)}"
+            )
+        try:
+            sent = escrow.stake_token(account, address, missing)
+        except ChainError as exc:
+            raise TokenStakeError(
+                f"stake_tokens.{token.symbol}: stakeToken failed: {one_line(exc)}"
+            ) from None
+        after = int(escrow.call("stakeOf", account.address, address)[0])
+        done.append(TokenStake(token, target, before, after, sent.tx_hash))
+    return done

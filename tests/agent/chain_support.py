@@ -1,13 +1,13 @@
-"""A chain of the agent tests' own (anvil + a fresh escrow with a listed mediator), for tests
-that move the chain's clock, and the steps of a job driven by hand: fund, accept, assign,
-submit, rule, finalize."""
+"""A chain of the agent tests' own (anvil + a fresh escrow with a listed mediator and TestUSD
+listed, minted to accounts 3..9), for tests that move the chain's clock, and the steps of a job
+driven by hand: fund (in ETH or tUSD), accept, assign, submit, rule, finalize."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +18,14 @@ from web3 import Web3
 from agent.acceptance import terms_job
 from devstack.anvil import Anvil, dev_accounts
 from gridmarket.chain import Deployment, EscrowClient
-from gridmarket.deploy import EscrowParams, deploy_escrow
+from gridmarket.deploy import EscrowParams, deploy_escrow, deploy_test_token, list_token
 from gridmarket.eip712 import sign_acceptance
 from gridmarket.escrow import JobState, Terms
+from gridmarket.token import Token, TokenClient, tokens_of
 from gridmarket.wire import JobTerms
+
+TOKEN_GRANT = 100_000 * 10**6
+"""TestUSD minted to each of accounts 3..9 (100,000 tUSD)."""
 
 
 @dataclass
@@ -31,6 +35,16 @@ class Chain:
     deployment_file: Path
     params: EscrowParams
     accounts: list[LocalAccount]
+    token_address: str
+    """TestUSD (tUSD, 6 decimals, EIP-2612), listed for bounties."""
+
+    @property
+    def tusd(self) -> Token:
+        return tokens_of(self.escrow.deployment.tokens)["tUSD"]
+
+    @property
+    def erc20(self) -> TokenClient:
+        return TokenClient(self.w3, self.token_address)
 
     @property
     def url(self) -> str:
@@ -73,6 +87,11 @@ class Chain:
         )
         return state
 
+    def fund_token(self, bounty: int = 2 * 10**6, ttl: int = 7200, **terms: Any) -> JobState:
+        """A job paid in tUSD (``bounty`` in its units), the deployment's other terms."""
+        base = self.escrow.default_terms(bounty, self.submitter.address, token=self.token_address)
+        return self.fund(bounty, replace(base, **terms), ttl)
+
     def self_mediated(self, bounty: int = 10**16) -> Terms:
         return Terms(mediator=self.submitter.address, collateral=self.min_collateral(bounty))
 
@@ -104,12 +123,14 @@ def job_terms(state: JobState) -> JobTerms:
         mediator=job.mediator,
         flags=job.flags,
         operator=job.operator,
+        token=job.token,
     )
 
 
 @contextmanager
 def own_chain(tmp: Path, **params: Any) -> Iterator[Chain]:
-    """Anvil with the escrow deployed, the mediator (account 10) listed."""
+    """Anvil with the escrow deployed, the mediator (account 10) listed, TestUSD listed and
+    :data:`TOKEN_GRANT` of it minted to accounts 3..9."""
     anvil = Anvil(log_file=tmp / "anvil.log").start()
     try:
         w3 = Web3(Web3.HTTPProvider(anvil.url))
@@ -121,8 +142,14 @@ def own_chain(tmp: Path, **params: Any) -> Iterator[Chain]:
             **params,
         )
         deployment: Deployment = deploy_escrow(w3, accounts[0], escrow_params)
+        token = deploy_test_token(w3, accounts[0])
+        deployment = list_token(w3, accounts[0], deployment, token)
+        minter = TokenClient(w3, token)
+        for holder in accounts[3:10]:
+            minter.send(accounts[0], "mint", holder.address, TOKEN_GRANT)
         deployment_file = tmp / "deployment.json"
         deployment.save(deployment_file)
-        yield Chain(anvil, EscrowClient(w3, deployment), deployment_file, escrow_params, accounts)
+        escrow = EscrowClient(w3, deployment)
+        yield Chain(anvil, escrow, deployment_file, escrow_params, accounts, token)
     finally:
         anvil.stop()

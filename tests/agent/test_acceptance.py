@@ -13,6 +13,9 @@ scheduler once its accept endpoint is merged.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -39,10 +42,13 @@ from agent.daemon import Agent
 from agent.storage.ipfs import AgentIpfsStore
 from devstack.anvil import free_port
 from devstack.ipfs import IpfsDaemon
+from devstack.providers import new_providers
 from gridmarket.chain import ChainError, EscrowClient
 from gridmarket.cid import path_cid
 from gridmarket.eip712 import recover_acceptance_signer
-from gridmarket.escrow import JobState, Status
+from gridmarket.escrow import JobState, Status, Terms
+from gridmarket.keystore import create_keystore
+from gridmarket.token import ETH_TOKEN, tokens_of
 from gridmarket.wire import (
     AcceptAck,
     AcceptRequest,
@@ -54,6 +60,7 @@ from gridmarket.wire import (
     ResultAck,
     ResultReport,
     SchedulerInfo,
+    offered_price_wei_per_hour,
 )
 from tests.agent import wat
 from tests.agent.chain_support import Chain, job_terms, own_chain
@@ -106,6 +113,24 @@ def test_policy_reads_the_chain(chain: Chain) -> None:
     assert not decision.accept and "is the job's submitter" in decision.reason
     permissive = AcceptancePolicy(provider.address, chain=facts, accept_self_mediated=True)
     assert permissive.decide(offer(chain, own)).accept
+    # the listed mediator funding a job that names itself: its re-run of a dispute
+    mediator = chain.mediator
+    assert chain.escrow.call("isListedMediator", mediator.address)
+    rerun, _ = chain.escrow.create_job(
+        mediator,
+        os.urandom(32),
+        SPEC_CID,
+        chain.now() + 7200,
+        10**16,
+        Terms(mediator=mediator.address, collateral=chain.min_collateral(10**16)),
+    )
+    decision = policy.decide(offer(chain, rerun))
+    assert decision.accept and "the mediator's own job" in decision.reason, decision.reason
+    elsewhere = AcceptancePolicy(
+        provider.address, chain=facts, accepted_mediators=[chain.accounts[9].address]
+    )
+    decision = elsewhere.decide(offer(chain, rerun))  # a node that does not accept it
+    assert not decision.accept and "is the job's submitter" in decision.reason
 
     big = chain.fund(10**17)  # collateral 100 % of the bounty: more than the 0.05 ETH staked
     decision = policy.decide(offer(chain, big))
@@ -186,6 +211,195 @@ def test_the_signed_acceptance_is_what_assign_takes(chain: Chain) -> None:
     bad = bytes.fromhex(acceptance_request(provider, worse).signature[2:])
     with pytest.raises(ChainError, match="BadSignature"):
         chain.escrow.call_job(chain.operator, "assign", other, provider.address, bad)
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+def token_policy(chain: Chain, provider: str, **kwargs: Any) -> AcceptancePolicy:
+    """The policy a node with ``kwargs`` builds (assembly.chain_duties), reading the chain."""
+    return AcceptancePolicy(
+        provider,
+        chain=EscrowFacts(chain.escrow),
+        token_of=lambda a: (
+            tokens_of(chain.escrow.deployment.tokens)["tUSD"]
+            if a == chain.token_address
+            else ETH_TOKEN
+        ),
+        **kwargs,
+    )
+
+
+def test_token_jobs_need_a_floor_the_price_and_free_collateral_in_the_token(chain: Chain) -> None:
+    provider = chain.accounts[8]
+    chain.stake(provider, 5 * 10**16)
+    chain.escrow.stake_token(provider, chain.token_address, 3 * 10**6)  # 3 tUSD
+    job = chain.fund_token(2 * 10**6)  # 2 tUSD, timeout 600 s: 12 tUSD an hour
+    proposal = offer(chain, job)
+    assert proposal.terms.token == chain.token_address
+    assert offered_price_wei_per_hour(job.job.bounty, proposal.spec) == 12 * 10**6
+
+    decision = token_policy(chain, provider.address).decide(proposal)
+    assert not decision.accept and "no floor for tUSD" in decision.reason
+    greedy = token_policy(chain, provider.address, token_floors={chain.token_address: 13 * 10**6})
+    decision = greedy.decide(proposal)
+    assert not decision.accept
+    assert decision.reason == "pays 12 tUSD per hour, under the floor of 13 tUSD per hour"
+    # a floor in ETH says nothing of tUSD; a floor in tUSD nothing of ETH
+    eth_only = token_policy(chain, provider.address, price_floor_wei_per_hour=1)
+    assert "no floor for tUSD" in eth_only.decide(proposal).reason
+    fair = token_policy(
+        chain,
+        provider.address,
+        token_floors={chain.token_address: 12 * 10**6},
+        max_collateral_wei=0,  # wei: does not cap a tUSD job's collateral
+    )
+    decision = fair.decide(proposal)
+    assert decision.accept, decision.reason
+
+    # collateral 4 tUSD against 3 tUSD of free tUSD stake (and plenty of free ETH stake)
+    heavy = chain.fund_token(2 * 10**6, collateral=4 * 10**6)
+    decision = fair.decide(offer(chain, heavy))
+    assert not decision.accept
+    assert decision.reason == "collateral 4 tUSD is more than the free stake in tUSD (3 tUSD)"
+
+    # the ETH floor is checked too: 0.01 ETH over 600 s pays 0.06 ETH an hour
+    eth_job = chain.fund(10**16)
+    picky = token_policy(chain, provider.address, price_floor_wei_per_hour=6 * 10**16 + 1)
+    decision = picky.decide(offer(chain, eth_job))
+    assert not decision.accept and "under the floor of 60000000000000001 wei" in decision.reason
+    assert (
+        token_policy(chain, provider.address, price_floor_wei_per_hour=6 * 10**16)
+        .decide(offer(chain, eth_job))
+        .accept
+    )
+
+
+def test_the_signed_acceptance_of_a_token_job_names_its_token(chain: Chain) -> None:
+    provider = chain.accounts[8]
+    if not chain.escrow.call("providerOf", provider.address)[3]:
+        chain.stake(provider, 5 * 10**16)
+    chain.escrow.stake_token(provider, chain.token_address, 2 * 10**6)
+    state = chain.fund_token(2 * 10**6)
+    proposal = offer(chain, state)
+    signature = bytes.fromhex(acceptance_request(provider, proposal).signature[2:])
+    signed = terms_job(proposal.terms)
+    assert signed.token == chain.token_address
+    assert (
+        recover_acceptance_signer(
+            signature, proposal.chain_id, proposal.escrow, state.job_id, 1, signed
+        )
+        == provider.address
+    )
+    # the same terms in ETH are another acceptance: the contract refuses it for this job
+    as_eth = proposal.terms.model_copy(update={"token": "0x" + "00" * 20})
+    wrong = bytes.fromhex(
+        acceptance_request(provider, proposal.model_copy(update={"terms": as_eth})).signature[2:]
+    )
+    with pytest.raises(ChainError, match="BadSignature"):
+        chain.escrow.call_job(chain.operator, "assign", state, provider.address, wrong)
+    free = chain.escrow.free_collateral_of(provider.address, chain.token_address)
+    state, _ = chain.escrow.call_job(chain.operator, "assign", state, provider.address, signature)
+    assert state.status is Status.ASSIGNED and state.job.token == chain.token_address
+    locked = free - chain.escrow.free_collateral_of(provider.address, chain.token_address)
+    assert locked == state.job.collateral  # locked from the tUSD stake
+
+
+def stake_in(chain: Chain, provider: str) -> int:
+    return int(chain.escrow.call("stakeOf", provider, chain.token_address)[0])
+
+
+def test_register_stakes_tokens_and_run_tops_them_up(
+    chain: Chain, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`register --stake` stakes ETH and each stake_tokens entry (permit + stakeToken in one
+    transaction); `run` (build_agent) tops a stake below its target up at start, and sends
+    nothing when it is there."""
+    provider = chain.accounts[9]
+    stand_in = StandIn(chain, provider.address)
+    url, server, thread = serve(stand_in.app())
+    keystore = tmp_path / "keystore.json"
+    create_keystore(keystore, "pw", private_key=bytes(provider.key), iterations=2**10)
+    settings = tmp_path / "agent.yaml"
+    settings.write_text(
+        f"deployment: {chain.deployment_file}\nrpc_url: {chain.url}\nscheduler_url: {url}\n"
+        f"keystore: {keystore}\npassword: pw\nregion: us\nexecutors: [wasm]\n"
+        f"work_dir: {tmp_path / 'work'}\nipfs_api: /ip4/127.0.0.1/tcp/{free_port()}/http\n"
+        "price_floors: {tUSD: '0.5'}\nstake_tokens: {tUSD: '100'}\n"
+    )
+    held = chain.erc20.balance_of(provider.address)
+    try:
+        done = agent_cli("--config", str(settings), "register", "--stake", "0.05")
+        assert done.returncode == 0, done.stderr
+        assert stake_in(chain, provider.address) == 100 * 10**6
+        assert chain.erc20.balance_of(provider.address) == held - 100 * 10**6
+        assert "staked 100 tUSD: tUSD stake 0 tUSD -> 100 tUSD (tx 0x" in done.stdout
+        assert done.stdout.strip().splitlines()[-1] == "n-standin"
+        again = agent_cli("--config", str(settings), "register")
+        assert again.returncode == 0, again.stderr
+        assert "tUSD stake 100 tUSD (target 100 tUSD): nothing to add" in again.stdout
+        assert stake_in(chain, provider.address) == 100 * 10**6
+
+        # a slash (here: an unstake) takes the stake under its target; the next run tops it up
+        chain.escrow.send(provider, "requestUnstakeToken", chain.token_address, 40 * 10**6)
+        assert stake_in(chain, provider.address) == 60 * 10**6
+        caplog.set_level(logging.INFO, logger="agent")
+        config = load_config(settings)
+        build_agent(config, provider)
+        assert stake_in(chain, provider.address) == 100 * 10**6
+        assert "staked 40 tUSD: tUSD stake 60 tUSD -> 100 tUSD" in caplog.text
+        block = chain.w3.eth.block_number
+        build_agent(config, provider)  # at the target: nothing sent
+        assert chain.w3.eth.block_number == block
+        assert "tUSD stake 100 tUSD (target 100 tUSD): nothing to add" in caplog.text
+
+        # more than the wallet holds: register says so; run logs it and serves on
+        rich = load_config(settings, stake_tokens={"tUSD": "10000000"})
+        build_agent(rich, provider)
+        assert "token stake not topped up: stake_tokens.tUSD: the wallet holds" in caplog.text
+        env = {"GRIDMARKET_AGENT_STAKE_TOKENS": '{"tUSD": "10000000"}'}
+        done = agent_cli("--config", str(settings), "register", env=env)
+        assert done.returncode == 1
+        assert "stake_tokens.tUSD: the wallet holds" in done.stderr
+        assert done.stderr.count("\n") == 1
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+def test_register_refuses_token_stakes_of_an_unregistered_wallet(
+    chain: Chain, tmp_path: Path
+) -> None:
+    provider = chain.accounts[4]  # holds tUSD, never registered
+    keystore = tmp_path / "keystore.json"
+    create_keystore(keystore, "pw", private_key=bytes(provider.key), iterations=2**10)
+    env = {
+        "GRIDMARKET_AGENT_DEPLOYMENT": str(chain.deployment_file),
+        "GRIDMARKET_AGENT_RPC_URL": chain.url,
+        "GRIDMARKET_AGENT_KEYSTORE": str(keystore),
+        "GRIDMARKET_AGENT_PASSWORD": "pw",
+        "GRIDMARKET_AGENT_STAKE_TOKENS": '{"tUSD": "1"}',
+        "GRIDMARKET_AGENT_WORK_DIR": str(tmp_path / "work"),
+        "GRIDMARKET_AGENT_EXECUTORS": '["wasm"]',
+    }
+    done = agent_cli("register", "--region", "us", env=env)
+    assert done.returncode == 1 and "is not registered on-chain" in done.stderr, done.stderr
+    no_rpc = {k: v for k, v in env.items() if k != "GRIDMARKET_AGENT_RPC_URL"}
+    done = agent_cli("register", "--region", "us", env=no_rpc)
+    assert done.returncode == 1 and "stake_tokens needs the chain" in done.stderr, done.stderr
+
+
+def agent_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GRIDMARKET_AGENT_")}
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**base, **(env or {})},
+        timeout=120,
+        check=False,
+    )
 
 
 # --------------------------------------------------------------------------- the daemon
@@ -407,6 +621,89 @@ def test_daemon_accepts_declines_guards_and_finalizes(
     assert "the scheduler withdrew the offer: lease lost" in log
     assert "had not put the result on-chain; submitted it" in log
     assert "finalized" in log
+
+
+def test_daemon_takes_a_tusd_job_and_is_paid_in_tusd(
+    chain: Chain,
+    ipfs_daemon: IpfsDaemon,
+    ipfs_client: ipfshttpclient.Client,
+    storage: AgentIpfsStore,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A node with a tUSD floor and stake (topped up by `run`'s start from nothing): a tUSD
+    offer under its floor is handed back unsigned; a fair one is accepted with the token in the
+    signed terms, assigned on-chain (its collateral locked from the tUSD stake), run, guarded
+    onto the chain and finalized; the payout is the wallet's tUSD balance in the escrow."""
+    caplog.set_level(logging.INFO, logger="agent")
+    (provider,) = new_providers(chain.escrow, chain.accounts[0], 1, stake_wei=10**17)
+    chain.erc20.send(chain.accounts[0], "mint", provider.address, 50 * 10**6)
+    stand_in = StandIn(chain, provider.address)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "data.txt").write_text("hello gridmarket\n")
+    data_cid = storage.add_dir(data)
+    module = wat.build(wat.UPPERCASE, tmp_path / "upper.wasm")
+    module_cid = ipfs_client.add(str(module), cid_version=1, raw_leaves=True)["Hash"]
+    spec = JobSpec(executor=ExecutorKind.WASM, module_cid=module_cid, dataset_cid=data_cid)
+    cheap = chain.fund_token(10**5)  # 0.1 tUSD over 600 s: 0.6 tUSD an hour
+    fair = chain.fund_token(2 * 10**6)  # 12 tUSD an hour
+    offers = [offer(chain, s, spec) for s in (cheap, fair)]
+    for state, proposal in zip((cheap, fair), offers, strict=True):
+        stand_in.states[proposal.job_id] = state
+    stand_in.offers.extend(offers)
+
+    url, server, thread = serve(stand_in.app())
+    config = load_config(
+        None,
+        scheduler_url=url,
+        ipfs_api=ipfs_daemon.api_addr,
+        region="us",
+        name="token-test",
+        executors=["wasm"],
+        work_dir=tmp_path / "work",
+        keystore=tmp_path / "unused.json",
+        poll_wait_s=1,
+        backoff_cap_s=1,
+        rpc_url=chain.url,
+        deployment=chain.deployment_file,
+        guard_delay_s=1,
+        finalize_interval_s=0.5,
+        price_floors={"tUSD": "1"},
+        stake_tokens={"tUSD": "5"},
+    )
+    agent: Agent = build_agent(config, provider)  # stakes 5 tUSD
+    assert stake_in(chain, provider.address) == 5 * 10**6
+    runner = threading.Thread(target=lambda: agent.run(install_signals=False))
+    runner.start()
+    fair_id = offers[1].job_id
+    try:
+        assert agent.ready.wait(30)
+        wait_for("the result reported", lambda: stand_in.results.get(fair_id))
+        state = wait_for(
+            "the guard's submission",
+            lambda: (s := chain.escrow.job_state(fair.job_id)).status is Status.SUBMITTED and s,
+        )
+        assert state.job.token == chain.token_address
+        free = chain.escrow.free_collateral_of(provider.address, chain.token_address)
+        assert free == 5 * 10**6 - state.job.collateral  # locked from the tUSD stake
+        chain.warp(600 + 1)
+        state = wait_for(
+            "the node's finalize",
+            lambda: (s := chain.escrow.job_state(fair.job_id)).status is Status.RELEASED and s,
+        )
+    finally:
+        agent.stop()
+        runner.join(60)
+        server.should_exit = True
+        thread.join(15)
+    assert not stand_in.errors
+    assert stand_in.handed_back == [offers[0].job_id]
+    assert stand_in.accepted == [fair_id]
+    assert "pays 0.6 tUSD per hour, under the floor of 1 tUSD per hour" in caplog.text
+    assert chain.escrow.balance_of(provider.address, chain.token_address) == state.job.payout
+    assert chain.escrow.balance_of(provider.address) == 0  # nothing paid in ETH
+    assert chain.escrow.job_state(cheap.job_id).status is Status.FUNDED
 
 
 def path_cid_of(tmp: Path, upper: bytes) -> str:

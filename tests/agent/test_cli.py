@@ -201,6 +201,114 @@ def test_config_acceptance_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         load_config(max_collateral_wei=-1)
 
 
+TUSD = "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512"
+
+
+def deployment_with_tusd(tmp_path: Path) -> Path:
+    """A deployment file listing tUSD (6 decimals), as `gridmarket-deploy --test-token` writes."""
+    path = tmp_path / "deployment.json"
+    body = {
+        "chain_id": 31337,
+        "escrow": "0x5FbDB2315678afecb367f032d93F642f64180aa3",
+        "block": 1,
+        "abi": [],
+        "params": {},
+        "tokens": {"tUSD": {"address": TUSD, "decimals": 6, "minBounty": 10_000}},
+    }
+    path.write_text(json.dumps(body))
+    return path
+
+
+def test_config_token_floors_and_stakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    deployment = deployment_with_tusd(tmp_path)
+    yaml_file = tmp_path / "agent.yaml"
+    yaml_file.write_text(
+        f"deployment: {deployment}\nprice_floors: {{tUSD: '0.50'}}\nstake-tokens: {{tUSD: '100'}}\n"
+    )
+    config = load_config(yaml_file)
+    assert config.token_floors == {TUSD: 500_000}  # smallest units per hour
+    assert config.token_stakes == {TUSD: 100 * 10**6}
+    assert config.token(TUSD).symbol == "tUSD" and config.token("0x" + "00" * 20).symbol == "ETH"
+    # TOML, a YAML number, the address in any case, the symbol in any case
+    toml = tmp_path / "agent.toml"
+    toml.write_text(
+        f'deployment = "{deployment}"\n[price_floors]\n"{TUSD.lower()}" = "0.000001"\n'
+        "[stake_tokens]\ntusd = 7\n"
+    )
+    config = load_config(toml)
+    assert config.token_floors == {TUSD: 1} and config.token_stakes == {TUSD: 7 * 10**6}
+    yaml_file.write_text(f"deployment: {deployment}\nprice_floors: {{tUSD: 0.1}}\n")
+    assert load_config(yaml_file).token_floors == {TUSD: 100_000}
+    # the environment, as JSON
+    monkeypatch.setenv("GRIDMARKET_AGENT_PRICE_FLOORS", '{"tUSD": "2"}')
+    assert load_config(yaml_file).token_floors == {TUSD: 2 * 10**6}
+    monkeypatch.delenv("GRIDMARKET_AGENT_PRICE_FLOORS")
+    # none set: nothing resolved, no deployment needed
+    assert load_config().token_floors == {} and load_config().tokens == {}
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"price_floors": {"USDC": "1"}}, r"price_floors\.USDC: not a token the deployment lists"),
+        ({"price_floors": {"tUSD": "abc"}}, r"price_floors\.tUSD: Input should be a valid decimal"),
+        ({"price_floors": {"tUSD": "0.0000001"}}, r"price_floors\.tUSD: .*more than 6 decimals"),
+        ({"price_floors": {"tUSD": "-1"}}, r"price_floors\.tUSD: '-1' is not an amount of tUSD"),
+        ({"price_floors": {"tUSD": "nan"}}, r"price_floors\.tUSD: Input should be a finite"),
+        ({"price_floors": {"ETH": "1"}}, r"price_floors\.ETH: .*use price_floor_wei_per_hour"),
+        ({"stake_tokens": {"tUSD": "1e40"}}, r"stake_tokens\.tUSD: .* is too large"),
+        ({"stake_tokens": {"0x" + "12" * 20: "1"}}, r"stake_tokens\.0x1212.*not a token"),
+        ({"stake_tokens": {"ETH": "1"}}, r"stake_tokens\.ETH: .*register --stake"),
+        (
+            {"stake_tokens": {"tUSD": "1", "tusd": "2"}},
+            r"stake_tokens\.tusd: tUSD is named twice",
+        ),
+    ],
+)
+def test_config_token_errors_name_the_key(
+    tmp_path: Path, settings: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(deployment=deployment_with_tusd(tmp_path), **settings)
+
+
+def test_config_tokens_need_the_deployment(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="price_floors name tokens: set deployment"):
+        load_config(price_floors={"tUSD": "1"})
+    with pytest.raises(ConfigError, match=r"deployment .*missing.json: No such file"):
+        load_config(deployment=tmp_path / "missing.json", stake_tokens={"tUSD": "1"})
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"tokens": {"tUSD": {"address": "0x12"}}}')
+    with pytest.raises(ConfigError, match="unreadable tokens"):
+        load_config(deployment=broken, stake_tokens={"tUSD": "1"})
+    too_many = {f"0x{i:040x}": "1" for i in range(1, 10)}
+    with pytest.raises(ConfigError, match="price_floors"):
+        load_config(deployment=deployment_with_tusd(tmp_path), price_floors=too_many)
+
+
+def test_capacity_sends_the_token_floors(tmp_path: Path) -> None:
+    """The registration's capacity: ETH's floor as before, each token's in smallest units per
+    hour under its address (NodeCapacityIn.price_floors)."""
+    from agent.capacity import node_capacity
+    from agent.hardware import detect_hardware
+    from gridmarket.wire import ExecutorKind, NodeCapacityIn
+
+    config = load_config(
+        deployment=deployment_with_tusd(tmp_path),
+        price_floors={"tUSD": "0.25"},
+        price_floor_wei_per_hour=7,
+        region="us",
+        work_dir=tmp_path / "work",
+    )
+    capacity = node_capacity(config, detect_hardware(tmp_path), [ExecutorKind.WASM])()
+    assert capacity.price_floors == {TUSD: 250_000}
+    assert capacity.price_floor_wei_per_hour == 7
+    wire = capacity.model_dump(mode="json")
+    assert NodeCapacityIn.model_validate(wire).price_floors == {TUSD: 250_000}
+    plain = node_capacity(load_config(region="us"), detect_hardware(tmp_path), ["wasm"])()
+    assert plain.price_floors == {}
+
+
 def test_config_password_from_file(tmp_path: Path) -> None:
     secret = tmp_path / "pw"
     secret.write_text("from-file\nignored\n")

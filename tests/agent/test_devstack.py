@@ -133,3 +133,41 @@ def test_anvil_refuses_a_taken_port_and_restarts_from_its_state(tmp_path: Path) 
         assert anvil.port == port and int(_rpc(anvil.url, "eth_blockNumber"), 16) == 3
     finally:
         anvil.stop()
+
+
+def test_devnet_agents_take_tusd_jobs(tmp_path: Path) -> None:
+    """What start_agent gives each devnet agent: a tUSD floor the demo's job passes, a tUSD
+    stake made on-chain before it starts (once: a restart sends nothing), and settings the
+    agent itself reads to the same floor and stake."""
+    from agent.config import load_config
+    from devstack.grid import AGENT_TUSD_FLOOR, agent_token_settings, stake_agent_tokens
+    from gridmarket.escrow import ZERO_ADDRESS
+    from gridmarket.wire import JobSpec, offered_price_wei_per_hour
+    from tests.agent.chain_support import own_chain
+
+    with own_chain(tmp_path) as chain:
+        deployment = chain.escrow.deployment
+        assert agent_token_settings(deployment, chain.deployment_file, ZERO_ADDRESS) == {}
+        settings = agent_token_settings(deployment, chain.deployment_file, chain.token_address)
+        assert settings == {
+            "deployment": str(chain.deployment_file),
+            "price_floors": {"tUSD": "0.10"},
+            "stake_tokens": {"tUSD": "1000"},
+        }
+        config = load_config(**settings)
+        assert config.token_floors == {chain.token_address: 100_000}
+        # the demo's tUSD job (scripts/demo.py: 2 tUSD, a WASM spec with a 60 s timeout)
+        module = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
+        demo = JobSpec.model_validate(
+            {"executor": "wasm", "module_cid": module, "limits": {"timeout_s": 60}}
+        )
+        assert offered_price_wei_per_hour(2 * 10**6, demo) >= chain.tusd.to_units(AGENT_TUSD_FLOOR)
+
+        provider = chain.accounts[5]
+        chain.stake(provider, 10**17)
+        stake_agent_tokens(chain.escrow, provider, settings)
+        stake = chain.escrow.call("stakeOf", provider.address, chain.token_address)[0]
+        assert stake == 1000 * 10**6
+        block = chain.w3.eth.block_number
+        stake_agent_tokens(chain.escrow, provider, settings)  # a restarted agent
+        assert chain.w3.eth.block_number == block

@@ -18,6 +18,7 @@ from eth_account.signers.local import LocalAccount
 
 from agent.earnings import NothingToWithdrawError, earnings, eth, withdraw
 from agent.onchain import GRACE_S, Finalizer, OnChainSubmitter, ResultGuard, guard_delay
+from devstack.providers import new_providers
 from gridmarket.chain import ChainError, Deployment
 from gridmarket.eip712 import sign_result
 from gridmarket.escrow import JobState, Status
@@ -230,6 +231,101 @@ def test_finalize_earnings_and_withdraw(chain: Chain, tmp_path: Path) -> None:
     assert out.to_after_wei == out.to_before_wei + out.amount_wei - out.gas_wei
     with pytest.raises(NothingToWithdrawError):
         withdraw(escrow, provider)
+
+
+def test_earnings_and_withdraw_per_token(chain: Chain, tmp_path: Path) -> None:
+    """tUSD jobs next to an ETH job: each total in its own currency (the ETH lines count ETH
+    jobs only), a tUSD block with the tUSD stake and balance, per day and per job in tUSD; then
+    `withdraw --token tUSD` moves the tUSD balance out (the recipient's tUSD checked)."""
+    (provider,) = new_providers(chain.escrow, chain.accounts[0], 1, stake_wei=10**17)
+    chain.erc20.send(chain.accounts[0], "mint", provider.address, 100 * 10**6)
+    escrow, tusd = chain.escrow, chain.tusd
+    escrow.stake_token(provider, chain.token_address, 10 * 10**6)
+    # P: paid (finalized after the window); Q: pending; R: an ETH job running
+    p = submitted(chain, chain.assign(chain.fund_token(2 * 10**6), provider), provider, CID_A)
+    chain.warp(WINDOW + 1)
+    assert len(Finalizer(escrow, provider).run_once()) == 1
+    q = submitted(chain, chain.assign(chain.fund_token(3 * 10**6), provider), provider, CID_B)
+    r = chain.assign(chain.fund(10**16), provider)
+
+    got = earnings(escrow, provider.address)
+    by_id = {j.job_id: j for j in got.jobs}
+    paid = by_id["0x" + p.job_id.hex()]
+    assert paid.state == "released" and paid.symbol == "tUSD" and paid.token == tusd.address
+    assert paid.payout_wei == p.job.payout and paid.bounty_wei == 2 * 10**6
+    assert by_id["0x" + r.job_id.hex()].symbol == "ETH"
+    # the ETH totals are ETH's alone
+    assert got.earned_wei == 0 and got.pending_wei == 0 and got.withdrawable_wei == 0
+    assert got.locked_wei == r.job.collateral and got.per_day == {}
+    (t,) = got.tokens
+    assert (t.symbol, t.address, t.decimals) == ("tUSD", tusd.address, 6)
+    assert t.earned_wei == p.job.payout and t.pending_wei == q.job.payout
+    assert t.stake_wei == 10 * 10**6 and t.locked_wei == q.job.collateral
+    assert t.free_wei == t.stake_wei - t.locked_wei and t.withdrawable_wei == p.job.payout
+    assert paid.day is not None and t.per_day == {paid.day: p.job.payout}
+
+    keystore = tmp_path / "keystore.json"
+    create_keystore(keystore, "pw", private_key=bytes(provider.key), iterations=2**10)
+    env = {
+        "GRIDMARKET_AGENT_RPC_URL": chain.url,
+        "GRIDMARKET_AGENT_DEPLOYMENT": str(chain.deployment_file),
+        "GRIDMARKET_AGENT_KEYSTORE": str(keystore),
+        "GRIDMARKET_AGENT_PASSWORD": "pw",
+    }
+    done = cli(env, "earnings", "--json")
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout)
+    assert body["earned_wei"] == "0" and body["stake_wei"] == str(10**17)
+    entry = body["tokens"]["tUSD"]
+    assert entry["address"] == tusd.address and entry["earned_wei"] == str(p.job.payout)
+    assert entry["withdrawable_wei"] == str(p.job.payout) and entry["stake_wei"] == "10000000"
+    assert entry["per_day_wei"] == {paid.day: str(p.job.payout)}
+    jobs = {j["job_id"]: j for j in body["jobs"]}
+    assert jobs["0x" + q.job_id.hex()]["symbol"] == "tUSD"
+    assert jobs["0x" + q.job_id.hex()]["payout_wei"] == str(q.job.payout)
+    lines = cli(env, "earnings").stdout.splitlines()
+    assert "earned        0 ETH (0 jobs)" in lines
+    assert f"tUSD ({tusd.address})" in lines
+    assert f"earned        {tusd.fmt(p.job.payout)} (1 job)" in lines
+    assert (
+        f"pending       {tusd.fmt(q.job.payout)} (1 result in the challenge window, 0 disputed)"
+        in lines
+    )
+    assert "stake         10 tUSD" in lines
+    assert f"withdrawable  {tusd.fmt(p.job.payout)}" in lines
+    assert f"  {paid.day}  {tusd.fmt(p.job.payout)}  (1 job)" in lines
+    (line,) = [x for x in lines if "0x" + p.job_id.hex() in x]
+    assert line.endswith(f"released  {paid.day}  {tusd.fmt(p.job.payout)}")
+
+    recipient = chain.accounts[9].address
+    before = chain.erc20.balance_of(recipient)
+    eth_before = escrow.balance_of(provider.address)
+    done = cli(env, "withdraw", "--token", "tUSD", "--to", recipient, "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["symbol"] == "tUSD" and out["token"] == tusd.address
+    assert out["amount_wei"] == str(p.job.payout) and out["escrow_after_wei"] == "0"
+    assert chain.erc20.balance_of(recipient) == before + p.job.payout
+    assert int(out["to_after_wei"]) == before + p.job.payout
+    assert escrow.balance_of(provider.address, chain.token_address) == 0
+    assert escrow.balance_of(provider.address) == eth_before  # ETH untouched
+    again = cli(env, "withdraw", "--token", tusd.address.lower())
+    assert again.returncode == 1
+    assert "nothing to withdraw from the escrow in tUSD" in again.stderr
+    unknown = cli(env, "withdraw", "--token", "USDC")
+    assert unknown.returncode == 1 and "--token 'USDC' is not a token" in unknown.stderr
+
+    # Q's window passes: finalized, withdrawn to the wallet itself (plain lines)
+    chain.warp(WINDOW + 1)
+    assert len(Finalizer(escrow, provider).run_once()) == 1
+    held = chain.erc20.balance_of(provider.address)
+    done = cli(env, "withdraw", "--token", "tusd")
+    assert done.returncode == 0, done.stderr
+    assert f"withdrew {tusd.fmt(q.job.payout)} to {provider.address}" in done.stdout
+    assert f"escrow balance  {tusd.fmt(q.job.payout)} -> 0 tUSD" in done.stdout
+    assert chain.erc20.balance_of(provider.address) == held + q.job.payout
+    with pytest.raises(NothingToWithdrawError):
+        withdraw(escrow, provider, token=tusd)
 
 
 def test_finalize_pays_a_dispute_the_mediator_left_unruled(chain: Chain) -> None:
