@@ -16,18 +16,21 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
+from pydantic import Field
 
-from gridmarket.escrow import MAX_REPLICAS, Terms, seat_ids
+from gridmarket.escrow import MAX_REPLICAS, ZERO_ADDRESS, Terms, seat_ids
 from gridmarket.escrow import job_id as compute_job_id
 from gridmarket.tiers import REGIONS, TIERS
 from gridmarket.wire import QuoteRequest
 
 from .backend import ON_VERIFY_TRUST, Backend, dumps
+from .currency import ETH_CURRENCY, Currency
 from .format import duration, parse_eth
 from .forms import (
     AddressRequest,
     CheckedJob,
     FieldError,
+    JobActionRequest,
     PrepareJobRequest,
     ProviderSignup,
     RelayRequest,
@@ -39,7 +42,7 @@ from .forms import (
     quote_fits,
     verification_name,
 )
-from .records import NotFoundError, hexstr
+from .records import NotFoundError, Payout, hexstr
 from .scheduler import SchedulerError
 from .values import parse_address, parse_bytes32
 from .waits import client_of
@@ -100,6 +103,7 @@ async def info(b: BackendDep) -> dict[str, Any]:
         "params": {k: str(v) if isinstance(v, int) else v for k, v in b.params.items()},
         "mediator": b.default_mediator(),
         "mediators": b.index.mediators(),
+        "currencies": b.currencies.to_json(),
         "scheduler": sched,
         "scheduler_error": sched_error,
         "scheduler_url": b.settings.scheduler_url,
@@ -122,22 +126,62 @@ async def payouts(
     limit: int = Query(100, ge=1, le=5000),
     offset: int = Query(0, ge=0),
     bucket_s: int | None = Query(None, ge=60, le=366 * 86400),
+    currency: str | None = Query(None, max_length=64),
 ) -> dict[str, Any]:
-    """Every payout (``JobReleased``), newest first, filtered; sums and totals over time."""
+    """Every payout (``JobReleased``), newest first, filtered (``currency``: ETH, a listed
+    symbol or a token address); each in its job's token. The sums and the totals over time
+    are per token (``by_token``); ``amount_wei``, ``fee_wei`` and ``totals`` are ETH's."""
     prov = _address(provider, "provider")
     sub = _address(submitter, "submitter")
     jid = _job_id(job) if job else None
+    token = _currency(b, currency).address if currency else None
     await b.refresh()
-    rows = b.index.payouts(provider=prov, submitter=sub, job=jid)
-    buckets = b.index.totals(rows, bucket_s)
+    rows = b.index.payouts(provider=prov, submitter=sub, job=jid, token=token)
+    by_token = payout_sums(b, rows, bucket_s)
+    eth = by_token.get(ZERO_ADDRESS) or {}
     return {
         "count": len(rows),
-        "amount_wei": str(sum(p.amount for p in rows)),
-        "fee_wei": str(sum(p.fee for p in rows)),
-        "payouts": [p.to_json() for p in rows[offset : offset + limit]],
-        "totals": [bucket.to_json() for bucket in buckets],
+        "amount_wei": eth.get("amount_wei", "0"),
+        "fee_wei": eth.get("fee_wei", "0"),
+        "by_token": by_token,
+        "payouts": [payout_json(b, p) for p in rows[offset : offset + limit]],
+        "totals": eth.get("totals", []),
         "head_block": b.index.head,
     }
+
+
+def _currency(b: Backend, text: str | None, field: str = "currency") -> Currency:
+    try:
+        return b.currencies.parse(text, field)
+    except ValueError as exc:
+        raise field_error(exc, field) from None
+
+
+def payout_json(b: Backend, p: Payout) -> dict[str, Any]:
+    """A payout with its currency (amounts in its smallest units)."""
+    return {**p.to_json(), "currency": b.currency(p.token).to_json()}
+
+
+def payout_sums(
+    b: Backend, rows: list[Payout], bucket_s: int | None = None
+) -> dict[str, dict[str, Any]]:
+    """Payouts summed per token (address -> count, amount, fee, totals over time, the
+    currency): never one token's units added to another's."""
+    out: dict[str, dict[str, Any]] = {}
+    for token in sorted({p.token for p in rows}):
+        mine = [p for p in rows if p.token == token]
+        currency = b.currency(token)
+        amount, fee = sum(p.amount for p in mine), sum(p.fee for p in mine)
+        out[token] = {
+            "currency": currency.to_json(),
+            "count": len(mine),
+            "amount_wei": str(amount),
+            "fee_wei": str(fee),
+            "amount_text": currency.fmt(amount),
+            "fee_text": currency.fmt(fee),
+            "totals": [bucket.to_json() for bucket in b.index.totals(mine, bucket_s)],
+        }
+    return out
 
 
 @router.get("/verdicts")
@@ -171,6 +215,7 @@ def slash_json(e: Any) -> dict[str, Any]:
         "amount_wei": wei(e.args.get("amount")),
         "to_mediator_wei": wei(e.args.get("toMediator")),
         "submitter": str(e.args.get("submitter")),
+        "token": e.token,
         "tx_hash": e.tx_hash,
         "block": e.block,
         "time": e.time,
@@ -209,7 +254,10 @@ async def jobs(
     return {
         "count": len(states),
         "counts": b.index.job_counts(),
-        "jobs": [job_summary(s) for s in states[offset : offset + limit]],
+        "jobs": [
+            {**job_summary(s), "currency": b.currency(s.job.token).to_json()}
+            for s in states[offset : offset + limit]
+        ],
     }
 
 
@@ -309,17 +357,37 @@ async def fleet(b: BackendDep) -> dict[str, Any]:
 # --------------------------------------------------------------------------- submitting
 
 
+class TokenQuoteRequest(QuoteRequest):
+    """:class:`QuoteRequest` with the currency to quote in: ``token`` (a listed token's
+    address or symbol; none or ``ETH``: wei)."""
+
+    token: str | None = Field(None, max_length=64)
+
+
 @router.post("/quote")
-async def quote(body: QuoteRequest, b: BackendDep) -> dict[str, Any]:
+async def quote(body: TokenQuoteRequest, b: BackendDep) -> dict[str, Any]:
     """The scheduler's quote for these resources (by tier, with the fee), and the online nodes
-    that offer them."""
+    that offer them. With ``token`` the scheduler is asked for the price in that token's
+    smallest units; when it refuses (it does not quote in that token), the answer has no
+    quotes and says why (``quote_unavailable``)."""
     check_quote(body)
+    currency = _currency(b, body.token, "token")
+    request = body.model_dump(mode="json", exclude_none=True, exclude={"token"})
+    if not currency.is_eth:
+        request["token"] = currency.address
+    unavailable: str | None = None
     try:
-        answer = await b.scheduler.quote(body.model_dump(mode="json", exclude_none=True))
+        answer = await b.scheduler.quote(request)
     except SchedulerError as exc:
-        if 400 <= exc.status < 500:
-            raise FieldError("resources", str(exc).removeprefix("scheduler: ")) from None
-        raise
+        if not 400 <= exc.status < 500:
+            raise
+        reason = str(exc).removeprefix("scheduler: ")
+        if currency.is_eth:
+            raise FieldError("resources", reason) from None
+        unavailable = f"the scheduler gives no quote in {currency.symbol}: {reason}"
+        answer = {"quotes": [], "region": body.price_region}
+    answer["currency"] = currency.to_json()
+    answer["quote_unavailable"] = unavailable
     try:
         nodes = (await b.scheduler.nodes()).get("nodes", [])
     except SchedulerError:
@@ -443,12 +511,27 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
 
     await b.refresh(force=True)
     params = b.params
-    checked = check_job(req, chain_now=b.chain_now(), params=params)
+    currency = _currency(b, req.currency)
+    least: int | None = None
+    if not currency.is_eth:
+        least = int(await asyncio.to_thread(b.escrow.call, "tokenMinBounty", currency.address))
+        if least == 0:
+            raise FieldError(
+                "currency", f"{currency.symbol} is not allowed for bounties on this escrow"
+            )
+    elif req.permit is not None:
+        raise FieldError("permit", "a job paid in ETH takes no permit")
+    checked = check_job(
+        req, chain_now=b.chain_now(), params=params, currency=currency, min_bounty=least
+    )
     await asyncio.to_thread(check_mediator, b, checked)
     spec_bytes = checked.spec.to_bytes()
     spec_cid = bytes_cid(spec_bytes)
     job_terms = Terms(
-        mediator=checked.mediator, collateral=checked.collateral_wei, flags=checked.flags
+        mediator=checked.mediator,
+        collateral=checked.collateral_wei,
+        flags=checked.flags,
+        token=checked.token,
     )
     fields = {
         "collateral": checked.collateral_field,
@@ -459,6 +542,14 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
     jid = hexstr(compute_job_id(checked.sender, spec_cid, checked.salt))
     seats: list[str] = []
     if checked.replicas:
+        seats = [hexstr(s) for s in seat_ids(bytes.fromhex(jid[2:]), checked.replicas)]
+    funding: dict[str, Any] = {}
+    tx: dict[str, str] | None
+    if not currency.is_eth:
+        tx, funding = await asyncio.to_thread(
+            fund_in_token, b, req, checked, currency, spec_cid, job_terms, fields
+        )
+    elif checked.replicas:
         tx = await asyncio.to_thread(
             b.txs.create_replicated,
             checked.sender,
@@ -470,7 +561,6 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
             job_terms,
             fields,
         )
-        seats = [hexstr(s) for s in seat_ids(bytes.fromhex(jid[2:]), checked.replicas)]
     else:
         tx = await asyncio.to_thread(
             b.txs.create_job,
@@ -482,7 +572,7 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
             job_terms,
             fields,
         )
-    if not req.dry_run:
+    if not req.dry_run and tx is not None:  # a token job waiting for its permit adds nothing
         stored = await asyncio.to_thread(add_spec, b, spec_bytes)
         if stored != spec_cid:
             raise HTTPException(502, f"IPFS stored the spec as {stored}, expected {spec_cid}")
@@ -494,7 +584,10 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
         "seat_ids": seats,
         "verification": checked.verification,
         "replicas": k,
-        "price": price_view(checked, params),
+        "price": price_view(checked, params, currency),
+        "currency": currency.to_json(),
+        "token": currency.address,
+        "funding": funding or None,
         "spec_cid": spec_cid,
         "spec": checked.spec.model_dump(mode="json"),
         "salt": hexstr(checked.salt),
@@ -505,21 +598,91 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
             "collateral_wei": str(checked.collateral_wei),
             "flags": checked.flags,
             "payment": checked.payment,
+            "token": checked.token,
         },
         "challenge_window_s": int(params.get("challenge_window", 0)),
-        "dispute_deposit_wei": str(int(params.get("dispute_deposit", 0))),
+        "dispute_deposit_wei": str(
+            checked.collateral_wei if not currency.is_eth else params.get("dispute_deposit", 0)
+        ),
         "tx": tx,
         "job_url": f"/jobs/{seats[0] if seats else jid}",
     }
 
 
-def price_view(checked: CheckedJob, params: dict[str, Any]) -> dict[str, Any]:
+def fund_in_token(
+    b: Backend,
+    req: PrepareJobRequest,
+    checked: CheckedJob,
+    currency: Currency,
+    spec_cid: str,
+    terms: Terms,
+    fields: dict[str, str],
+) -> tuple[dict[str, str] | None, dict[str, Any]]:
+    """The funding of a token job: ``(tx or None, funding)``. The submitter's token balance
+    must cover the bounty (else a 400 on the bounty's field, nothing built). With ``permit``:
+    ``multicall([permitToken, createJobWith])``; with the allowance already there:
+    ``createJobWith``; else no ``tx`` yet, and ``funding`` says what to sign first: the
+    permit's typed data (``permit``) or, for a wallet without typed data, ``approve_tx``."""
+    amount = checked.bounty_wei
+    balance, allowance = b.txs.token_state(currency.address, checked.sender)
+    funding: dict[str, Any] = {
+        "method": "createJobWith",
+        "amount_wei": str(amount),
+        "balance_wei": str(balance),
+        "allowance_wei": str(allowance),
+        "spender": b.escrow.address,
+        "permit": None,
+        "permit_unavailable": None,
+        "approve_tx": None,
+    }
+    if balance < amount:
+        raise FieldError(
+            checked.bounty_field,
+            f"{checked.sender} holds {currency.fmt(balance)}, less than the bounty "
+            f"{currency.fmt(amount)}: nothing was funded",
+        )
+    permit = None
+    if req.permit is not None:
+        value, v, r, s_ = req.permit.parts()
+        if value < amount:
+            raise FieldError(
+                "permit.value",
+                f"the permit allows {currency.fmt(value)}, less than the bounty "
+                f"{currency.fmt(amount)}",
+            )
+        permit = (value, req.permit.deadline, v, r, s_)
+        funding["method"] = "multicall(permitToken, createJobWith)"
+    elif allowance < amount:
+        funding["permit"], funding["permit_unavailable"] = b.txs.permit_request(
+            currency.address, checked.sender, amount, b.chain_now()
+        )
+        funding["approve_tx"] = b.txs.approve_tx(checked.sender, currency.address, amount)
+        return None, funding
+    tx = b.txs.create_job_with(
+        checked.sender,
+        currency.address,
+        amount,
+        checked.salt,
+        spec_cid,
+        checked.deadline,
+        checked.replicas,
+        terms,
+        permit,
+        fields,
+    )
+    return tx, funding
+
+
+def price_view(
+    checked: CheckedJob, params: dict[str, Any], currency: Currency | None = None
+) -> dict[str, Any]:
     """What the submitter pays and what backs each run: the bounty locked now (k seats' shares
     for ``replicate:k``), each seat's share, the platform fee taken from each payout, and the
-    collateral each provider locks."""
+    collateral each provider locks; all in the job's currency."""
     runs = checked.replicas or 1
     share = checked.share_wei
     fee_bps = int(params.get("fee_bps", 0))
+    money = (currency or ETH_CURRENCY).fmt
     return {
         "verification": checked.verification,
         "runs": runs,
@@ -530,12 +693,12 @@ def price_view(checked: CheckedJob, params: dict[str, Any]) -> dict[str, Any]:
         "collateral_per_seat_wei": str(checked.collateral_wei),
         "min_collateral_per_seat_wei": str(min_collateral(share, params)),
         "summary": (
-            f"you lock {checked.bounty_wei} wei for {runs} runs by distinct providers "
-            f"({share} wei each); each provider locks {checked.collateral_wei} wei of "
+            f"you lock {money(checked.bounty_wei)} for {runs} runs by distinct providers "
+            f"({money(share)} each); each provider locks {money(checked.collateral_wei)} of "
             "collateral, lost if its result disagrees with the majority"
             if checked.replicas
-            else f"you lock {checked.bounty_wei} wei for one run; the provider locks "
-            f"{checked.collateral_wei} wei of collateral"
+            else f"you lock {money(checked.bounty_wei)} for one run; the provider locks "
+            f"{money(checked.collateral_wei)} of collateral"
         ),
     }
 
@@ -548,14 +711,17 @@ def add_spec(b: Backend, data: bytes) -> str:
 
 @router.post("/jobs/{job_id}/{action}/prepare")
 async def prepare_job_action(
-    job_id: str, action: str, req: AddressRequest, b: BackendDep
+    job_id: str, action: str, req: JobActionRequest, b: BackendDep
 ) -> dict[str, Any]:
     """``cancel`` (before assignment, by the submitter), ``refund`` (after the deadline, by
     anyone), ``release`` (accept a submitted result now, by the submitter; ``accept`` is the
     same), ``dispute`` (within the challenge window, by the submitter, with the dispute deposit
     as value) or ``finalize`` (pay a result nobody disputed once the window passed, by anyone)
     as an unsigned transaction from ``from``; refused with the contract's reason when it would
-    revert."""
+    revert. A token job's dispute deposits the job's collateral in its token, pulled by the
+    escrow: with ``permit`` the transaction is ``multicall([permitToken, dispute])``; with the
+    allowance there, ``dispute``; else there is no ``tx`` yet and ``funding`` holds the permit
+    to sign (or the approval to send) first."""
     actions = ("cancel", "refund", "release", "accept", "dispute", "finalize")
     if action not in actions:
         raise HTTPException(404, f"no action {action!r}: use {', '.join(actions)}")
@@ -567,13 +733,60 @@ async def prepare_job_action(
     if found is None:
         raise NotFoundError(f"no job {jid} on escrow {b.escrow.address}")
     state, _ = found
-    value = int(b.params.get("dispute_deposit", 0)) if fn_name == "dispute" else 0
-    tx = await asyncio.to_thread(b.txs.job_call, sender, fn_name, state, value)
-    body: dict[str, Any] = {"job_id": jid, "action": fn_name, "tx": tx}
+    currency = b.currency(state.job.token)
+    if req.permit is not None and (fn_name != "dispute" or currency.is_eth):
+        raise FieldError("permit", f"{fn_name} of this job takes no permit")
+    body: dict[str, Any] = {"job_id": jid, "action": fn_name, "currency": currency.to_json()}
+    if fn_name == "dispute" and not currency.is_eth:
+        body["tx"], body["funding"] = await asyncio.to_thread(
+            dispute_in_token, b, sender, state, currency, req
+        )
+    else:
+        value = b.dispute_deposit(state) if fn_name == "dispute" else 0
+        body["tx"] = await asyncio.to_thread(b.txs.job_call, sender, fn_name, state, value)
     if fn_name == "dispute":
-        body["deposit_wei"] = str(value)
+        body["deposit_wei"] = str(b.dispute_deposit(state))
+        body["deposit_text"] = currency.fmt(b.dispute_deposit(state))
         body["mediator"] = state.job.mediator
     return body
+
+
+def dispute_in_token(
+    b: Backend, sender: str, state: Any, currency: Currency, req: JobActionRequest
+) -> tuple[dict[str, str] | None, dict[str, Any]]:
+    """A token job's dispute (see :func:`prepare_job_action`): ``(tx or None, funding)``."""
+    deposit = b.dispute_deposit(state)
+    balance, allowance = b.txs.token_state(currency.address, sender)
+    funding: dict[str, Any] = {
+        "method": "dispute",
+        "amount_wei": str(deposit),
+        "balance_wei": str(balance),
+        "allowance_wei": str(allowance),
+        "spender": b.escrow.address,
+        "permit": None,
+        "permit_unavailable": None,
+        "approve_tx": None,
+    }
+    if balance < deposit:
+        raise FieldError(
+            "from",
+            f"{sender} holds {currency.fmt(balance)}, less than the dispute deposit "
+            f"{currency.fmt(deposit)} (the job's collateral)",
+        )
+    if req.permit is not None:
+        value, v, r, s_ = req.permit.parts()
+        if value < deposit:
+            raise FieldError("permit.value", f"the permit allows less than {currency.fmt(deposit)}")
+        funding["method"] = "multicall(permitToken, dispute)"
+        tx = b.txs.dispute_with_permit(sender, state, (value, req.permit.deadline, v, r, s_))
+        return tx, funding
+    if allowance >= deposit or deposit == 0:
+        return b.txs.job_call(sender, "dispute", state, 0), funding
+    funding["permit"], funding["permit_unavailable"] = b.txs.permit_request(
+        currency.address, sender, deposit, b.chain_now()
+    )
+    funding["approve_tx"] = b.txs.approve_tx(sender, currency.address, deposit)
+    return None, funding
 
 
 @router.post("/withdraw/prepare")

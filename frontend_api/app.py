@@ -30,7 +30,7 @@ from .scheduler import SchedulerError
 from .security import BrowserGuard
 from .settings import Settings
 from .txs import TxError
-from .web import HERE, error_body, wants_html
+from .web import HERE, error_body, use_currencies, wants_html
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         backend = Backend(settings)
         app.state.backend = backend
+        use_currencies(backend.currencies)
         await backend.refresh(force=True)
         log.info(
             "front end for escrow %s (chain %d), scheduler %s",

@@ -22,6 +22,7 @@ from gridmarket.escrow import ZERO_ADDRESS, JobState, Status
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import MAX_SPEC_BYTES
 
+from .currency import Currencies, Currency
 from .index import ChainIndex
 from .records import ChainEvent, NotFoundError, hexstr, jsonable
 from .scheduler import SchedulerClient, SchedulerError
@@ -70,6 +71,8 @@ class Backend:
             min_interval_s=settings.index_min_interval_s,
         )
         self.txs = TxBuilder(self.escrow)
+        self.currencies = Currencies(self.deployment.tokens)
+        """ETH and the tokens the deployment file lists: every amount is shown in its own."""
         self.scheduler = SchedulerClient(settings.scheduler_url, settings.request_timeout_s)
         self._spec_cache: dict[str, dict[str, Any]] = {}
         self.cache_dir = Path(tempfile.mkdtemp(prefix="gridmarket-frontend-"))
@@ -134,13 +137,29 @@ class Backend:
             return str(listed)
         return sender
 
+    def currency(self, token: str) -> Currency:
+        """The currency of a job's ``token`` (an unlisted one by its address)."""
+        return self.currencies.of(token)
+
+    def dispute_deposit(self, state: JobState) -> int:
+        """What disputing this job deposits, in its token (``JobEscrow.depositOf``, mirrored:
+        tests/frontend/test_token_api.py checks the two agree): the escrow's ``disputeDeposit``
+        wei for an ETH job, the job's bounty in its token for a token job (the price of the
+        mediator's re-run)."""
+        if state.job.token != ZERO_ADDRESS:
+            return state.job.bounty
+        return int(self.constants().get("dispute_deposit", 0))
+
     def terms_view(self, state: JobState, now: int) -> dict[str, Any]:
-        """A job's terms and where it stands in its challenge or mediation window."""
+        """A job's terms and where it stands in its challenge or mediation window; amounts in
+        the job's currency (``currency``)."""
         job = state.job
         c = self.constants()
         window = int(c.get("challenge_window", 0))
         mediation = int(c.get("mediation_window", 0))
         out: dict[str, Any] = {
+            "token": job.token,
+            "currency": self.currency(job.token).to_json(),
             "operator": job.operator,
             "mediator": job.mediator,
             "mediator_is_submitter": job.mediator == job.submitter,
@@ -148,7 +167,7 @@ class Backend:
             "flags": job.flags,
             "payment": "on_verify" if job.on_verify else "after_window",
             "challenge_window_s": window,
-            "dispute_deposit_wei": str(int(c.get("dispute_deposit", 0))),
+            "dispute_deposit_wei": str(self.dispute_deposit(state)),
             "since": job.since or None,
             "window_ends": None,
             "window_open": False,
@@ -302,6 +321,8 @@ class Backend:
             view["chain"] = {
                 "status": state.status.name.lower(),
                 "submitter": job.submitter,
+                "token": job.token,
+                "currency": self.currency(job.token).to_json(),
                 "bounty_wei": str(job.bounty),
                 "fee_bps": job.fee_bps,
                 "fee_wei": str(job.fee),
@@ -440,6 +461,7 @@ class Backend:
                 }
             )
         final = all(r["status"] in ("released", "refunded") for r in rows)
+        token = next((st.job.token for st in seats if st is not None), ZERO_ADDRESS)
         verdict: dict[str, Any] | None = None
         if group.resolved:
             verdict = {
@@ -456,6 +478,8 @@ class Backend:
         return {
             **group.to_json(),
             "verification": f"replicate:{group.replicas}",
+            "token": token,
+            "currency": self.currency(token).to_json(),
             "seats": rows,
             "final": final,
             "verdict": verdict,
@@ -476,17 +500,51 @@ class Backend:
         events = self.index.events(stats.events, limit=200)
         as_submitter = self.index.jobs(submitter=address)
         payouts = self.index.payouts(provider=address)
+        totals = stats.to_json()
+        totals["tokens"] = {
+            t: {**amounts, "currency": self.currency(t).to_json()}
+            for t, amounts in totals["tokens"].items()
+        }
+        account["tokens"] = await asyncio.to_thread(
+            self.token_accounts, address, set(totals["tokens"])
+        )
         return {
             "address": address,
-            "totals": stats.to_json(),
+            "totals": totals,
             "account": account,
             "nodes": nodes,
             "nodes_error": nodes_error,
             "payouts": [p.to_json() for p in payouts],
-            "jobs_submitted": [job_summary(s) for s in as_submitter],
+            "jobs_submitted": [
+                {**job_summary(s), "currency": self.currency(s.job.token).to_json()}
+                for s in as_submitter
+            ],
             "events": [e.to_json() for e in events],
             "explorer": self.explorer_link("address", address),
         }
+
+    def token_accounts(self, address: str, seen: set[str]) -> dict[str, dict[str, Any]]:
+        """Live reads per ERC-20 (the listed ones and any ``seen`` in the address's events):
+        withdrawable balance (``balanceOfToken``), stake and the part jobs lock (``stakeOf``)
+        and free collateral (``freeCollateralIn``), with the currency."""
+        tokens = {c.address for c in self.currencies.all() if not c.is_eth} | seen
+        out: dict[str, dict[str, Any]] = {}
+        for token in sorted(tokens):
+            balance = int(self.escrow.call("balanceOfToken", address, token))
+            stake, locked, unstake_at, _, unstake_pending = self.escrow.call(
+                "stakeOf", address, token
+            )
+            free = int(self.escrow.call("freeCollateralIn", address, token))
+            out[token] = {
+                "currency": self.currency(token).to_json(),
+                "balance_wei": str(balance),
+                "stake_wei": str(int(stake)),
+                "locked_wei": str(int(locked)),
+                "free_collateral_wei": str(free),
+                "unstake_pending_wei": str(int(unstake_pending)),
+                "unstake_at": int(unstake_at),
+            }
+        return out
 
     async def fleet_view(self) -> dict[str, Any]:
         """Nodes from the scheduler and a leaderboard of providers from the chain."""
@@ -522,6 +580,22 @@ class Backend:
                 }
             )
         board.sort(key=lambda r: (-int(r["earned_wei"]), -int(r["jobs_done"]), r["wallet"]))
+        leaderboards: dict[str, dict[str, Any]] = {}
+        for wallet, stats in providers.items():
+            for token, amounts in stats.tokens.items():
+                entry = leaderboards.setdefault(
+                    token, {"currency": self.currency(token).to_json(), "rows": []}
+                )
+                entry["rows"].append(
+                    {
+                        "wallet": wallet,
+                        "earned_wei": str(amounts.earned),
+                        "staked_wei": str(amounts.staked),
+                        "slashed_wei": str(amounts.slashed),
+                    }
+                )
+        for entry in leaderboards.values():
+            entry["rows"].sort(key=lambda r: (-int(r["earned_wei"]), r["wallet"]))
         tiers: dict[str, int] = {}
         regions: dict[str, int] = {}
         for n in nodes:
@@ -533,6 +607,7 @@ class Backend:
             "by_tier": dict(sorted(tiers.items(), key=lambda kv: -kv[1])),
             "by_region": dict(sorted(regions.items(), key=lambda kv: -kv[1])),
             "leaderboard": board,
+            "token_leaderboards": dict(sorted(leaderboards.items())),
             "error": error,
         }
 
@@ -570,6 +645,7 @@ def job_summary(state: JobState) -> dict[str, Any]:
         "status": state.status.name.lower(),
         "submitter": job.submitter,
         "provider": None if int(job.provider, 16) == 0 else job.provider,
+        "token": job.token,
         "bounty_wei": str(job.bounty),
         "deadline": job.deadline,
         "mediator": job.mediator,

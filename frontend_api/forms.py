@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gridmarket.escrow import FLAG_ON_VERIFY, MAX_REPLICAS, MAX_TIMESTAMP, MAX_WEI, ZERO_ADDRESS
 from gridmarket.wire import MAX_SPEC_BYTES, JobSpec, QuoteRequest
 
+from .currency import ETH_CURRENCY, Currency
 from .format import parse_eth
 from .values import parse_address, parse_bytes32
 
@@ -90,12 +91,50 @@ _MODEL_ERRORS = (
 """Messages of :class:`JobSpec`'s cross-field checks and the field each is about."""
 
 
+class PermitIn(BaseModel):
+    """The submitter's EIP-2612 permit for the escrow (signed over the typed data a prepare
+    answered with, ``permit.typed_data``): ``value`` of the token, valid until ``deadline``;
+    ``signature`` is 65 bytes as 0x hex (r, s, v), as ``eth_signTypedData_v4`` returns it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    value: int | str
+    deadline: int = Field(ge=0, le=2**64)
+    signature: str = Field(max_length=200)
+
+    def parts(self) -> tuple[int, int, bytes, bytes]:
+        """``(value, v, r, s)``; :class:`FieldError` naming ``permit`` for a malformed one."""
+        try:
+            value = int(str(self.value).strip())
+        except ValueError:
+            raise FieldError("permit.value", f"{self.value!r} is not a whole number") from None
+        text = self.signature.strip().lower()
+        if not text.startswith("0x"):
+            raise FieldError("permit.signature", "must be 0x and 130 hex digits (r, s, v)")
+        try:
+            raw = bytes.fromhex(text[2:])
+        except ValueError:
+            raise FieldError("permit.signature", "is not hex") from None
+        if len(raw) != 65:
+            raise FieldError("permit.signature", f"is {len(raw)} bytes, not 65 (r, s, v)")
+        if not 0 <= value <= 2**256 - 1:
+            raise FieldError("permit.value", "is out of range")
+        v = raw[64] if raw[64] >= 27 else raw[64] + 27
+        return value, v, raw[:32], raw[32:64]
+
+
 class PrepareJobRequest(BaseModel):
     """``POST /api/jobs/prepare``: a job to fund from ``from``'s wallet.
 
     Exactly one of ``bounty_wei`` and ``bounty_eth``; at most one of ``deadline`` (Unix seconds)
     and ``ttl_s`` (seconds from now; default: one day). ``salt`` (0x + 64 hex) is random when
     left out.
+
+    ``currency`` is what the job is paid in: ``ETH`` (default) or a listed token (its symbol or
+    address). ``bounty`` and ``collateral`` are decimal amounts in it (``5``, ``0.25``);
+    ``bounty_wei`` and ``collateral_wei`` its smallest units; ``bounty_eth`` and
+    ``collateral_eth`` are for ETH only. A token job is funded with ``createJobWith`` after the
+    submitter's ``permit`` (``multicall``) or an approval.
 
     The terms (docs/trust.md): ``mediator`` (default: the deployment's listed mediator, or the
     submitter itself when none is listed), the provider's collateral (at most one of
@@ -111,12 +150,16 @@ class PrepareJobRequest(BaseModel):
     spec: dict[str, Any]
     bounty_wei: int | str | None = None
     bounty_eth: str | float | None = None
+    bounty: str | None = Field(None, max_length=80)
+    currency: str | None = Field(None, max_length=64)
+    permit: PermitIn | None = None
     deadline: int | None = None
     ttl_s: int | None = None
     salt: str | None = None
     mediator: str | None = None
     collateral_wei: int | str | None = None
     collateral_eth: str | float | None = None
+    collateral: str | None = Field(None, max_length=80)
     payment: Literal["after_window", "on_verify"] = "after_window"
     verification: str = Field("integrity", max_length=32)
     """``integrity`` (one provider; the scheduler checks the output exists and hashes to its
@@ -143,6 +186,8 @@ class CheckedJob(BaseModel):
     replicas: int = 0
     """Seats of a replicated job (2..5); 0 for a single job (``integrity``)."""
     bounty_field: str = "bounty_eth"
+    token: str = ZERO_ADDRESS
+    """What the job is paid in (zero: ETH); every amount here is in its smallest units."""
 
     @property
     def payment(self) -> str:
@@ -172,11 +217,62 @@ def default_mediator(params: dict[str, Any], sender: str) -> str:
     return sender
 
 
-def check_job(req: PrepareJobRequest, *, chain_now: int, params: dict[str, Any]) -> CheckedJob:
+def parse_amount(
+    currency: Currency,
+    name: str,
+    decimal: Any,
+    units: Any,
+    eth: Any,
+) -> tuple[int | None, str]:
+    """An amount given as ``<name>`` (decimal in ``currency``), ``<name>_wei`` (its smallest
+    units) or ``<name>_eth`` (ETH only): ``(units or None when none was given, the field)``.
+    :class:`FieldError` naming the field for two at once or a bad value."""
+    given = [
+        (f, v)
+        for f, v in ((name, decimal), (f"{name}_wei", units), (f"{name}_eth", eth))
+        if v is not None and str(v).strip() != ""
+    ]
+    if len(given) > 1:
+        raise FieldError(given[1][0], f"give the {name} once: {name}, {name}_eth or {name}_wei")
+    if not given:
+        return None, f"{name}_eth" if currency.is_eth else name
+    field, value = given[0]
+    if field.endswith("_wei"):
+        try:
+            return int(str(value).strip()), field
+        except ValueError:
+            raise FieldError(field, f"{value!r} is not a whole number") from None
+    if field.endswith("_eth") or currency.is_eth:
+        if not currency.is_eth:
+            raise FieldError(
+                field,
+                f"the job is paid in {currency.symbol}: give {name} (in {currency.symbol}) or "
+                f"{name}_wei (its smallest units)",
+            )
+        try:
+            return parse_eth(str(value), field), field
+        except ValueError as exc:
+            raise field_error(exc, field) from None
+    try:
+        return currency.token.to_units(str(value).strip()), field
+    except ValueError as exc:
+        raise FieldError(field, str(exc)) from None
+
+
+def check_job(
+    req: PrepareJobRequest,
+    *,
+    chain_now: int,
+    params: dict[str, Any],
+    currency: Currency = ETH_CURRENCY,
+    min_bounty: int | None = None,
+) -> CheckedJob:
     """Every check that can be made before touching IPFS or the chain; :class:`FieldError`.
 
     ``params`` are the escrow's deployment parameters (``min_bounty``, ``min_duration``,
-    ``max_duration``); ``chain_now`` the chain's current time.
+    ``max_duration``); ``chain_now`` the chain's current time. ``currency`` is the job's
+    (resolved from ``req.currency`` by the caller) and ``min_bounty`` the escrow's least bounty
+    in it (``tokenMinBounty``; ETH's is ``params["min_bounty"]``).
     """
     try:
         sender = parse_address(req.sender, "from")
@@ -189,31 +285,28 @@ def check_job(req: PrepareJobRequest, *, chain_now: int, params: dict[str, Any])
     if len(spec.to_bytes()) > MAX_SPEC_BYTES:
         raise FieldError("spec", f"the job spec is larger than {MAX_SPEC_BYTES} bytes")
 
-    if (req.bounty_wei is None) == (req.bounty_eth is None):
-        raise FieldError("bounty_eth", "give the bounty once: bounty_eth or bounty_wei")
-    if req.bounty_wei is not None:
-        try:
-            bounty = int(str(req.bounty_wei).strip())
-        except ValueError:
-            raise FieldError("bounty_wei", f"{req.bounty_wei!r} is not a whole number") from None
-        bounty_field = "bounty_wei"
-    else:
-        try:
-            bounty = parse_eth(str(req.bounty_eth), "bounty_eth")
-        except ValueError as exc:
-            raise field_error(exc, "bounty_eth") from None
-        bounty_field = "bounty_eth"
+    given, bounty_field = parse_amount(
+        currency, "bounty", req.bounty, req.bounty_wei, req.bounty_eth
+    )
+    if given is None:
+        raise FieldError(bounty_field, "give the bounty once: bounty, bounty_eth or bounty_wei")
+    bounty = given
+    unit = "wei" if currency.is_eth else f"units of {currency.symbol}"
     try:
         replicas = parse_verification(req.verification)
     except ValueError as exc:
         raise field_error(exc, "verification") from None
-    min_bounty = int(params.get("min_bounty", 0))
+    if min_bounty is None:
+        min_bounty = int(params.get("min_bounty", 0))
     if bounty < max(1, min_bounty):
         raise FieldError(
-            bounty_field, f"the bounty must be at least {min_bounty} wei (the escrow's minimum)"
+            bounty_field,
+            f"the bounty must be at least {min_bounty} {unit} (the escrow's minimum"
+            + ("" if currency.is_eth else f": {currency.fmt(min_bounty)}")
+            + ")",
         )
     if bounty > MAX_WEI:
-        raise FieldError(bounty_field, f"the bounty must be at most {MAX_WEI} wei (uint96)")
+        raise FieldError(bounty_field, f"the bounty must be at most {MAX_WEI} {unit} (uint96)")
     share = bounty
     if replicas:
         if req.payment == "on_verify":
@@ -225,8 +318,8 @@ def check_job(req: PrepareJobRequest, *, chain_now: int, params: dict[str, Any])
         if bounty % replicas:
             raise FieldError(
                 bounty_field,
-                f"the bounty ({bounty} wei) must divide by {replicas} (replicate:{replicas}: "
-                f"each seat gets an equal share); e.g. {bounty - bounty % replicas} wei",
+                f"the bounty ({bounty} {unit}) must divide by {replicas} (replicate:{replicas}: "
+                f"each seat gets an equal share); e.g. {bounty - bounty % replicas} {unit}",
             )
         share = bounty // replicas
         image = spec.image or ""
@@ -246,8 +339,9 @@ def check_job(req: PrepareJobRequest, *, chain_now: int, params: dict[str, Any])
         if share < max(1, min_bounty):
             raise FieldError(
                 bounty_field,
-                f"each of the {replicas} seats gets {share} wei, less than the escrow's "
-                f"minimum bounty ({min_bounty} wei): fund at least {min_bounty * replicas} wei",
+                f"each of the {replicas} seats gets {share} {unit}, less than the escrow's "
+                f"minimum bounty ({min_bounty} {unit}): fund at least {min_bounty * replicas} "
+                f"{unit}",
             )
 
     if req.deadline is not None and req.ttl_s is not None:
@@ -284,7 +378,9 @@ def check_job(req: PrepareJobRequest, *, chain_now: int, params: dict[str, Any])
         except ValueError as exc:
             raise field_error(exc, "salt") from None
 
-    mediator, collateral, collateral_field = check_terms(req, sender, share, params, replicas)
+    mediator, collateral, collateral_field = check_terms(
+        req, sender, share, params, replicas, currency
+    )
     return CheckedJob(
         sender=sender,
         spec=spec,
@@ -297,11 +393,17 @@ def check_job(req: PrepareJobRequest, *, chain_now: int, params: dict[str, Any])
         collateral_field=collateral_field,
         replicas=replicas,
         bounty_field=bounty_field,
+        token=currency.address,
     )
 
 
 def check_terms(
-    req: PrepareJobRequest, sender: str, bounty: int, params: dict[str, Any], replicas: int = 0
+    req: PrepareJobRequest,
+    sender: str,
+    bounty: int,
+    params: dict[str, Any],
+    replicas: int = 0,
+    currency: Currency = ETH_CURRENCY,
 ) -> tuple[str, int, str]:
     """The mediator, collateral (wei) and the collateral's field name, checked against what
     the deployment allows (``bounty``: one seat's share for a replicated job, whose collateral
@@ -320,32 +422,22 @@ def check_terms(
         raise FieldError(
             "mediator", f"{mediator} is the operator (the scheduler): it cannot also rule"
         )
-    if req.collateral_wei is not None and req.collateral_eth is not None:
-        raise FieldError("collateral_eth", "give the collateral once: collateral_eth or _wei")
     least = min_collateral(bounty, params)
-    if req.collateral_wei is not None:
-        field = "collateral_wei"
-        try:
-            collateral = int(str(req.collateral_wei).strip())
-        except ValueError:
-            raise FieldError(field, f"{req.collateral_wei!r} is not a whole number") from None
-    elif req.collateral_eth is not None and str(req.collateral_eth).strip() != "":
-        field = "collateral_eth"
-        try:
-            collateral = parse_eth(str(req.collateral_eth), field)
-        except ValueError as exc:
-            raise field_error(exc, field) from None
-    else:
-        field, collateral = "collateral_eth", least
+    unit = "wei" if currency.is_eth else f"units of {currency.symbol}"
+    given, field = parse_amount(
+        currency, "collateral", req.collateral, req.collateral_wei, req.collateral_eth
+    )
+    collateral = least if given is None else given
     if collateral < least:
         raise FieldError(
             field,
-            f"the collateral must be at least {least} wei "
-            f"(minCollateral: {int(params.get('min_collateral_bps', 10_000)) / 100:g}% of "
+            f"the collateral must be at least {least} {unit} "
+            + ("" if currency.is_eth else f"= {currency.fmt(least)} ")
+            + f"(minCollateral: {int(params.get('min_collateral_bps', 10_000)) / 100:g}% of "
             + ("each seat's share of the bounty)" if replicas else "the bounty)"),
         )
     if collateral > MAX_WEI:
-        raise FieldError(field, f"the collateral must be at most {MAX_WEI} wei (uint96)")
+        raise FieldError(field, f"the collateral must be at most {MAX_WEI} {unit} (uint96)")
     return mediator, collateral, field
 
 
@@ -387,6 +479,13 @@ class AddressRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     sender: str = Field(alias="from")
+
+
+class JobActionRequest(AddressRequest):
+    """A job's action from ``from``; a dispute of a token job may carry the submitter's
+    ``permit`` for the deposit (the job's collateral in its token)."""
+
+    permit: PermitIn | None = None
 
 
 class ProviderSignup(BaseModel):

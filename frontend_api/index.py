@@ -50,6 +50,7 @@ from gridmarket.escrow import (
 
 from .records import (
     AddressStats,
+    Amounts,
     Bucket,
     ChainEvent,
     NotFoundError,
@@ -223,6 +224,7 @@ class ChainIndex:
             tx_hash=raw.tx_hash,
             log_index=raw.log_index,
             problems=problems,
+            token=self._currency_of(raw.name, args),
         )
         self._events.append(event)
         args = event.args
@@ -251,21 +253,46 @@ class ChainIndex:
             self._bad_events.append((seq, why))
             log.warning("event %s #%d (tx %s) not folded: %s", event.name, seq, event.tx_hash, why)
 
+    def _currency_of(self, name: str, args: dict[str, Any]) -> str | None:
+        """The token an event's amounts are in (the zero address: ETH): its own ``token``
+        argument (JobCreated, Staked, Withdrawn, FeesCollected...), else its job's token (a
+        payout, refund, slash or credit moves in the job's token); None when it names neither
+        (or a token argument that is not an address: hostile, left to the fold to refuse)."""
+        token = args.get("token")
+        if "token" in args:
+            return (
+                to_checksum_address(token)
+                if isinstance(token, str) and is_hex_address(token)
+                else None
+            )
+        raw = args.get("jobId")
+        if isinstance(raw, bytes | bytearray):
+            state = self._jobs.get(hexstr(bytes(raw)))
+            if state is not None:
+                return state.job.token
+        return None
+
+    def _money(self, address: str, event: ChainEvent) -> AddressStats | Amounts:
+        """Where ``address``'s amounts in the event's token are summed (ValueError when the
+        event's token is unknown: such an event is kept and counted nowhere)."""
+        if event.token is None:
+            raise ValueError(f"{event.name}: no token to count its amounts in")
+        return self._stats(address).money(event.token)
+
     def _account(self, event: ChainEvent) -> None:
-        """Per-address totals for one event."""
+        """Per-address totals for one event, each amount in the event's token."""
         args, name = event.args, event.name
         if name == "JobCreated":
-            s = self._stats(to_checksum_address(args["submitter"]))
-            s.funded += int(args["bounty"])
-            s.jobs_funded += 1
+            submitter = to_checksum_address(args["submitter"])
+            self._money(submitter, event).funded += int(args["bounty"])
+            self._stats(submitter).jobs_funded += 1
         elif name == "JobReleased":
             payout, fee = int(args["payout"]), int(args["fee"])
             provider = to_checksum_address(args["provider"])
             submitter = to_checksum_address(args["submitter"])
-            p = self._stats(provider)
-            p.earned += payout
-            p.jobs_paid += 1
-            self._stats(submitter).paid_out += payout + fee
+            self._money(provider, event).earned += payout
+            self._stats(provider).jobs_paid += 1
+            self._money(submitter, event).paid_out += payout + fee
             self._payouts.append(
                 Payout(
                     job_id=hexstr(args["jobId"]),
@@ -276,26 +303,30 @@ class ChainIndex:
                     tx_hash=event.tx_hash,
                     block=event.block,
                     time=event.time,
+                    token=str(event.token),
                 )
             )
         elif name == "JobRefunded":
-            self._stats(to_checksum_address(args["submitter"])).refunded += int(args["amount"])
+            submitter = to_checksum_address(args["submitter"])
+            self._money(submitter, event).refunded += int(args["amount"])
         elif name == "Withdrawn":
-            self._stats(to_checksum_address(args["account"])).withdrawn += int(args["amount"])
+            account = to_checksum_address(args["account"])
+            self._money(account, event).withdrawn += int(args["amount"])
         elif name == "ProviderSlashed":
             amount, to_mediator = int(args["amount"]), int(args["toMediator"])
-            p = self._stats(to_checksum_address(args["provider"]))
+            provider = to_checksum_address(args["provider"])
+            p = self._money(provider, event)
             p.slashed += amount
-            p.slash_count += 1
             p.staked = max(0, p.staked - amount)
-            s = self._stats(to_checksum_address(args["submitter"]))
+            self._stats(provider).slash_count += 1
+            s = self._money(to_checksum_address(args["submitter"]), event)
             s.slash_credits += amount - to_mediator
             state = job_of(self._jobs, event)
             if to_mediator and state is not None:
-                self._stats(state.job.mediator).mediator_fees += to_mediator
+                self._money(state.job.mediator, event).mediator_fees += to_mediator
         elif name == "Credited":
-            c = self._stats(to_checksum_address(args["account"]))
-            c.credited += int(args["amount"])
+            account = to_checksum_address(args["account"])
+            self._money(account, event).credited += int(args["amount"])
         elif name == "Ruled":
             m = self._stats(to_checksum_address(args["mediator"]))
             m.rulings += 1
@@ -313,10 +344,11 @@ class ChainIndex:
             problem = event.problems.get("metadataCid")
             s.metadata_problem = f"metadataCid {problem}" if problem else None
         elif name in ("Staked", "Unstaked"):
-            self._stats(to_checksum_address(args["provider"])).staked = int(args["totalStake"])
+            provider = to_checksum_address(args["provider"])
+            self._money(provider, event).staked = int(args["totalStake"])
         elif name == "FeesCollected":
-            t = self._stats(to_checksum_address(args["treasury"]))
-            t.fees_collected += int(args["amount"])
+            treasury = to_checksum_address(args["treasury"])
+            self._money(treasury, event).fees_collected += int(args["amount"])
 
     def _group_created(self, event: ChainEvent) -> None:
         """A ``ReplicasCreated``: a group of ``replicas`` seats (their JobCreated follow)."""
@@ -417,10 +449,13 @@ class ChainIndex:
         provider: str | None = None,
         submitter: str | None = None,
         job: str | None = None,
+        token: str | None = None,
     ) -> list[Payout]:
-        """Payouts, newest first, filtered by any of provider, submitter and job id."""
+        """Payouts, newest first, filtered by any of provider, submitter, job id and token."""
         with self._lock:
             rows = list(self._payouts)
+        if token:
+            rows = [p for p in rows if p.token == token]
         if provider:
             rows = [p for p in rows if p.provider == provider]
         if submitter:
@@ -434,11 +469,14 @@ class ChainIndex:
         self, payouts: Iterable[Payout], width_s: int | None = None, min_buckets: int = 12
     ) -> list[Bucket]:
         """``payouts`` summed per time bucket, oldest first, with running totals, up to the
-        chain's head. ``width_s`` defaults to :func:`pick_bucket` over their time span; at least
-        ``min_buckets`` are given (empty ones before the first payout)."""
+        chain's head, all in one token (ValueError for payouts in several: filter them with
+        :meth:`payouts`' ``token``). ``width_s`` defaults to :func:`pick_bucket` over their time
+        span; at least ``min_buckets`` are given (empty ones before the first payout)."""
         rows = sorted(payouts, key=lambda p: (p.block, p.time))
         if not rows:
             return []
+        if len({p.token for p in rows}) > 1:
+            raise ValueError("payouts in several tokens cannot be summed together")
         first = rows[0].time
         last = max(rows[-1].time, self._head_time)
         width = width_s or pick_bucket(last - first)
@@ -493,7 +531,7 @@ class ChainIndex:
         """A copy of ``address``'s totals (zeros for an address the log never named)."""
         with self._lock:
             found = self._addresses.get(address)
-            return replace(found, events=list(found.events)) if found else AddressStats()
+            return _copy(found, list(found.events)) if found else AddressStats()
 
     def events(
         self, seqs: Iterable[int] | None = None, *, limit: int | None = None
@@ -508,9 +546,7 @@ class ChainIndex:
         """Every address that registered as a provider or was paid as one."""
         with self._lock:
             return {
-                a: replace(s, events=[])
-                for a, s in self._addresses.items()
-                if s.registered or s.jobs_paid
+                a: _copy(s, []) for a, s in self._addresses.items() if s.registered or s.jobs_paid
             }
 
     # ------------------------------------------------------------------ live reads
@@ -577,9 +613,19 @@ class ChainIndex:
             status = "success" if receipt["status"] == 1 else "reverted"
             for n, raw in enumerate(self.escrow.decode_logs(receipt["logs"])):
                 args, problems = dict(raw.args), dict(raw.problems)
+                with self._lock:
+                    token = self._currency_of(raw.name, args)
                 events.append(
                     ChainEvent(
-                        n, raw.name, args, raw.block, when, raw.tx_hash, raw.log_index, problems
+                        n,
+                        raw.name,
+                        args,
+                        raw.block,
+                        when,
+                        raw.tx_hash,
+                        raw.log_index,
+                        problems,
+                        token,
                     )
                 )
         return TxView(
@@ -595,6 +641,12 @@ class ChainIndex:
             gas_used=gas_used,
             events=events,
         )
+
+
+def _copy(stats: AddressStats, events: list[int]) -> AddressStats:
+    """A reader's copy of an address's totals (its per-token amounts copied too)."""
+    tokens = {t: replace(a) for t, a in stats.tokens.items()}
+    return replace(stats, events=events, tokens=tokens)
 
 
 def job_of(jobs: dict[str, JobState], event: ChainEvent) -> JobState | None:

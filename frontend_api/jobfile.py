@@ -8,8 +8,11 @@ submission fields, which are not part of the spec:
     a local file or folder, uploaded to IPFS as the job's ``/input`` (instead of ``dataset_cid``);
 ``module``
     a local ``.wasm`` (or ``.wat``, compiled here) WASI module (instead of ``module_cid``);
+``currency``
+    what the job is paid in: ``ETH`` (default) or a token the escrow lists (``tUSD``);
 ``bounty``
-    ETH, e.g. ``0.01`` (or ``bounty_wei``, an integer);
+    in the currency, e.g. ``0.01`` (ETH) or ``5`` (tUSD) (or ``bounty_wei``, an integer of its
+    smallest units);
 ``deadline``
     ``90m``, ``2h``, ``1d``, ``3600s``; a bare number under 10^9 is seconds from now, above it a
     Unix time; or an ISO 8601 date (``2026-12-01T12:00:00Z``);
@@ -17,7 +20,8 @@ submission fields, which are not part of the spec:
     who rules if the result is disputed: a listed mediator or the submitter's own address
     (default: the deployment's listed mediator);
 ``collateral``
-    ETH the provider locks while it holds the job (default and minimum: ``minCollateral``);
+    what the provider locks while it holds the job, in the currency (default and minimum:
+    ``minCollateral``);
 ``payment``
     ``after-window`` (default: paid when accepted, or when nobody disputed within the challenge
     window) or ``on-verify`` (paid at once on the scheduler's check: you trust the scheduler);
@@ -49,6 +53,7 @@ SUBMISSION_FIELDS = (
     "module",
     "bounty",
     "bounty_wei",
+    "currency",
     "deadline",
     "mediator",
     "collateral",
@@ -85,6 +90,9 @@ class JobFile:
     """``after-window`` or ``on-verify``; None: the default (after the window)."""
     verification: str | None = None
     """``integrity`` or ``replicate:k``; None: the default (integrity)."""
+    currency: str | None = None
+    """``ETH`` or a listed token's symbol (or address); None: ETH. ``bounty_eth`` and
+    ``collateral_eth`` are then amounts in it."""
 
     def spec_with(
         self, *, dataset_cid: str | None = None, module_cid: str | None = None
@@ -181,6 +189,9 @@ def load_job_file(path: Path) -> JobFile:
     if mediator is not None and not isinstance(mediator, str):
         raise JobFileError(f"{path}: mediator: {mediator!r} is not a 0x address")
     collateral = data.get("collateral")
+    currency = data.get("currency")
+    if currency is not None and (not isinstance(currency, str) or not currency.strip()):
+        raise JobFileError(f"{path}: currency: {currency!r} is not a currency name (ETH, tUSD)")
     verification = data.get("verification")
     if verification is not None:
         try:
@@ -213,4 +224,5 @@ def load_job_file(path: Path) -> JobFile:
         collateral_eth=None if collateral is None else str(collateral),
         payment=payment,
         verification=verification,
+        currency=None if currency is None else currency.strip(),
     )

@@ -16,7 +16,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.background import BackgroundTask
 
 from gridmarket.cid import CidError, normalize_cid
-from gridmarket.escrow import MAX_REPLICAS
+from gridmarket.escrow import MAX_REPLICAS, ZERO_ADDRESS
 from gridmarket.ipfs import ContentTooLargeError, ContentVerificationError, IpfsError
 from gridmarket.tiers import REGIONS, TIERS
 
@@ -25,13 +25,16 @@ from .api import (
     VERIFICATIONS,
     BackendDep,
     _address,
+    _currency,
     _job_id,
     _required_address,
+    payout_sums,
     verdicts_body,
 )
 from .backend import ON_VERIFY_TRUST, Backend, job_summary
+from .currency import Currency
 from .forms import FieldError
-from .records import NotFoundError, hexstr
+from .records import NotFoundError, Payout, hexstr
 from .scheduler import SchedulerError
 from .values import parse_bytes32
 from .waits import client_of
@@ -60,7 +63,7 @@ def render(request: Request, b: Backend, name: str, status_code: int = 200, **ct
 async def home(request: Request, b: BackendDep) -> Response:
     await b.refresh()
     payouts = b.index.payouts()
-    buckets = b.index.totals(payouts)
+    sums = payout_sums(b, payouts)
     fleet = await b.fleet_view()
     try:
         sched_jobs: dict[str, Any] = await b.scheduler.jobs(limit=1)
@@ -72,9 +75,8 @@ async def home(request: Request, b: BackendDep) -> Response:
         "home.html",
         payouts=payouts[:8],
         payout_count=len(payouts),
-        paid=sum(p.amount for p in payouts),
-        fees=sum(p.fee for p in payouts),
-        chart=svg.totals_chart(buckets),
+        sums=sums,
+        charts=_charts(b, payouts),
         job_counts=b.index.job_counts(),
         sched_counts=sched_jobs.get("counts", {}),
         jobs=[job_summary(s) for s in b.index.jobs()[:8]],
@@ -90,22 +92,31 @@ async def payouts_page(
     provider: str | None = None,
     submitter: str | None = None,
     job: str | None = None,
+    currency: str | None = Query(None, max_length=64),
 ) -> Response:
     prov = _address(provider, "provider")
     sub = _address(submitter, "submitter")
     jid = _job_id(job) if job else None
+    chosen = _currency(b, currency) if currency else None
     await b.refresh()
-    rows = b.index.payouts(provider=prov, submitter=sub, job=jid)
+    rows = b.index.payouts(
+        provider=prov, submitter=sub, job=jid, token=chosen.address if chosen else None
+    )
     return render(
         request,
         b,
         "payouts.html",
         rows=rows[:500],
         count=len(rows),
-        paid=sum(p.amount for p in rows),
-        fees=sum(p.fee for p in rows),
-        chart=svg.totals_chart(b.index.totals(rows)),
-        filters={"provider": prov or "", "submitter": sub or "", "job": jid or ""},
+        sums=payout_sums(b, rows),
+        charts=_charts(b, rows),
+        filters={
+            "provider": prov or "",
+            "submitter": sub or "",
+            "job": jid or "",
+            "currency": chosen.symbol if chosen else "",
+        },
+        currencies=b.currencies.all(),
         verdicts=verdicts_body(b, 100),
     )
 
@@ -116,13 +127,19 @@ async def address_page(address: str, request: Request, b: BackendDep) -> Respons
     await b.refresh()
     view = await b.address_view(addr)
     rows = b.index.payouts(provider=addr)
-    return render(
-        request,
-        b,
-        "address.html",
-        view=view,
-        chart=svg.totals_chart(b.index.totals(rows)) if rows else None,
-    )
+    return render(request, b, "address.html", view=view, charts=_charts(b, rows))
+
+
+def _charts(b: Backend, rows: list[Payout]) -> list[tuple[Currency, str]]:
+    """One totals chart per token the payouts are in (ETH first): earnings over time."""
+    tokens = sorted({p.token for p in rows}, key=lambda t: (t != ZERO_ADDRESS, t))
+    out: list[tuple[Currency, str]] = []
+    for token in tokens:
+        currency = b.currency(token)
+        mine = [p for p in rows if p.token == token]
+        chart = svg.totals_chart(b.index.totals(mine), currency=currency)
+        out.append((currency, chart))
+    return out
 
 
 @router.get("/jobs", response_class=HTMLResponse)
@@ -184,6 +201,12 @@ async def submit_page(request: Request, b: BackendDep) -> Response:
         params=b.params,
         mediator=b.default_mediator() or "",
         mediators=b.index.mediators(),
+        currencies=b.currencies.all(),
+        token_mins={
+            str(symbol): str(entry.get("minBounty", ""))
+            for symbol, entry in b.deployment.tokens.items()
+            if isinstance(entry, dict)
+        },
         on_verify_trust=ON_VERIFY_TRUST,
         verifications=VERIFICATIONS,
         max_replicas=MAX_REPLICAS,

@@ -9,6 +9,8 @@ from typing import Any
 
 from hexbytes import HexBytes
 
+from gridmarket.escrow import ZERO_ADDRESS
+
 WEI_FIELDS = frozenset(
     {"bounty", "payout", "fee", "amount", "slashed", "totalStake", "collateral", "deposit"}
     | {"toMediator"}
@@ -59,6 +61,9 @@ class ChainEvent:
     log_index: int
     problems: dict[str, str] = field(default_factory=dict)
     """String arguments that did not decode (field -> why): see :class:`gridmarket.chain.Event`."""
+    token: str | None = None
+    """The token its amounts are in (the zero address: ETH): its own ``token`` argument, else
+    its job's; None when neither is known."""
 
     @property
     def job_id(self) -> str | None:
@@ -74,6 +79,7 @@ class ChainEvent:
             "tx_hash": self.tx_hash,
             "log_index": self.log_index,
             "problems": dict(self.problems),
+            "token": self.token,
         }
 
 
@@ -131,7 +137,8 @@ class ReplicaGroup:
 
 @dataclass(frozen=True)
 class Payout:
-    """A ``JobReleased``: the provider was credited ``amount`` and the platform ``fee``."""
+    """A ``JobReleased``: the provider was credited ``amount`` and the platform ``fee``, both
+    in ``token`` (the job's: the zero address for ETH)."""
 
     job_id: str
     provider: str
@@ -141,18 +148,59 @@ class Payout:
     tx_hash: str
     block: int
     time: int
+    token: str = ZERO_ADDRESS
 
     def to_json(self) -> dict[str, Any]:
+        """``amount_wei``/``fee_wei`` are in the smallest units of ``token`` (wei for ETH)."""
         return {
             "job_id": self.job_id,
             "provider": self.provider,
             "submitter": self.submitter,
+            "token": self.token,
             "amount_wei": str(self.amount),
             "fee_wei": str(self.fee),
             "tx_hash": self.tx_hash,
             "block": self.block,
             "time": self.time,
         }
+
+
+MONEY_FIELDS = (
+    "earned",
+    "withdrawn",
+    "slashed",
+    "slash_credits",
+    "credited",
+    "mediator_fees",
+    "staked",
+    "funded",
+    "paid_out",
+    "refunded",
+    "fees_collected",
+)
+"""The amounts :class:`AddressStats` keeps per token (in ETH on itself, in each ERC-20 in an
+:class:`Amounts` of :attr:`AddressStats.tokens`)."""
+
+
+@dataclass
+class Amounts:
+    """What the events say about one address in one ERC-20 token (the fields of
+    :class:`AddressStats` that are amounts, in that token's smallest units)."""
+
+    earned: int = 0
+    withdrawn: int = 0
+    slashed: int = 0
+    slash_credits: int = 0
+    credited: int = 0
+    mediator_fees: int = 0
+    staked: int = 0
+    funded: int = 0
+    paid_out: int = 0
+    refunded: int = 0
+    fees_collected: int = 0
+
+    def to_json(self) -> dict[str, str]:
+        return {name: str(getattr(self, name)) for name in MONEY_FIELDS}
 
 
 @dataclass
@@ -192,6 +240,15 @@ class AddressStats:
     fees_collected: int = 0
     events: list[int] = field(default_factory=list)
     """``seq`` of every event that names it."""
+    tokens: dict[str, Amounts] = field(default_factory=dict)
+    """The same amounts in each ERC-20 (token address -> :class:`Amounts`); the amount fields
+    above are ETH only, so wei and token units are never added together."""
+
+    def money(self, token: str) -> AddressStats | Amounts:
+        """Where amounts in ``token`` are summed: this record for ETH, else the token's."""
+        if token == ZERO_ADDRESS:
+            return self
+        return self.tokens.setdefault(token, Amounts())
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -213,6 +270,7 @@ class AddressStats:
             "paid_out_wei": str(self.paid_out),
             "refunded_wei": str(self.refunded),
             "fees_collected_wei": str(self.fees_collected),
+            "tokens": {t: a.to_json() for t, a in sorted(self.tokens.items())},
         }
 
 

@@ -43,6 +43,13 @@ class SchedulerClient:
                 detail = response.json().get("detail", response.text)
             except ValueError:
                 detail = response.text
+            if isinstance(detail, list):  # FastAPI's validation errors: "where: what" each
+                detail = "; ".join(
+                    f"{'.'.join(str(p) for p in e.get('loc', []))}: {e.get('msg')}"
+                    if isinstance(e, dict)
+                    else str(e)
+                    for e in detail[:5]
+                )
             raise SchedulerError(f"scheduler: {detail}", response.status_code)
         return response.json()
 

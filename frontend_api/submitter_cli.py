@@ -34,6 +34,7 @@ import typer
 
 from gridmarket.cmdline import command_app, root_options
 from gridmarket.cmdline import friendly as cmdline_friendly
+from gridmarket.escrow import ZERO_ADDRESS
 
 from .format import ago, duration, eth, short, state_label, when
 from .submitter_client import (
@@ -41,11 +42,14 @@ from .submitter_client import (
     Frontend,
     Options,
     check_create_job,
+    check_create_job_with,
     check_job_call,
+    check_token_dispute,
     job_call_signature,
     parse_job_id,
     read_password,
     relay,
+    sign_permit,
     sign_tx,
     tx_link,
     unlock_account,
@@ -80,6 +84,13 @@ def _expected_errors() -> tuple[type[Exception], ...]:
 
 friendly = cmdline_friendly(_expected_errors, logging.getLogger(__name__))
 """Any failure of a command: one line on stderr, exit status 1."""
+
+
+def money(units: int | str | None, currency: dict[str, Any] | None) -> str:
+    """An amount in the currency an answer names (``5 tUSD``; ETH when it names none)."""
+    from .currency import money as in_currency  # web3 underneath: imported when needed
+
+    return in_currency(units, currency)
 
 
 @app.callback()
@@ -176,7 +187,19 @@ def pin_image(job: Any, registry: str | None) -> Any:
 def submit(
     ctx: typer.Context,
     job_file: Annotated[Path, typer.Argument(help="job spec file (YAML or JSON)")],
-    bounty: Annotated[str | None, typer.Option(help="ETH to lock (overrides the file)")] = None,
+    bounty: Annotated[
+        str | None,
+        typer.Option(
+            help="what to lock, in the currency, e.g. 0.01 (ETH) or 5 (tUSD); overrides the file"
+        ),
+    ] = None,
+    currency: Annotated[
+        str | None,
+        typer.Option(
+            help="what the job is paid in: ETH (default) or a token the escrow lists (its "
+            "symbol, e.g. tUSD, or address); funded with your signed permit, one transaction"
+        ),
+    ] = None,
     deadline: Annotated[
         str | None, typer.Option(help="e.g. 2h, 1d or an ISO date (overrides the file)")
     ] = None,
@@ -196,8 +219,8 @@ def submit(
     collateral: Annotated[
         str | None,
         typer.Option(
-            help="ETH the provider locks while it holds the job (default and minimum: "
-            "minCollateral(bounty))"
+            help="what the provider locks while it holds the job, in the currency (default "
+            "and minimum: minCollateral(bounty))"
         ),
     ] = None,
     payment: Annotated[
@@ -252,7 +275,9 @@ def submit(
         (bounty, None) if bounty is not None else (job.bounty_eth, job.bounty_wei)
     )
     if bounty_eth is None and bounty_wei is None:
-        raise CliError(f"{job_file}: bounty: say how much ETH to lock (bounty: 0.01)")
+        raise CliError(f"{job_file}: bounty: say how much to lock (bounty: 0.01)")
+    currency_name = (currency if currency is not None else job.currency or "ETH").strip()
+    in_token = currency_name.upper() != "ETH"
     abs_deadline, ttl_s = (
         parse_deadline(deadline) if deadline is not None else (job.deadline, job.ttl_s)
     )
@@ -261,8 +286,12 @@ def submit(
     try:
         info = fe.get("/api/info")
         terms: dict[str, Any] = {"from": account.address}
+        if in_token:
+            _check_currency(info, currency_name)
+            terms["currency"] = currency_name
+        amount_key = "bounty" if in_token else "bounty_eth"
         if bounty_eth is not None:
-            terms["bounty_eth"] = bounty_eth
+            terms[amount_key] = bounty_eth
         else:
             terms["bounty_wei"] = bounty_wei
         if abs_deadline is not None:
@@ -274,7 +303,7 @@ def submit(
         if mediator is not None:
             terms["mediator"] = mediator
         if collateral is not None:
-            terms["collateral_eth"] = collateral
+            terms["collateral" if in_token else "collateral_eth"] = collateral
         # 1. everything checked (the transaction's dry run included) before any upload
         from .jobfile import PLACEHOLDER_CID
 
@@ -295,32 +324,48 @@ def submit(
             job = pin_image(job, registry or info.get("registry"))  # the tag, to its digest
         if mediator is not None and asked["mediator"].lower() != mediator.strip().lower():
             raise CliError(f"the front end chose mediator {asked['mediator']}, not {mediator}")
+        cur = checked.get("currency")
         if dry_run:
             typer.echo(
-                f"ok: {job_file} would lock {eth(checked['bounty_wei'])} from {account.address} "
-                f"until {when(checked['deadline'])}"
+                f"ok: {job_file} would lock {money(checked['bounty_wei'], cur)} from "
+                f"{account.address} until {when(checked['deadline'])}"
             )
             typer.echo(f"  terms    {_terms_line(asked, checked)}")
             typer.echo(f"  verify   {_verification_line(checked)}")
             return
+        if in_token:  # the permit, signed here over the token's own domain (nothing sent yet)
+            terms.update(_token_permit(account, info, checked))
         # 2. the files, then the spec and the transaction
         dataset_cid = upload_dataset(fe, job.dataset) if job.dataset else None
         module_cid = upload_module(fe, job.module) if job.module else None
         spec = job.spec_with(dataset_cid=dataset_cid, module_cid=module_cid)
         prepared = fe.post("/api/jobs/prepare", json={**terms, "spec": spec})
+        if prepared.get("tx") is None:
+            raise CliError("the front end built no transaction (the permit was not taken)")
         spec_cid = bytes_cid(JobSpec.model_validate(spec).to_bytes())
         if prepared["spec_cid"] != spec_cid:
             raise CliError(
                 f"the front end stored the spec as {prepared['spec_cid']}, not {spec_cid}"
             )
-        check_create_job(
-            prepared["tx"],
-            info,
-            spec_cid,
-            int(prepared["deadline"]),
-            int(prepared["bounty_wei"]),
-            {**asked, "replicas": replicas},  # the seat count it must fund
-        )
+        if in_token:
+            check_create_job_with(
+                prepared["tx"],
+                info,
+                str(cur["address"]),
+                spec_cid,
+                int(prepared["deadline"]),
+                int(checked["bounty_wei"]),
+                {**asked, "replicas": replicas},
+            )
+        else:
+            check_create_job(
+                prepared["tx"],
+                info,
+                spec_cid,
+                int(prepared["deadline"]),
+                int(prepared["bounty_wei"]),
+                {**asked, "replicas": replicas},  # the seat count it must fund
+            )
         # 3. signed here, relayed there
         result = relay(fe, sign_tx(account, prepared["tx"]))
         events = result.get("events", [])
@@ -338,6 +383,7 @@ def submit(
             "spec_cid": spec_cid,
             "tx_hash": result["tx_hash"],
             "bounty_wei": prepared["bounty_wei"],
+            "currency": cur,
             "deadline": prepared["deadline"],
             "terms": asked,
             "url": f"{opts.url}/jobs/{job_id}",
@@ -348,7 +394,8 @@ def submit(
         else:
             typer.echo(job_id)
             typer.echo(
-                f"  funded   {eth(prepared['bounty_wei'])}, deadline {when(prepared['deadline'])}"
+                f"  funded   {money(prepared['bounty_wei'], cur)}, deadline "
+                f"{when(prepared['deadline'])}"
             )
             typer.echo(f"  terms    {_terms_line(asked, prepared)}")
             typer.echo(f"  verify   {_verification_line(prepared)}")
@@ -366,10 +413,46 @@ def submit(
                 raise typer.Exit(1)
         elif wait:
             final = _follow(fe, job_id, timeout, quiet=as_json)
+            chain = final.get("chain") or {}
+            if chain.get("status") == "released" and not as_json:
+                c = chain.get("currency")
+                typer.echo(
+                    f"paid {money(chain['payout_wei'], c)} to {chain.get('provider')} "
+                    f"(fee {money(chain['fee_wei'], c)})"
+                )
             if final.get("chain_status") != "released" and final.get("state") != "released":
                 raise typer.Exit(1)
     finally:
         fe.close()
+
+
+def _check_currency(info: dict[str, Any], name: str) -> None:
+    """A currency the front end lists (its symbol in any case, or its address), before
+    anything is asked of the chain; :class:`CliError` naming the choices otherwise."""
+    listed = info.get("currencies") or []
+    names = {str(c.get("symbol", "")).lower() for c in listed}
+    names |= {str(c.get("address", "")).lower() for c in listed}
+    if name.lower() not in names:
+        choices = ", ".join(str(c.get("symbol")) for c in listed) or "ETH"
+        raise CliError(f"--currency: {name!r} is not a currency of this escrow (choose {choices})")
+
+
+def _token_permit(account: Any, info: dict[str, Any], checked: dict[str, Any]) -> dict[str, Any]:
+    """What a token job's prepare needs besides the terms: ``{"permit": ...}`` signed here
+    when the escrow's allowance does not cover the bounty yet; nothing when it does."""
+    funding = checked.get("funding") or {}
+    amount = int(checked["bounty_wei"])
+    if int(funding.get("allowance_wei") or 0) >= amount:
+        return {}
+    typed = funding.get("permit")
+    if not typed:
+        symbol = (checked.get("currency") or {}).get("symbol")
+        raise CliError(
+            f"{symbol} cannot be allowed by a permit ({funding.get('permit_unavailable')}): "
+            f"approve the escrow {info['escrow']} for {money(amount, checked.get('currency'))} "
+            "from your wallet first, then submit again"
+        )
+    return {"permit": sign_permit(account, typed, str(info["escrow"]), amount)}
 
 
 def _terms_line(terms: dict[str, Any], prepared: dict[str, Any]) -> str:
@@ -380,7 +463,8 @@ def _terms_line(terms: dict[str, Any], prepared: dict[str, Any]) -> str:
         if terms["payment"] == "on_verify"
         else f"paid after the challenge window ({duration(window)}; you may dispute before)"
     )
-    return f"mediator {terms['mediator']}, collateral {eth(terms['collateral_wei'])}, {mode}"
+    collateral = money(terms["collateral_wei"], prepared.get("currency"))
+    return f"mediator {terms['mediator']}, collateral {collateral}, {mode}"
 
 
 def _verification_line(prepared: dict[str, Any]) -> str:
@@ -388,12 +472,13 @@ def _verification_line(prepared: dict[str, Any]) -> str:
     0.01 ETH of collateral`` (or ``integrity: one run``)."""
     price = prepared.get("price") or {}
     runs = int(price.get("runs") or 1)
+    cur = prepared.get("currency")
     if runs == 1:
-        return f"integrity: one provider, you pay {eth(prepared['bounty_wei'])} for one run"
+        return f"integrity: one provider, you pay {money(prepared['bounty_wei'], cur)} for one run"
     return (
-        f"{price['verification']}: you pay {eth(price['total_wei'])} for {runs} runs by "
-        f"distinct providers ({eth(price['per_seat_wei'])} per seat), each provider locks "
-        f"{eth(price['collateral_per_seat_wei'])} of collateral"
+        f"{price['verification']}: you pay {money(price['total_wei'], cur)} for {runs} runs by "
+        f"distinct providers ({money(price['per_seat_wei'], cur)} per seat), each provider "
+        f"locks {money(price['collateral_per_seat_wei'], cur)} of collateral"
     )
 
 
@@ -451,7 +536,8 @@ def _verdict_lines(group: dict[str, Any]) -> list[str]:
         f"paid     {len(v.get('paid') or [])} seat(s)",
     ]
     for x in v.get("slashed") or []:
-        lines.append(f"slashed  seat {x['seat']}  {x['provider']}  {eth(x['amount_wei'])}")
+        amount = money(x["amount_wei"], group.get("currency"))
+        lines.append(f"slashed  seat {x['seat']}  {x['provider']}  {amount}")
     if not v.get("slashed"):
         lines.append("slashed  none")
     return lines
@@ -491,6 +577,7 @@ def _follow(fe: Frontend, job_id: str, timeout: float, quiet: bool = False) -> d
     deadline = time.monotonic() + timeout
     last = ""
     view: dict[str, Any] = {}
+    catch_up: float | None = None
     while time.monotonic() < deadline:
         try:
             view = fe.get(f"/api/jobs/{job_id}")
@@ -506,7 +593,13 @@ def _follow(fe: Frontend, job_id: str, timeout: float, quiet: bool = False) -> d
         if line != last and not quiet:
             typer.echo(f"{time.strftime('%H:%M:%S')}  {line}")
         last = line
-        if view.get("final"):
+        paid_off = view.get("state") in ("released", "refunded")  # the scheduler's word
+        settled = view.get("chain_status") in ("released", "refunded") or not paid_off
+        if view.get("final") and not settled and catch_up is None:
+            # the scheduler saw it final before the front end's index read the block: give the
+            # chain's side a few seconds, so the last line (and the payment) is the chain's
+            catch_up = time.monotonic() + 10
+        if view.get("final") and (settled or time.monotonic() >= (catch_up or 0)):
             if view.get("output_cid") and not quiet:
                 typer.echo(f"output {view['output_cid']}  (gridmarket get {job_id})")
             return view
@@ -536,6 +629,7 @@ def status(
         typer.echo(json.dumps(view, indent=2))
         return
     chain = view.get("chain") or {}
+    cur = chain.get("currency")
     sched = view.get("scheduler") or {}
     rows = [
         ("job", jid),
@@ -549,7 +643,11 @@ def status(
         rows.append(("why", sched["reason"]))
     if chain:
         rows += [
-            ("bounty", f"{eth(chain['bounty_wei'])}  (provider gets {eth(chain['payout_wei'])})"),
+            (
+                "bounty",
+                f"{money(chain['bounty_wei'], cur)}  "
+                f"(provider gets {money(chain['payout_wei'], cur)})",
+            ),
             ("deadline", f"{when(chain['deadline'])}  ({ago(chain['deadline'])})"),
             ("submitter", chain["submitter"]),
             ("provider", chain.get("provider") or "not assigned"),
@@ -559,7 +657,7 @@ def status(
         if t:
             rows += [
                 ("mediator", t["mediator"]),
-                ("collateral", eth(t["collateral_wei"])),
+                ("collateral", money(t["collateral_wei"], cur)),
                 (
                     "payment",
                     "on the scheduler's check"
@@ -581,7 +679,9 @@ def status(
                 )
         for r in chain.get("rulings") or []:
             verdict = (
-                "upheld" if r["upheld"] else f"not upheld: provider slashed {eth(r['slashed_wei'])}"
+                "upheld"
+                if r["upheld"]
+                else f"not upheld: provider slashed {money(r['slashed_wei'], cur)}"
             )
             rows.append(("ruling", f"attempt {r['attempt']}: {verdict}"))
     rows.append(("output", view.get("output_cid") or "-"))
@@ -693,10 +793,31 @@ def _job_action(ctx: typer.Context, job_id: str, action: str, done: str) -> dict
     fe = Frontend(opts.url)
     try:
         info = fe.get("/api/info")
-        prepared = fe.post(f"/api/jobs/{jid}/{action}/prepare", json={"from": account.address})
-        tx = prepared["tx"]
-        value = int(info["params"].get("dispute_deposit", 0)) if action == "dispute" else 0
-        check_job_call(tx, info, job_call_signature(prepared["action"]), jid, value)
+        path = f"/api/jobs/{jid}/{action}/prepare"
+        prepared = fe.post(path, json={"from": account.address})
+        cur = prepared.get("currency") or {}
+        in_token = str(cur.get("address") or ZERO_ADDRESS) != ZERO_ADDRESS
+        if action == "dispute" and in_token:
+            # the deposit is the job's bounty in its token, pulled by the escrow: a permit
+            # signed here first when the allowance does not cover it
+            deposit = int(prepared["deposit_wei"])
+            funding = prepared.get("funding") or {}
+            if prepared.get("tx") is None:
+                typed = funding.get("permit")
+                if not typed:
+                    raise CliError(
+                        f"the deposit cannot be allowed by a permit "
+                        f"({funding.get('permit_unavailable')}): approve the escrow "
+                        f"{info['escrow']} for {money(deposit, cur)} first"
+                    )
+                permit = sign_permit(account, typed, str(info["escrow"]), deposit)
+                prepared = fe.post(path, json={"from": account.address, "permit": permit})
+            tx = prepared["tx"]
+            check_token_dispute(tx, info, str(cur["address"]), jid, deposit)
+        else:
+            tx = prepared["tx"]
+            value = int(info["params"].get("dispute_deposit", 0)) if action == "dispute" else 0
+            check_job_call(tx, info, job_call_signature(prepared["action"]), jid, value)
         result = relay(fe, sign_tx(account, tx))
     finally:
         fe.close()
@@ -741,9 +862,8 @@ def dispute(
     deposit: the job's mediator re-checks it. Upheld, the deposit pays the mediator; not upheld,
     you get the deposit back and the provider's collateral, and the job is offered again."""
     prepared = _job_action(ctx, job_id, "dispute", "disputed")
-    typer.echo(
-        f"  deposit  {eth(prepared['deposit_wei'])}\n  mediator {prepared['mediator']} rules"
-    )
+    deposit = money(prepared["deposit_wei"], prepared.get("currency"))
+    typer.echo(f"  deposit  {deposit}\n  mediator {prepared['mediator']} rules")
 
 
 @app.command()
@@ -815,8 +935,9 @@ def jobs(
             if j.get("payment") == "on_verify"
             else "after window"
         )
+        bounty = money(j["bounty_wei"], j.get("currency"))
         buf.write(
-            f"{j['job_id']:<66}  {j['status']:<9}  {eth(j['bounty_wei']):>14}  {paid:<12}  "
+            f"{j['job_id']:<66}  {j['status']:<9}  {bounty:>14}  {paid:<12}  "
             f"{when(j['deadline']):<23}  {j.get('output_cid') or '-'}\n"
         )
     typer.echo(buf.getvalue().rstrip("\n"))

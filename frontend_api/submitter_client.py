@@ -15,11 +15,15 @@ from gridmarket.cmdline import prompt_password
 
 CREATE_JOB_SIGNATURE = "createJob(bytes32,string,uint40,address,uint96,uint8)"
 CREATE_REPLICATED_SIGNATURE = "createReplicated(bytes32,string,uint40,address,uint96,uint8,uint8)"
+CREATE_JOB_WITH_SIGNATURE = (
+    "createJobWith(address,uint256,bytes32,string,uint40,address,uint96,uint8,uint8)"
+)
+PERMIT_TOKEN_SIGNATURE = "permitToken(address,uint256,uint256,uint8,bytes32,bytes32)"  # noqa: S105
 JOB_TUPLE = (
     "(address,uint96,address,uint40,uint40,uint16,uint16,bytes32,address,address,uint96,uint40,"
-    "uint8)"
+    "uint8,address)"
 )
-"""``IJobEscrow.Job`` as the ABI spells it in a function signature."""
+"""``IJobEscrow.Job`` as the ABI spells it in a function signature (version 4: ``token`` last)."""
 
 
 def job_call_signature(fn_name: str) -> str:
@@ -145,6 +149,109 @@ def check_create_job(
             raise CliError("the transaction's collateral or payment mode is not the one asked")
 
 
+def _multicall(data: bytes) -> list[bytes]:
+    """The calls of a ``multicall(bytes[])`` transaction's data; :class:`CliError` otherwise."""
+    from eth_abi.abi import decode
+    from eth_utils.crypto import keccak
+
+    if data[:4] != keccak(text="multicall(bytes[])")[:4]:
+        raise CliError("the transaction is not a multicall of the escrow")
+    try:
+        (calls,) = decode(["bytes[]"], data[4:])
+    except Exception:  # eth-abi raises several types for malformed data
+        raise CliError("the transaction's multicall does not decode") from None
+    return [bytes(c) for c in calls]
+
+
+def _check_permit_call(call: bytes, token: str, least: int) -> None:
+    """``call`` must be ``permitToken(token, value >= least, ...)``."""
+    from eth_abi.abi import decode
+    from eth_utils.crypto import keccak
+
+    if call[:4] != keccak(text=PERMIT_TOKEN_SIGNATURE)[:4]:
+        raise CliError("the transaction's first call is not permitToken")
+    got_token, value = decode(
+        ["address", "uint256", "uint256", "uint8", "bytes32", "bytes32"], call[4:]
+    )[:2]
+    if str(got_token).lower() != token.lower() or int(value) < least:
+        raise CliError("the transaction's permit is not for this token and amount")
+
+
+def check_create_job_with(
+    tx: dict[str, str],
+    info: dict[str, Any],
+    token: str,
+    spec_cid: str,
+    deadline: int,
+    amount: int,
+    terms: dict[str, Any],
+) -> None:
+    """Refuse a token job's funding that is not the one asked for: to the escrow on this chain,
+    no ETH sent, ``createJobWith(token, amount, ...)`` with this spec, deadline, terms and seat
+    count, alone or after ``permitToken(token, amount, ...)`` in one ``multicall``."""
+    from eth_abi.abi import decode
+    from eth_utils.crypto import keccak
+
+    if tx["to"].lower() != str(info["escrow"]).lower():
+        raise CliError(f"the transaction goes to {tx['to']}, not to the escrow {info['escrow']}")
+    if int(tx["chainId"], 16) != int(info["chain_id"]):
+        raise CliError(f"the transaction is for chain {int(tx['chainId'], 16)}")
+    if int(tx["value"], 16) != 0:
+        raise CliError("the transaction sends ETH with a token job")
+    data = bytes.fromhex(tx["data"][2:])
+    selector = keccak(text=CREATE_JOB_WITH_SIGNATURE)[:4]
+    if data[:4] != selector:
+        calls = _multicall(data)
+        if len(calls) != 2:
+            raise CliError(f"the transaction's multicall makes {len(calls)} calls, not 2")
+        _check_permit_call(calls[0], token, amount)
+        data = calls[1]
+        if data[:4] != selector:
+            raise CliError("the transaction does not call createJobWith")
+    got_token, got_amount, _, cid, got_deadline, mediator, collateral, flags, seats = decode(
+        [
+            "address",
+            "uint256",
+            "bytes32",
+            "string",
+            "uint40",
+            "address",
+            "uint96",
+            "uint8",
+            "uint8",
+        ],
+        data[4:],
+    )
+    if str(got_token).lower() != token.lower() or int(got_amount) != amount:
+        raise CliError(f"the transaction pays {got_amount} of {got_token}, not {amount} of {token}")
+    if cid != spec_cid or got_deadline != deadline:
+        raise CliError("the transaction's spec or deadline is not the one prepared")
+    if int(seats) != int(terms.get("replicas") or 0):
+        raise CliError(f"the transaction funds {seats} seats, not {terms.get('replicas') or 0}")
+    if str(mediator).lower() != str(terms["mediator"]).lower():
+        raise CliError(f"the transaction names mediator {mediator}, not {terms['mediator']}")
+    if int(collateral) != int(terms["collateral_wei"]) or int(flags) != int(terms["flags"]):
+        raise CliError("the transaction's collateral or payment mode is not the one asked")
+
+
+def check_token_dispute(
+    tx: dict[str, str], info: dict[str, Any], token: str, job_id: str, deposit: int
+) -> None:
+    """A token job's dispute: ``dispute(job_id, ...)`` with no ETH, alone or after
+    ``permitToken(token, deposit, ...)`` in one ``multicall``."""
+    from eth_utils.crypto import keccak
+
+    data = bytes.fromhex(tx["data"][2:])
+    selector = keccak(text=job_call_signature("dispute"))[:4]
+    if data[:4] != selector:
+        calls = _multicall(data)
+        if len(calls) != 2:
+            raise CliError(f"the transaction's multicall makes {len(calls)} calls, not 2")
+        _check_permit_call(calls[0], token, deposit)
+        tx = {**tx, "data": "0x" + calls[1].hex()}
+    check_job_call(tx, info, job_call_signature("dispute"), job_id, 0)
+
+
 def check_job_call(
     tx: dict[str, str], info: dict[str, Any], fn_signature: str, job_id: str, value: int = 0
 ) -> None:
@@ -161,6 +268,35 @@ def check_job_call(
         raise CliError(f"the transaction is not {fn_signature.partition('(')[0]} of {job_id}")
     if int(tx["value"], 16) != value:
         raise CliError(f"the transaction sends {int(tx['value'], 16)} wei, not {value}")
+
+
+def sign_permit(
+    account: Any, typed_data: dict[str, Any], spender: str, value: int
+) -> dict[str, Any]:
+    """Sign the EIP-2612 permit a prepare answered with (``funding.permit``), after checking it
+    lets only ``spender`` (the escrow) take only ``value`` from this wallet: the ``permit`` a
+    second prepare takes (``{value, deadline, signature}``)."""
+    from eth_account import Account
+
+    message = typed_data.get("message") or {}
+    if str(message.get("owner", "")).lower() != account.address.lower():
+        raise CliError(f"the permit is for {message.get('owner')}, not {account.address}")
+    if str(message.get("spender", "")).lower() != spender.lower():
+        raise CliError(f"the permit lets {message.get('spender')} spend, not the escrow")
+    if int(message.get("value", -1)) != value:
+        raise CliError(f"the permit is for {message.get('value')} units, not {value}")
+    uints = ("value", "nonce", "deadline")
+    full = {
+        **typed_data,
+        "domain": {**typed_data["domain"], "chainId": int(typed_data["domain"]["chainId"])},
+        "message": {k: int(v) if k in uints else v for k, v in message.items()},
+    }
+    signed = Account.sign_typed_data(account.key, full_message=full)
+    return {
+        "value": str(value),
+        "deadline": int(message["deadline"]),
+        "signature": "0x" + bytes(signed.signature).hex(),
+    }
 
 
 def sign_tx(account: Any, tx: dict[str, str]) -> str:

@@ -5,14 +5,17 @@ Every function returns :class:`markupsafe.Markup` built from numbers and escaped
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from markupsafe import Markup, escape
 
 from .format import eth
 from .records import Bucket
+
+if TYPE_CHECKING:
+    from .currency import Currency
 
 STATUS_COLORS = {
     "busy": "#2563eb",
@@ -28,9 +31,16 @@ def _label_time(ts: int, width: int) -> str:
     return dt.strftime("%H:%M" if width < 86400 else "%b %d")
 
 
-def totals_chart(buckets: Sequence[Bucket], *, width: int = 760, height: int = 240) -> Markup:
+def totals_chart(
+    buckets: Sequence[Bucket],
+    *,
+    width: int = 760,
+    height: int = 240,
+    currency: Currency | None = None,
+) -> Markup:
     """Payouts per time bucket (bars: provider share, fee stacked on top) and the running total
-    paid to providers (line, right-hand scale)."""
+    paid to providers (line, right-hand scale), all in one ``currency`` (default ETH)."""
+    money: Callable[[int], str] = currency.fmt if currency is not None else eth
     if not buckets:
         return Markup(  # noqa: S704 - numbers and escape()d labels only
             f'<svg class="chart" viewBox="0 0 {width} 60" role="img" '
@@ -46,7 +56,7 @@ def totals_chart(buckets: Sequence[Bucket], *, width: int = 760, height: int = 2
     bar_w = min(36.0, max(2.0, slot * 0.7))
     parts: list[str] = [
         f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" '
-        f'aria-label="payouts over time">'
+        f'aria-label="payouts over time{escape(" in " + currency.symbol) if currency else ""}">'
     ]
     for frac in (0, 0.5, 1):
         y = top + plot_h * (1 - frac)
@@ -55,11 +65,11 @@ def totals_chart(buckets: Sequence[Bucket], *, width: int = 760, height: int = 2
         )
         parts.append(
             f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" class="axis">'
-            f"{escape(eth(int(peak * frac), 4))}</text>"
+            f"{escape(money(int(peak * frac)))}</text>"
         )
         parts.append(
             f'<text x="{left + plot_w + 6}" y="{y + 4:.1f}" class="axis line-axis">'
-            f"{escape(eth(int(total * frac), 4))}</text>"
+            f"{escape(money(int(total * frac)))}</text>"
         )
     step = [f"M{left},{top + plot_h:.1f}"]  # running total: a step at each bucket's centre
     for i, b in enumerate(buckets):
@@ -68,8 +78,8 @@ def totals_chart(buckets: Sequence[Bucket], *, width: int = 760, height: int = 2
         h_fee = plot_h * b.fee / peak
         y_amount = top + plot_h - h_amount
         title = (
-            f"{_label_time(b.start, b.width)}: {b.count} payout(s), {eth(b.amount)} to providers, "
-            f"{eth(b.fee)} fees"
+            f"{_label_time(b.start, b.width)}: {b.count} payout(s), {money(b.amount)} to "
+            f"providers, {money(b.fee)} fees"
         )
         if b.count:
             parts.append(

@@ -30,6 +30,7 @@ from web3.types import TxParams
 
 from gridmarket.chain import EscrowClient, rpc_error_message
 from gridmarket.escrow import JobState, Terms
+from gridmarket.token import ERC20_ABI, TokenClient
 
 from .records import ChainEvent, hexstr
 
@@ -45,9 +46,47 @@ CREATE_JOB_ERROR_FIELDS = (
     ("JobEscrowDeadlineOutOfRange", "deadline"),
     ("JobEscrowBadReplicas", "verification"),
     ("JobEscrowBountyNotDivisible", "bounty"),
+    ("JobEscrowTokenNotAllowed", "currency"),
+    ("JobEscrowTokenAmountMismatch", "currency"),
+    ("JobEscrowTokenTransferFailed", "bounty"),
+    ("JobEscrowPermitFailed", "permit"),
 )
 """``createJob``'s and ``createReplicated``'s custom errors and the input each is about
 (``from`` for anything else)."""
+
+
+PERMIT_TTL_S = 3600
+"""How long a permit the page or the CLI is asked to sign stays valid."""
+
+_DOMAIN_ABI: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "name": name,
+        "stateMutability": "view",
+        "inputs": [],
+        "outputs": [{"name": "", "type": "string"}],
+    }
+    for name in ("name", "version")
+]
+"""``name()`` and ``version()``: what an EIP-2612 token's EIP-712 domain is made of (not
+every token has ``version()``: "1" is then assumed, and checked against DOMAIN_SEPARATOR)."""
+
+PERMIT_TYPES = {
+    "EIP712Domain": [
+        {"name": "name", "type": "string"},
+        {"name": "version", "type": "string"},
+        {"name": "chainId", "type": "uint256"},
+        {"name": "verifyingContract", "type": "address"},
+    ],
+    "Permit": [
+        {"name": "owner", "type": "address"},
+        {"name": "spender", "type": "address"},
+        {"name": "value", "type": "uint256"},
+        {"name": "nonce", "type": "uint256"},
+        {"name": "deadline", "type": "uint256"},
+    ],
+}
+"""EIP-2612's typed data (gridmarket.token.PERMIT_TYPEHASH), for ``eth_signTypedData_v4``."""
 
 
 class TxError(ValueError):
@@ -174,6 +213,162 @@ class TxBuilder:
             for error, key in CREATE_JOB_ERROR_FIELDS:
                 if error in exc.message:
                     raise TxError(names.get(key, key), exc.message) from None
+            raise
+
+    # ------------------------------------------------------------------ tokens
+    def token_state(self, token: str, owner: str) -> tuple[int, int]:
+        """``(balance, allowance for the escrow)`` of ``owner`` in ``token``."""
+        client = TokenClient(self.w3, token)
+        return client.balance_of(owner), client.allowance(owner, self.escrow.address)
+
+    def approve_tx(self, sender: str, token: str, amount: int) -> dict[str, str]:
+        """``token.approve(escrow, amount)`` from ``sender``: the way to fund for a wallet that
+        cannot sign typed data (a permit); sent before the escrow call that pulls it."""
+        contract = self.w3.eth.contract(address=cast(Any, token), abi=ERC20_ABI)
+        data = bytes(HexBytes(contract.encode_abi("approve", args=[self.escrow.address, amount])))
+        call: TxParams = {
+            "from": cast(ChecksumAddress, sender),
+            "to": cast(ChecksumAddress, token),
+            "value": cast(Any, 0),
+            "data": data,
+        }
+        gas = self._estimate(call, "approve", "from")
+        nonce = self.w3.eth.get_transaction_count(cast(ChecksumAddress, sender), "pending")
+        return {
+            "from": sender,
+            "to": token,
+            "data": hexstr(data),
+            "value": "0x0",
+            "chainId": hex(self.escrow.deployment.chain_id),
+            "gas": hex(gas + gas // 5 + 10_000),
+            "gasPrice": hex(int(self.w3.eth.gas_price)),
+            "nonce": hex(nonce),
+        }
+
+    def permit_request(
+        self, token: str, owner: str, value: int, now: int
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        """The EIP-2612 typed data ``owner`` signs (``eth_signTypedData_v4``) to let the escrow
+        pull ``value`` of ``token`` until ``now + PERMIT_TTL_S``, and None; or None and why
+        when the token's domain cannot be rebuilt (its ``DOMAIN_SEPARATOR`` is not the standard
+        one over ``name()``, ``version()``): approve instead."""
+        from eth_abi.abi import encode
+        from eth_utils.crypto import keccak
+
+        contract = self.w3.eth.contract(address=cast(Any, token), abi=ERC20_ABI + _DOMAIN_ABI)
+        try:
+            name = str(contract.functions.name().call())
+            separator = bytes(contract.functions.DOMAIN_SEPARATOR().call())
+            nonce = int(contract.functions.nonces(owner).call())
+        except Exception as exc:  # no permit support (or a hostile token): approve instead
+            return None, f"the token has no EIP-2612 permit ({type(exc).__name__})"
+        try:
+            version = str(contract.functions.version().call())
+        except Exception:  # most EIP-2612 tokens have no version(): "1" is the convention
+            version = "1"
+        chain_id = self.escrow.deployment.chain_id
+        domain = keccak(
+            encode(
+                ["bytes32", "bytes32", "bytes32", "uint256", "address"],
+                [
+                    keccak(
+                        text="EIP712Domain(string name,string version,uint256 chainId,"
+                        "address verifyingContract)"
+                    ),
+                    keccak(text=name),
+                    keccak(text=version),
+                    chain_id,
+                    token,
+                ],
+            )
+        )
+        if domain != separator:
+            return None, "the token's permit domain is not the standard one: approve instead"
+        deadline = now + PERMIT_TTL_S
+        return {
+            "types": PERMIT_TYPES,
+            "primaryType": "Permit",
+            "domain": {
+                "name": name,
+                "version": version,
+                "chainId": chain_id,
+                "verifyingContract": token,
+            },
+            "message": {
+                "owner": owner,
+                "spender": self.escrow.address,
+                "value": str(value),
+                "nonce": str(nonce),
+                "deadline": str(deadline),
+            },
+        }, None
+
+    def create_job_with(
+        self,
+        sender: str,
+        token: str,
+        amount: int,
+        salt: bytes,
+        spec_cid: str,
+        deadline: int,
+        replicas: int,
+        terms: Terms,
+        permit: tuple[int, int, int, bytes, bytes] | None,
+        fields: dict[str, str] | None = None,
+    ) -> dict[str, str]:
+        """``createJobWith(token, amount, ...)``; with ``permit`` (value, deadline, v, r, s)
+        one ``multicall([permitToken(...), createJobWith(...)])``. Dry-run from ``sender``
+        (without a permit the allowance must be there); a revert names the input at fault."""
+        names = fields or {}
+        create = self.escrow.encode(
+            "createJobWith",
+            token,
+            amount,
+            salt,
+            spec_cid,
+            deadline,
+            terms.mediator,
+            terms.collateral,
+            terms.flags,
+            replicas,
+        )
+        try:
+            if permit is None:
+                return self.unsigned(
+                    sender,
+                    "createJobWith",
+                    token,
+                    amount,
+                    salt,
+                    spec_cid,
+                    deadline,
+                    terms.mediator,
+                    terms.collateral,
+                    terms.flags,
+                    replicas,
+                )
+            value, permit_deadline, v, r, s = permit
+            allow = self.escrow.encode("permitToken", token, value, permit_deadline, v, r, s)
+            return self.unsigned(sender, "multicall", [allow, create])
+        except TxError as exc:
+            for error, key in CREATE_JOB_ERROR_FIELDS:
+                if error in exc.message:
+                    raise TxError(names.get(key, key), exc.message) from None
+            raise
+
+    def dispute_with_permit(
+        self, sender: str, state: JobState, permit: tuple[int, int, int, bytes, bytes]
+    ) -> dict[str, str]:
+        """``multicall([permitToken(...), dispute(jobId, job)])``: a token job's dispute with
+        the deposit (``depositOf``: its bounty, in its token) allowed by the submitter's permit."""
+        value, permit_deadline, v, r, s = permit
+        allow = self.escrow.encode("permitToken", state.job.token, value, permit_deadline, v, r, s)
+        dispute = self.escrow.encode("dispute", state.job_id, state.job.as_tuple())
+        try:
+            return self.unsigned(sender, "multicall", [allow, dispute])
+        except TxError as exc:
+            if "JobEscrowPermitFailed" in exc.message:
+                raise TxError("permit", exc.message) from None
             raise
 
     def job_call(

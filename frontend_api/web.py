@@ -7,9 +7,11 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.templating import Jinja2Templates
+from jinja2 import Environment, pass_environment
 
 from . import format as fmt
 from . import svg
+from .currency import ETH_CURRENCY, Currencies
 
 HERE = Path(__file__).resolve().parent
 
@@ -26,6 +28,32 @@ env.filters.update(
     state_label=fmt.state_label,
 )
 env.globals.update(node_state=svg.node_state, status_colors=svg.STATUS_COLORS)
+
+
+@pass_environment
+def money(environment: Environment, units: Any, token: Any = None) -> str:
+    """``{{ amount | money(token) }}``: smallest units of ``token`` (a job's token address, or
+    a currency's JSON) with its symbol: ``5 tUSD``, ``0.01 ETH`` (no token: ETH). The
+    currencies are the app's (:func:`use_currencies`)."""
+    if isinstance(token, dict):
+        token = token.get("address")
+    if token is None:
+        return ETH_CURRENCY.fmt(units)
+    found = environment.globals.get("currencies")
+    currencies = found if isinstance(found, Currencies) else Currencies({})
+    try:
+        currency = currencies.of(token)
+    except ValueError:
+        return f"{units} (unknown token)"
+    return currency.fmt(units)
+
+
+def use_currencies(currencies: Currencies) -> None:
+    """The currencies the pages show amounts in (one deployment per process)."""
+    env.globals["currencies"] = currencies
+
+
+env.filters["money"] = money
 
 STATE_CLASSES = {
     "funded": "info",

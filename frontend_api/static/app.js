@@ -85,6 +85,52 @@ const GM = {
     return `${whole}${frac ? "." + frac : ""} ETH`;
   },
 
+  /** Smallest units (string or bigint) of a token with `decimals` as "2.5 tUSD". */
+  units(value, decimals, symbol, places = 6) {
+    if (decimals === 18 && symbol === "ETH") return GM.eth(value, places);
+    const v = BigInt(value || 0);
+    const base = 10n ** BigInt(decimals);
+    const frac = (v % base).toString().padStart(decimals, "0").replace(/0+$/, "");
+    return `${v / base}${frac ? "." + frac : ""} ${symbol}`;
+  },
+
+  /** Decimal text to smallest units of a token with `decimals` (null if not such a number). */
+  toUnits(text, decimals) {
+    const clean = String(text).trim();
+    const pattern = new RegExp(`^\\d*(\\.\\d{0,${decimals}})?$`);
+    if (!pattern.test(clean) || clean === "" || clean === ".") return null;
+    const [whole, frac = ""] = clean.split(".");
+    const base = 10n ** BigInt(decimals);
+    return (BigInt(whole || "0") * base + BigInt((frac + "0".repeat(decimals)).slice(0, decimals) || "0")).toString();
+  },
+
+  /**
+   * Let the escrow pull a token amount (a prepare's `funding`): the wallet signs the EIP-2612
+   * permit (eth_signTypedData_v4; no transaction) and the permit to send back is returned; a
+   * wallet that cannot sign typed data (or a token without a usable permit) sends the
+   * approval instead, and null is returned once it is mined.
+   */
+  async allow(funding, status = () => {}) {
+    if (funding.permit) {
+      status("Sign the permit in your wallet (no transaction)…");
+      try {
+        const signature = await GM.provider().request({
+          method: "eth_signTypedData_v4",
+          params: [GM.account, JSON.stringify(funding.permit)],
+        });
+        return { value: funding.permit.message.value, deadline: Number(funding.permit.message.deadline), signature };
+      } catch (err) {
+        if (err && err.code === 4001) throw err;  // the user refused: stop here
+        status(`The wallet cannot sign a permit (${err.message || err}); approving instead…`);
+      }
+    }
+    status("Confirm the approval in your wallet…");
+    const hash = await GM.send(funding.approve_tx);
+    const mined = await GM.waitTx(hash);
+    if (mined.status !== "success") throw new Error(`the approval reverted (transaction ${hash})`);
+    return null;
+  },
+
   /** Decimal ETH text to a wei string (exact, no floating point). */
   toWei(text) {
     const clean = String(text).trim();
@@ -123,7 +169,11 @@ const GM = {
     status("Connecting the wallet…");
     const account = await GM.connect();
     status("Preparing the transaction…");
-    const prepared = await GM.api(prepareUrl, { ...body, from: account });
+    let prepared = await GM.api(prepareUrl, { ...body, from: account });
+    if (!prepared.tx && prepared.funding) {  // a token amount to allow first (a token dispute)
+      const permit = await GM.allow(prepared.funding, status);
+      prepared = await GM.api(prepareUrl, { ...body, from: account, ...(permit ? { permit } : {}) });
+    }
     status("Confirm the transaction in your wallet…");
     const hash = await GM.send(prepared.tx);
     status(`Sent ${GM.short(hash)}; waiting for a block…`);

@@ -1,8 +1,10 @@
 // The submit page: build a job spec from the form, show a quote, and fund the job from the
 // wallet. Order matters, so that a mistake creates nothing: (1) the server checks the whole
-// request and dry-runs createJob from the wallet's address (dry_run), (2) the dataset and module
-// are uploaded to IPFS, (3) the server adds the spec and returns the transaction, (4) the
-// wallet signs and sends it, (5) the page goes to the job's live page.
+// request and dry-runs createJob from the wallet's address (dry_run), (2) for a job paid in a
+// token the wallet signs the EIP-2612 permit (or, if it cannot sign typed data, approves the
+// escrow), (3) the dataset and module are uploaded to IPFS, (4) the server adds the spec and
+// returns the transaction (for a token: multicall(permitToken, createJobWith)), (5) the
+// wallet signs and sends it, (6) the page goes to the job's live page.
 "use strict";
 
 (() => {
@@ -24,6 +26,31 @@
     const mode = radio("dataset_mode");
     $("dataset-upload").classList.toggle("hidden", mode !== "upload");
     $("dataset-cid-field").classList.toggle("hidden", mode !== "cid");
+  }
+
+  /** The currency chosen: ETH or a listed token (symbol, address, decimals). */
+  function cur() {
+    const option = $("currency").selectedOptions[0];
+    const decimals = Number(option.dataset.decimals);
+    return { symbol: option.value, address: option.dataset.address, decimals, eth: option.value === "ETH" };
+  }
+  const toUnits = (text) => GM.toUnits(text, cur().decimals);
+  const fmt = (units) => GM.units(units, cur().decimals, cur().symbol, cur().decimals);
+  const bare = (units) => fmt(units).replace(` ${cur().symbol}`, "");
+
+  /** The currency's name on the form, and the fields' names the server's errors use. */
+  function showCurrency() {
+    const c = cur();
+    form.querySelectorAll(".currency-symbol").forEach((el) => { el.textContent = c.symbol; });
+    $("bounty-field").dataset.field = c.eth ? "bounty_eth" : "bounty";
+    $("collateral-field").dataset.field = c.eth ? "collateral_eth" : "collateral";
+    $("currency-hint-token").classList.toggle("hidden", c.eth);
+    const least = $("currency").selectedOptions[0].dataset.minBounty;
+    $("bounty-minimum").textContent = least ? `Minimum ${fmt(least)}.` : "";
+    const deposit = $("dispute-deposit-hint");
+    deposit.textContent = c.eth
+      ? deposit.dataset.eth
+      : `A dispute deposits the job's bounty, in ${c.symbol} (it pays the mediator's re-run if the result is upheld).`;
   }
 
   const lines = (text) => text.split("\n").map((s) => s.replace(/\r$/, "")).filter((s) => s.length);
@@ -73,9 +100,10 @@
   }
 
   function request(spec) {
+    const c = cur();
     const body = {
       spec,
-      bounty_eth: $("bounty").value.trim(),
+      [c.eth ? "bounty_eth" : "bounty"]: $("bounty").value.trim(),
       ttl_s: Math.round(Number($("deadline").value) * 3600),
       payment: radio("payment"),
       verification: $("verification").value,
@@ -83,7 +111,8 @@
     const mediator = $("mediator").value.trim();
     if (mediator) body.mediator = mediator;
     const collateral = $("collateral").value.trim();
-    if (collateral) body.collateral_eth = collateral;
+    if (collateral) body[c.eth ? "collateral_eth" : "collateral"] = collateral;
+    if (!c.eth) body.currency = c.symbol;
     return body;
   }
 
@@ -96,7 +125,7 @@
   /** The least collateral for the bounty typed (minCollateral of one seat's share), as wei;
    * null if unreadable. */
   function minCollateral() {
-    const bounty = GM.toWei($("bounty").value);
+    const bounty = toUnits($("bounty").value);
     if (bounty === null) return null;
     const bps = BigInt(form.getAttribute("data-min-collateral-bps") || "10000");
     return ((BigInt(bounty) / BigInt(seats())) * bps) / 10000n;
@@ -116,19 +145,19 @@
     }
     const line = $("verification-price");
     line.dataset.state = replicated ? `replicate:${k}` : "integrity";
-    const bounty = GM.toWei($("bounty").value);
+    const bounty = toUnits($("bounty").value);
     if (bounty === null) { line.textContent = ""; return; }
     const total = BigInt(bounty);
-    const typed = GM.toWei($("collateral").value);
+    const typed = toUnits($("collateral").value);
     const collateral = typed === null || !$("collateral").value.trim() ? minCollateral() : BigInt(typed);
     if (!replicated) {
-      line.textContent = `You pay ${GM.eth(total.toString(), 18)} for one run; the provider locks ${GM.eth(collateral.toString(), 18)} of collateral.`;
+      line.textContent = `You pay ${fmt(total)} for one run; the provider locks ${fmt(collateral)} of collateral.`;
       return;
     }
     const share = total / BigInt(k);
     const rest = total % BigInt(k);
-    line.textContent = `You pay ${GM.eth(total.toString(), 18)} for ${k} runs (${GM.eth(share.toString(), 18)} per seat); each of the ${k} providers locks ${GM.eth(collateral.toString(), 18)} of collateral.`
-      + (rest ? ` The bounty must divide by ${k}: ${rest} wei too many.` : "");
+    line.textContent = `You pay ${fmt(total)} for ${k} runs (${fmt(share)} per seat); each of the ${k} providers locks ${fmt(collateral)} of collateral.`
+      + (rest ? ` The bounty must divide by ${k}: ${rest} ${cur().eth ? "wei" : "units"} too many.` : "");
   }
 
   function showTerms() {
@@ -136,15 +165,15 @@
     $("payment-hint-after_window").classList.toggle("hidden", pay !== "after_window");
     $("payment-hint-on_verify").classList.toggle("hidden", pay !== "on_verify");
     const least = minCollateral();
-    const shown = least === null ? "" : GM.eth(least.toString(), 18);
-    $("collateral").placeholder = least === null ? "the minimum" : `${shown.replace(" ETH", "")} (the minimum)`;
+    const shown = least === null ? "" : fmt(least);
+    $("collateral").placeholder = least === null ? "the minimum" : `${bare(least)} (the minimum)`;
     const line = $("quote-collateral");
     if (line) {
       line.textContent = least === null
         ? ""
         : seats() > 1
           ? `Each of the ${seats()} providers locks at least ${shown} of collateral (its seat's share of the bounty).`
-          : `The provider locks at least ${shown} of collateral for a bounty of ${GM.eth(GM.toWei($("bounty").value), 18)}.`;
+          : `The provider locks at least ${shown} of collateral for a bounty of ${fmt(toUnits($("bounty").value))}.`;
     }
     showVerification();
   }
@@ -209,12 +238,30 @@
       disk_mib: spec.resources.disk_mib,
       duration_s: spec.limits.timeout_s || 60,
     };
+    if (!cur().eth) body.token = cur().address;  // the price in the token's smallest units
     try {
       const q = await GM.api("/api/quote", body);
       if (seq !== quoteSeq) return;  // a newer quote is on its way
       box.innerHTML = "";
       box.dataset.executor = body.executor;
       box.dataset.providers = String(q.provider_count);
+      box.dataset.currency = cur().symbol;
+      if (q.quote_unavailable) {  // the scheduler does not quote in this token: say so
+        const div = document.createElement("div");
+        div.className = "notice warn";
+        div.id = "quote-unavailable";
+        div.textContent = `No quote in ${cur().symbol}: ${q.quote_unavailable}. Choose the bounty yourself.`;
+        const fits = document.createElement("p");
+        fits.className = "small";
+        fits.id = "quote-providers";
+        fits.textContent = `${q.provider_count} online node(s) offer these resources now.`;
+        const collateral = document.createElement("p");
+        collateral.className = "small";
+        collateral.id = "quote-collateral";
+        box.append(div, collateral, fits);
+        showTerms();
+        return;
+      }
       if (!q.quotes.length) {
         box.innerHTML = '<div class="empty">No tier offers these resources.</div>';
         return;
@@ -226,23 +273,23 @@
       const total = document.createElement("div");
       total.className = "quote-total";
       total.id = "quote-total";
-      total.textContent = GM.eth(best.total_wei);
+      total.textContent = fmt(best.total_wei);
       const fee = document.createElement("div");
       fee.className = "small muted";
       fee.id = "quote-fee";
-      fee.textContent = `incl. platform fee ${GM.eth(best.fee_wei)} (${q.fee_bps / 100}%); provider gets ${GM.eth(best.provider_payout_wei)}`;
+      fee.textContent = `incl. platform fee ${fmt(best.fee_wei)} (${q.fee_bps / 100}%); provider gets ${fmt(best.provider_payout_wei)}`;
       const use = document.createElement("button");
       use.type = "button";
       use.className = "secondary";
       use.textContent = "Use as bounty";
       use.style.margin = "0.5rem 0";
-      const minimum = BigInt(form.getAttribute("data-min-bounty") || "0");
+      const minimum = BigInt($("currency").selectedOptions[0].dataset.minBounty || "0");
       const k = BigInt(seats());
       const one = BigInt(best.total_wei) > minimum ? BigInt(best.total_wei) : minimum;
       const suggested = one * k;  // replicate:k pays k runs
-      use.textContent = k > 1n ? `Use ${GM.eth(suggested)} as bounty (${k} runs)` : `Use ${GM.eth(suggested)} as bounty`;
+      use.textContent = k > 1n ? `Use ${fmt(suggested)} as bounty (${k} runs)` : `Use ${fmt(suggested)} as bounty`;
       use.onclick = () => {
-        $("bounty").value = GM.eth(suggested.toString(), 18).replace(" ETH", "");
+        $("bounty").value = bare(suggested);
         clearError($("bounty"));
         showTerms();
       };
@@ -251,7 +298,7 @@
       const tbody = document.createElement("tbody");
       for (const row of q.quotes.slice(0, 6)) {
         const tr = document.createElement("tr");
-        for (const [text, cls] of [[row.tier, ""], [GM.eth(row.rate_wei_per_hour), "num"], [GM.eth(row.total_wei), "num"]]) {
+        for (const [text, cls] of [[row.tier, ""], [fmt(row.rate_wei_per_hour), "num"], [fmt(row.total_wei), "num"]]) {
           const td = document.createElement("td");
           td.textContent = text;
           if (cls) td.className = cls;
@@ -314,7 +361,11 @@
         module: moduleFile ? PLACEHOLDER_CID : null,
         dataset: datasetFiles.length ? PLACEHOLDER_CID : null,
       };
-      await GM.api("/api/jobs/prepare", { ...request(buildSpec(placeholders)), from, dry_run: true });
+      const checked = await GM.api("/api/jobs/prepare", { ...request(buildSpec(placeholders)), from, dry_run: true });
+      let permit = null;
+      if (!cur().eth && !checked.tx && checked.funding) {  // the token amount to allow first
+        permit = await GM.allow(checked.funding, (text) => GM.notice(status, "info", text));
+      }
 
       const cids = {};
       if (moduleFile) {
@@ -328,12 +379,13 @@
       const spec = buildSpec(cids);
       $("spec-preview").textContent = JSON.stringify(spec, null, 2);
       GM.notice(status, "info", "Preparing the transaction…");
-      const prepared = await GM.api("/api/jobs/prepare", { ...request(spec), from });
+      const prepared = await GM.api("/api/jobs/prepare", { ...request(spec), from, ...(permit ? { permit } : {}) });
       GM.notice(status, "info", "Confirm the transaction in your wallet…");
       const hash = await GM.send(prepared.tx);
       GM.notice(status, "info", `Sent ${GM.short(hash)}; waiting for a block…`);
       const mined = await GM.waitTx(hash);
-      if (mined.status !== "success") throw new Error(`${seats() > 1 ? "createReplicated" : "createJob"} reverted (transaction ${hash})`);
+      const fn = !cur().eth ? "createJobWith" : seats() > 1 ? "createReplicated" : "createJob";
+      if (mined.status !== "success") throw new Error(`${fn} reverted (transaction ${hash})`);
       GM.notice(status, "ok", "Funded. Opening the job…");
       window.location = prepared.job_url;
     } catch (err) {
@@ -345,6 +397,7 @@
 
   form.addEventListener("change", (e) => {
     toggle();
+    if (e.target.id === "currency") showCurrency();
     showTerms();
     if (!["bounty", "mediator", "collateral"].includes(e.target.id) && e.target.name !== "payment") scheduleQuote();
   });
@@ -354,6 +407,7 @@
     if (["cpu", "ram", "disk", "gpus", "vram", "timeout"].includes(e.target.id)) scheduleQuote();
   });
   form.addEventListener("submit", fund);
+  showCurrency();
   toggle();
   showTerms();
   quote();

@@ -36,7 +36,7 @@ from devstack.ipfs import IpfsDaemon
 from devstack.registry import Registry
 from devstack.scheduler import SchedulerProcess
 from gridmarket.chain import Deployment, EscrowClient, Sent
-from gridmarket.deploy import EscrowParams, deploy_escrow
+from gridmarket.deploy import EscrowParams, deploy_escrow, list_token
 from gridmarket.eip712 import sign_acceptance
 from gridmarket.escrow import JobState
 from tests.agent import wat
@@ -205,6 +205,8 @@ def frontend_stack(
         mediator=devnet.mediator.address,
     )
     deployment: Deployment = deploy_escrow(devnet.w3, devnet.owner, params)
+    # the session's TestUSD, listed on this escrow too: jobs can be paid in tUSD
+    deployment = list_token(devnet.w3, devnet.owner, deployment, devnet.token)
     deployment_file = tmp / "deployment.json"
     deployment.save(deployment_file)
     escrow = EscrowClient(devnet.w3, deployment)

@@ -548,6 +548,7 @@ def test_funding_with_default_and_explicit_terms(stack: FrontendStack) -> None:
         "collateral_wei": str(BOUNTY),
         "flags": 0,
         "payment": "after_window",
+        "token": "0x" + "00" * 20,  # paid in ETH
     }
     assert default["challenge_window_s"] == CHALLENGE_WINDOW_S
     state = stack.chain_job(default["job_id"])

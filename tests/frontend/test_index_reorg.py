@@ -5,7 +5,9 @@ back when the same transactions are mined again; a reorg past every kept block r
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,8 +17,10 @@ from frontend_api import index as index_module
 from frontend_api.index import ChainIndex
 from frontend_api.records import NotFoundError
 from gridmarket.chain import EscrowClient
+from gridmarket.deploy import deploy_test_token, list_token
 from gridmarket.eip712 import sign_result
 from gridmarket.escrow import Status
+from gridmarket.token import TokenClient
 from scheduler.chain import TxSender
 from tests.scheduler.chain_support import (
     OwnChain,
@@ -156,3 +160,42 @@ def test_a_reorg_past_every_kept_block_rebuilds(
         with pytest.raises(NotFoundError):
             index.job(job_id)
     same_as_fresh(index, client)
+
+
+def test_token_amounts_follow_a_reorg(chain: OwnChain) -> None:
+    """A tUSD job's funding reorged out takes its tUSD amounts with it (and never touches the
+    ETH ones); mined again, they come back, as an index built afresh says."""
+    client = chain.client()
+    w3 = client.w3
+    owner, submitter = chain.accounts[0], chain.submitter
+    token = deploy_test_token(w3, owner)
+    client.deployment = list_token(w3, owner, client.deployment, token)
+    TokenClient(w3, token).send(owner, "mint", submitter.address, 100 * 10**6)
+    index = ChainIndex(client, min_interval_s=0)
+    index.refresh(force=True)
+    eth_funded = index.stats(submitter.address).funded
+
+    snap = rpc(w3, "evm_snapshot")
+    amount = 5 * 10**6
+    terms = replace(client.default_terms(amount, submitter.address), token=token)
+    deadline = int(w3.eth.get_block("latest")["timestamp"]) + 3600
+    state, sent = client.create_job(
+        submitter, os.urandom(32), "bafkreitoken", deadline, amount, terms
+    )
+    raw_fund = raw_tx(client, sent.tx_hash)
+    index.refresh(force=True)
+    stats = index.stats(submitter.address)
+    assert stats.tokens[token].funded == amount and stats.funded == eth_funded
+    assert index.job("0x" + state.job_id.hex())[0].job.token == token
+    assert rpc(w3, "evm_revert", snap)
+    rpc(w3, "anvil_mine", "0x2")
+    index.refresh(force=True)
+    assert index.reorgs == 1
+    assert token not in index.stats(submitter.address).tokens
+    same_as_fresh(index, client)
+    resend(client, raw_fund)
+    index.refresh(force=True)
+    assert index.stats(submitter.address).tokens[token].funded == amount
+    fresh = ChainIndex(client, min_interval_s=0)
+    fresh.refresh(force=True)
+    assert fresh.stats(submitter.address).tokens == index.stats(submitter.address).tokens

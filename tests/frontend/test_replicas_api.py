@@ -355,7 +355,7 @@ def test_the_protocol_doc_commands_fund_and_read_a_replicated_job(
         "0x"
         + keccak(
             text="JobCreated(bytes32,address,uint96,uint40,uint16,address,address,uint96,uint8,"
-            "bytes32,string)"
+            "address,bytes32,string)"
         ).hex()
     )
     account = stack.devnet.submitters[1]

@@ -4,9 +4,12 @@
 // really builds, and anvil really signs and sends, each transaction.
 //
 // Input: the environment (GM_URL, GM_RPC_URL, GM_ACCOUNT, GM_CHAIN_ID, GM_SHOTS, and
-// GM_SCENARIO: "fund" (default; needs GM_PROVIDER, GM_MODULE, GM_DATASET) or "dispute" (needs
+// GM_SCENARIO: "fund" (default; needs GM_PROVIDER, GM_MODULE, GM_DATASET), "dispute" (needs
 // GM_OTHER_ACCOUNT, GM_MEDIATOR, GM_SIGNAL; the test drives the provider and the mediator
-// meanwhile, and rules once the script wrote "disputed" to the GM_SIGNAL file)).
+// meanwhile, and rules once the script wrote "disputed" to the GM_SIGNAL file) or "token"
+// (funds a job in tUSD: the wallet signs the EIP-2612 permit, eth_signTypedData_v4) or
+// "token-dispute" (needs GM_JOB: disputes that submitted tUSD job with the page's button; the
+// deposit, its collateral in tUSD, allowed by a permit the wallet signs)).
 // Output: one JSON line on stdout with what happened. Every step logs to stderr; any failure
 // exits 1 with a screenshot "failure.png".
 "use strict";
@@ -111,6 +114,8 @@ async function main() {
 
   try {
     if (SCENARIO === "dispute") await disputeScenario(page, walletPage, result);
+    else if (SCENARIO === "token") await tokenScenario(page, result);
+    else if (SCENARIO === "token-dispute") await tokenDisputeScenario(page, result);
     else await fundScenario(page, result);
   } catch (err) {
     log("FAILED:", err.stack || String(err));
@@ -198,6 +203,78 @@ async function disputeScenario(page, walletPage, result) {
   await page.goto(`${URL}/address/${MEDIATOR}`);
   result.mediator_rulings = await page.textContent("#rulings");
   result.screenshots.push(await shot(page, "mediator"));
+}
+
+// Fund a job in tUSD from the submit page: the currency picker, the quote in tUSD (or the reason
+// there is none), too many decimals refused on the field, then the wallet signs the permit and
+// sends one transaction (multicall: permitToken, createJobWith); the job page shows tUSD.
+async function tokenScenario(page, result) {
+  log("submit page, tUSD");
+  const signed = [];
+  page.on("request", (r) => {
+    if (r.url().endsWith("/api/jobs/prepare") && r.method() === "POST") {
+      const body = JSON.parse(r.postData() || "{}");
+      if (body.permit) signed.push(body.permit);
+    }
+  });
+  await page.goto(`${URL}/submit`);
+  await page.locator("#wallet-button.connected").waitFor();
+  await page.fill("#name", "browser-tusd");
+  await page.fill("#image", "busybox:1.36");  // Docker: the test agent serves WASM only
+  await page.fill("#command", "true");
+  await page.selectOption("#currency", "tUSD");
+  await page.locator("#currency-hint-token:not(.hidden)").waitFor();
+  result.bounty_label = await page.textContent('label[for="bounty"]');
+  await page.locator('#quote[data-currency="tUSD"]').waitFor();
+  result.quote_unavailable = await page.locator("#quote-unavailable").count()
+    ? await page.textContent("#quote-unavailable") : null;
+  result.quote_total = await page.locator("#quote-total").count()
+    ? await page.textContent("#quote-total") : null;
+  await page.fill("#bounty", "1.1234567");
+  await page.click("#fund");
+  const bountyError = page.locator('.field[data-field="bounty"].invalid .error');
+  await bountyError.waitFor();
+  result.bounty_error = await bountyError.textContent();
+  await page.fill("#bounty", "4");
+  await page.fill("#collateral", "4.5");
+  await page.locator("#verification-price").waitFor();
+  result.price_line = await page.textContent("#verification-price");
+  result.screenshots.push(await shot(page, "submit-tusd"));
+  await page.click("#fund");
+  await page.waitForURL(/\/jobs\/0x[0-9a-f]{64}$/, { timeout: 60000 });
+  result.job_id = page.url().split("/").pop();
+  result.permits_sent = signed.length;
+  await page.locator('#job-summary[data-chain-status="funded"]').waitFor({ timeout: 30000 });
+  result.job_bounty = await page.textContent("#job-bounty");
+  result.job_collateral = await page.textContent("#job-collateral");
+  result.job_currency = await page.textContent("#job-currency");
+  result.screenshots.push(await shot(page, "job-tusd"));
+}
+
+// Dispute a submitted tUSD job from its page: the button names the deposit in tUSD; the wallet
+// signs the deposit's permit, then sends multicall(permitToken, dispute); the page goes Disputed.
+async function tokenDisputeScenario(page, result) {
+  const JOB = env("GM_JOB");
+  const methods = [];
+  await page.exposeBinding("__gmSeen", (_source, method) => { methods.push(method); });
+  await page.addInitScript(() => {
+    const wrap = () => {
+      const inner = window.ethereum.request.bind(window.ethereum);
+      window.ethereum.request = (args) => { window.__gmSeen(args.method); return inner(args); };
+    };
+    if (window.ethereum) wrap();
+  });
+  await page.goto(`${URL}/jobs/${JOB}`);
+  await page.locator("#wallet-button.connected").waitFor();
+  await page.locator("#dispute-job:not(.hidden)").waitFor();
+  result.dispute_button = await page.textContent("#dispute-job");
+  result.dispute_hint = await page.textContent("#dispute-hint");
+  const reloaded = page.waitForEvent("load", { timeout: 90000 });  // data-tx-reload
+  await page.click("#dispute-job");
+  await reloaded;
+  await page.locator('#job-summary[data-chain-status="disputed"]').waitFor({ timeout: 30000 });
+  result.wallet_methods = methods;
+  result.screenshots.push(await shot(page, "job-tusd-disputed"));
 }
 
 async function fundScenario(page, result) {
