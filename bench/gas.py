@@ -1,5 +1,7 @@
-"""Gas per job life of escrow version 2 on a real anvil devnet, with the provider's
-withdrawals and the platform's fee collection counted, on the path production takes.
+"""Gas per job life of escrow version 4 on a real anvil devnet, with the provider's
+withdrawals and the platform's fee collection counted, on the path production takes: jobs
+paid in ETH, and jobs paid in TestUSD (an ERC-20 with EIP-2612 permits) measured in the same
+run.
 
     make bench-gas            # or: .venv/bin/python bench/gas.py [--lives 10]
 
@@ -36,9 +38,18 @@ slot is zero (the first job after a ``withdraw``) the write is a 20,000-gas SSTO
 when it already holds a balance it costs 2,900. Withdrawing every job makes every settle cold;
 withdrawing every 10th job makes one settle in ten cold.
 
-Prints ``total: N``, the batched on-verify relayed life at the outbox's default batch size
-with a withdraw every ``--lives``-th job amortised; exit status 1 if that is above the goal
-(150,000).
+**Token lives (tUSD).** The same on-verify relayed life for a job paid in TestUSD (listed,
+6 decimals): the submitter funds it with one ``multicall([permitToken, createJobWith])``
+transaction (its EIP-2612 permit, no approval first: :meth:`EscrowClient.fund_in_token`), the
+operator assigns (collateral locked from the provider's tUSD stake) and settles, the provider
+withdraws with ``withdrawToken``; step by step and batched as above. The provider's tUSD
+balance at the token's side (its ``balanceOf``) is never zero, as for a provider that holds
+tUSD already, so the token transfer of a withdraw is warm at the receiver.
+
+Prints ``total: N``, the batched on-verify relayed ETH life at the outbox's default batch size
+with a withdraw every ``--lives``-th job amortised, and ``token total: N``, the same for a
+tUSD life with its permit; exit status 1 if either is above its goal (150,000 for ETH,
+200,000 for a token life with its permit).
 """
 
 from __future__ import annotations
@@ -56,15 +67,20 @@ from web3 import Web3
 
 from devstack.anvil import Anvil, dev_accounts
 from gridmarket.chain import ChainError, EscrowClient
-from gridmarket.deploy import EscrowParams, deploy_escrow
+from gridmarket.deploy import EscrowParams, deploy_escrow, deploy_test_token, list_token
 from gridmarket.eip712 import sign_acceptance, sign_result
-from gridmarket.escrow import JobState, Status, apply_event
+from gridmarket.escrow import ZERO_ADDRESS, JobState, Status, apply_event
+from gridmarket.token import TokenClient
 from scheduler.chain import BATCH_MAX_CALLS, Call, TxSender, apply_sent
 
 GOAL = 150_000
+TOKEN_GOAL = 200_000
+"""Per token job life with its permit (funding by ``multicall([permitToken, createJobWith])``)."""
 SPEC = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
 OUT = "bafybeigdyrzt5sfp7udm7hu76uh7y26nf3efuylqabf3oclgtqy55fbzdi"
 BOUNTY = 10**17
+T_BOUNTY = 100 * 10**6  # 100 tUSD
+T_GRANT = 10**15  # tUSD minted to the submitter and to each provider
 
 Rows = list[tuple[str, int]]
 
@@ -82,14 +98,29 @@ class Lives:
         self.w3.provider.make_request("evm_increaseTime", [seconds])  # type: ignore[arg-type]
         self.w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
 
-    def _fund_and_assign(self, on_verify: bool, rows: Rows) -> JobState:
+    def _fund_and_assign(
+        self, on_verify: bool, rows: Rows, token: str = ZERO_ADDRESS, permit: bool = True
+    ) -> JobState:
         escrow, w3 = self.escrow, self.w3
         deadline = w3.eth.get_block("latest")["timestamp"] + 3600
-        terms = escrow.default_terms(BOUNTY, self.submitter.address, on_verify=on_verify)
-        state, sent = escrow.create_job(
-            self.submitter, os.urandom(32), SPEC, deadline, BOUNTY, terms
+        bounty = BOUNTY if token == ZERO_ADDRESS else T_BOUNTY
+        terms = escrow.default_terms(
+            bounty, self.submitter.address, on_verify=on_verify, token=token
         )
-        rows.append(("createJob", sent.gas_used))
+        if token == ZERO_ADDRESS or permit:
+            state, sent = escrow.create_job(
+                self.submitter, os.urandom(32), SPEC, deadline, bounty, terms
+            )
+        else:  # on the submitter's standing allowance (one approve of the maximum, earlier)
+            sent = escrow.fund_in_token(
+                self.submitter, os.urandom(32), SPEC, deadline, bounty, terms, 0, permit=False
+            )
+            (created,) = [e for e in sent.events if e.name == "JobCreated"]
+            state = apply_event(None, created.name, created.args)
+        step = "createJob"
+        if token != ZERO_ADDRESS:
+            step = "multicall(permitToken, createJobWith)" if permit else "createJobWith"
+        rows.append((step, sent.gas_used))
         acceptance = sign_acceptance(
             self.provider,
             w3.eth.chain_id,
@@ -114,9 +145,9 @@ class Lives:
             OUT,
         )
 
-    def on_verify(self) -> Rows:
+    def on_verify(self, token: str = ZERO_ADDRESS, permit: bool = True) -> Rows:
         rows: Rows = []
-        state = self._fund_and_assign(True, rows)
+        state = self._fund_and_assign(True, rows, token, permit)
         state, sent = self.escrow.call_job(
             self.operator, "settle", state, OUT, self._result_sig(state)
         )
@@ -124,8 +155,8 @@ class Lives:
         assert state.status.name == "RELEASED"
         return rows
 
-    def _submitted(self, rows: Rows) -> JobState:
-        state = self._fund_and_assign(False, rows)
+    def _submitted(self, rows: Rows, token: str = ZERO_ADDRESS) -> JobState:
+        state = self._fund_and_assign(False, rows, token, permit=token == ZERO_ADDRESS)
         state, sent = self.escrow.call_job(
             self.operator, "submitResultFor", state, OUT, self._result_sig(state)
         )
@@ -141,27 +172,34 @@ class Lives:
         assert state.status.name == "RELEASED"
         return rows
 
-    def disputed(self, upheld: bool) -> Rows:
+    def disputed(self, upheld: bool, token: str = ZERO_ADDRESS) -> Rows:
+        """A disputed life; in a token, the deposit (the bounty) is pulled on the submitter's
+        standing allowance."""
         rows: Rows = []
-        state = self._submitted(rows)
+        state = self._submitted(rows, token)
         escrow = self.escrow
         sent = escrow.send(
             self.submitter,
             "dispute",
             state.job_id,
             state.job.as_tuple(),
-            value=self.deposit,
+            value=self.deposit if token == ZERO_ADDRESS else 0,
         )
         (disputed,) = [e for e in sent.events if e.name == "ResultDisputed"]
         state = apply_event(state, disputed.name, disputed.args)
         rows.append(("dispute", sent.gas_used))
         state, sent = escrow.call_job(self.mediator, "rule", state, upheld)
         rows.append((f"rule ({'upheld' if upheld else 'wrong: slash'})", sent.gas_used))
-        if not upheld:  # the provider lost its collateral: stake it again for the next lives
+        if not upheld and token == ZERO_ADDRESS:  # stake the lost collateral again
             escrow.send(self.provider, "stake", value=BOUNTY)
+        elif not upheld:
+            escrow.stake_token(self.provider, token, T_BOUNTY)
         return rows
 
-    def withdraw(self) -> int:
+    def withdraw(self, token: str = ZERO_ADDRESS) -> int:
+        if token != ZERO_ADDRESS:
+            p = self.provider
+            return self.escrow.send(p, "withdrawToken", token, p.address).gas_used
         return self.escrow.send(self.provider, "withdraw").gas_used
 
     def collect(self) -> int:
@@ -179,9 +217,10 @@ class Batched:
         submitter: LocalAccount,
         sender: TxSender,
         providers: list[LocalAccount],
+        token: str = ZERO_ADDRESS,
     ) -> None:
         self.w3, self.escrow, self.submitter = w3, escrow, submitter
-        self.sender, self.providers = sender, providers
+        self.sender, self.providers, self.token = sender, providers, token
 
     def round(self) -> int:
         """One job for each provider, funded, assigned and settled; the gas of it all."""
@@ -189,10 +228,13 @@ class Batched:
         gas = 0
         deadline = w3.eth.get_block("latest")["timestamp"] + 3600
         states: list[JobState] = []
+        bounty = BOUNTY if self.token == ZERO_ADDRESS else T_BOUNTY
         for _ in self.providers:
-            terms = escrow.default_terms(BOUNTY, self.submitter.address, on_verify=True)
+            terms = escrow.default_terms(
+                bounty, self.submitter.address, on_verify=True, token=self.token
+            )
             state, sent = escrow.create_job(
-                self.submitter, os.urandom(32), SPEC, deadline, BOUNTY, terms
+                self.submitter, os.urandom(32), SPEC, deadline, bounty, terms
             )
             gas += sent.gas_used
             states.append(state)
@@ -236,6 +278,11 @@ class Batched:
         return after, sum(txs.values())
 
     def withdraw_all(self) -> int:
+        if self.token != ZERO_ADDRESS:
+            return sum(
+                self.escrow.send(p, "withdrawToken", self.token, p.address).gas_used
+                for p in self.providers
+            )
         return sum(self.escrow.send(p, "withdraw").gas_used for p in self.providers)
 
 
@@ -246,10 +293,11 @@ def batched_lives(
     sender: TxSender,
     providers: list[LocalAccount],
     every: int,
+    token: str = ZERO_ADDRESS,
 ) -> tuple[float, float]:
     """Per-life gas with ``len(providers)`` jobs a batch: (withdraw after every job, withdraw
     after every ``every``-th job amortised). Every provider's balance is zero at the start."""
-    b = Batched(w3, escrow, submitter, sender, providers)
+    b = Batched(w3, escrow, submitter, sender, providers, token)
     n = len(providers)
     each = (b.round() + b.withdraw_all()) / n
     rounds = sum(b.round() for _ in range(every))
@@ -339,6 +387,48 @@ def main() -> int:
             batched[size] = batched_lives(w3, escrow, roles["submitter"], sender, fleet[:size], k)
         c_batched = escrow.send(roles["stranger"], "collectFees").gas_used
 
+        # the same lives paid in tUSD, funded with the submitter's permit
+        usd = deploy_test_token(w3, roles["deployer"])
+        escrow = EscrowClient(w3, list_token(w3, roles["deployer"], deployment, usd))
+        lives.escrow = escrow
+        minter = TokenClient(w3, usd)
+        for holder in [roles["submitter"], roles["provider"], *fleet]:
+            minter.send(roles["deployer"], "mint", holder.address, T_GRANT)
+        for p in [roles["provider"], *fleet]:  # one token job's collateral each
+            escrow.stake_token(p, usd, T_BOUNTY)
+        t_first = lives.on_verify(usd)
+        console.print(table("tUSD on-verify relayed with permit, first job (cold slots)", t_first))
+        lives.on_verify(usd)
+        lives.withdraw(usd)
+        t_each = [*lives.on_verify(usd), ("withdrawToken (provider)", lives.withdraw(usd))]
+        console.print(table("tUSD on-verify relayed with permit, withdraw every job", t_each))
+        t_batch = [lives.on_verify(usd) for _ in range(k)]
+        t_w = lives.withdraw(usd)
+        console.print(table(f"tUSD on-verify relayed, job {k} of {k} (balance warm)", t_batch[-1]))
+        t_amortised = (sum(total(life) for life in t_batch) + t_w) / k
+        sender = TxSender(escrow, roles["operator"])
+        t_batched: dict[int, tuple[float, float]] = {}
+        for size in sizes:
+            t_batched[size] = batched_lives(
+                w3, escrow, roles["submitter"], sender, fleet[:size], k, usd
+            )
+        # a standing allowance instead of a permit per job: one approve of the maximum (the
+        # client then sends no permit: `fund_in_token` skips it when the allowance is there)
+        minter.send(roles["submitter"], "approve", escrow.address, 2**256 - 1)
+        lives.on_verify(usd, permit=False)
+        t_allow = lives.on_verify(usd, permit=False)
+        console.print(table("tUSD on-verify relayed, standing allowance (no permit)", t_allow))
+        t_allow_batched: dict[int, tuple[float, float]] = {}
+        for size in sizes:
+            t_allow_batched[size] = batched_lives(
+                w3, escrow, roles["submitter"], sender, fleet[:size], k, usd
+            )
+        t_upheld = lives.disputed(True, usd)
+        console.print(table("tUSD disputed (deposit pulled in tUSD), mediator upholds", t_upheld))
+        t_wrong = lives.disputed(False, usd)
+        console.print(table("tUSD disputed, mediator rules it wrong", t_wrong))
+        c_token = escrow.send(roles["stranger"], "collectTokenFees", usd).gas_used
+
         per_batch = Table(
             title="on-verify relayed life, operator steps batched as the outbox sends them"
         )
@@ -351,8 +441,25 @@ def main() -> int:
             label += " (one row at a time: plain transactions)" if size == 1 else ""
             per_batch.add_row(label, f"{each:,.0f}", f"{amortised:,.0f}")
         console.print(per_batch)
+        t_table = Table(
+            title="tUSD on-verify relayed life with permit, operator steps batched, against ETH"
+        )
+        t_table.add_column("jobs per batch")
+        t_table.add_column("tUSD, withdraw every job", justify="right")
+        t_table.add_column(f"tUSD, withdraw every {k}th, amortised", justify="right")
+        t_table.add_column(f"ETH, withdraw every {k}th, amortised", justify="right")
+        t_table.add_column("tUSD - ETH", justify="right")
+        t_table.add_column(f"tUSD, standing allowance, every {k}th", justify="right")
+        for size in sizes:
+            each, amortised = t_batched[size]
+            eth = batched[size][1]
+            t_table.add_row(
+                f"{size}", f"{each:,.0f}", f"{amortised:,.0f}", f"{eth:,.0f}",
+                f"{amortised - eth:+,.0f}", f"{t_allow_batched[size][1]:,.0f}",
+            )  # fmt: skip
+        console.print(t_table)
 
-        summary = Table(title="gas per life (escrow version 2)")
+        summary = Table(title="gas per life (escrow version 4)")
         summary.add_column("life")
         summary.add_column("gas", justify="right")
         summary.add_row("on-verify relayed, balance warm, no withdraw", f"{figures['warm']:,}")
@@ -365,6 +472,20 @@ def main() -> int:
         summary.add_row("disputed, upheld", f"{total(upheld):,}")
         summary.add_row("disputed, ruled wrong (job Funded again)", f"{total(wrong):,}")
         summary.add_row("collectFees", f"{c:,}")
+        summary.add_row(
+            "tUSD on-verify relayed with permit, withdraw every job", f"{total(t_each):,}"
+        )
+        summary.add_row(
+            f"tUSD on-verify relayed with permit, withdraw every {k}th job, amortised",
+            f"{t_amortised:,.0f}",
+        )
+        summary.add_row(
+            "tUSD on-verify relayed, standing allowance, balance warm, no withdraw",
+            f"{total(t_allow):,}",
+        )
+        summary.add_row("tUSD disputed, upheld", f"{total(t_upheld):,}")
+        summary.add_row("tUSD disputed, ruled wrong (job Funded again)", f"{total(t_wrong):,}")
+        summary.add_row("collectTokenFees", f"{c_token:,}")
         console.print(summary)
         console.print(
             f"settle: balance warm {figures['settle_warm']:,} / cold "
@@ -381,11 +502,21 @@ def main() -> int:
                 f"one row at a time (an idle grid, no batch): {one_amortised:,.0f}, "
                 f"above the goal by {one_amortised - GOAL:,.0f}"
             )
+        t_one = t_batched[1][1]
+        t_default = t_batched[BATCH_MAX_CALLS][1]
+        console.print(
+            f"token goal: <= {TOKEN_GOAL:,} per tUSD life with its permit (withdraw every "
+            f"{k}th amortised): one at a time {t_one:,.0f} "
+            f"({'met' if t_one <= TOKEN_GOAL else f'missed by {t_one - TOKEN_GOAL:,.0f}'}), "
+            f"batches of {BATCH_MAX_CALLS} {t_default:,.0f} "
+            f"({'met' if t_default <= TOKEN_GOAL else f'missed by {t_default - TOKEN_GOAL:,.0f}'})"
+        )
         one, five, fifteen = os.getloadavg()
         print(f"load {one:.2f} {five:.2f} {fifteen:.2f} (gas does not depend on it)")
         amortised = batched[BATCH_MAX_CALLS][1]
         print(f"total: {amortised:.0f}")
-        return 0 if amortised <= GOAL else 1
+        print(f"token total: {t_default:.0f}")
+        return 0 if amortised <= GOAL and t_default <= TOKEN_GOAL else 1
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ registry (HTTPS, self-signed; dockerd told it is insecure) listen there, for age
 network namespaces; anvil, the IPFS APIs and the front end stay on loopback.
 
 Roles are anvil's dev accounts: 0 deployer/owner, 1 operator (the scheduler's key), 2 treasury,
-3-4 submitters, 5-9 providers.
+3-4 submitters, 5-9 providers, 10 the mediator. TestUSD (tUSD) is listed for bounties and minted
+to 3..10; every agent takes tUSD jobs (a floor and a tUSD stake: :func:`agent_token_settings`).
 
 Fault injection for the end-to-end tests (tests/e2e), all keeping addresses and state so that
 the other parts only see an outage: :meth:`LocalGrid.kill_agent` and
@@ -44,8 +45,10 @@ from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
 from gridmarket.chain import Deployment, EscrowClient
-from gridmarket.deploy import EscrowParams, deploy_escrow
+from gridmarket.deploy import EscrowParams, deploy_escrow, deploy_test_token, list_token
+from gridmarket.escrow import ZERO_ADDRESS
 from gridmarket.ipfs import IpfsStore
+from gridmarket.token import TokenClient, by_address, tokens_of
 
 from ._process import ROOT, ManagedProcess, ServiceError
 from .anvil import Anvil, DevRoles, dev_accounts, free_port
@@ -61,6 +64,14 @@ log = logging.getLogger(__name__)
 
 AGENT_PASSWORD = "gridmarket-devnet"  # noqa: S105 - devnet keystores hold anvil's public dev keys
 PROVIDER_STAKE = 10**17
+DEVNET_TOKEN_GRANT = 100_000 * 10**6
+"""TestUSD minted to each dev submitter and provider, and to the mediator (100,000 tUSD)."""
+AGENT_TUSD_FLOOR = "0.10"
+"""Every devnet agent's floor for tUSD jobs, per hour: far under what the demo's 2 tUSD job
+(scripts/demo.py, a WASM spec with a 60 s timeout) pays, 120 tUSD an hour, and under what a
+2 tUSD job pays even with a 20-hour timeout, so the floor never keeps a devnet job waiting."""
+AGENT_TUSD_STAKE = "1000"
+"""tUSD every devnet agent keeps staked (the collateral of its tUSD jobs)."""
 FLEET = [  # (name, region, slots): distinct wallets, dev accounts 5.. (see the module doc)
     ("agent-eu", "eu-west", 1),
     ("agent-us", "us", 1),
@@ -129,6 +140,9 @@ class LocalGrid(DevRoles):
     agents: list[AgentProcess] = field(default_factory=list)
     replicas: list[SchedulerProcess] = field(default_factory=list)
     """Scheduler replicas started by :func:`start_replica` (stopped with the grid)."""
+    test_token: str = ZERO_ADDRESS
+    """TestUSD's address (symbol tUSD, 6 decimals, EIP-2612 permit), listed for bounties; each
+    dev submitter and provider, and the mediator, is minted :data:`DEVNET_TOKEN_GRANT` of it."""
     python_image: str | None = None
     """The Python data job's image (python3 + numpy) pinned in the devnet's registry; None when
     no dockerd runs or its .debs are not cached (scripts/setup_services.sh)."""
@@ -323,6 +337,9 @@ def start_agent(
 ) -> AgentProcess:
     """Register provider ``index`` on-chain (staked) and start its agent daemon process,
     talking to ``scheduler_url`` (default: the grid's scheduler; a replica's URL for tests).
+    The agent takes tUSD jobs: its configuration names a floor and a stake in tUSD
+    (:func:`agent_token_settings`), and the stake is made here, on-chain, before it starts
+    (the agent has no RPC URL: its own top-up at start is not used on the devnet).
 
     ``ipfs_api``: the agent's own IPFS node, started by the caller (default: one added to the
     grid's swarm). ``launcher`` builds the process (ManagedProcess's arguments): a
@@ -360,6 +377,8 @@ def start_agent(
     }
     if grid.dockerd is not None:
         config["docker_host"] = grid.dockerd.host
+    config.update(agent_token_settings(grid.deployment, grid.deployment_file, grid.test_token))
+    stake_agent_tokens(grid.escrow, account, config)
     config_path = home / "agent.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=True))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -376,6 +395,39 @@ def start_agent(
     agent = AgentProcess(name, account, proc, config_path)
     grid.agents.append(agent)
     return agent
+
+
+def agent_token_settings(
+    deployment: Deployment, deployment_file: Path, token: str
+) -> dict[str, Any]:
+    """A devnet agent's settings for jobs paid in ``token`` (TestUSD): the deployment file
+    (which lists it), ``price_floors`` of :data:`AGENT_TUSD_FLOOR` and ``stake_tokens`` of
+    :data:`AGENT_TUSD_STAKE`; nothing on a grid without the token."""
+    if int(token, 16) == 0:
+        return {}
+    symbol = by_address(tokens_of(deployment.tokens), token).symbol
+    return {
+        "deployment": str(deployment_file),
+        "price_floors": {symbol: AGENT_TUSD_FLOOR},
+        "stake_tokens": {symbol: AGENT_TUSD_STAKE},
+    }
+
+
+def stake_agent_tokens(
+    escrow: EscrowClient, account: LocalAccount, settings: dict[str, Any]
+) -> None:
+    """Bring ``account``'s token stakes up to the ``stake_tokens`` of ``settings``, read the way
+    the agent reads them (:func:`agent.config.load_config`), with the agent's own top-up
+    (:func:`agent.signup.top_up_token_stakes`: permit and stakeToken in one transaction, nothing
+    sent when the stake is there, so a restarted agent's wallet is not staked twice)."""
+    if not settings.get("stake_tokens"):
+        return
+    from agent.config import load_config
+    from agent.signup import top_up_token_stakes
+
+    keys = ("deployment", "price_floors", "stake_tokens")
+    config = load_config(None, **{k: settings[k] for k in keys if k in settings})
+    top_up_token_stakes(escrow, account, config.token_stakes, config.token)
 
 
 def _agent_ipfs(grid: LocalGrid, name: str) -> IpfsDaemon:
@@ -469,6 +521,14 @@ def run_grid(
             **{**DEVNET_ESCROW, **(escrow_overrides or {})},
         )
         deployment = deploy_escrow(w3, accounts[0], params)
+        on_step("TestUSD (the devnet's stablecoin: 6 decimals, permit) listed for bounties")
+        test_token = deploy_test_token(w3, accounts[0])
+        deployment = list_token(w3, accounts[0], deployment, test_token)
+        minter = TokenClient(w3, test_token)
+        # the dev submitters and providers, and the mediator (a dispute of a tUSD job is ruled
+        # on a re-run it funds in tUSD)
+        for holder in [*accounts[3:10], accounts[10]]:
+            minter.send(accounts[0], "mint", holder.address, DEVNET_TOKEN_GRANT)
         deployment_file = work / "deployment.json"
         deployment.save(deployment_file)
         escrow = EscrowClient(w3, deployment)
@@ -564,6 +624,7 @@ def run_grid(
             frontend=frontend,
             frontend_url=frontend_url,
             accounts=accounts,
+            test_token=test_token,
         )
         grid_ref.append(grid)
 

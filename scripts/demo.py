@@ -14,10 +14,12 @@ its bytes (an integrity check: the output exists and hashes to its CID) and pays
 first job on the escrow's trustless terms (its result is relayed and paid once the challenge
 window passes with no dispute: 15 s on the devnet), the second "on the scheduler's check" (the
 submitter's opt-in: paid at once). Both name the devnet's mediator and lock collateral from
-the provider's stake while it runs them (docs/trust.md). The demo downloads every output
-(checked against its CID), prints the payout transactions and the explorer URL, has one provider
-withdraw its earnings (balance change shown), and exits 0 only if every job was paid exactly
-bounty minus fee.
+the provider's stake while it runs them (docs/trust.md). One more WASM job is paid in the
+devnet's stablecoin (TestUSD, 6 decimals): funded in one transaction with an EIP-2612 permit,
+its collateral locked from the provider's tUSD stake, paid in tUSD. The demo downloads every
+output (checked against its CID), prints the payout transactions and the explorer URL, has
+providers withdraw their earnings in ETH and in tUSD (balance changes shown), and exits 0 only if
+every job was paid exactly bounty minus fee, in its own currency.
 """
 
 from __future__ import annotations
@@ -40,11 +42,13 @@ sys.path.insert(0, str(ROOT))
 from devstack.grid import LocalGrid, run_grid  # noqa: E402
 from devstack.images import PYTHON_SCRIPT_IN_IMAGE  # noqa: E402
 from gridmarket.escrow import Status  # noqa: E402
+from gridmarket.token import ETH_TOKEN, TokenClient, by_address, tokens_of  # noqa: E402
 from gridmarket.wire import JobSpec  # noqa: E402
 
 DATASET = ROOT / "examples" / "datasets" / "gpu-hours"
 WASM = ROOT / "examples" / "wasm" / "csvstats.wat"
 BOUNTY = 10**16  # 0.01 ETH
+TOKEN_BOUNTY = 2 * 10**6  # 2 tUSD (6 decimals)
 SUMMARY = (
     "echo tier,gpu_hours,revenue_gwei,mean_price_gwei > /output/summary.csv && "
     "awk -F, 'NR>1 {h[$1]+=$3; r[$1]+=$3*$4} END {for (t in h) "
@@ -188,6 +192,22 @@ def demo(grid: LocalGrid, args: argparse.Namespace, started: float) -> int:
             f"funded {spec.name}: job {job_id} (tx {sent.tx_hash}, {BOUNTY / 1e18} ETH, "
             f"{mode}, collateral {terms.collateral / 1e18} ETH, mediator {terms.mediator})"
         )
+    tusd = tokens_of(grid.deployment.tokens)["tUSD"]
+    spec = specs(grid, dataset_cid, module_cid)[-1 if grid.dockerd is None else 1]
+    spec = spec.model_copy(update={"name": "csv stats, paid in tUSD (wasm)"})
+    spec_cid = grid.ipfs.add_bytes(spec.to_bytes())
+    now = int(grid.w3.eth.get_block("latest")["timestamp"])
+    terms = grid.escrow.default_terms(TOKEN_BOUNTY, submitter.address, token=tusd.address)
+    state, sent = grid.escrow.create_job(
+        submitter, os.urandom(32), spec_cid, now + 1800, TOKEN_BOUNTY, terms
+    )
+    job_id = "0x" + state.job_id.hex()
+    jobs[job_id] = {"name": spec.name, "state": "funded", "fund_tx": sent.tx_hash}
+    log(
+        f"funded {spec.name}: job {job_id} (tx {sent.tx_hash}: permit + createJobWith in one "
+        f"transaction, {sent.gas_used:,} gas; {tusd.fmt(TOKEN_BOUNTY)}, collateral "
+        f"{tusd.fmt(terms.collateral)} from the provider's tUSD stake)"
+    )
     groups: dict[str, list[str]] = {}
     if len(grid.agents) >= 2:
         k = min(3, len(grid.agents))
@@ -256,8 +276,9 @@ def report(grid: LocalGrid, jobs: dict[str, dict[str, str]]) -> int:
         for e in grid.escrow.events(grid.deployment.block)
         if e.name == "JobReleased"
     }
+    tokens = tokens_of(grid.deployment.tokens)
     out = Table(title="payouts (JobReleased events)")
-    for col in ("job", "output CID", "provider", "payout ETH", "fee ETH", "tx"):
+    for col in ("job", "output CID", "provider", "payout", "fee", "tx"):
         out.add_column(col, overflow="fold")
     for job_id, row in jobs.items():
         state = grid.escrow.job_state(bytes.fromhex(job_id[2:]))
@@ -266,10 +287,15 @@ def report(grid: LocalGrid, jobs: dict[str, dict[str, str]]) -> int:
             ok = False
             console.print(f"[red]job {job_id} ({row['name']}) was not paid: {row.get('reason')}[/]")
             continue
+        token = by_address(tokens, state.job.token)
+        bounty = BOUNTY if token.is_eth else TOKEN_BOUNTY
         payout, fee = int(ev.args["payout"]), int(ev.args["fee"])
-        if payout != state.job.payout or fee != state.job.fee or payout + fee != BOUNTY:
+        if payout != state.job.payout or fee != state.job.fee or payout + fee != bounty:
             ok = False
-            console.print(f"[red]job {job_id}: paid {payout} + fee {fee}, expected {BOUNTY}[/]")
+            console.print(
+                f"[red]job {job_id}: paid {token.fmt(payout)} + fee {token.fmt(fee)}, "
+                f"expected {token.fmt(bounty)}[/]"
+            )
         target = grid.work / "outputs" / job_id
         if target.exists():
             import shutil
@@ -285,23 +311,57 @@ def report(grid: LocalGrid, jobs: dict[str, dict[str, str]]) -> int:
         if not console.is_terminal:  # one line per payout: nothing wrapped or cut in a pipe
             console.print(
                 f"paid job {job_id} output {row['output_cid']} provider {ev.args['provider']} "
-                f"payout {payout / 1e18:.6f} ETH fee {fee / 1e18:.6f} ETH tx {ev.tx_hash}"
+                f"payout {token.fmt(payout)} fee {token.fmt(fee)} tx {ev.tx_hash}"
             )
         out.add_row(
             job_id[:10] + "…",
             row["output_cid"],
             str(ev.args["provider"]),
-            f"{payout / 1e18:.6f}",
-            f"{fee / 1e18:.6f}",
+            token.fmt(payout),
+            token.fmt(fee),
             ev.tx_hash,
         )
     if console.is_terminal:
         console.print(out)
     paid_providers = {str(ev.args["provider"]) for ev in payouts.values()}
+    tusd = tokens["tUSD"]
     for p in grid.providers[: len(grid.agents)]:
-        log(f"provider {p.address} withdrawable: {grid.escrow.balance_of(p.address) / 1e18} ETH")
-    earner = next((p for p in grid.providers if p.address in paid_providers), None)
-    if earner is not None:
+        log(
+            f"provider {p.address} withdrawable: "
+            f"{ETH_TOKEN.fmt(grid.escrow.balance_of(p.address))}, "
+            f"{tusd.fmt(grid.escrow.balance_of(p.address, tusd.address))}"
+        )
+    earner = next(
+        (
+            p
+            for p in grid.providers
+            if p.address in paid_providers and grid.escrow.balance_of(p.address) > 0
+        ),
+        None,
+    )
+    token_earner = next(
+        (p for p in grid.providers if grid.escrow.balance_of(p.address, tusd.address) > 0), None
+    )
+    if token_earner is not None:
+        wallet = TokenClient(grid.w3, tusd.address)
+        before = wallet.balance_of(token_earner.address)
+        owed = grid.escrow.balance_of(token_earner.address, tusd.address)
+        sent = grid.escrow.send(token_earner, "withdrawToken", tusd.address, token_earner.address)
+        after = wallet.balance_of(token_earner.address)
+        log(
+            f"provider {token_earner.address} withdrew {tusd.fmt(owed)} (tx {sent.tx_hash}): "
+            f"wallet {tusd.fmt(before)} -> {tusd.fmt(after)}"
+        )
+        if after - before != owed:
+            ok = False
+            console.print("[red]the tUSD withdrawal did not move the provider's earnings[/]")
+    elif any(r["name"].endswith("paid in tUSD (wasm)") for r in jobs.values()):
+        ok = False
+        console.print("[red]no provider holds tUSD earnings after the tUSD job[/]")
+    if earner is None:
+        ok = False
+        console.print("[red]no provider holds ETH earnings to withdraw[/]")
+    else:
         before = grid.w3.eth.get_balance(earner.address)
         owed = grid.escrow.balance_of(earner.address)
         sent = grid.escrow.send(earner, "withdraw")

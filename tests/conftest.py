@@ -35,7 +35,16 @@ from devstack.dockerd import Dockerd  # noqa: E402
 from devstack.images import BUSYBOX_IMAGE, ensure_busybox_image  # noqa: E402
 from devstack.ipfs import IpfsDaemon  # noqa: E402
 from gridmarket.chain import Deployment  # noqa: E402
-from gridmarket.deploy import EscrowParams, deploy_escrow  # noqa: E402
+from gridmarket.deploy import (  # noqa: E402
+    EscrowParams,
+    deploy_escrow,
+    deploy_test_token,
+    list_token,
+)
+from gridmarket.token import TokenClient  # noqa: E402
+
+TEST_USD_GRANT = 1_000_000 * 10**6
+"""TestUSD each dev submitter and provider holds in the session devnet (1,000,000 tUSD)."""
 
 warnings.filterwarnings("ignore", message="The 'strict' parameter", category=FutureWarning)
 
@@ -118,6 +127,8 @@ class Devnet(DevRoles):
     deployment: Deployment
     params: EscrowParams
     accounts: list[LocalAccount]
+    token: str
+    """TestUSD (6 decimals, permit), listed; every submitter and provider holds 1,000,000."""
 
     @property
     def url(self) -> str:
@@ -142,6 +153,11 @@ def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Devnet]:
             mediator=accounts[10].address,
         )
         deployment = deploy_escrow(w3, accounts[0], params)
-        yield Devnet(anvil, w3, deployment, params, accounts)
+        token = deploy_test_token(w3, accounts[0])
+        deployment = list_token(w3, accounts[0], deployment, token)
+        minter = TokenClient(w3, token)
+        for holder in accounts[3:10]:
+            minter.send(accounts[0], "mint", holder.address, TEST_USD_GRANT)
+        yield Devnet(anvil, w3, deployment, params, accounts, token)
     finally:
         anvil.stop()

@@ -26,7 +26,7 @@ from devstack.images import BUSYBOX_IMAGE
 from gridmarket.chain import Event
 from gridmarket.cid import bytes_cid
 from gridmarket.eip712 import sign_acceptance, sign_result
-from gridmarket.escrow import JobState
+from gridmarket.escrow import ZERO_ADDRESS, JobState
 from gridmarket.wire import (
     API,
     JobSpec,
@@ -131,14 +131,17 @@ def fund(
     ttl: int = 1800,
     spec_cid: str | None = None,
     on_verify: bool = False,
+    token: str = ZERO_ADDRESS,
 ) -> Funded:
     """Add ``spec`` to IPFS (unless ``spec_cid`` is given) and fund it with ``createJob`` on the
     deployment's default terms: the devnet's mediator, the least collateral, and payment after
-    the challenge window (or at once on the scheduler's check: ``on_verify``)."""
+    the challenge window (or at once on the scheduler's check: ``on_verify``). With ``token``,
+    the job is paid in that ERC-20 (``bounty`` in its units), funded with a permit in one
+    transaction."""
     who = submitter or grid.submitters[0]
     cid = spec_cid or add_spec(grid, spec)
     now = max(int(time.time()), chain_now(grid))
-    terms = grid.escrow.default_terms(bounty, who.address, on_verify=on_verify)
+    terms = grid.escrow.default_terms(bounty, who.address, on_verify=on_verify, token=token)
     state, sent = grid.escrow.create_job(who, os.urandom(32), cid, now + ttl, bounty, terms)
     return Funded("0x" + state.job_id.hex(), spec, who, bounty, sent.tx_hash, sent.block)
 

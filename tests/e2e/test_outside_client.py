@@ -89,26 +89,26 @@ cast send --rpc-url "$RPC" --private-key "$KEY" --value "$BOUNTY" --json "$ESCRO
   'createJob(bytes32,string,uint40,address,uint96,uint8)' \
   "$SALT" "$SPEC_CID" "$DEADLINE" "$MEDIATOR" "$COLLATERAL" 0 > created.json
 CREATED_SIG=$(cast sig-event \
-  'JobCreated(bytes32,address,uint96,uint40,uint16,address,address,uint96,uint8,bytes32,string)')
+  'JobCreated(bytes32,address,uint96,uint40,uint16,address,address,uint96,uint8,address,bytes32,string)')
 EVENT_ID=$(jq -r --arg sig "$CREATED_SIG" \
   '.logs[] | select(.topics[0] == $sig) | .topics[1]' created.json)
 BLOCK=$(jq -r .blockNumber created.json | cast to-dec)
 """.strip()
 FOLLOW = 'curl -s "$SCHEDULER/v1/jobs/$JOB_ID" | jq -r \'.state + ": " + .reason\''
 TERMS_FROM_EVENT = r"""
-read -r BOUNTY DEADLINE FEE_BPS OPERATOR MEDIATOR COLLATERAL FLAGS < <(cast abi-decode \
-  'f()(uint96,uint40,uint16,address,address,uint96,uint8,bytes32,string)' \
+read -r BOUNTY DEADLINE FEE_BPS OPERATOR MEDIATOR COLLATERAL FLAGS TOKEN < <(cast abi-decode \
+  'f()(uint96,uint40,uint16,address,address,uint96,uint8,address,bytes32,string)' \
   "$(jq -r --arg sig "$CREATED_SIG" '.logs[] | select(.topics[0] == $sig) | .data' created.json)" \
-  | cut -d' ' -f1 | head -7 | paste -sd' ')
+  | cut -d' ' -f1 | head -8 | paste -sd' ')
 """.strip()
 JOB_T = (
     "JOB_T='(address,uint96,address,uint40,uint40,uint16,uint16,bytes32,address,address,"
-    "uint96,uint40,uint8)'"
+    "uint96,uint40,uint8,address)'"
 )
 FUNDED_JOB = (
     'JOB="($SUBMITTER,$BOUNTY,0x0000000000000000000000000000000000000000,$DEADLINE,0,'
     "$FEE_BPS,0,0x0000000000000000000000000000000000000000000000000000000000000000,"
-    '$OPERATOR,$MEDIATOR,$COLLATERAL,0,$FLAGS)"'
+    '$OPERATOR,$MEDIATOR,$COLLATERAL,0,$FLAGS,$TOKEN)"'
 )
 IS_CURRENT = (
     'CURRENT=$(cast call --rpc-url "$RPC" "$ESCROW" "isCurrent(bytes32,$JOB_T)(bool)" '
@@ -121,7 +121,7 @@ PROVIDER=$(jq -r '.[-1].topics[2]' result.json | cast parse-bytes32-address)
 read -r ATTEMPT SINCE OUTPUT_CID < <(cast abi-decode 'f()(uint16,uint40,string)' \
   "$(jq -r '.[-1].data' result.json)" | cut -d' ' -f1 | tr -d '"' | paste -sd' ')
 SUBMITTED_JOB="($SUBMITTER,$BOUNTY,$PROVIDER,$DEADLINE,$SINCE,$FEE_BPS,$ATTEMPT,\
-$(cast keccak "$OUTPUT_CID"),$OPERATOR,$MEDIATOR,$COLLATERAL,0,$FLAGS)"
+$(cast keccak "$OUTPUT_CID"),$OPERATOR,$MEDIATOR,$COLLATERAL,0,$FLAGS,$TOKEN)"
 """.strip()
 STATUS = 'STATUS=$(cast call --rpc-url "$RPC" "$ESCROW" \'statusOf(bytes32)(uint8)\' "$JOB_ID")'
 RELEASE = (
