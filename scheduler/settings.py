@@ -66,6 +66,13 @@ class Settings(BaseSettings):
 
     # verification
     verify_timeout_s: float = Field(60.0, gt=0)
+    verify_patience_s: float = Field(
+        300.0,
+        ge=0,
+        description="how long an output the verifier's IPFS node cannot fetch is tried again "
+        "(backing off) before the attempt is rejected: a network blip between the verifier and "
+        "the provider's node is not the provider's fault; 0 rejects at the first miss",
+    )
     work_dir: Path = Path(".run/scheduler-work")
 
     # market

@@ -33,7 +33,7 @@ from scheduler.chain import (
 )
 from scheduler.settings import Settings
 from scheduler.store import JobRow, OutboxItem, Store
-from scheduler.verify import verify_output
+from scheduler.verify import Verdict, VerdictCode, verify_output
 
 from .outbox_rules import NotYetError, OutboxRules
 
@@ -380,7 +380,17 @@ class SpecFetcher:
 
 class Verifier:
     """The verifier's pass: each ``verifying`` job's output checked (``scheduler/verify.py``),
-    the verdict handed to the store, the outbox woken to send it."""
+    the verdict handed to the store, the outbox woken to send it.
+
+    An output the verifier's IPFS node cannot fetch (``unreachable``) is not rejected at the
+    first miss: the provider's node may be restarting, or the two nodes reconnecting after a
+    blip. The job stays ``verifying`` (its reason says so) and is tried again, backing off
+    (1, 2, 4 ... 30 s between tries), until ``verify_patience_s`` has passed since the first
+    miss; only then is the attempt rejected as the node's fault. Every other bad verdict
+    (invalid CID, too large, bytes that do not hash to the CID) is final at once. The misses
+    are counted in memory: a restarted scheduler starts the patience again."""
+
+    BACKOFF_MAX_S = 30.0
 
     def __init__(
         self,
@@ -395,9 +405,22 @@ class Verifier:
         self.settings = settings
         self.count = count
         self.wake_outbox = wake_outbox
+        # (job, attempt, output CID) -> (first miss started, misses, next try), monotonic
+        self._misses: dict[tuple[str, int, str], tuple[float, int, float]] = {}
 
     def once(self) -> int:
-        jobs = self.store.verifying(limit=4)
+        now = time.monotonic()
+        waiting = self.store.verifying(limit=64)
+        keys = {
+            j.job_id: (j.job_id, j.attempt, j.output_cid or j.chain.output_cid or "")
+            for j in waiting
+        }
+        live = set(keys.values())
+        for key in [k for k in self._misses if k not in live]:
+            del self._misses[key]  # verified elsewhere, taken back, or no longer verifying
+        jobs = [
+            j for j in waiting if (m := self._misses.get(keys[j.job_id])) is None or m[2] <= now
+        ][:4]
         for job in jobs:
             assert job.spec is not None
             cid = job.output_cid or job.chain.output_cid
@@ -410,6 +433,7 @@ class Verifier:
                 continue
             work = Path(self.settings.work_dir)
             work.mkdir(parents=True, exist_ok=True)
+            started = time.monotonic()
             verdict = verify_output(
                 self.ipfs,
                 cid,
@@ -417,10 +441,36 @@ class Verifier:
                 timeout_s=self.settings.verify_timeout_s,
                 work_dir=work,
             )
+            key = (job.job_id, job.attempt, cid)
+            if verdict.code is VerdictCode.UNREACHABLE and self._try_again(key, started, verdict):
+                continue
+            self._misses.pop(key, None)
             self.count("verified_ok" if verdict.ok else "verified_bad")
             self.store.verified(job.job_id, verdict.ok, verdict.message)
             self.wake_outbox()
         return len(jobs)
+
+    def _try_again(self, key: tuple[str, int, str], started: float, verdict: Verdict) -> bool:
+        """Count a miss of ``key``'s output; True when the job waits for another try (its
+        reason says so), False when the patience is spent (the miss is the verdict)."""
+        first, misses, _ = self._misses.get(key, (started, 0, 0.0))
+        misses += 1
+        now = time.monotonic()
+        patience = self.settings.verify_patience_s
+        if now - first >= patience:
+            return False
+        pause = min(2.0 ** (misses - 1), self.BACKOFF_MAX_S)
+        self._misses[key] = (first, misses, now + pause)
+        self.count("verify_retried")
+        job_id, attempt, _cid = key
+        left = patience - (now - first)
+        self.store.verify_retry(
+            job_id,
+            attempt,
+            f"{verdict.message}; trying again in {pause:g} s (miss {misses}; the attempt is "
+            f"rejected if the output is still unreachable in {left:.0f} s)",
+        )
+        return True
 
 
 def line(exc: BaseException) -> str:

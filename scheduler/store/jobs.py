@@ -350,6 +350,22 @@ class JobStore(ReputationStore, OutboxStore):
             )
             return [JobRow.of(r) for r in conn.execute(q)]
 
+    def verify_retry(self, job_id: str, attempt: int, reason: str) -> bool:
+        """The output of the job's ``attempt`` could not be fetched yet: it stays ``verifying``
+        and says why; its ``updated_at`` moves (it goes behind the other jobs waiting for the
+        verifier). False when the job is no longer verifying that attempt."""
+        with self.engine.begin() as conn:
+            n = conn.execute(
+                update(jobs)
+                .where(
+                    jobs.c.job_id == job_id,
+                    jobs.c.state == State.VERIFYING.value,
+                    jobs.c.attempt == attempt,
+                )
+                .values(reason=reason, updated_at=self.clock())
+            ).rowcount
+        return bool(n)
+
     def verified(self, job_id: str, ok: bool, detail: str) -> str:
         """Verification done.
 

@@ -26,9 +26,11 @@ FAST = {
     "chain_poll_s": "0.1",
     "dispatch_tick_s": "0.1",
     "verify_timeout_s": "4",
+    "verify_patience_s": "30",
 }
 """Liveness in seconds instead of tens of seconds: heartbeats every 1 s, a node silent for 5 s
-is offline, a lease not renewed for 5 s is lost, an unreachable output is rejected after 4 s."""
+is offline, a lease not renewed for 5 s is lost, a fetch of an output gives up after 4 s
+and an output still unreachable 30 s after the first miss is rejected."""
 
 
 FAST_ESCROW = {"challenge_window": 12, "reassign_delay": 6}

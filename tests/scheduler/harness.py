@@ -109,6 +109,7 @@ def scheduler(
         "chain_poll_s": 0.1,
         "dispatch_tick_s": 0.05,
         "verify_timeout_s": 5.0,
+        "verify_patience_s": 8.0,
         "work_dir": tmp / "sched-work",
     }
     values.update(overrides)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gridmarket.chain import EscrowClient
+from gridmarket.cid import bytes_cid
 from gridmarket.escrow import ZERO_ADDRESS, Status
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import API, JobSpec
@@ -310,6 +311,36 @@ def test_forged_output_cid_is_not_relayed_and_the_job_is_taken_back(
     assert (state.job.provider, state.job.attempt) == (devnet.providers[1].address, 2)
     assert client.call("providerOf", devnet.providers[0].address)[0] == stake_before
     assert client.call("freeCollateralOf", devnet.providers[0].address) == stake_before
+
+
+def test_an_output_unreachable_for_a_while_is_tried_again_not_charged_to_the_node(
+    grid: tuple[Server, EscrowClient], devnet: Devnet, ipfs: IpfsStore
+) -> None:
+    """The verifier cannot fetch a reported output at first (the provider's node restarting, a
+    blip between the nodes): the job stays verifying and says it tries again; once the bytes
+    can be fetched (well within ``verify_patience_s``) the same attempt is paid. A forged
+    CID is still rejected once the patience is spent (the test above)."""
+    server, client = grid
+    node = Provider(devnet.providers[0], server, name="late")
+    assert node.register().status_code == 200
+    job_id = submit_job(client, ipfs, devnet.submitters[0], SPEC, on_verify=True)
+    a = node.take()
+    wait_chain(client, job_id, Status.ASSIGNED)
+    data = b"an output its node serves a few seconds late " + job_id.encode()
+    cid = bytes_cid(data)
+    assert node.succeed(a, cid).status_code == 202
+    deadline = time.monotonic() + 20
+    while "trying again" not in (view := server.get(f"/v1/jobs/{job_id}").json())["reason"]:
+        assert view["state"] == "verifying", view
+        assert time.monotonic() < deadline, view
+        time.sleep(0.1)
+    assert "not retrievable" in view["reason"] and "miss 1" in view["reason"], view["reason"]
+    assert ipfs.add_bytes(data) == cid
+    job = server.wait_job(job_id, {"released"}, timeout=30)
+    assert [(x["attempt"], x["outcome"]) for x in job["attempts"]] == [(1, "success")], job
+    assert server.get(API.NODE.format(node_id=node.node_id)).json()["jobs_failed"] == 0
+    state = client.job_state(bytes.fromhex(job_id[2:]))
+    assert (state.job.provider, state.output_cid) == (devnet.providers[0].address, cid)
 
 
 def test_lease_loss_reassigns_to_another_node(
