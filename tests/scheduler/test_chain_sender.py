@@ -459,15 +459,17 @@ def test_transient_errors_are_retried_until_the_deadline(
         )
 
         state = create_job(client, devnet.submitters[0])
+        # a deadline of 2 s leaves room for several tries even when one request takes most
+        # of a second on a loaded machine (0.5 s once saw a single try in CI)
         impatient = TxSender(
-            sender.client, devnet.operator, retry=RetryPolicy(deadline_s=0.5, initial_delay_s=0.05)
+            sender.client, devnet.operator, retry=RetryPolicy(deadline_s=2.0, initial_delay_s=0.05)
         )
         proxy.counts.clear()
         proxy.fail(10_000, status=500)
         started = time.monotonic()
-        with pytest.raises(ChainUnavailableError, match=r"RPC unreachable, gave up after 0\.5s"):
+        with pytest.raises(ChainUnavailableError, match=r"RPC unreachable, gave up after 2\.0s"):
             impatient.assign(state, provider.address, acceptance(impatient, state, provider))
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 8
         assert sum(proxy.counts.values()) > 2, proxy.counts  # retried (web3 asks chainId first)
         assert proxy.counts["eth_sendRawTransaction"] == 0
 

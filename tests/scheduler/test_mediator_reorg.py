@@ -1,7 +1,8 @@
 """The mediator follows the chain by block hash (docs/mediator.md "Reorgs"), on a private anvil
 and the real js-ipfs daemon: a result and the mediator's ruling of it reorged out leave its state
 equal to the chain's, with no check or ruling owed for a result that is gone; the same
-transactions mined again fold back in with nothing sent twice; a ruling reorged out before the
+transactions mined again fold back in with nothing sent twice; a result mined again later
+voids the old ruling and is ruled again; a ruling reorged out before the
 mediator folded it, while its result stays, is decided and sent again (the mediator's nonce read
 again from the chain); a job funded after the fork is forgotten with its checks; and a state
 file from before reorg handling opens."""
@@ -135,7 +136,15 @@ def test_a_result_and_its_ruling_reorged_out_and_mined_again_are_not_ruled_twice
     mediator.poll_once()
     before_result = rpc(w3, "evm_snapshot")
 
+    # The ruling names the result's time (the job's ``since``), so the result must be mined
+    # again at the same time for the old ruling to match: the test sets the clock (at wall-clock
+    # speed a loaded machine crosses a second between the two and the old ruling reverts; the
+    # next test covers that case).
+    assign_time = w3.eth.get_block("latest")["timestamp"]
+    result_time = assign_time + 600
+    rpc(w3, "evm_setNextBlockTimestamp", result_time)
     state, sent = client.call_job(chain.providers[0], "submitResult", state, BAD_OUTPUT)
+    assert w3.eth.get_block(sent.block)["timestamp"] == result_time
     raw_result = raw_tx(client, sent.tx_hash)
     until(mediator, lambda: ruled(client, state) == [False], "the ruling")
     ruling = mediator.state.ruling(state.job_id, state.job.attempt)
@@ -148,9 +157,12 @@ def test_a_result_and_its_ruling_reorged_out_and_mined_again_are_not_ruled_twice
     )
     assert same_as_chain(mediator, client, state).status is Status.FUNDED
 
-    # the result and the ruling reorged out: the chain goes on without them
+    # the result and the ruling reorged out: the chain goes on without them (three blocks
+    # before the result's time)
     assert rpc(w3, "evm_revert", before_result)
-    rpc(w3, "anvil_mine", "0x3")
+    for k in (1, 2, 3):
+        rpc(w3, "evm_setNextBlockTimestamp", assign_time + k)
+        rpc(w3, "evm_mine")
     mediator.poll_once()
     assert mediator.watcher.status().reorgs == 1
     assert same_as_chain(mediator, client, state).status is Status.ASSIGNED
@@ -161,7 +173,9 @@ def test_a_result_and_its_ruling_reorged_out_and_mined_again_are_not_ruled_twice
     # the same two transactions mined again (as a node's pool would): folded back in, and the
     # mediator sends nothing of its own (its check of the result finds the job ruled)
     nonce = w3.eth.get_transaction_count(chain.mediator.address)
+    rpc(w3, "evm_setNextBlockTimestamp", result_time)
     resend(client, raw_result)
+    assert w3.eth.get_block("latest")["timestamp"] == result_time
     resend(client, raw_ruling)
     until(
         mediator,
@@ -174,6 +188,62 @@ def test_a_result_and_its_ruling_reorged_out_and_mined_again_are_not_ruled_twice
     assert same_as_chain(mediator, client, state).status is Status.FUNDED
     assert ruled(client, state) == [False]
     assert w3.eth.get_transaction_count(chain.mediator.address) == nonce + 1  # the resent one
+
+
+def test_a_result_mined_again_later_voids_the_old_ruling_and_is_ruled_again(
+    chain: OwnChain, mediator: Mediator, ipfs_daemon: IpfsDaemon
+) -> None:
+    """After the reorg the result is mined again a few seconds later (as on a real chain):
+    its time is the job's new ``since``, so the old ruling, replayed, reverts (it names the old
+    time) and the mediator decides the result again and sends one ruling of its own."""
+    client = chain.client()
+    w3 = client.w3
+    with IpfsStore(ipfs_daemon.api_addr) as ipfs:
+        spec_cid = ipfs.add_bytes(SPEC.to_bytes())
+    state = assigned_job(chain, client, spec_cid)
+    mediator.poll_once()
+    before_result = rpc(w3, "evm_snapshot")
+    assign_time = w3.eth.get_block("latest")["timestamp"]
+    rpc(w3, "evm_setNextBlockTimestamp", assign_time + 600)
+    state, sent = client.call_job(chain.providers[0], "submitResult", state, BAD_OUTPUT)
+    raw_result = raw_tx(client, sent.tx_hash)
+    until(mediator, lambda: ruled(client, state) == [False], "the ruling")
+    ruling = mediator.state.ruling(state.job_id, state.job.attempt)
+    assert ruling is not None and ruling.tx_hash is not None
+    raw_ruling = raw_tx(client, ruling.tx_hash)
+    until(
+        mediator,
+        lambda: getattr(mediator.state.ruling(state.job_id, 1), "outcome", "") == "confirmed",
+        "the Ruled event folded",
+    )
+
+    assert rpc(w3, "evm_revert", before_result)
+    for k in (1, 2, 3):
+        rpc(w3, "evm_setNextBlockTimestamp", assign_time + k)
+        rpc(w3, "evm_mine")
+    mediator.poll_once()
+    assert mediator.watcher.status().reorgs == 1
+    assert mediator.state.ruling(state.job_id, 1) is None
+
+    nonce = w3.eth.get_transaction_count(chain.mediator.address)
+    rpc(w3, "evm_setNextBlockTimestamp", assign_time + 605)  # five seconds later than before
+    resend(client, raw_result)
+    replayed = client.w3.eth.wait_for_transaction_receipt(
+        client.w3.eth.send_raw_transaction(raw_ruling), timeout=10
+    )
+    assert replayed["status"] == 0  # the old ruling names the old time: refused
+    until(
+        mediator,
+        lambda: (
+            getattr(mediator.state.ruling(state.job_id, 1), "outcome", "") == "confirmed"
+            and not open_tasks(mediator, state)
+        ),
+        "a new ruling of the result mined again",
+    )
+    assert same_as_chain(mediator, client, state).status is Status.FUNDED
+    assert ruled(client, state) == [False]
+    # the replayed ruling (reverted) and the mediator's new one
+    assert w3.eth.get_transaction_count(chain.mediator.address) == nonce + 2
 
 
 def test_a_ruling_reorged_out_while_its_result_stays_is_sent_again(
