@@ -19,7 +19,7 @@ from gridmarket.eip712 import (
     sign_acceptance,
     sign_result,
 )
-from gridmarket.escrow import Status, cid_digest, commitment, job_id
+from gridmarket.escrow import Status, cid_digest, commitment, deposit_of, job_id
 
 from .conftest import (
     BOUNTY,
@@ -833,6 +833,7 @@ def test_an_eth_jobs_deposit_is_its_bounty_at_least_the_floor(
     escrow = floored.escrow
     state = _delivered(floored, submitter, provider, bounty)
     assert escrow.depositOf(state.job.as_tuple()) == deposit == max(bounty, FLOOR)
+    assert deposit_of(bounty, ZERO, FLOOR) == deposit  # the product's mirror agrees
     # the old flat deposit is refused when the bounty is above it, and so is the bounty under it
     for wrong in sorted({0, FLOOR, bounty, deposit - 1, deposit + 1} - {deposit}):
         with ape.reverts(escrow.JobEscrowWrongDeposit, sent=wrong, deposit=deposit):
