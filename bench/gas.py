@@ -92,7 +92,6 @@ class Lives:
         self.provider, self.mediator = roles["provider"], roles["mediator"]
         self.stranger = roles["stranger"]
         self.challenge = int(escrow.call("challengeWindow"))
-        self.deposit = int(escrow.call("disputeDeposit"))
 
     def _sleep(self, seconds: int) -> None:
         self.w3.provider.make_request("evm_increaseTime", [seconds])  # type: ignore[arg-type]
@@ -183,7 +182,10 @@ class Lives:
             "dispute",
             state.job_id,
             state.job.as_tuple(),
-            value=self.deposit if token == ZERO_ADDRESS else 0,
+            # an ETH job's deposit: its bounty, at least disputeDeposit (depositOf)
+            value=int(escrow.call("depositOf", state.job.as_tuple()))
+            if token == ZERO_ADDRESS
+            else 0,
         )
         (disputed,) = [e for e in sent.events if e.name == "ResultDisputed"]
         state = apply_event(state, disputed.name, disputed.args)

@@ -74,9 +74,10 @@ contract JobEscrow is ProviderRegistry {
     uint40 public immutable challengeWindow;
     /// @notice Smallest collateral a job may ask of its provider, in basis points of the bounty.
     uint16 public immutable minCollateralBps;
-    /// @notice What a submitter deposits to dispute the result of an ETH job: it pays the
-    ///         mediator's re-run if the result is upheld and comes back otherwise. (For a job
-    ///         paid in a token the deposit is the job's bounty, in the token: `depositOf`.)
+    /// @notice The least a submitter deposits to dispute the result of an ETH job, in wei: the
+    ///         deposit is the job's bounty (in its token for a token job), and for an ETH job at
+    ///         least this (`depositOf`). It pays the mediator's re-run if the result is upheld
+    ///         and comes back otherwise.
     uint96 public immutable disputeDeposit;
     /// @notice Seconds the mediator has to rule on a dispute; then anyone may finalize it (the
     ///         result stands, the deposit goes back to the submitter).
@@ -866,14 +867,15 @@ contract JobEscrow is ProviderRegistry {
         return token == address(0) ? _balances[account] : _tokenBalances[account][token];
     }
 
-    /// @notice What disputing `job`'s result deposits: `disputeDeposit` wei for an ETH job, the
-    ///         job's bounty in its token for a token job (the price of the mediator's re-run,
-    ///         which is funded at the disputed job's own bounty). Whoever the ruling finds wrong
+    /// @notice What disputing `job`'s result deposits: the job's bounty (the price of the
+    ///         mediator's re-run, which is funded at the disputed job's own bounty), in its
+    ///         token; for an ETH job at least `disputeDeposit` wei. Whoever the ruling finds wrong
     ///         pays the re-run: upheld, the deposit goes to the mediator; ruled wrong, the
     ///         deposit comes back in full and the mediator takes at most the deposit's worth of
     ///         the slashed collateral, the rest going to the submitter (`rule`).
     function depositOf(Job calldata job) public view returns (uint96) {
-        return job.token == address(0) ? disputeDeposit : job.bounty;
+        uint96 floor = job.token == address(0) ? disputeDeposit : 0;
+        return job.bounty < floor ? floor : job.bounty;
     }
 
     /// @notice The least collateral a job with this bounty may ask for.

@@ -412,8 +412,10 @@ async def terms(
 ) -> dict[str, Any]:
     """The terms a job funded now gets unless its submitter chooses others: the default
     mediator (and every listed one), the least collateral for the bounty (for each seat's
-    share with ``verification=replicate:k``), the challenge window, the dispute deposit, and
-    what each payment mode and verification choice means."""
+    share with ``verification=replicate:k``), the challenge window, the dispute deposit (an
+    ETH job's bounty, at least the escrow's floor; the floor alone without a bounty; none for
+    a replicated job, whose seats cannot be disputed), and what each payment mode and
+    verification choice means."""
     sub = _address(submitter, "submitter")
     try:
         replicas = parse_verification(verification)
@@ -457,6 +459,7 @@ def terms_body(
 ) -> dict[str, Any]:
     window = int(params.get("challenge_window", 0))
     share = None if bounty is None else bounty // (replicas or 1)
+    floor = int(params.get("dispute_deposit", 0))
     return {
         "mediator": b.default_mediator(submitter),
         "mediators": b.index.mediators(),
@@ -469,7 +472,12 @@ def terms_body(
         "share_wei": None if share is None else str(share),
         "verifications": VERIFICATIONS,
         "challenge_window_s": window,
-        "dispute_deposit_wei": str(int(params.get("dispute_deposit", 0))),
+        # an ETH job's deposit is its bounty, at least the floor (JobEscrow.depositOf); a
+        # replicated job's seats cannot be disputed
+        "dispute_deposit_wei": (
+            None if replicas else str(floor if bounty is None else b.deposit_for(bounty))
+        ),
+        "dispute_deposit_floor_wei": str(floor),
         "mediation_window_s": int(params.get("mediation_window", 0)),
         "payments": {
             "after_window": (
@@ -601,8 +609,10 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
             "token": checked.token,
         },
         "challenge_window_s": int(params.get("challenge_window", 0)),
-        "dispute_deposit_wei": str(
-            checked.collateral_wei if not currency.is_eth else params.get("dispute_deposit", 0)
+        # what disputing its result would deposit (JobEscrow.depositOf): the bounty, for an
+        # ETH job at least the escrow's floor; a replicated job's seats cannot be disputed
+        "dispute_deposit_wei": (
+            None if k else str(b.deposit_for(checked.bounty_wei, currency.address))
         ),
         "tx": tx,
         "job_url": f"/jobs/{seats[0] if seats else jid}",
@@ -716,9 +726,10 @@ async def prepare_job_action(
     """``cancel`` (before assignment, by the submitter), ``refund`` (after the deadline, by
     anyone), ``release`` (accept a submitted result now, by the submitter; ``accept`` is the
     same), ``dispute`` (within the challenge window, by the submitter, with the dispute deposit
-    as value) or ``finalize`` (pay a result nobody disputed once the window passed, by anyone)
-    as an unsigned transaction from ``from``; refused with the contract's reason when it would
-    revert. A token job's dispute deposits the job's collateral in its token, pulled by the
+    as value: ``depositOf``, the job's bounty, at least the escrow's floor) or ``finalize``
+    (pay a result nobody disputed once the window passed, by anyone) as an unsigned
+    transaction from ``from``; refused with the contract's reason when it would revert. A
+    token job's dispute deposits the job's bounty in its token, pulled by the
     escrow: with ``permit`` the transaction is ``multicall([permitToken, dispute])``; with the
     allowance there, ``dispute``; else there is no ``tx`` yet and ``funding`` holds the permit
     to sign (or the approval to send) first."""
@@ -771,7 +782,7 @@ def dispute_in_token(
         raise FieldError(
             "from",
             f"{sender} holds {currency.fmt(balance)}, less than the dispute deposit "
-            f"{currency.fmt(deposit)} (the job's collateral)",
+            f"{currency.fmt(deposit)} (the job's bounty)",
         )
     if req.permit is not None:
         value, v, r, s_ = req.permit.parts()

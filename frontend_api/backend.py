@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gridmarket.chain import Deployment, EscrowClient
-from gridmarket.escrow import ZERO_ADDRESS, JobState, Status
+from gridmarket.escrow import ZERO_ADDRESS, JobState, Status, deposit_of
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import MAX_SPEC_BYTES
 
@@ -143,12 +143,14 @@ class Backend:
 
     def dispute_deposit(self, state: JobState) -> int:
         """What disputing this job deposits, in its token (``JobEscrow.depositOf``, mirrored:
-        tests/frontend/test_token_api.py checks the two agree): the escrow's ``disputeDeposit``
-        wei for an ETH job, the job's bounty in its token for a token job (the price of the
-        mediator's re-run)."""
-        if state.job.token != ZERO_ADDRESS:
-            return state.job.bounty
-        return int(self.constants().get("dispute_deposit", 0))
+        tests/frontend/test_token_api.py checks the two agree): the job's bounty (the price of
+        the mediator's re-run), for an ETH job at least the escrow's ``disputeDeposit`` wei."""
+        return self.deposit_for(state.job.bounty, state.job.token)
+
+    def deposit_for(self, bounty: int, token: str = ZERO_ADDRESS) -> int:
+        """The dispute deposit of a job of ``bounty`` in ``token`` (:meth:`dispute_deposit`
+        before the job exists: a quote)."""
+        return deposit_of(bounty, token, int(self.constants().get("dispute_deposit", 0)))
 
     def terms_view(self, state: JobState, now: int) -> dict[str, Any]:
         """A job's terms and where it stands in its challenge or mediation window; amounts in

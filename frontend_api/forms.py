@@ -483,7 +483,7 @@ class AddressRequest(BaseModel):
 
 class JobActionRequest(AddressRequest):
     """A job's action from ``from``; a dispute of a token job may carry the submitter's
-    ``permit`` for the deposit (the job's collateral in its token)."""
+    ``permit`` for the deposit (the job's bounty in its token)."""
 
     permit: PermitIn | None = None
 

@@ -45,6 +45,7 @@ from .submitter_client import (
     check_create_job_with,
     check_job_call,
     check_token_dispute,
+    dispute_value,
     job_call_signature,
     parse_job_id,
     read_password,
@@ -816,7 +817,14 @@ def _job_action(ctx: typer.Context, job_id: str, action: str, done: str) -> dict
             check_token_dispute(tx, info, str(cur["address"]), jid, deposit)
         else:
             tx = prepared["tx"]
-            value = int(info["params"].get("dispute_deposit", 0)) if action == "dispute" else 0
+            value = 0
+            if action == "dispute":  # the job's bounty, at least the escrow's floor
+                value = dispute_value(tx, info)
+                if int(prepared["deposit_wei"]) != value:
+                    raise CliError(
+                        f"the front end says the deposit is {prepared['deposit_wei']} wei, "
+                        f"the job's is {value}"
+                    )
             check_job_call(tx, info, job_call_signature(prepared["action"]), jid, value)
         result = relay(fe, sign_tx(account, tx))
     finally:

@@ -374,7 +374,8 @@ class TxBuilder:
     def job_call(
         self, sender: str, fn_name: str, state: JobState, value: int = 0
     ) -> dict[str, str]:
-        """``cancel``, ``refund``, ``release``, ``dispute`` (``value``: the deposit) or
+        """``cancel``, ``refund``, ``release``, ``dispute`` (``value``: the deposit of an ETH
+        job, ``depositOf``: its bounty, at least the escrow's ``disputeDeposit``) or
         ``finalize`` of a job, with its struct as the events tell."""
         return self.unsigned(sender, fn_name, state.job_id, state.job.as_tuple(), value=value)
 

@@ -43,7 +43,7 @@ class EscrowParams:
     min_stake: int = 10**16  # 0.01 ETH
     unstake_delay: int = 7 * 24 * 3600
     min_collateral_bps: int = 10_000  # a provider risks at least what it can earn
-    dispute_deposit: int = 10**15  # 0.001 ETH: pays the mediator's re-run if the result stands
+    dispute_deposit: int = 10**15  # 0.001 ETH: the floor of an ETH dispute's deposit (its bounty)
     mediation_window: int = 3 * 24 * 3600
     reassign_delay: int = 600
     mediator: str | None = None  # listed at deployment (None: no mediator listed yet)

@@ -272,6 +272,16 @@ def seat_ids(group_id: bytes, replicas: int) -> list[bytes]:
     return [keccak(encode(["bytes32", "uint256"], [group_id, i])) for i in range(replicas)]
 
 
+def deposit_of(bounty: int, token: str, floor: int) -> int:
+    """What disputing a job's result deposits, ``JobEscrow.depositOf`` mirrored: the job's
+    ``bounty`` (the price of the mediator's re-run, which is funded at the job's own bounty),
+    in its ``token``; for an ETH job (``token`` the zero address) at least ``floor``, the
+    escrow's ``disputeDeposit`` wei. Whoever the ruling finds wrong pays the re-run."""
+    if int(token, 16) != 0:
+        return bounty
+    return max(bounty, floor)
+
+
 def commitment(job: Job, status: Status) -> int:
     """The storage word the contract keeps for ``job`` in ``status``."""
     digest = int.from_bytes(keccak(encode(list(JOB_ABI_TYPES), list(job.as_tuple()))), "big")

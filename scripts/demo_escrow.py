@@ -10,8 +10,10 @@ job naming a mediator and the collateral; the provider signs its acceptance (EIP
 the operator (the scheduler's key) assigns it, locking the collateral; the provider signs its
 result off-chain and the operator relays it; nobody disputes within the challenge window, so a
 stranger finalizes it and the provider is paid. Job 2, a wrong result: the submitter disputes
-it, the mediator rules it wrong, and the provider's collateral goes to the submitter (less the
-mediator's re-run fee). Then the treasury collects the fee and everyone withdraws.
+it, depositing the job's bounty (the price of the mediator's re-run; for an ETH job at least
+the escrow's disputeDeposit), the mediator rules it wrong, the deposit comes back and the
+provider's collateral goes to the submitter (less the mediator's re-run fee). Then the
+treasury collects the fee and everyone withdraws.
 Prints every transaction with its gas, and the final balances. Exits non-zero if any amount is
 not exactly what the contract's rules say.
 """
@@ -33,7 +35,7 @@ from devstack.anvil import Anvil, dev_accounts
 from gridmarket.chain import EscrowClient, Sent
 from gridmarket.deploy import EscrowParams, deploy_escrow
 from gridmarket.eip712 import sign_acceptance, sign_result
-from gridmarket.escrow import JobState, Status
+from gridmarket.escrow import ZERO_ADDRESS, JobState, Status, deposit_of
 
 ETH = 10**18
 SPEC_CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
@@ -126,8 +128,11 @@ def main() -> int:
 
         console.rule("job 2: a wrong result, disputed and ruled")
         job2 = fund_and_run(WRONG_CID)
+        deposit = int(escrow.call("depositOf", job2.job.as_tuple()))  # bounty, at least floor
+        console.print(f"    the dispute deposits {eth(deposit)}: the job's bounty (floor "
+                      f"{eth(params.dispute_deposit)})")  # fmt: skip
         job2, sent = escrow.call_job(accts["submitter"], "dispute", job2,
-                                     value=params.dispute_deposit)  # fmt: skip
+                                     value=deposit)  # fmt: skip
         record("dispute (deposit)", "submitter", sent)
         job2, sent = escrow.call_job(accts["mediator"], "rule", job2, False)
         record("rule: not upheld (slash)", "mediator", sent)
@@ -148,7 +153,7 @@ def main() -> int:
         replayed = escrow.job_state(job1.job_id)
         fee = bounty * params.fee_bps // 10_000
         collateral = job2.job.collateral
-        to_mediator = min(collateral, params.dispute_deposit)
+        to_mediator = min(collateral, deposit)
         end = {n: w3.eth.get_balance(a.address) for n, a in accts.items()}
         table = Table(title="balances (ETH)")
         for col in ("account", "start", "end", "change"):
@@ -170,13 +175,16 @@ def main() -> int:
                 accts["provider"].address
             ) == bounty - fee,
             f"treasury withdrew fee = {eth(fee)}": withdrawn.get(accts["treasury"].address) == fee,
+            f"job 2's dispute deposit is its bounty = {eth(deposit)}": (
+                deposit == deposit_of(bounty, ZERO_ADDRESS, params.dispute_deposit) == bounty
+            ),
             f"submitter got job 2's bounty, its deposit and collateral - re-run fee "
-            f"= {eth(bounty + params.dispute_deposit + collateral - to_mediator)}": withdrawn.get(
+            f"= {eth(bounty + deposit + collateral - to_mediator)}": withdrawn.get(
                 accts["submitter"].address
-            ) == bounty + params.dispute_deposit + collateral - to_mediator,
-            f"mediator was paid the re-run fee = {eth(to_mediator)}": withdrawn.get(
-                accts["mediator"].address
-            ) == to_mediator,
+            ) == bounty + deposit + collateral - to_mediator,
+            f"mediator was paid the re-run fee = {eth(to_mediator)}, a re-run's bounty": (
+                withdrawn.get(accts["mediator"].address) == to_mediator == bounty
+            ),
             "provider's stake lost exactly job 2's collateral, nothing locked": (
                 provider_now[0] == stake - collateral and provider_now[1] == 0
             ),

@@ -332,7 +332,7 @@ def test_finalize_pays_a_dispute_the_mediator_left_unruled(chain: Chain) -> None
     provider = chain.accounts[7]
     chain.stake(provider, 10**17)
     state = submitted(chain, chain.assign(chain.fund(), provider), provider, CID_A)
-    deposit = int(chain.escrow.call("disputeDeposit"))
+    deposit = int(chain.escrow.call("depositOf", state.job.as_tuple()))  # its bounty
     chain.escrow.send(chain.submitter, "dispute", state.job_id, state.job.as_tuple(), value=deposit)
     finalizer = Finalizer(chain.escrow, provider)
     chain.warp(WINDOW + 1)

@@ -30,11 +30,22 @@ MIN_STAKE = 10**16
 UNSTAKE_DELAY = 7 * 24 * 3600
 MIN_COLLATERAL_BPS = 10_000
 DISPUTE_DEPOSIT = 10**15
+"""The escrow's `disputeDeposit`: the floor of an ETH job's dispute deposit."""
 MEDIATION_WINDOW = 3 * 24 * 3600
 REASSIGN_DELAY = 600
 STAKE = 3 * BOUNTY
 """What the two regular providers stake: the collateral of three default jobs."""
 ON_VERIFY = FLAG_ON_VERIFY
+
+
+def eth_deposit(bounty: int, floor: int = DISPUTE_DEPOSIT) -> int:
+    """What disputing an ETH job with ``bounty`` deposits (`depositOf`): the bounty, at least
+    the escrow's `disputeDeposit` (``floor``)."""
+    return max(bounty, floor)
+
+
+DEPOSIT = eth_deposit(BOUNTY)
+"""What disputing a default ETH job deposits: its bounty (above the floor)."""
 
 
 def params(operator: Any, treasury: Any, mediator: Any, **over: Any) -> tuple[Any, ...]:

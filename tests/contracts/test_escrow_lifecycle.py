@@ -19,11 +19,12 @@ from gridmarket.eip712 import (
     sign_acceptance,
     sign_result,
 )
-from gridmarket.escrow import Status, cid_digest, commitment, job_id
+from gridmarket.escrow import Status, cid_digest, commitment, deposit_of, job_id
 
 from .conftest import (
     BOUNTY,
     CHALLENGE,
+    DEPOSIT,
     DISPUTE_DEPOSIT,
     FEE_BPS,
     MAX_DURATION,
@@ -621,7 +622,7 @@ def test_finalize_needs_a_result(book: Book, escrow: Any, assigned: Any, strange
 
 # ------------------------------------------------------------------------- dispute and rule
 def dispute(book: Book, state: Any, submitter: Any) -> Any:
-    return book.do("dispute", state, sender=submitter, value=DISPUTE_DEPOSIT)
+    return book.do("dispute", state, sender=submitter, value=DEPOSIT)
 
 
 def test_dispute_holds_the_deposit(book: Book, escrow: Any, submitted: Any, submitter: Any) -> None:
@@ -629,7 +630,7 @@ def test_dispute_holds_the_deposit(book: Book, escrow: Any, submitted: Any, subm
     state = dispute(book, submitted, submitter)
     assert state.status is Status.DISPUTED and book.current(state)
     assert state.job.disputed_at == book.chain.blocks.head.timestamp
-    assert escrow.balance == held + DISPUTE_DEPOSIT
+    assert escrow.balance == held + DEPOSIT == held + BOUNTY
     with ape.reverts(escrow.JobEscrowWrongStatus, status=Status.DISPUTED):
         dispute(book, state, submitter)
 
@@ -638,9 +639,10 @@ def test_dispute_refusals(
     book: Book, escrow: Any, submitted: Any, submitter: Any, stranger: Any, assigned: Any
 ) -> None:
     with ape.reverts(escrow.JobEscrowNotSubmitter, caller=stranger.address):
-        book.do("dispute", submitted, sender=stranger, value=DISPUTE_DEPOSIT)
-    for wrong in (0, DISPUTE_DEPOSIT - 1, DISPUTE_DEPOSIT + 1):
-        with ape.reverts(escrow.JobEscrowWrongDeposit, sent=wrong, deposit=DISPUTE_DEPOSIT):
+        book.do("dispute", submitted, sender=stranger, value=DEPOSIT)
+    # the old flat deposit among them: an ETH job's deposit is its bounty
+    for wrong in (0, DISPUTE_DEPOSIT, DEPOSIT - 1, DEPOSIT + 1):
+        with ape.reverts(escrow.JobEscrowWrongDeposit, sent=wrong, deposit=DEPOSIT):
             book.do("dispute", submitted, sender=submitter, value=wrong)
     book.sleep(CHALLENGE)
     with ape.reverts(escrow.JobEscrowChallengeWindowClosed, jobId=submitted.job_id):
@@ -656,7 +658,7 @@ def test_ruling_upheld_on_a_dispute_pays_provider_and_mediator(
     state = book.fold(state, receipt)
     assert state.status is Status.RELEASED and book.current(state)
     assert escrow.balanceOf(provider) == PAYOUT
-    assert escrow.balanceOf(mediator) == DISPUTE_DEPOSIT
+    assert escrow.balanceOf(mediator) == DEPOSIT == BOUNTY  # the re-run, at the job's bounty
     assert escrow.balanceOf(submitter) == 0
     assert escrow.providerOf(provider).locked == 0
     assert escrow.providerOf(provider).stake == STAKE
@@ -675,15 +677,15 @@ def test_ruling_against_a_dispute_slashes_and_requeues(
     receipt = escrow.rule(state.job_id, state.job.as_tuple(), False, sender=mediator)
     assert names(receipt) == ["Ruled", "Credited", "ProviderSlashed"]
     slashed = receipt.events[2]
-    assert slashed.amount == BOUNTY and slashed.toMediator == DISPUTE_DEPOSIT
+    assert slashed.amount == BOUNTY and slashed.toMediator == DEPOSIT
     state = book.fold(state, receipt)
     assert state.status is Status.FUNDED and state.output_cid is None and book.current(state)
     assert state.job.attempt == 1 and state.job.provider == ZERO
     info = escrow.providerOf(provider)
     assert info.stake == STAKE - BOUNTY and info.locked == 0
     # the submitter: its deposit back plus the collateral less the mediator's re-run
-    assert escrow.balanceOf(submitter) == DISPUTE_DEPOSIT + BOUNTY - DISPUTE_DEPOSIT
-    assert escrow.balanceOf(mediator) == DISPUTE_DEPOSIT
+    assert escrow.balanceOf(submitter) == DEPOSIT + BOUNTY - DEPOSIT
+    assert escrow.balanceOf(mediator) == DEPOSIT
     # the job runs again elsewhere (attempt 2); the slashed provider cannot sneak a result in
     state = book.assign(state, provider2)
     assert state.job.attempt == 2
@@ -760,7 +762,7 @@ def test_unruled_dispute_is_finalized_after_the_mediation_window(
     assert names(receipt) == ["Credited", "JobReleased"]
     state = book.fold(state, receipt)
     assert state.status is Status.RELEASED and book.current(state)
-    assert escrow.balanceOf(submitter) == DISPUTE_DEPOSIT
+    assert escrow.balanceOf(submitter) == DEPOSIT
     assert escrow.balanceOf(provider) == PAYOUT and escrow.balanceOf(mediator) == 0
 
 
@@ -779,13 +781,114 @@ def test_collateral_smaller_than_the_deposit_pays_the_mediator_what_there_is(
     )
     contract.registerProvider("bafkreip", sender=provider, value=STAKE)
     b = Book(contract, chain, mediator, operator)
-    state = b.assign(b.create(submitter, collateral=DISPUTE_DEPOSIT // 2), provider)
+    state = b.assign(b.create(submitter, collateral=DEPOSIT // 2), provider)
     state = b.do("submitResult", state, OUTPUT, sender=provider)
-    state = b.do("dispute", state, sender=submitter, value=DISPUTE_DEPOSIT)
+    state = b.do("dispute", state, sender=submitter, value=DEPOSIT)
     state = b.do("rule", state, False, sender=mediator)
-    assert contract.balanceOf(mediator) == DISPUTE_DEPOSIT // 2
-    assert contract.balanceOf(submitter) == DISPUTE_DEPOSIT  # its deposit; the rest of 0
+    assert contract.balanceOf(mediator) == DEPOSIT // 2
+    assert contract.balanceOf(submitter) == DEPOSIT  # its deposit; the rest of 0
     assert b.current(state)
+
+
+# ------------------------------------------------------------ the ETH deposit: bounty, floored
+FLOOR = 10**16
+"""`disputeDeposit` of the floored escrow: between MIN_BOUNTY and BOUNTY."""
+UNDER = 2 * MIN_BOUNTY
+"""A bounty under the floor."""
+
+
+@pytest.fixture
+def floored(
+    project: Any,
+    owner: Any,
+    operator: Any,
+    treasury: Any,
+    mediator: Any,
+    provider: Any,
+    chain: Any,
+) -> Book:
+    """An escrow whose flat `disputeDeposit` (FLOOR) lies between two bounties, UNDER and
+    BOUNTY, with the provider staking enough for either job's collateral."""
+    contract = project.JobEscrow.deploy(
+        params(operator, treasury, mediator, dispute_deposit=FLOOR), sender=owner
+    )
+    contract.registerProvider("bafkreip", sender=provider, value=STAKE)
+    return Book(contract, chain, mediator, operator)
+
+
+def _delivered(b: Book, submitter: Any, provider: Any, bounty: int) -> Any:
+    state = b.assign(b.create(submitter, bounty=bounty), provider)
+    return b.do("submitResult", state, OUTPUT, sender=provider)
+
+
+@pytest.mark.parametrize(
+    ("bounty", "deposit"),
+    [(BOUNTY, BOUNTY), (FLOOR, FLOOR), (UNDER, FLOOR)],
+    ids=["above-the-floor", "at-the-floor", "under-the-floor"],
+)
+def test_an_eth_jobs_deposit_is_its_bounty_at_least_the_floor(
+    floored: Book, submitter: Any, provider: Any, bounty: int, deposit: int
+) -> None:
+    """`depositOf` an ETH job: max(bounty, disputeDeposit); `dispute` takes exactly that."""
+    escrow = floored.escrow
+    state = _delivered(floored, submitter, provider, bounty)
+    assert escrow.depositOf(state.job.as_tuple()) == deposit == max(bounty, FLOOR)
+    assert deposit_of(bounty, ZERO, FLOOR) == deposit  # the product's mirror agrees
+    # the old flat deposit is refused when the bounty is above it, and so is the bounty under it
+    for wrong in sorted({0, FLOOR, bounty, deposit - 1, deposit + 1} - {deposit}):
+        with ape.reverts(escrow.JobEscrowWrongDeposit, sent=wrong, deposit=deposit):
+            floored.do("dispute", state, sender=submitter, value=wrong)
+    held = escrow.balance
+    receipt = escrow.dispute(state.job_id, state.job.as_tuple(), sender=submitter, value=deposit)
+    assert receipt.events[0].event_name == "ResultDisputed"
+    assert receipt.events[0].deposit == deposit
+    assert escrow.balance == held + deposit
+
+
+@pytest.mark.parametrize("upheld", [True, False], ids=["upheld", "ruled-wrong"])
+@pytest.mark.parametrize("bounty", [BOUNTY, UNDER], ids=["above-the-floor", "under-the-floor"])
+def test_a_ruling_on_an_eth_dispute_pays_to_the_wei_and_the_mediator_is_made_whole(
+    floored: Book, submitter: Any, provider: Any, mediator: Any, bounty: int, upheld: bool
+) -> None:
+    """Whoever was wrong pays the re-run (which costs the job's bounty). Upheld: the deposit
+    goes to the mediator, the provider is paid. Ruled wrong: the deposit comes back, the
+    provider loses its collateral (the bounty here), of which the mediator takes
+    min(collateral, deposit) and the submitter the rest."""
+    escrow = floored.escrow
+    state = _delivered(floored, submitter, provider, bounty)
+    deposit = max(bounty, FLOOR)
+    collateral = state.job.collateral
+    assert collateral == bounty
+    state = floored.do("dispute", state, sender=submitter, value=deposit)
+    held = escrow.balance
+    receipt = escrow.rule(state.job_id, state.job.as_tuple(), upheld, sender=mediator)
+    state = floored.fold(state, receipt)
+    assert escrow.balance == held  # a ruling only credits balances
+    fee = bounty * FEE_BPS // 10_000
+    if upheld:
+        assert state.status is Status.RELEASED
+        assert escrow.balanceOf(mediator) == deposit
+        assert escrow.balanceOf(provider) == bounty - fee
+        assert escrow.balanceOf(submitter) == 0
+        assert escrow.providerOf(provider).stake == STAKE
+        assert escrow.feesAccrued() == fee
+    else:
+        to_mediator = min(collateral, deposit)
+        assert to_mediator == bounty  # the collateral (= bounty) bounds it under the floor
+        slashed = next(e for e in receipt.events if e.event_name == "ProviderSlashed")
+        assert (slashed.amount, slashed.toMediator) == (collateral, to_mediator)
+        assert state.status is Status.FUNDED
+        assert escrow.balanceOf(mediator) == to_mediator
+        assert escrow.balanceOf(submitter) == deposit + collateral - to_mediator
+        assert escrow.balanceOf(provider) == 0
+        assert escrow.providerOf(provider).stake == STAKE - collateral
+        assert escrow.feesAccrued() == 0
+    assert escrow.balanceOf(mediator) >= bounty  # the re-run at the job's bounty is paid for
+    # solvency to the wei: stake, the bounty if offered again, and what was credited
+    owed = escrow.providerOf(provider).stake + escrow.feesAccrued()
+    owed += sum(escrow.balanceOf(a) for a in (mediator, submitter, provider))
+    owed += 0 if upheld else bounty
+    assert escrow.balance == owed
 
 
 # ------------------------------------------------------------------------- refund

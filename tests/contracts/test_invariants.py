@@ -11,7 +11,8 @@ After every step, for ETH and for the token alike:
 - solvency to the smallest unit: what the escrow holds (its ETH; its tUSD `balanceOf`) == the
   bounties of open jobs in that currency (Funded, Assigned, Submitted, Disputed) + withdrawable
   balances + stakes + stakes pending unstake + fees accrued + the dispute deposit of every
-  Disputed job (`disputeDeposit` for an ETH job, the bounty for a token job);
+  Disputed job (`depositOf`: the bounty for a token job, for an ETH job the bounty but at least
+  `disputeDeposit`, FLOOR here, which lies between the smallest and the largest BOUNTIES);
 - every balance, stake, pending unstake and fee pot, per currency, equal what the events say
   (nobody withdrew more than it was credited);
 - every provider's locked collateral in each currency == the collateral of the jobs in that
@@ -81,6 +82,7 @@ from gridmarket.escrow import (
     FLAG_ON_VERIFY,
     JOB_EVENTS,
     ZERO_HASH,
+    Job,
     JobState,
     Status,
     apply_event,
@@ -88,7 +90,7 @@ from gridmarket.escrow import (
     seat_ids,
 )
 
-from .conftest import CHALLENGE, DISPUTE_DEPOSIT, MEDIATION_WINDOW, REASSIGN_DELAY, params
+from .conftest import CHALLENGE, MEDIATION_WINDOW, REASSIGN_DELAY, params
 
 TARGET_STEPS = int(os.environ.get("GRIDMARKET_INVARIANT_STEPS", "6000"))
 STEPS_PER_RUN = 100
@@ -103,6 +105,10 @@ GOOD, BAD = "bafkreigoodoutput", "bafkreibadoutput"
 OTHER = "bafkreiothergoodoutput"
 """An honest provider's other output (a job that is not quite deterministic): ties."""
 BOUNTIES = [10**15, 10**15 + 1, 3 * 10**17 + 7, 10**18]
+FLOOR = 10**16
+"""`disputeDeposit` of the machine's escrow: an ETH job's dispute deposit is its bounty, at
+least this, so the two smallest BOUNTIES deposit the floor (more than their collateral, unless
+doubled) and the two largest their bounty."""
 T_MIN = 10**6  # tokenMinBounty of tUSD: 1 tUSD
 T_BOUNTIES = [T_MIN, T_MIN + 1, 3 * 10**7 + 7, 10**8]
 T_FUNDS = 10**13  # tUSD minted to each account
@@ -132,6 +138,11 @@ NEEDS_JOBS = {
 
 
 # ---------------------------------------------------------------------- bare JSON-RPC
+def _deposit_of(job: Job) -> int:
+    """`depositOf(job)`: the bounty (in the job's token), for an ETH job at least FLOOR."""
+    return max(job.bounty, FLOOR) if job.token == ETH else job.bounty
+
+
 class RpcError(Exception):
     """A JSON-RPC error object; ``data`` holds the revert data of a refused call."""
 
@@ -290,7 +301,14 @@ class EscrowMachine(RuleBasedStateMachine):
         self.addrs = [a.address for a in self.everyone]
         args = abi_encode(
             self.codec.constructor,
-            [params(self.operator.address, self.treasury.address, self.mediator.address)],
+            [
+                params(
+                    self.operator.address,
+                    self.treasury.address,
+                    self.mediator.address,
+                    dispute_deposit=FLOOR,
+                )
+            ],
         )
         receipt = self.rpc.call(
             "eth_sendTransactionSync",
@@ -411,6 +429,12 @@ class EscrowMachine(RuleBasedStateMachine):
                     self._check_seat(name, a, prior, resolved)
                 else:
                     self._check_consent(name, a, prior, account, fn, args)
+            elif name == "ResultDisputed":
+                job = before[bytes(a["jobId"])].job
+                assert a["deposit"] == _deposit_of(job), (
+                    f"{job.token} job of bounty {job.bounty} disputed with a deposit of "
+                    f"{a['deposit']}, the model's is {_deposit_of(job)}"
+                )
             elif name == "ReplicasCreated":
                 k = int(a["replicas"])
                 self.groups[bytes(a["groupId"])] = seat_ids(bytes(a["groupId"]), k)
@@ -482,7 +506,7 @@ class EscrowMachine(RuleBasedStateMachine):
             )
             assert a["amount"] == job.collateral, "slashed more or less than the job's collateral"
             if prior.status is Status.DISPUTED:
-                deposit = job.bounty if job.token != ETH else DISPUTE_DEPOSIT
+                deposit = _deposit_of(job)
                 assert a["toMediator"] == min(job.collateral, deposit), (
                     f"the mediator took {a['toMediator']} of a slashed collateral of "
                     f"{job.collateral}, its re-run's bound is {min(job.collateral, deposit)}"
@@ -773,14 +797,15 @@ class EscrowMachine(RuleBasedStateMachine):
         job = self._job(data, Status.SUBMITTED)
         who = self._actor(data, self._by_address(job.job.submitter))
         deposit = self._eth_deposit(job)  # a token job's deposit is pulled in the token
-        if data.draw(st.integers(0, 7)) == 7:
-            deposit = DISPUTE_DEPOSIT - 1 if deposit else DISPUTE_DEPOSIT  # the wrong ETH
+        if data.draw(st.integers(0, 7)) == 7:  # the wrong ETH: one wei short, or the floor
+            # (the old flat deposit) for a bounty above it, or any ETH with a token job
+            deposit = FLOOR if deposit != FLOOR else deposit - 1
         self._send(who, "dispute", job.job_id, job.job.as_tuple(), value=deposit)
 
     @staticmethod
     def _eth_deposit(job: JobState) -> int:
         """The ETH to send with `dispute`: the deposit of an ETH job, nothing for a token job."""
-        return DISPUTE_DEPOSIT if job.job.token == ETH else 0
+        return _deposit_of(job.job) if job.job.token == ETH else 0
 
     def rule_on(self, data: st.DataObject) -> None:
         job = self._job(data, Status.DISPUTED, Status.SUBMITTED)
@@ -1036,7 +1061,7 @@ class EscrowMachine(RuleBasedStateMachine):
         jobs = [j for j in self.jobs.values() if j.job.token == cur]
         escrowed = sum(j.job.bounty for j in jobs if j.status in OPEN)
         disputed = [j for j in jobs if j.status is Status.DISPUTED]
-        deposits = sum(DISPUTE_DEPOSIT if cur == ETH else j.job.bounty for j in disputed)
+        deposits = sum(_deposit_of(j.job) for j in disputed)
         staked = sum(i[0] for i in infos)
         pending = sum(i[4] for i in infos)
         assert held == escrowed + sum(balances) + staked + pending + fees + deposits, (

@@ -12,7 +12,7 @@ from gridmarket.escrow import Status
 
 from .conftest import (
     BOUNTY,
-    DISPUTE_DEPOSIT,
+    DEPOSIT,
     MIN_STAKE,
     OUTPUT,
     STAKE,
@@ -131,7 +131,7 @@ def test_pending_unstake_is_never_slashed(
 ) -> None:
     """A ruling takes the job's locked collateral, never what is on its way out."""
     escrow.requestUnstake(STAKE - BOUNTY, sender=provider)
-    state = book.do("dispute", submitted, sender=submitter, value=DISPUTE_DEPOSIT)
+    state = book.do("dispute", submitted, sender=submitter, value=DEPOSIT)
     state = book.do("rule", state, False, sender=mediator)
     assert state.status is Status.FUNDED
     info = escrow.providerOf(provider)

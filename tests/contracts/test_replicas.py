@@ -24,7 +24,7 @@ from gridmarket.escrow import (
     seat_ids,
 )
 
-from .conftest import DISPUTE_DEPOSIT, FEE_BPS, MEDIATION_WINDOW, MIN_BOUNTY, OUTPUT, SPEC, Book
+from .conftest import FEE_BPS, MEDIATION_WINDOW, MIN_BOUNTY, OUTPUT, SPEC, Book
 
 SHARE = 10**16
 """Each seat's share of the bounty, and the collateral each seat's provider locks."""
@@ -325,7 +325,8 @@ def test_seats_are_paid_only_by_resolve_the_submitter_or_a_ruling(
     with ape.reverts(escrow.JobEscrowNotAllowed):
         book.do("release", seat, sender=operator)  # never on the operator's check
     with ape.reverts(escrow.JobEscrowReplicated, jobId=seat.job_id):
-        book.do("dispute", seat, sender=submitter, value=DISPUTE_DEPOSIT)
+        deposit = int(escrow.depositOf(seat.job.as_tuple()))  # the seat's bounty
+        book.do("dispute", seat, sender=submitter, value=deposit)
     other = book.assign(seats[1], provider2)
     book.sleep(3601)
     with ape.reverts(escrow.JobEscrowReplicated, jobId=seat.job_id):

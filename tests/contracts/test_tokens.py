@@ -23,7 +23,7 @@ from eth_abi.abi import encode as abi_encode
 from eth_typing import Hash32
 from eth_utils.crypto import keccak
 
-from gridmarket.escrow import ZERO_ADDRESS, JobState, Status, seat_ids
+from gridmarket.escrow import ZERO_ADDRESS, JobState, Status, deposit_of, seat_ids
 from gridmarket.token import PERMIT_TYPEHASH
 
 from .conftest import (
@@ -611,7 +611,9 @@ def test_a_token_dispute_deposits_the_bounty_in_the_token_and_upheld_pays_the_me
     mediator: Any,
     t_submitted: JobState,
 ) -> None:
-    assert escrow.depositOf(t_submitted.job.as_tuple()) == T_BOUNTY
+    # the bounty, though it is far under the ETH floor `disputeDeposit` (which is in wei)
+    assert escrow.depositOf(t_submitted.job.as_tuple()) == T_BOUNTY < escrow.disputeDeposit()
+    assert deposit_of(T_BOUNTY, usd.address, escrow.disputeDeposit()) == T_BOUNTY  # the mirror
     usd.approve(escrow, T_BOUNTY, sender=submitter)
     with ape.reverts(escrow.JobEscrowWrongDeposit, sent=1, deposit=0):  # no ETH with a token
         book.do("dispute", t_submitted, sender=submitter, value=1)

@@ -18,7 +18,7 @@ from gridmarket.escrow import ZERO_ADDRESS, JobState, Status
 from .conftest import (
     BOUNTY,
     CHALLENGE,
-    DISPUTE_DEPOSIT,
+    DEPOSIT,
     FEE_BPS,
     MEDIATION_WINDOW,
     ON_VERIFY,
@@ -201,7 +201,7 @@ def test_attack_d_every_operator_call_leaves_the_stake_alone(
         ("assign", (provider2, book.accept(provider2, submitted)), escrow.JobEscrowWrongStatus),
     ]
     for fn, extra, error in attempts:
-        value = DISPUTE_DEPOSIT if fn == "dispute" else 0
+        value = DEPOSIT if fn == "dispute" else 0
         with ape.reverts(error):
             getattr(escrow, fn)(jid, job, *extra, sender=operator, value=value)
     assert stakes(escrow, provider) == before
@@ -209,7 +209,7 @@ def test_attack_d_every_operator_call_leaves_the_stake_alone(
     for fn, extra, _ in attempts:  # and again once the window closed
         if fn == "finalize":
             continue
-        value = DISPUTE_DEPOSIT if fn == "dispute" else 0
+        value = DEPOSIT if fn == "dispute" else 0
         with ape.reverts():
             getattr(escrow, fn)(jid, job, *extra, sender=operator, value=value)
     assert stakes(escrow, provider) == before
@@ -241,12 +241,12 @@ def test_attack_e_junk_disputed_and_ruled_wrong_costs_the_sybil_its_collateral(
     book: Book, escrow: Any, submitter: Any, small: Any, mediator: Any, stranger: Any
 ) -> None:
     state = _junk_at_the_deadline(book, submitter, small)
-    state = book.do("dispute", state, sender=submitter, value=DISPUTE_DEPOSIT)
+    state = book.do("dispute", state, sender=submitter, value=DEPOSIT)
     state = book.do("rule", state, False, sender=mediator)
     assert state.status is Status.FUNDED
     # the submitter: its deposit back and the collateral less the mediator's re-run
     assert escrow.balanceOf(submitter) == BOUNTY
-    assert escrow.balanceOf(mediator) == DISPUTE_DEPOSIT
+    assert escrow.balanceOf(mediator) == DEPOSIT
     assert stakes(escrow, small) == [(0, 0, 0)]
     # the deadline has passed: the bounty comes back too (anyone triggers it)
     book.sleep(1)  # anvil may mine blocks in the same second: be past the deadline
@@ -328,7 +328,7 @@ def test_attack_g_unstake_while_holding_a_job(
         escrow.requestUnstake(STAKE, sender=provider)
     escrow.requestUnstake(STAKE - BOUNTY, sender=provider)  # all it may: the free part
     state = book.do("submitResult", state, JUNK, sender=provider)
-    state = book.do("dispute", state, sender=submitter, value=DISPUTE_DEPOSIT)
+    state = book.do("dispute", state, sender=submitter, value=DEPOSIT)
     book.do("rule", state, False, sender=mediator)
     assert stakes(escrow, provider) == [(0, 0, STAKE - BOUNTY)]  # the locked part was taken
     assert escrow.balanceOf(submitter) == BOUNTY
@@ -362,14 +362,14 @@ def test_attack_i_operator_cannot_pay_a_job_not_funded_on_verify(
 def test_attack_j_silent_mediator_then_anyone_finalizes(
     book: Book, escrow: Any, submitted: JobState, submitter: Any, stranger: Any, provider: Any
 ) -> None:
-    state = book.do("dispute", submitted, sender=submitter, value=DISPUTE_DEPOSIT)
+    state = book.do("dispute", submitted, sender=submitter, value=DEPOSIT)
     book.sleep(MEDIATION_WINDOW - 120)
     with ape.reverts(escrow.JobEscrowChallengeWindowOpen, jobId=state.job_id):
         book.do("finalize", state, sender=stranger)
     book.sleep(120)
     state = book.do("finalize", state, sender=stranger)
     assert state.status is Status.RELEASED
-    assert escrow.balanceOf(submitter) == DISPUTE_DEPOSIT  # the deposit comes back
+    assert escrow.balanceOf(submitter) == DEPOSIT  # the deposit comes back
     assert escrow.balanceOf(provider) == PAYOUT
 
 
@@ -394,7 +394,7 @@ def test_attack_k_only_the_jobs_mediator_rules(
             book.do("rule", state, False, sender=who)
     named = book.create(submitter, mediator=spare)
     state2 = book.do("submitResult", book.assign(named, provider), OUTPUT, sender=provider)
-    state2 = book.do("dispute", state2, sender=submitter, value=DISPUTE_DEPOSIT)
+    state2 = book.do("dispute", state2, sender=submitter, value=DEPOSIT)
     with ape.reverts(escrow.JobEscrowNotMediator, caller=mediator.address, mediator=spare.address):
         book.do("rule", state2, False, sender=mediator)
     assert book.do("rule", state2, True, sender=spare).status is Status.RELEASED
@@ -454,9 +454,9 @@ def test_role_mediator(
     an undisputed result, or take more than the deposit."""
     with ape.reverts(escrow.JobEscrowConflictOfInterest, provider=mediator.address):
         book.assign(book.create(submitter), mediator)
-    state = book.do("dispute", submitted, sender=submitter, value=DISPUTE_DEPOSIT)
+    state = book.do("dispute", submitted, sender=submitter, value=DEPOSIT)
     book.do("rule", state, True, sender=mediator)
-    assert escrow.balanceOf(mediator) == DISPUTE_DEPOSIT
+    assert escrow.balanceOf(mediator) == DEPOSIT
     late = book.do(
         "submitResult", book.assign(book.create(submitter), provider), OUTPUT, sender=provider
     )
@@ -510,7 +510,7 @@ def test_role_submitter(
         book.do("rule", state, False, sender=submitter)
     book.sleep(CHALLENGE)
     with ape.reverts(escrow.JobEscrowChallengeWindowClosed):
-        book.do("dispute", state, sender=submitter, value=DISPUTE_DEPOSIT)
+        book.do("dispute", state, sender=submitter, value=DEPOSIT)
     early = book.do(
         "submitResult", book.assign(book.create(submitter), provider), OUTPUT, sender=provider
     )

@@ -136,7 +136,8 @@ read -r PAYOUT FEE < <(cast abi-decode 'f()(uint96,uint96)' \
   "$(jq -r '.[0].data' released.json)" | cut -d' ' -f1 | paste -sd' ')
 """.strip()
 DISPUTE = r"""
-DEPOSIT=$(cast call --rpc-url "$RPC" "$ESCROW" 'disputeDeposit()(uint96)' | cut -d' ' -f1)
+DEPOSIT=$(cast call --rpc-url "$RPC" "$ESCROW" "depositOf($JOB_T)(uint96)" "$SUBMITTED_JOB" \
+  | cut -d' ' -f1)
 cast send --rpc-url "$RPC" --private-key "$KEY" --value "$DEPOSIT" "$ESCROW" \
   "dispute(bytes32,$JOB_T)" "$JOB_ID" "$SUBMITTED_JOB"
 """.strip()

@@ -90,7 +90,8 @@ def dispute_when_submitted(grid: LocalGrid, job: Funded) -> int:
         90,
         every=0.2,
     )
-    deposit = int(grid.escrow.call("disputeDeposit"))
+    deposit = int(grid.escrow.call("depositOf", state.job.as_tuple()))  # the bounty
+    assert deposit == max(state.job.bounty, int(grid.escrow.call("disputeDeposit")))
     grid.escrow.call_job(job.submitter, "dispute", state, value=deposit)
     return deposit
 
@@ -211,6 +212,7 @@ class TestRerun:
         assert slash.args["provider"] == account.address
         assert slash.args["amount"] == collateral
         assert slash.args["toMediator"] == min(deposit, collateral)  # the cheater pays the re-run
+        assert min(deposit, collateral) == created.args["bounty"]  # the mediator is made whole
 
         # the submitter gets the right output: done again by an honest agent, as the re-run
         honest = agent_of(grid, view["attempts"][-1]["node_id"])
@@ -249,4 +251,5 @@ class TestRerun:
         assert same_cid(rerun.output_cid, state.output_cid)  # type: ignore[arg-type]
         # the deposit (the mediator's re-run fee) went to the mediator
         assert grid.escrow.balance_of(grid.mediator.address) - before == deposit
+        assert deposit == rerun.job.bounty  # the submitter who was wrong paid the whole re-run
         assert "the same CID" in mediator_log(grid)

@@ -36,7 +36,9 @@ from gridmarket.escrow import FLAG_ON_VERIFY, Status
 from tests.frontend.conftest import CHALLENGE_WINDOW_S, FrontendStack, unrunnable_spec, wasm_spec
 
 BOUNTY = 2 * 10**16
-DISPUTE_DEPOSIT = 10**15  # EscrowParams' default
+DISPUTE_DEPOSIT = 10**15  # EscrowParams' default: the floor of an ETH job's dispute deposit
+DEPOSIT = max(BOUNTY, DISPUTE_DEPOSIT)
+"""What disputing a BOUNTY job deposits (JobEscrow.depositOf): its bounty, above the floor."""
 
 
 def sign(prepared_tx: dict[str, str], account: LocalAccount) -> str:
@@ -125,7 +127,16 @@ def test_info_and_pages_render(stack: FrontendStack) -> None:
     assert terms["mediator"] == stack.mediator.address
     assert terms["min_collateral_wei"] == str(BOUNTY)  # 100 % of the bounty by default
     assert terms["challenge_window_s"] == CHALLENGE_WINDOW_S
-    assert terms["dispute_deposit_wei"] == str(DISPUTE_DEPOSIT)
+    assert terms["dispute_deposit_wei"] == str(DEPOSIT) == str(BOUNTY)
+    assert terms["dispute_deposit_floor_wei"] == str(DISPUTE_DEPOSIT)
+    # under the floor the deposit is the floor; no bounty yet, the floor; no dispute of seats
+    under = stack.get("/api/terms", params={"bounty_wei": str(DISPUTE_DEPOSIT // 2)}).json()
+    assert under["dispute_deposit_wei"] == str(DISPUTE_DEPOSIT)
+    assert stack.get("/api/terms").json()["dispute_deposit_wei"] == str(DISPUTE_DEPOSIT)
+    seats = stack.get(
+        "/api/terms", params={"bounty_eth": "0.02", "verification": "replicate:2"}
+    ).json()
+    assert seats["dispute_deposit_wei"] is None
     assert "40 s" in terms["payments"]["after_window"]
     assert "trust" in terms["payments"]["on_verify"]
     bad = stack.get("/api/terms", params={"bounty_eth": "lots"})
@@ -136,6 +147,7 @@ def test_info_and_pages_render(stack: FrontendStack) -> None:
     assert 'name="payment" value="after_window" checked' in submit
     assert "On the scheduler's check" in submit and "40 s after it was submitted" in submit
     assert "verified" not in submit.lower()
+    assert f"at least {DISPUTE_DEPOSIT / 10**18:g} ETH (it pays the mediator" in submit
     for path in ("/", "/payouts", "/jobs", "/submit", "/providers"):
         response = stack.get(path, headers={"accept": "text/html"})
         assert response.status_code == 200, (path, response.text[:2000])
@@ -551,6 +563,7 @@ def test_funding_with_default_and_explicit_terms(stack: FrontendStack) -> None:
         "token": "0x" + "00" * 20,  # paid in ETH
     }
     assert default["challenge_window_s"] == CHALLENGE_WINDOW_S
+    assert default["dispute_deposit_wei"] == str(DEPOSIT)  # the bounty, not the flat floor
     state = stack.chain_job(default["job_id"])
     assert state.job.mediator == stack.mediator.address and state.job.collateral == BOUNTY
     assert state.job.operator == stack.devnet.operator.address and state.job.flags == 0
@@ -624,7 +637,8 @@ def test_dispute_through_the_api_and_the_ruling_and_slash_on_the_explorer(
     )  # JobAssigned.since is the assignment's block time
     page = stack.get(f"/jobs/{job_id}", headers={"accept": "text/html"}).text
     assert 'id="dispute-job"' in page and 'id="job-window"' in page
-    assert f"deposit {DISPUTE_DEPOSIT / 10**18:g} ETH" in page
+    assert f"deposit {DEPOSIT / 10**18:g} ETH" in page  # the bounty
+    assert "at least the escrow" in page and "the price of the mediator" in page
 
     # only the submitter may dispute, with exactly the deposit
     outsider = stack.devnet.submitters[1]
@@ -635,12 +649,13 @@ def test_dispute_through_the_api_and_the_ruling_and_slash_on_the_explorer(
     )
     assert prepared.status_code == 200, prepared.text
     body = prepared.json()
-    assert body["deposit_wei"] == str(DISPUTE_DEPOSIT)
+    assert body["deposit_wei"] == str(DEPOSIT)
+    assert int(stack.escrow.call("depositOf", state.job.as_tuple())) == DEPOSIT
     assert body["mediator"] == stack.mediator.address
-    assert int(body["tx"]["value"], 16) == DISPUTE_DEPOSIT
+    assert int(body["tx"]["value"], 16) == DEPOSIT
     relayed = relay(stack, sign(body["tx"], stack.submitter))
     assert [e["name"] for e in relayed["events"]] == ["ResultDisputed"]
-    assert relayed["events"][0]["args"]["deposit"] == str(DISPUTE_DEPOSIT)
+    assert relayed["events"][0]["args"]["deposit"] == str(DEPOSIT)
 
     view = stack.job(job_id)
     assert view["chain_status"] == "disputed" and not view["final"]
@@ -662,14 +677,14 @@ def test_dispute_through_the_api_and_the_ruling_and_slash_on_the_explorer(
     (ruling,) = view["chain"]["rulings"]
     assert ruling["upheld"] is False and ruling["mediator"] == stack.mediator.address
     assert ruling["slashed_wei"] == str(BOUNTY)
-    assert ruling["to_mediator_wei"] == str(DISPUTE_DEPOSIT)
+    assert ruling["to_mediator_wei"] == str(min(BOUNTY, DEPOSIT))  # the re-run, from the collateral
     (credit,) = view["chain"]["credits"]
     assert credit["account"] == stack.submitter.address and credit["reason"] == "deposit returned"
     names = [e["name"] for e in view["chain"]["events"]]
     assert names[-4:] == ["ResultDisputed", "Ruled", "Credited", "ProviderSlashed"]
     slash = view["chain"]["events"][-1]["args"]
     assert slash["submitter"] == stack.submitter.address
-    assert slash["toMediator"] == str(DISPUTE_DEPOSIT)
+    assert slash["toMediator"] == str(min(BOUNTY, DEPOSIT))
 
     page = stack.get(f"/jobs/{job_id}", headers={"accept": "text/html"}).text
     assert 'data-upheld="false"' in page and "not upheld" in page
@@ -681,10 +696,10 @@ def test_dispute_through_the_api_and_the_ruling_and_slash_on_the_explorer(
     assert "ProviderSlashed" in names
     mediator = stack.get(f"/api/address/{stack.mediator.address}").json()["totals"]
     assert mediator["rulings"] >= 1 and mediator["rulings_against"] >= 1
-    assert int(mediator["mediator_fees_wei"]) >= DISPUTE_DEPOSIT
+    assert int(mediator["mediator_fees_wei"]) >= DEPOSIT
     submitter = stack.get(f"/api/address/{stack.submitter.address}").json()["totals"]
-    assert int(submitter["slash_credits_wei"]) >= BOUNTY - DISPUTE_DEPOSIT
-    assert int(submitter["credited_wei"]) >= DISPUTE_DEPOSIT
+    assert int(submitter["slash_credits_wei"]) >= BOUNTY - min(BOUNTY, DEPOSIT)
+    assert int(submitter["credited_wei"]) >= DEPOSIT  # the deposit came back
     tx_page = stack.get(f"/tx/{sent.tx_hash}", headers={"accept": "text/html"}).text
     assert "not upheld: the provider is slashed" in tx_page and "deposit returned" in tx_page
     address_page = stack.get(f"/address/{provider}", headers={"accept": "text/html"}).text

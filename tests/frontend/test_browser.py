@@ -201,7 +201,7 @@ def test_terms_dispute_and_ruling_in_chromium(stack: FrontendStack, tmp_path: Pa
     assert result["collateral_shown"].startswith("0.006 ETH")
     assert result["payment_shown"] == "after_window"
     assert "may dispute this result until" in result["window_text"]
-    assert "deposit 0.001 ETH" in result["dispute_button"]
+    assert "deposit 0.004 ETH" in result["dispute_button"]  # the bounty, above the 0.001 floor
     assert f"mediator {stack.mediator.address[:6]}" in result["dispute_button"]
     assert stack.mediator.address[:6] in result["dispute_hint"]
     assert result["other_sees_dispute"] is False  # another wallet gets no Dispute button

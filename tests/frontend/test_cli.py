@@ -517,7 +517,8 @@ def test_dispute_accept_and_finalize_from_the_terminal(
     done = gm(stack, home, "dispute", disputed)
     assert done.returncode == 0, done.stderr
     assert "disputed (tx 0x" in done.stdout
-    assert "deposit  0.001 ETH" in done.stdout and stack.mediator.address in done.stdout
+    # the deposit is the job's bounty (0.004 ETH), above the escrow's floor of 0.001 ETH
+    assert "deposit  0.004 ETH" in done.stdout and stack.mediator.address in done.stdout
     assert stack.chain_job(disputed).status is Status.DISPUTED
     again = gm(stack, home, "dispute", disputed)
     assert again.returncode == 1 and "JobEscrowWrongStatus" in again.stderr

@@ -8,7 +8,9 @@
   unchanged by it;
 * a wallet that cannot sign typed data approves first (``funding.approve_tx``), then prepare
   builds ``createJobWith`` alone;
-* a tUSD job's dispute deposits its collateral in tUSD (by permit), no ETH;
+* a tUSD job's dispute deposits its bounty in tUSD (by permit), no ETH, with no floor; an ETH
+  job's deposit is its bounty, at least the escrow's ``disputeDeposit``, as the API and
+  ``depositOf`` agree;
 * bad currency input (unknown currency, too many decimals, a bounty above the token balance, an
   ETH amount for a token job) is a 400 naming the field, and nothing is funded or pinned;
 * a quote in tUSD either comes from the scheduler or says why there is none.
@@ -24,7 +26,7 @@ from frontend_api.submitter_client import sign_permit
 from gridmarket.cid import bytes_cid
 from gridmarket.token import TokenClient
 from tests.frontend.conftest import FrontendStack, unrunnable_spec
-from tests.frontend.test_api import relay, sign
+from tests.frontend.test_api import fund, relay, sign
 
 TUSD = 10**6
 """One tUSD in its smallest units (6 decimals)."""
@@ -198,13 +200,16 @@ def test_a_tusd_dispute_deposits_the_bounty_in_tusd(stack: FrontendStack) -> Non
     token = token_of(stack)
     tusd = TokenClient(stack.escrow.w3, token)
     # collateral over the bounty: the deposit is the bounty (JobEscrow.depositOf), not it
-    job_id = fund_tusd(stack, "disputed tusd", bounty="3", collateral="4.5")["job_id"]
+    prepared = fund_tusd(stack, "disputed tusd", bounty="3", collateral="4.5")
+    job_id = prepared["job_id"]
+    assert prepared["dispute_deposit_wei"] == str(3 * TUSD)  # the bounty, not the collateral
     chain = stack.wait_chain(job_id, "funded")["chain"]
     collateral = int(chain["terms"]["collateral_wei"])
     assert collateral == 4_500_000
     deposit = 3_000_000
     state = stack.escrow.job_state(bytes.fromhex(job_id[2:]))
     assert int(stack.escrow.call("depositOf", state.job.as_tuple())) == deposit
+    assert deposit < int(stack.escrow.call("disputeDeposit"))  # no ETH floor for a token
     assert chain["terms"]["dispute_deposit_wei"] == str(deposit)
     stake_tusd(stack, max(collateral, TUSD))
     stack.assign_by_hand(job_id)
@@ -235,6 +240,26 @@ def test_a_tusd_dispute_deposits_the_bounty_in_tusd(stack: FrontendStack) -> Non
     gas = int(receipt["gasUsed"]) * int(receipt["effectiveGasPrice"])
     assert stack.escrow.w3.eth.get_balance(submitter.address) == eth_before - gas
     stack.wait_chain(job_id, "disputed")
+
+
+def test_an_eth_jobs_deposit_is_its_bounty_at_least_the_floor_as_depositof_says(
+    stack: FrontendStack,
+) -> None:
+    """The front end's mirror of `depositOf` for ETH jobs: a bounty above the escrow's
+    `disputeDeposit` deposits the bounty; one at the floor (the least bounty of this
+    deployment) the floor. The quote at funding, the job's terms and the chain agree."""
+    floor = int(stack.escrow.call("disputeDeposit"))
+    for bounty in (7 * floor, floor):
+        prepared = fund(
+            stack, unrunnable_spec(name=f"eth deposit {bounty}"), bounty_wei=str(bounty)
+        )
+        assert prepared["dispute_deposit_wei"] == str(max(bounty, floor))
+        state = stack.escrow.job_state(bytes.fromhex(prepared["job_id"][2:]))
+        assert state.job.bounty == bounty
+        deposit = int(stack.escrow.call("depositOf", state.job.as_tuple()))
+        assert deposit == max(bounty, floor)
+        terms = stack.wait_chain(prepared["job_id"], "funded")["chain"]["terms"]
+        assert terms["dispute_deposit_wei"] == str(deposit)
 
 
 def test_bad_currency_input_is_refused_and_nothing_is_funded(stack: FrontendStack) -> None:

@@ -245,7 +245,7 @@ def test_a_good_result_is_left_alone_then_upheld_when_disputed(
         assert med.state.ruling(job.job_id, job.job.attempt) is None
         assert ruled_events(client, job) == []
 
-        deposit = int(client.call("disputeDeposit"))
+        deposit = int(client.call("depositOf", job.job.as_tuple()))
         client.send(devnet.submitter, "dispute", job.job_id, job.job.as_tuple(), value=deposit)
         mediator_before = client.balance_of(devnet.mediator.address)
         until(med, lambda: decision(med, job, "dispute") is not None, what="the ruling")
@@ -270,7 +270,7 @@ def test_a_disputed_result_that_fails_is_ruled_wrong(
     check of the submitted result is moot once the job is Disputed)."""
     deployment, client = escrow
     job = submitted(devnet, client, spec_cid, INVALID_UTF8)
-    deposit = int(client.call("disputeDeposit"))
+    deposit = int(client.call("depositOf", job.job.as_tuple()))
     client.send(devnet.submitter, "dispute", job.job_id, job.job.as_tuple(), value=deposit)
     before = client.balance_of(devnet.submitter.address)
     with mediator(devnet, deployment, ipfs_daemon, tmp_path / "m.db") as med:
@@ -279,8 +279,12 @@ def test_a_disputed_result_that_fails_is_ruled_wrong(
         assert d is not None and d.verdict == "not upheld"
         assert decision(med, job, "check") is None
         assert status(client, job) is Status.FUNDED
-        # collateral less the mediator's re-run fee, plus the deposit back
-        assert client.balance_of(devnet.submitter.address) - before == job.job.collateral
+        # the deposit (the job's bounty) back, plus the collateral less the mediator's re-run
+        assert deposit == job.job.bounty
+        to_mediator = min(deposit, job.job.collateral)
+        assert client.balance_of(devnet.submitter.address) - before == (
+            deposit + job.job.collateral - to_mediator
+        )
 
 
 def test_a_ruling_refused_because_the_job_was_disputed_meanwhile_does_not_block_the_dispute(
@@ -294,7 +298,7 @@ def test_a_ruling_refused_because_the_job_was_disputed_meanwhile_does_not_block_
     job = submitted(devnet, client, spec_cid, INVALID_UTF8)
     with mediator(devnet, deployment, ipfs_daemon, tmp_path / "m.db") as med:
         med.watcher.poll_once()  # it knows the result, has not checked it yet
-        deposit = int(client.call("disputeDeposit"))
+        deposit = int(client.call("depositOf", job.job.as_tuple()))
         client.send(devnet.submitter, "dispute", job.job_id, job.job.as_tuple(), value=deposit)
         med.work()  # rules on the Submitted job it knows: the escrow refuses (it is Disputed)
         refused = decision(med, job)
@@ -571,8 +575,8 @@ WASM_SPEC = JobSpec.model_validate(
 
 
 def disputed(devnet: Devnet, client: EscrowClient, job: JobState) -> int:
-    """The submitter disputes ``job``'s result; the deposit."""
-    deposit = int(client.call("disputeDeposit"))
+    """The submitter disputes ``job``'s result; the deposit (``depositOf``: its bounty)."""
+    deposit = int(client.call("depositOf", job.job.as_tuple()))
     client.send(devnet.submitter, "dispute", job.job_id, job.job.as_tuple(), value=deposit)
     return deposit
 
@@ -659,6 +663,8 @@ def test_a_disputed_deterministic_result_is_rerun_elsewhere_and_ruled_wrong_when
         assert client.balance_of(devnet.mediator.address) - mediator_before == min(
             deposit, job.job.collateral
         )
+        # the provider who was wrong paid the re-run: the mediator is made whole
+        assert min(deposit, job.job.collateral) == funded.job.bounty
         assert med.state.rerun(job.job_id, 1).status == "compared"  # type: ignore[union-attr]
 
 
@@ -694,6 +700,8 @@ def test_a_disputed_honest_result_is_upheld_after_the_rerun_even_across_a_restar
         assert status(client, job) is Status.RELEASED
         assert client.balance_of(devnet.mediator.address) - mediator_before == deposit
         assert Status(client.call("statusOf", rerun.rerun_id)) is Status.RELEASED
+        # the submitter who was wrong paid the re-run: the mediator is made whole
+        assert deposit == client.job_state(rerun.rerun_id).job.bounty
     assert len(jobs_funded_by(client, devnet.mediator.address)) == 1
 
 

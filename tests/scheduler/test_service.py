@@ -407,8 +407,9 @@ def test_a_dispute_waits_for_the_mediator_and_a_ruling_against_requeues_elsewher
     wait_chain(client, job_id, Status.SUBMITTED)
     server.wait_job(job_id, {"settling"})
     stake_before = client.call("providerOf", wrong.account.address)[0]
-    deposit = int(client.call("disputeDeposit"))
-    client.send(submitter, "dispute", jid, client.job_state(jid).job.as_tuple(), value=deposit)
+    job_tuple = client.job_state(jid).job.as_tuple()
+    deposit = int(client.call("depositOf", job_tuple))  # the job's bounty
+    client.send(submitter, "dispute", jid, job_tuple, value=deposit)
     job = server.wait_job(job_id, {"disputed"})
     assert devnet.mediator.address in job["reason"]
     advance(client.w3, WINDOW + 1)  # past the challenge window: a disputed job is not paid

@@ -9,7 +9,7 @@
 // meanwhile, and rules once the script wrote "disputed" to the GM_SIGNAL file) or "token"
 // (funds a job in tUSD: the wallet signs the EIP-2612 permit, eth_signTypedData_v4) or
 // "token-dispute" (needs GM_JOB: disputes that submitted tUSD job with the page's button; the
-// deposit, its collateral in tUSD, allowed by a permit the wallet signs)).
+// deposit, its bounty in tUSD, allowed by a permit the wallet signs)).
 // Output: one JSON line on stdout with what happened. Every step logs to stderr; any failure
 // exits 1 with a screenshot "failure.png".
 "use strict";
