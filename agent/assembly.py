@@ -8,13 +8,21 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from agent.acceptance import AcceptancePolicy, EscrowFacts
-from agent.capacity import CapacitySource, node_capacity, usable_executors
+from agent.capacity import (
+    DEFAULT_DOCKER_HOST,
+    CapacitySource,
+    node_capacity,
+    remove_leftover_containers,
+    usable_executors,
+)
 from agent.client import Backoff, NodeSession
 from agent.config import AgentConfig
 from agent.daemon import Agent
 from agent.errors import AgentError
+from agent.executors.base import LABEL, OWNER_LABEL
 from agent.runner import IpfsProbe, JobRunner, StepReporter
 from gridmarket.wire import ExecutorKind, NodeCapacityIn, RegisterResponse, ResultReport
 
@@ -50,8 +58,9 @@ def build_runner(
     """A :class:`JobRunner` whose adapters (IPFS client, docker SDK, wasmtime) load lazily.
 
     When it serves Docker jobs, its start-up (:meth:`JobRunner.clean_leftovers`) also removes
-    the containers an earlier run of this agent left in the engine (a crash, a SIGKILL): the
-    docker SDK then loads at start.
+    the containers an earlier run of this agent left in the engine (a crash, a SIGKILL), over
+    httpx (:func:`agent.capacity.remove_leftover_containers`): the docker SDK loads with the
+    first Docker job (at start only for an ``ssh://`` engine).
     """
 
     def storage() -> AgentIpfsStore:
@@ -83,6 +92,13 @@ def build_runner(
 
         return WasmExecutor()
 
+    def remove_leftovers() -> int:
+        host = config.docker_host or DEFAULT_DOCKER_HOST
+        if urlsplit(host).scheme == "ssh":
+            return docker_executor().remove_leftovers()
+        labels = [LABEL, f"{OWNER_LABEL}={executor_owner(config, account)}"]
+        return remove_leftover_containers(host, labels)  # no docker SDK at start
+
     factories: dict[ExecutorKind, Callable[[], Executor]] = {
         ExecutorKind.DOCKER: docker_executor,
         ExecutorKind.WASM: wasm_executor,
@@ -96,11 +112,7 @@ def build_runner(
         max_module_bytes=config.max_module_bytes,
         storage_alive=IpfsProbe(config.ipfs_url),
         steps=steps,
-        remove_leftovers=(
-            (lambda: docker_executor().remove_leftovers())
-            if ExecutorKind.DOCKER in executors
-            else None
-        ),
+        remove_leftovers=remove_leftovers if ExecutorKind.DOCKER in executors else None,
     )
 
 

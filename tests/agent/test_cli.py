@@ -479,3 +479,7 @@ def test_the_daemon_without_rpc_url_loads_no_heavy_module(tmp_path: Path) -> Non
     assert "registration" in done.stderr  # it got as far as trying to register
     loaded = sorted(m for m in modules if m.split(".")[0] in HEAVY or m == "httpx._main")
     assert loaded == []
+    from agent.hardware import _nvml_library_loads
+
+    if not _nvml_library_loads():  # no NVIDIA driver here: pynvml is not even imported
+        assert "pynvml" not in modules
