@@ -4,9 +4,11 @@ sandboxed and reports a signed result.
 
 In the order a node starts and a job runs:
 
-- :mod:`agent.cli`: the command line (init, detect, register, run, status, earnings, withdraw,
-  finalize); what it shows in :mod:`agent.cli_display`, the stake and node file of ``register``
-  in :mod:`agent.signup`, the earnings and withdrawal in :mod:`agent.earnings`.
+- :mod:`agent.cli`: the entry point; it starts the daemon (``run``) without typer or rich, and
+  hands every other command to :mod:`agent.commands` (init, detect, register, run, status,
+  earnings, withdraw, finalize); what they show in :mod:`agent.cli_display`, the stake and node
+  file of ``register`` in :mod:`agent.signup`, the earnings and withdrawal in
+  :mod:`agent.earnings`.
 - :mod:`agent.config`: one ``AgentConfig`` from a file, ``GRIDMARKET_AGENT_*`` and flags.
 - :mod:`agent.hardware`: GPUs (NVML, nvidia-smi), CPU, RAM, disk.
 - :mod:`agent.capacity`: which executors can run here, and the capacity the node offers.

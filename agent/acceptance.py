@@ -55,9 +55,8 @@ from gridmarket.wire import (
 )
 
 if TYPE_CHECKING:
-    from eth_account.signers.local import LocalAccount
-
     from gridmarket.chain import EscrowClient
+    from gridmarket.ethsig import Signer
     from gridmarket.token import Token
 
 __all__ = [
@@ -111,7 +110,7 @@ def terms_job(terms: JobTerms) -> Job:
     return terms.as_job()
 
 
-def acceptance_request(account: LocalAccount, assignment: Assignment) -> AcceptRequest:
+def acceptance_request(account: Signer, assignment: Assignment) -> AcceptRequest:
     """The node's signed acceptance of ``assignment`` (its attempt, its terms)."""
     signature = sign_acceptance(
         account,

@@ -8,25 +8,32 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from agent.acceptance import AcceptancePolicy, EscrowFacts
-from agent.capacity import CapacitySource, node_capacity, usable_executors
+from agent.capacity import (
+    DEFAULT_DOCKER_HOST,
+    CapacitySource,
+    node_capacity,
+    remove_leftover_containers,
+    usable_executors,
+)
 from agent.client import Backoff, NodeSession
 from agent.config import AgentConfig
 from agent.daemon import Agent
 from agent.errors import AgentError
+from agent.executors.base import LABEL, OWNER_LABEL
 from agent.runner import IpfsProbe, JobRunner, StepReporter
 from gridmarket.wire import ExecutorKind, NodeCapacityIn, RegisterResponse, ResultReport
 
 if TYPE_CHECKING:
-    from eth_account.signers.local import LocalAccount
-
     from agent.executors.base import Executor
     from agent.executors.docker import DockerExecutor
     from agent.hardware import HardwareReport
     from agent.onchain import ResultGuard
     from agent.storage.ipfs import AgentIpfsStore
     from gridmarket.chain import EscrowClient
+    from gridmarket.ethsig import Signer
 
 __all__ = [
     "ChainDuties",
@@ -43,7 +50,7 @@ log = logging.getLogger(__name__)
 
 def build_runner(
     config: AgentConfig,
-    account: LocalAccount,
+    account: Signer,
     executors: list[ExecutorKind],
     *,
     steps: StepReporter | None = None,
@@ -51,8 +58,9 @@ def build_runner(
     """A :class:`JobRunner` whose adapters (IPFS client, docker SDK, wasmtime) load lazily.
 
     When it serves Docker jobs, its start-up (:meth:`JobRunner.clean_leftovers`) also removes
-    the containers an earlier run of this agent left in the engine (a crash, a SIGKILL): the
-    docker SDK then loads at start.
+    the containers an earlier run of this agent left in the engine (a crash, a SIGKILL), over
+    httpx (:func:`agent.capacity.remove_leftover_containers`): the docker SDK loads with the
+    first Docker job (at start only for an ``ssh://`` engine).
     """
 
     def storage() -> AgentIpfsStore:
@@ -84,6 +92,13 @@ def build_runner(
 
         return WasmExecutor()
 
+    def remove_leftovers() -> int:
+        host = config.docker_host or DEFAULT_DOCKER_HOST
+        if urlsplit(host).scheme == "ssh":
+            return docker_executor().remove_leftovers()
+        labels = [LABEL, f"{OWNER_LABEL}={executor_owner(config, account)}"]
+        return remove_leftover_containers(host, labels)  # no docker SDK at start
+
     factories: dict[ExecutorKind, Callable[[], Executor]] = {
         ExecutorKind.DOCKER: docker_executor,
         ExecutorKind.WASM: wasm_executor,
@@ -97,16 +112,12 @@ def build_runner(
         max_module_bytes=config.max_module_bytes,
         storage_alive=IpfsProbe(config.ipfs_url),
         steps=steps,
-        remove_leftovers=(
-            (lambda: docker_executor().remove_leftovers())
-            if ExecutorKind.DOCKER in executors
-            else None
-        ),
+        remove_leftovers=remove_leftovers if ExecutorKind.DOCKER in executors else None,
     )
 
 
 def node_session(
-    config: AgentConfig, account: LocalAccount, capacity: Callable[[], NodeCapacityIn]
+    config: AgentConfig, account: Signer, capacity: Callable[[], NodeCapacityIn]
 ) -> NodeSession:
     """The node's session with the scheduler at ``config.scheduler_url``."""
     from agent.client import agent_version
@@ -122,7 +133,7 @@ def node_session(
     )
 
 
-def executor_owner(config: AgentConfig, account: LocalAccount) -> str:
+def executor_owner(config: AgentConfig, account: Signer) -> str:
     """The label value marking this agent's containers (wallet and node name): several agents
     may share one Docker engine, and each removes only its own leftovers."""
     return f"{account.address.lower()}/{config.name}"
@@ -130,7 +141,7 @@ def executor_owner(config: AgentConfig, account: LocalAccount) -> str:
 
 def build_agent(
     config: AgentConfig,
-    account: LocalAccount,
+    account: Signer,
     *,
     report: HardwareReport | None = None,
     steps: StepReporter | None = None,
@@ -168,7 +179,7 @@ def build_agent(
 
 
 def stake_tokens_at_start(
-    config: AgentConfig, account: LocalAccount, escrow: EscrowClient | None
+    config: AgentConfig, account: Signer, escrow: EscrowClient | None
 ) -> None:
     """``run``'s start: bring the stakes of ``stake_tokens`` up to their amounts when below
     (:func:`agent.signup.top_up_token_stakes`; nothing is sent when they are there), so that an
@@ -181,9 +192,12 @@ def stake_tokens_at_start(
         log.warning("stake_tokens is set but rpc_url is not: the token stakes are not checked")
         return
     from agent.signup import top_up_token_stakes
+    from gridmarket.ethsig import as_local_account
 
     try:
-        done = top_up_token_stakes(escrow, account, config.token_stakes, config.token)
+        done = top_up_token_stakes(
+            escrow, as_local_account(account), config.token_stakes, config.token
+        )
     except Exception as exc:  # TokenStakeError, an RPC error: serve on, say why
         log.error("token stake not topped up: %s", exc)
         return
@@ -202,7 +216,7 @@ class ChainDuties:
     finalize: Callable[[], object] | None = None
 
 
-def chain_duties(config: AgentConfig, account: LocalAccount, client: NodeSession) -> ChainDuties:
+def chain_duties(config: AgentConfig, account: Signer, client: NodeSession) -> ChainDuties:
     """The acceptance policy, and with ``rpc_url`` and ``deployment`` the on-chain submitter,
     the result guard and the finalizer, sharing one escrow client (one nonce cache). Without
     ``rpc_url`` web3 is never imported (~18 MB of RSS, docs/agent.md "Footprint")."""
@@ -247,8 +261,10 @@ def chain_duties(config: AgentConfig, account: LocalAccount, client: NodeSession
         guard_delay,
         reassign_delay,
     )
+    from gridmarket.ethsig import as_local_account
 
-    submitter = OnChainSubmitter(escrow, account)
+    local = as_local_account(account)  # web3 transactions: eth-account's LocalAccount
+    submitter = OnChainSubmitter(escrow, local)
     if config.submit_on_chain:
         duties.submit_on_chain = submitter.submit
     elif config.guard_results:
@@ -257,5 +273,5 @@ def chain_duties(config: AgentConfig, account: LocalAccount, client: NodeSession
             guard_delay(config.guard_delay_s, deployment),
             take_back_s=reassign_delay(deployment),
         )
-    duties.finalize = Finalizer(escrow, account).run_once
+    duties.finalize = Finalizer(escrow, local).run_once
     return duties

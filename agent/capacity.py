@@ -24,14 +24,18 @@ from gridmarket.wire import (
 )
 
 if TYPE_CHECKING:
+    import httpx
+
     from agent.hardware import HardwareReport
 
 __all__ = [
     "DEFAULT_DOCKER_HOST",
     "CachedImages",
     "CapacitySource",
+    "engine_client",
     "node_capacity",
     "pinned_images",
+    "remove_leftover_containers",
     "usable_executors",
 ]
 
@@ -62,25 +66,65 @@ def usable_executors(config: AgentConfig) -> tuple[list[ExecutorKind], list[str]
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 
 
+def engine_client(host: str, timeout_s: float) -> tuple[httpx.Client, str]:
+    """An httpx client for the Docker engine at ``host`` (``unix://``, ``tcp://``, ``http(s)://``;
+    not ``ssh://``, the docker SDK's) and the base URL of its API. What the daemon asks the
+    engine outside a job (ping, image list, leftover containers) goes this way: the docker SDK
+    and ``requests`` cost ~7 MB of RSS, and load only when a Docker job runs."""
+    import httpx
+
+    parts = urlsplit(host)
+    transport: httpx.HTTPTransport | None = None
+    if parts.scheme == "unix":
+        # verify=False: no TLS on a socket, and a transport's default (certifi's CA bundle,
+        # parsed anew for each client: 35 ms of CPU per heartbeat) is for nothing
+        transport = httpx.HTTPTransport(uds=parts.path, verify=False)
+        base = "http://docker"
+    else:
+        scheme = "https" if parts.scheme == "https" else "http"
+        base = f"{scheme}://{parts.netloc}"
+    client = httpx.Client(transport=transport, timeout=timeout_s, verify=False)  # noqa: S501
+    return client, base
+
+
+def remove_leftover_containers(host: str, labels: list[str]) -> int:
+    """Remove (forced, with their anonymous volumes) the containers on the engine at ``host``
+    (not ``ssh://``) that carry all of ``labels`` (``key`` or ``key=value``); how many. What
+    :meth:`agent.executors.docker.DockerExecutor.remove_leftovers` does with the docker SDK, over
+    httpx (:func:`engine_client`). A container already gone is not counted; any other failure
+    raises (httpx.HTTPError)."""
+    import json
+
+    client, base = engine_client(host, timeout_s=60)
+    with client:
+        listing = client.get(
+            f"{base}/containers/json", params={"all": "1", "filters": json.dumps({"label": labels})}
+        )
+        listing.raise_for_status()
+        removed = 0
+        for container in listing.json():
+            gone = client.delete(
+                f"{base}/containers/{container['Id']}", params={"force": "1", "v": "1"}
+            )
+            if gone.status_code == 404:
+                continue
+            gone.raise_for_status()
+            removed += 1
+    return removed
+
+
 def _docker_problem(config: AgentConfig) -> str | None:
-    """Why the Docker engine cannot be used, or None. A plain ``GET /_ping`` over httpx (the
-    docker SDK and ``requests`` cost ~6 MB of RSS: they load only when a Docker job runs)."""
+    """Why the Docker engine cannot be used, or None. A plain ``GET /_ping`` over httpx
+    (:func:`engine_client`)."""
     import httpx
 
     host = config.docker_host or DEFAULT_DOCKER_HOST
-    parts = urlsplit(host)
-    if parts.scheme == "ssh":
+    if urlsplit(host).scheme == "ssh":
         return _docker_sdk_problem(host)
-    transport: httpx.HTTPTransport | None = None
-    if parts.scheme == "unix":
-        transport = httpx.HTTPTransport(uds=parts.path)
-        url = "http://docker/_ping"
-    else:
-        scheme = "https" if parts.scheme == "https" else "http"
-        url = f"{scheme}://{parts.netloc}/_ping"
     try:
-        with httpx.Client(transport=transport, timeout=5, verify=False) as client:  # noqa: S501
-            response = client.get(url)
+        client, base = engine_client(host, timeout_s=5)
+        with client:
+            response = client.get(f"{base}/_ping")
     except httpx.HTTPError as exc:
         return f"no Docker engine answers at {host} ({_root_cause(exc)})"
     if response.status_code != 200:
@@ -188,26 +232,17 @@ class CachedImages:
             return list(self._images)
 
     def _list(self) -> Any:
-        parts = urlsplit(self.host)
-        if parts.scheme == "ssh":
+        if urlsplit(self.host).scheme == "ssh":
             import docker
 
-            client = docker.DockerClient(base_url=self.host, timeout=10)
+            sdk = docker.DockerClient(base_url=self.host, timeout=10)
             try:
-                return client.api.images()
+                return sdk.api.images()
             finally:
-                client.close()
-        import httpx
-
-        transport: httpx.HTTPTransport | None = None
-        if parts.scheme == "unix":
-            transport = httpx.HTTPTransport(uds=parts.path)
-            url = "http://docker/images/json"
-        else:
-            scheme = "https" if parts.scheme == "https" else "http"
-            url = f"{scheme}://{parts.netloc}/images/json"
-        with httpx.Client(transport=transport, timeout=10, verify=False) as client:  # noqa: S501
-            response = client.get(url)
+                sdk.close()
+        client, base = engine_client(self.host, timeout_s=10)
+        with client:
+            response = client.get(f"{base}/images/json")
             response.raise_for_status()
             return response.json()
 

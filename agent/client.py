@@ -26,10 +26,10 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import httpx
-from eth_account.signers.local import LocalAccount
 from pydantic import BaseModel, ValidationError
 
 from agent.errors import AgentError
+from gridmarket.ethsig import Signer
 from gridmarket.wire import (
     API,
     AcceptAck,
@@ -212,7 +212,7 @@ class NodeSession:
     def __init__(
         self,
         base_url: str,
-        account: LocalAccount,
+        account: Signer,
         *,
         name: str,
         capacity: CapacitySource,

@@ -26,6 +26,7 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -197,12 +198,27 @@ def _cuda_from_int(version: int) -> str:
     return f"{version // 1000}.{(version % 1000) // 10}"
 
 
+def _nvml_library_loads() -> bool:
+    """Whether the NVML library loads as pynvml loads it on Linux (``libnvidia-ml.so.1``)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
 class NvmlProbe:
     """GPUs through NVML (``pynvml``): the same library ``nvidia-smi`` uses, without a process."""
 
     source: GpuSource = "nvml"
 
     def probe(self) -> list[RawGpu]:
+        if sys.platform.startswith("linux") and not _nvml_library_loads():
+            # pynvml would fail the same way in nvmlInit; not importing it saves the idle
+            # daemon of a host without an NVIDIA driver ~2 MB of RSS (docs/agent.md).
+            raise GpuProbeError("NVML Shared Library Not Found (NVMLError_LibraryNotFound)")
         try:
             import pynvml  # the only NVML importer in the code base
         except ImportError as exc:

@@ -34,8 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from eth_account.signers.local import LocalAccount
-
 from agent.client import Backoff
 from agent.errors import (
     AgentError,
@@ -51,6 +49,7 @@ from agent.errors import (
 from agent.executors.base import ExecutionResult, ExecutionSpec, Executor, Limits, MiB
 from agent.storage.base import Storage
 from gridmarket.eip712 import sign_result
+from gridmarket.ethsig import Signer
 from gridmarket.wire import (
     MAX_LOG_CHARS,
     Assignment,
@@ -138,7 +137,10 @@ class IpfsProbe:
         import httpx
 
         try:
-            response = httpx.post(self.url, timeout=self.timeout_s)
+            # the CA bundle only for an https API (as NodeSession): ~1 MB of RSS kept otherwise
+            response = httpx.post(
+                self.url, timeout=self.timeout_s, verify=self.url.startswith("https://")
+            )
         except httpx.HTTPError:
             return False
         return response.status_code == 200
@@ -153,7 +155,7 @@ class JobRunner:
 
     def __init__(
         self,
-        account: LocalAccount,
+        account: Signer,
         *,
         storage: StorageFactory,
         executors: Mapping[ExecutorKind, ExecutorFactory],

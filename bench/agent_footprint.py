@@ -11,9 +11,10 @@ process holds), threads and CPU. Then it restarts the same agent with ``rpc_url`
 provider who wants its on-chain duties runs it (the acceptance's collateral reads, the result
 guard, the finalizer, the token stake top-up: web3 is loaded), and samples it again.
 
-The comparison, measured in the same run on the same interpreter: bare ``python -c pass`` and
-the imports the daemon cannot do without (pydantic, httpx, eth-account for its EIP-712
-signatures), each in a fresh process, so the floor under the agent's figure is visible. Goal
+The comparison, measured in the same run on the same interpreter: bare ``python -c pass``, the
+imports the daemon cannot do without (pydantic, httpx) and eth-account (which it loaded for its
+EIP-712 signatures before ``gridmarket.ethsig``; the row stays for comparison), each in a fresh
+process, so the floor under the agent's figure is visible. Goal
 (issue 12): idle RSS <= 60 MB at ~0 % CPU.
 
     python bench/agent_footprint.py [--settle 10] [--seconds 10]

@@ -2,6 +2,10 @@
 the submitter's ``gridmarket``, ``frontend_api/submitter_cli.py``): a typer app built the same
 way, failures as one line on stderr with exit status 1 (never a traceback), the root options
 and the keystore password prompt.
+
+typer is imported by the functions that need it, not by this module: the agent's daemon
+(``gridmarket-agent run``, :mod:`agent.cli`) reports its failures with :func:`run_friendly`
+and does not load typer, click or rich (docs/agent.md, "Footprint").
 """
 
 from __future__ import annotations
@@ -10,11 +14,21 @@ import functools
 import logging
 import sys
 from collections.abc import Callable
-from typing import NoReturn, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, NoReturn, ParamSpec, TypeVar
 
-import typer
+if TYPE_CHECKING:
+    import typer
 
-__all__ = ["command_app", "fail", "friendly", "one_line", "prompt_password", "root_options"]
+__all__ = [
+    "command_app",
+    "fail",
+    "failure_line",
+    "friendly",
+    "one_line",
+    "prompt_password",
+    "root_options",
+    "run_friendly",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -23,6 +37,8 @@ T = TypeVar("T")
 
 def command_app(name: str, help: str) -> typer.Typer:
     """A typer app: help when called bare, no shell-completion commands, plain errors."""
+    import typer
+
     return typer.Typer(
         name=name,
         help=help,
@@ -39,6 +55,8 @@ def one_line(exc: BaseException) -> str:
 
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print ``error: message`` on stderr and exit with ``code``."""
+    import typer
+
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
@@ -53,6 +71,8 @@ def friendly(
     error is shown with its type's name. The traceback goes to ``log`` at debug level.
     """
 
+    import typer
+
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -65,13 +85,37 @@ def friendly(
                 raise typer.Exit(130) from None
             except Exception as exc:
                 log.debug("command failed", exc_info=True)
-                if isinstance(exc, expected()):
-                    fail(one_line(exc))
-                fail(f"{type(exc).__name__}: {one_line(exc)}")
+                fail(failure_line(exc, expected()))
 
         return wrapper
 
     return decorate
+
+
+def failure_line(exc: BaseException, expected: tuple[type[BaseException], ...]) -> str:
+    """What a command prints after ``error:`` for ``exc``: its message when it is one of the
+    ``expected`` errors (their message says it all), else prefixed by its type's name."""
+    if isinstance(exc, expected):
+        return one_line(exc)
+    return f"{type(exc).__name__}: {one_line(exc)}"
+
+
+def run_friendly(
+    fn: Callable[[], int],
+    expected: Callable[[], tuple[type[BaseException], ...]],
+    log: logging.Logger,
+) -> int:
+    """:func:`friendly` for a command line without typer: ``fn()``'s exit status, or 1 after
+    ``error: ...`` on stderr when it fails (130 after ``interrupted`` on ^C)."""
+    try:
+        return fn()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        log.debug("command failed", exc_info=True)
+        print(f"error: {failure_line(exc, expected())}", file=sys.stderr)
+        return 1
 
 
 def root_options(ctx: typer.Context, kind: type[T]) -> T | None:
@@ -85,5 +129,7 @@ def prompt_password(*, confirm: bool = False) -> str | None:
     caller then says where the password should come from)."""
     if not sys.stdin.isatty():
         return None
+    import typer
+
     value: str = typer.prompt("Keystore password", hide_input=True, confirmation_prompt=confirm)
     return value

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eth_utils.address import to_checksum_address
+from gridmarket.ethsig import to_checksum_address
 
 __all__ = ["ChainError", "Deployment"]
 

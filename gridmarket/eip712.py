@@ -1,15 +1,25 @@
 """EIP-712 typed data a provider signs: its acceptance of a job's terms for one assignment
-(``assign`` needs it) and its results (a relayer submits them; no gas)."""
+(``assign`` needs it) and its results (a relayer submits them; no gas).
+
+Signing is :mod:`gridmarket.ethsig`'s (no eth-account in the agent's daemon, byte-identical
+signatures); recovering a signer, the scheduler's side, is eth-account's.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from eth_account import Account
-from eth_account.messages import encode_typed_data
-from eth_account.signers.local import LocalAccount
-
 from gridmarket.escrow import Job
+from gridmarket.ethsig import Signer, sign_typed_data
+
+
+def _recover(full_message: dict[str, Any], signature: bytes) -> str:
+    from eth_account import Account
+    from eth_account.messages import encode_typed_data
+
+    message = encode_typed_data(full_message=full_message)
+    return str(Account.recover_message(message, signature=signature))
+
 
 DOMAIN_NAME = "GridMarket JobEscrow"
 DOMAIN_VERSION = "4"
@@ -49,23 +59,19 @@ def result_typed_data(
 
 
 def sign_result(
-    account: LocalAccount, chain_id: int, escrow: str, job_id: bytes, attempt: int, output_cid: str
+    account: Signer, chain_id: int, escrow: str, job_id: bytes, attempt: int, output_cid: str
 ) -> bytes:
     """Sign a result; the 65-byte ``r || s || v`` signature ``submitResultFor`` takes."""
-    message = encode_typed_data(
-        full_message=result_typed_data(chain_id, escrow, job_id, attempt, output_cid)
+    return sign_typed_data(
+        account, result_typed_data(chain_id, escrow, job_id, attempt, output_cid)
     )
-    return bytes(account.sign_message(message).signature)
 
 
 def recover_result_signer(
     signature: bytes, chain_id: int, escrow: str, job_id: bytes, attempt: int, output_cid: str
 ) -> str:
     """The address that signed a result (the scheduler checks it before relaying)."""
-    message = encode_typed_data(
-        full_message=result_typed_data(chain_id, escrow, job_id, attempt, output_cid)
-    )
-    return str(Account.recover_message(message, signature=signature))
+    return _recover(result_typed_data(chain_id, escrow, job_id, attempt, output_cid), signature)
 
 
 ACCEPTANCE_TYPE = [
@@ -111,20 +117,14 @@ def acceptance_typed_data(
 
 
 def sign_acceptance(
-    account: LocalAccount, chain_id: int, escrow: str, job_id: bytes, attempt: int, job: Job
+    account: Signer, chain_id: int, escrow: str, job_id: bytes, attempt: int, job: Job
 ) -> bytes:
     """Sign an acceptance; the 65-byte ``r || s || v`` signature ``assign`` takes."""
-    message = encode_typed_data(
-        full_message=acceptance_typed_data(chain_id, escrow, job_id, attempt, job)
-    )
-    return bytes(account.sign_message(message).signature)
+    return sign_typed_data(account, acceptance_typed_data(chain_id, escrow, job_id, attempt, job))
 
 
 def recover_acceptance_signer(
     signature: bytes, chain_id: int, escrow: str, job_id: bytes, attempt: int, job: Job
 ) -> str:
     """The address that signed an acceptance (the scheduler checks it before relaying)."""
-    message = encode_typed_data(
-        full_message=acceptance_typed_data(chain_id, escrow, job_id, attempt, job)
-    )
-    return str(Account.recover_message(message, signature=signature))
+    return _recover(acceptance_typed_data(chain_id, escrow, job_id, attempt, job), signature)

@@ -12,9 +12,7 @@ from dataclasses import dataclass, replace
 from enum import IntEnum
 from typing import Any
 
-from eth_abi.abi import encode
-from eth_utils.address import to_checksum_address
-from eth_utils.crypto import keccak
+from gridmarket.ethsig import keccak, to_checksum_address
 
 ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
 ZERO_HASH = b"\x00" * 32
@@ -255,6 +253,8 @@ def job_id(submitter: str, spec_cid: str, salt: bytes) -> bytes:
     """The id the contract gives a job: ``keccak256(abi.encode(submitter, specDigest, salt))``."""
     if len(salt) != 32:
         raise ValueError(f"salt must be 32 bytes, got {len(salt)}")
+    from eth_abi.abi import encode  # here: the agent's daemon loads this module, not eth-abi
+
     return keccak(
         encode(
             ["address", "bytes32", "bytes32"],
@@ -269,6 +269,8 @@ def seat_ids(group_id: bytes, replicas: int) -> list[bytes]:
         raise ValueError(f"group id must be 32 bytes, got {len(group_id)}")
     if not 2 <= replicas <= MAX_REPLICAS:
         raise ValueError(f"replicas must be 2..{MAX_REPLICAS}, got {replicas}")
+    from eth_abi.abi import encode
+
     return [keccak(encode(["bytes32", "uint256"], [group_id, i])) for i in range(replicas)]
 
 
@@ -284,6 +286,8 @@ def deposit_of(bounty: int, token: str, floor: int) -> int:
 
 def commitment(job: Job, status: Status) -> int:
     """The storage word the contract keeps for ``job`` in ``status``."""
+    from eth_abi.abi import encode
+
     digest = int.from_bytes(keccak(encode(list(JOB_ABI_TYPES), list(job.as_tuple()))), "big")
     return (digest & ~0xFF) | int(status)
 

@@ -14,12 +14,14 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from eth_account import Account
-from eth_account.signers.local import LocalAccount
+from gridmarket.ethsig import KeyAccount, decrypt_keystore, to_checksum_address
 
-__all__ = ["KeystoreError", "create_keystore", "keystore_address", "load_account"]
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+__all__ = ["KeystoreError", "create_keystore", "keystore_address", "load_account", "load_signer"]
 
 Kdf = Literal["scrypt", "pbkdf2"]
 
@@ -53,6 +55,8 @@ def create_keystore(
         )
     if path.exists() and not path.is_file():
         raise KeystoreError(f"{path} exists and is not a file")
+    from eth_account import Account
+
     try:
         account = Account.create() if private_key is None else Account.from_key(private_key)
     except (ValueError, TypeError) as exc:
@@ -63,16 +67,28 @@ def create_keystore(
 
 
 def load_account(path: Path, password: str) -> LocalAccount:
-    """Decrypt the keystore at ``path``; KeystoreError saying why it cannot."""
+    """Decrypt the keystore at ``path``; KeystoreError saying why it cannot. An eth-account
+    ``LocalAccount``: what web3 transactions take (the CLI's on-chain commands)."""
+    from eth_account import Account
+
+    account: LocalAccount = Account.from_key(load_signer(path, password).key)
+    return account
+
+
+def load_signer(path: Path, password: str) -> KeyAccount:
+    """Decrypt the keystore at ``path`` without loading eth-account (the agent's daemon signs
+    with it: :mod:`gridmarket.ethsig`); KeystoreError saying why it cannot."""
     document = _read(path)
     try:
-        key = Account.decrypt(document, password)
+        return KeyAccount(decrypt_keystore(document, password))
     except ValueError as exc:
         if "MAC mismatch" in str(exc):
             raise KeystoreError(f"wrong password for keystore {path}") from None
         raise KeystoreError(f"keystore {path} is not a valid keystore: {exc}") from None
-    account: LocalAccount = Account.from_key(key)
-    return account
+    except (KeyError, TypeError) as exc:  # a field missing or of the wrong type
+        raise KeystoreError(
+            f"keystore {path} is not a valid keystore: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def keystore_address(path: Path) -> str:
@@ -81,9 +97,7 @@ def keystore_address(path: Path) -> str:
     raw = document.get("address")
     if not isinstance(raw, str):
         raise KeystoreError(f"keystore {path} does not record its address")
-    from eth_utils.address import to_checksum_address
-
-    return str(to_checksum_address(raw if raw.startswith("0x") else "0x" + raw))
+    return to_checksum_address(raw if raw.startswith("0x") else "0x" + raw)
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -14,22 +14,18 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, cast
 
-from eth_abi.abi import encode
-from eth_account.signers.local import LocalAccount
-from eth_typing import Hash32
-from eth_utils.address import to_checksum_address
-from eth_utils.crypto import keccak
-
 from gridmarket.escrow import ZERO_ADDRESS
+from gridmarket.ethsig import keccak, to_checksum_address
 
 if TYPE_CHECKING:  # web3 is only needed by whoever builds a TokenClient (it passes a Web3)
+    from eth_account.signers.local import LocalAccount
     from web3 import Web3
 
 ETH = "ETH"
 """The symbol of the chain's own coin: a job funded with ``createJob`` (token address zero)."""
 
 PERMIT_TYPEHASH = keccak(
-    text="Permit(address owner,address spender,uint256 value,uint256 nonce,uint256 deadline)"
+    b"Permit(address owner,address spender,uint256 value,uint256 nonce,uint256 deadline)"
 )
 
 ERC20_ABI: list[dict[str, Any]] = [
@@ -115,7 +111,7 @@ class TokenClient:
     def __init__(self, w3: Web3, address: str) -> None:
         self.w3 = w3
         self.address = to_checksum_address(address)
-        self.contract = w3.eth.contract(address=self.address, abi=ERC20_ABI)
+        self.contract = w3.eth.contract(address=cast(Any, self.address), abi=ERC20_ABI)
 
     def balance_of(self, account: str) -> int:
         return int(self.contract.functions.balanceOf(to_checksum_address(account)).call())
@@ -147,6 +143,9 @@ class TokenClient:
     ) -> tuple[int, bytes, bytes]:
         """The owner's EIP-2612 permit for ``spender`` as ``(v, r, s)``, over the token's own
         ``DOMAIN_SEPARATOR()`` and the owner's current nonce."""
+        from eth_abi.abi import encode
+        from eth_typing import Hash32
+
         domain = bytes(self.contract.functions.DOMAIN_SEPARATOR().call())
         nonce = int(self.contract.functions.nonces(owner.address).call())
         struct = keccak(

@@ -26,10 +26,6 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
-from eth_account import Account
-from eth_account.messages import encode_typed_data
-from eth_account.signers.local import LocalAccount
-from eth_utils.address import is_hex_address, to_checksum_address
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -42,6 +38,7 @@ from pydantic import (
 from gridmarket.cid import CidError, normalize_cid
 from gridmarket.eip712 import DOMAIN_TYPE
 from gridmarket.escrow import MAX_WEI, ZERO_ADDRESS, Job
+from gridmarket.ethsig import Signer, is_hex_address, sign_typed_data, to_checksum_address
 from gridmarket.tiers import REGIONS, TIERS
 
 __all__ = [
@@ -146,7 +143,7 @@ def checksum(address: str) -> str:
     """EIP-55 form of a 0x address; ValueError naming the value if it is not one."""
     if not is_hex_address(address):
         raise ValueError(f"not a 0x address: {address!r}")
-    return str(to_checksum_address(address))
+    return to_checksum_address(address)
 
 
 class ExecutorKind(StrEnum):
@@ -490,19 +487,20 @@ def registration_typed_data(
 
 
 def sign_registration(
-    account: LocalAccount, chain_id: int, escrow: str, registration: NodeRegistration
+    account: Signer, chain_id: int, escrow: str, registration: NodeRegistration
 ) -> str:
     """The 0x signature of ``registration`` by ``account`` (its wallet must be the account)."""
-    message = encode_typed_data(
-        full_message=registration_typed_data(chain_id, escrow, registration)
-    )
-    return "0x" + bytes(account.sign_message(message).signature).hex()
+    full_message = registration_typed_data(chain_id, escrow, registration)
+    return "0x" + sign_typed_data(account, full_message).hex()
 
 
 def recover_registration_signer(
     chain_id: int, escrow: str, registration: NodeRegistration, signature: str
 ) -> str:
     """The checksummed address that signed ``registration``; ValueError if it is malformed."""
+    from eth_account import Account
+    from eth_account.messages import encode_typed_data
+
     message = encode_typed_data(
         full_message=registration_typed_data(chain_id, escrow, registration)
     )

@@ -21,6 +21,11 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 
+LABEL = "org.gridmarket.executor"
+"""The label on every container an executor starts."""
+OWNER_LABEL = "org.gridmarket.owner"
+"""Which agent started a container (several may share one engine): wallet and node name."""
+
 
 class Reason(StrEnum):
     """Why a run ended. Only ``SUCCEEDED`` is a success."""

@@ -50,7 +50,14 @@ from agent.executors._pull import (
     ImagePullUnavailableError,
     PullPolicy,
 )
-from agent.executors.base import ExecutionResult, ExecutionSpec, Reason, TailBuffer
+from agent.executors.base import (
+    LABEL,
+    OWNER_LABEL,
+    ExecutionResult,
+    ExecutionSpec,
+    Reason,
+    TailBuffer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +81,6 @@ FIXED_ENV: dict[str, str] = {
 """Set in every container before the job's own ``env`` (which wins): what a reproducible
 build needs to give the same bytes on every node."""
 
-LABEL = "org.gridmarket.executor"
-OWNER_LABEL = "org.gridmarket.owner"  # which agent started it (several may share one engine)
 _WAIT_SLICE_S = 1.0  # wait() in slices so cancellation and the watchdog are noticed quickly
 
 

@@ -19,7 +19,8 @@ import pytest
 from eth_account import Account
 from typer.testing import CliRunner
 
-from agent.cli import app
+from agent.cli import _command, run_parser
+from agent.commands import app
 from agent.config import ConfigError, load_config, multiaddr_to_url
 from devstack.dockerd import Dockerd
 from gridmarket.keystore import KeystoreError, create_keystore, keystore_address, load_account
@@ -335,6 +336,8 @@ def test_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
         (("--config", str(bad), "detect"), "not valid TOML"),
         (("status", "--scheduler-url", "http://127.0.0.1:9"), "has not registered yet"),
         (("register", "--region", "us"), "no keystore at"),
+        (("run", "--region", "us"), "no keystore at"),  # the lean entry, no typer
+        (("--config", str(bad), "run"), "not valid TOML"),
     ]:
         env = {"GRIDMARKET_AGENT_WORK_DIR": str(tmp_path), "GRIDMARKET_AGENT_PASSWORD": "pw"}
         env["GRIDMARKET_AGENT_KEYSTORE"] = str(tmp_path / "none.json")
@@ -342,3 +345,141 @@ def test_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
         assert done.returncode == 1, (args, done.stdout, done.stderr)
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
+
+
+# --------------------------------------------------------------------------- the lean entry
+
+
+def test_the_command_word_is_found_after_the_root_options() -> None:
+    assert _command(["run"]) == "run"
+    assert _command(["--config", "a.toml", "-v", "run", "--slots", "2"]) == "run"
+    assert _command(["-c", "a.toml", "--verbose", "run"]) == "run"
+    assert _command(["--config=a.toml", "run"]) == "run"
+    assert _command(["-v", "detect", "run"]) == "detect"
+    assert _command(["--help"]) == "--help"
+    assert _command(["--config"]) is None
+    assert _command([]) is None
+
+
+def test_lean_run_takes_the_typer_options() -> None:
+    """``run`` is parsed twice (argparse in agent.cli, typer in agent.commands): the same
+    option names, root and ``run``, so neither can drift from the other."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+    typer_run = group.commands["run"]  # type: ignore[attr-defined]
+
+    def typer_options(params: list) -> set[str]:
+        return {o for p in params for o in [*p.opts, *p.secondary_opts] if o.startswith("-")}
+
+    parser = run_parser()
+    lean_root = {o for a in parser._actions for o in a.option_strings} - {"-h", "--help"}
+    subparsers = next(a for a in parser._actions if a.dest == "command")
+    lean_run = {o for a in subparsers.choices["run"]._actions for o in a.option_strings} - {
+        "-h",
+        "--help",
+    }
+    assert lean_root == typer_options(group.params) - {"--help"}
+    assert lean_run == typer_options(typer_run.params) - {"--help"}
+
+    args = "-c x.yaml -v run --slots 3 --accept-mediator 0xa --accept-mediator 0xb"
+    ns = parser.parse_args([*args.split(), "--refuse-self-mediated", "--max-collateral-wei", "5"])
+    assert (ns.config, ns.verbose, ns.slots) == (Path("x.yaml"), True, 3)
+    assert ns.accept_mediator == ["0xa", "0xb"]
+    assert (ns.accept_self_mediated, ns.max_collateral_wei) == (False, 5)
+    assert parser.parse_args(["run"]).accept_self_mediated is None
+    assert parser.parse_args(["run", "--accept-self-mediated"]).accept_self_mediated is True
+
+
+def test_lean_run_help_and_bad_options() -> None:
+    done = cli("run", "--help")
+    assert done.returncode == 0 and "--accept-self-mediated" in done.stdout
+    assert "SIGTERM" in done.stdout
+    done = cli("run", "--slots", "many")
+    assert done.returncode == 2 and "--slots" in done.stderr
+    done = cli("--help")  # the typer app lists every command
+    assert done.returncode == 0 and "run" in done.stdout and "withdraw" in done.stdout
+
+
+HEAVY = (
+    "eth_account",
+    "eth_utils",
+    "eth_abi",
+    "eth_keys",
+    "eth_typing",
+    "web3",
+    "cytoolz",
+    "hexbytes",
+    "typer",
+    "click",
+    "rich",
+    "pygments",
+    "docker",
+    "requests",
+    "trio",
+)
+"""What the idle daemon without rpc_url must not load (docs/agent.md, "Footprint")."""
+
+PROBE = """
+import json, os, sys, threading, time
+from agent.cli import main
+from gridmarket.eip712 import sign_acceptance, sign_result
+from gridmarket.escrow import Job
+from gridmarket.ethsig import KeyAccount
+
+def probe():
+    time.sleep(float(sys.argv[2]))
+    signer = KeyAccount(bytes(range(1, 33)))  # the signatures the daemon makes, made here
+    job = Job(submitter="0x" + "0" * 40, bounty=1)
+    sign_acceptance(signer, 1, "0x" + "1" * 40, bytes(32), 1, job)
+    sign_result(signer, 1, "0x" + "1" * 40, bytes(32), 1, "bafy")
+    loaded = sorted(m for m, module in sys.modules.items() if module is not None)
+    print("MODULES " + json.dumps(loaded), flush=True)
+    os._exit(0)
+
+threading.Thread(target=probe, daemon=True).start()
+main(["--config", sys.argv[1], "run"])
+"""
+
+
+def test_the_daemon_without_rpc_url_loads_no_heavy_module(tmp_path: Path) -> None:
+    """The run path as ``make up`` takes it (keystore, Docker and WASM executors, no rpc_url):
+    the daemon starts, tries to register with a scheduler that is not there, and has loaded
+    none of :data:`HEAVY` nor httpx's command line (a regression would put MBs back)."""
+    keystore = tmp_path / "keystore.json"
+    create_keystore(keystore, "pw", private_key=KEY, kdf="pbkdf2", iterations=10)
+    settings = tmp_path / "agent.yaml"
+    settings.write_text(
+        json.dumps(
+            {
+                "scheduler_url": "http://127.0.0.1:9",
+                "ipfs_api": "/ip4/127.0.0.1/tcp/9/http",
+                "keystore": str(keystore),
+                "password": "pw",
+                "region": "eu-west",
+                "work_dir": str(tmp_path / "work"),
+                "executors": ["docker", "wasm"],
+                "docker_host": f"unix://{tmp_path}/no-docker.sock",
+            }
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(settings), "4"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GRIDMARKET_AGENT_")},
+        timeout=60,
+        check=False,
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith("MODULES ")), None)
+    assert line is not None, (done.stdout, done.stderr)
+    modules = set(json.loads(line.removeprefix("MODULES ")))
+    assert "agent.daemon" in modules and "coincurve" in modules
+    assert "registration" in done.stderr  # it got as far as trying to register
+    loaded = sorted(m for m in modules if m.split(".")[0] in HEAVY or m == "httpx._main")
+    assert loaded == []
+    from agent.hardware import _nvml_library_loads
+
+    if not _nvml_library_loads():  # no NVIDIA driver here: pynvml is not even imported
+        assert "pynvml" not in modules

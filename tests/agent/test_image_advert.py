@@ -11,7 +11,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from agent.capacity import CachedImages, pinned_images
+from agent.capacity import CachedImages, engine_client, pinned_images
 from devstack.dockerd import Dockerd
 from devstack.images import ensure_busybox_image, push_image
 from devstack.registry import Registry
@@ -78,3 +78,19 @@ def test_a_hostile_listing_is_read_defensively() -> None:
     many = [{"Created": i, "RepoDigests": [f"127.0.0.1:5000/img{i}@" + DIGEST]} for i in range(200)]
     kept = pinned_images(many)
     assert len(kept) == MAX_ADVERTISED_IMAGES and kept[0] == "127.0.0.1:5000/img199@" + DIGEST
+
+
+@pytest.mark.parametrize("host", ["unix:///var/run/docker.sock", "tcp://127.0.0.1:2375"])
+def test_the_engine_client_loads_no_certificates(
+    host: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The image list is asked at each heartbeat: a client that parsed a CA bundle each time
+    cost 35 ms of CPU per heartbeat, all of the idle daemon's CPU (docs/agent.md)."""
+    import ssl
+
+    loaded: list[object] = []
+    monkeypatch.setattr(ssl, "create_default_context", lambda *a, **k: loaded.append(k))
+    client, base = engine_client(host, timeout_s=1)
+    client.close()
+    assert loaded == []
+    assert base in ("http://docker", "http://127.0.0.1:2375")

@@ -1,0 +1,322 @@
+"""gridmarket.ethsig against the libraries it replaces on the agent's path: the same hashes,
+checksums, errors and signatures as eth-utils and eth-account, over many random keys and
+messages (seeded: a failure replays)."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+from eth_account import Account
+from eth_account.messages import _hash_eip191_message, encode_typed_data
+from eth_utils import keccak as ref_keccak
+from eth_utils.address import is_hex_address as ref_is_hex_address
+from eth_utils.address import to_checksum_address as ref_checksum
+
+from gridmarket import ethsig
+from gridmarket.eip712 import (
+    acceptance_typed_data,
+    recover_acceptance_signer,
+    recover_result_signer,
+    result_typed_data,
+    sign_acceptance,
+    sign_result,
+)
+from gridmarket.escrow import Job
+from gridmarket.keystore import KeystoreError, create_keystore, load_account, load_signer
+from gridmarket.wire import (
+    NodeCapacityIn,
+    NodeRegistration,
+    recover_registration_signer,
+    registration_typed_data,
+    sign_registration,
+)
+
+ROUNDS = 150
+
+
+def rand_bytes(rng: random.Random, n: int) -> bytes:
+    return bytes(rng.getrandbits(8) for _ in range(n))
+
+
+def rand_address(rng: random.Random) -> str:
+    return "0x" + rand_bytes(rng, 20).hex()
+
+
+def rand_key(rng: random.Random) -> bytes:
+    return rand_bytes(rng, 32)  # below the curve order but for a 2**-128 chance
+
+
+def eth_account_digest(message: dict[str, Any]) -> bytes:
+    return bytes(_hash_eip191_message(encode_typed_data(full_message=message)))
+
+
+def outcome(fn: Any, *args: Any) -> tuple[str, str]:
+    try:
+        return ("ok", repr(fn(*args)))
+    except Exception as exc:
+        return (type(exc).__name__, str(exc))
+
+
+# --------------------------------------------------------------------------- hashing, addresses
+
+
+def test_keccak_matches_eth_utils() -> None:
+    rng = random.Random(1)
+    for n in [0, 1, 31, 32, 33, 135, 136, 137, 1000]:
+        data = rand_bytes(rng, n)
+        assert ethsig.keccak(data) == ref_keccak(data)
+
+
+def test_checksums_match_eth_utils() -> None:
+    rng = random.Random(2)
+    for _ in range(ROUNDS):
+        raw = rand_bytes(rng, 20)
+        lower = "0x" + raw.hex()
+        for form in (lower, lower.upper().replace("0X", "0x"), lower[2:], "0X" + lower[2:], raw):
+            assert ethsig.to_checksum_address(form) == ref_checksum(form)
+        checksummed = ref_checksum(lower)
+        assert ethsig.to_checksum_address(checksummed) == checksummed
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "",
+        "0x",
+        "0x12",
+        "not an address",
+        "0xzz" + "0" * 38,
+        "0x" + "0" * 41,
+        "0" * 39,
+        b"\x00" * 19,
+        b"\x00" * 21,
+        "0x" + "a" * 40 + " ",
+        "\u0661" * 40,  # Arabic-Indic digits: not hex for either
+    ],
+)
+def test_not_an_address_fails_as_in_eth_utils(value: str | bytes) -> None:
+    mine = outcome(ethsig.to_checksum_address, value)
+    assert mine[0] != "ok"
+    assert mine == outcome(ref_checksum, value)
+    assert ethsig.is_hex_address(value) == ref_is_hex_address(value)
+
+
+def test_is_hex_address_matches_eth_utils() -> None:
+    rng = random.Random(3)
+    samples: list[object] = [None, 5, b"\x00" * 20, "0x" + "g" * 40, "0X" + "A" * 40]
+    samples += [rand_address(rng)[: rng.randrange(0, 43)] for _ in range(50)]
+    for value in samples:
+        assert ethsig.is_hex_address(value) == ref_is_hex_address(value), value
+
+
+# --------------------------------------------------------------------------- EIP-712
+
+
+def random_job(rng: random.Random) -> Job:
+    return Job(
+        submitter=ref_checksum(rand_address(rng)),
+        bounty=rng.randrange(2**96),
+        deadline=rng.randrange(2**40),
+        fee_bps=rng.randrange(10_001),
+        collateral=rng.randrange(2**96),
+        mediator=ref_checksum(rand_address(rng)),
+        flags=rng.randrange(256),
+        token=rng.choice(["0x" + "0" * 40, ref_checksum(rand_address(rng))]),
+    )
+
+
+def random_text(rng: random.Random) -> str:
+    alphabet = "abcxyz019 -_/é€𝄞"
+    return "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 60)))
+
+
+def project_messages(rng: random.Random) -> list[dict[str, Any]]:
+    """The three messages the agent signs, with random contents."""
+    chain_id = rng.choice([1, 31337, rng.randrange(1, 2**64)])
+    escrow = rng.choice([rand_address(rng), ref_checksum(rand_address(rng))])
+    registration = NodeRegistration(
+        wallet=ref_checksum(rand_address(rng)),
+        name="node-" + str(rng.randrange(10**6)),
+        capacity=NodeCapacityIn(
+            cpu_cores=rng.randrange(1, 128),
+            ram_mib=rng.randrange(1, 2**20),
+            disk_mib=rng.randrange(0, 2**30),
+            region="eu-west",
+            executors=["wasm"],
+        ),
+        agent_version=random_text(rng)[:64],
+        nonce=rng.randrange(2**63),
+        expiry=rng.randrange(2**63),
+    )
+    return [
+        result_typed_data(
+            chain_id, escrow, rand_bytes(rng, 32), rng.randrange(2**16), random_text(rng)
+        ),
+        acceptance_typed_data(
+            chain_id, escrow, rand_bytes(rng, 32), rng.randrange(2**16), random_job(rng)
+        ),
+        registration_typed_data(chain_id, ref_checksum(escrow), registration),
+    ]
+
+
+def random_struct_message(rng: random.Random) -> dict[str, Any]:
+    """A message of random atomic, dynamic and nested struct fields (no arrays)."""
+
+    def value(type_: str) -> Any:
+        if type_ == "address":
+            return rng.choice([rand_address(rng), ref_checksum(rand_address(rng))])
+        if type_ == "bool":
+            return rng.choice([True, False])
+        if type_ == "string":
+            return random_text(rng)
+        if type_ == "bytes":
+            return rand_bytes(rng, rng.randrange(0, 80))
+        if type_.startswith("bytes"):
+            size = int(type_[5:])
+            return rand_bytes(rng, rng.randrange(1, size + 1))  # shorter values are padded
+        bits = int(type_.removeprefix("u")[3:])
+        if type_.startswith("uint"):
+            return rng.randrange(2**bits)
+        return rng.randrange(-(2 ** (bits - 1)), 2 ** (bits - 1))
+
+    atomic = ["address", "bool", "string", "bytes", "bytes1", "bytes7", "bytes32"]
+    atomic += [f"uint{8 * rng.randrange(1, 33)}", f"int{8 * rng.randrange(1, 33)}"]
+    inner = [{"name": f"i{k}", "type": rng.choice(atomic)} for k in range(rng.randrange(1, 4))]
+    outer = [{"name": f"f{k}", "type": rng.choice(atomic)} for k in range(rng.randrange(0, 6))]
+    outer.insert(rng.randrange(len(outer) + 1), {"name": "nested", "type": "Inner"})
+    message = {f["name"]: value(f["type"]) for f in outer if f["type"] != "Inner"}
+    message["nested"] = {f["name"]: value(f["type"]) for f in inner}
+    return {
+        "types": {
+            "EIP712Domain": [
+                {"name": "name", "type": "string"},
+                {"name": "version", "type": "string"},
+                {"name": "chainId", "type": "uint256"},
+                {"name": "verifyingContract", "type": "address"},
+            ],
+            "Outer": outer,
+            "Inner": inner,
+        },
+        "primaryType": "Outer",
+        "domain": {
+            "name": random_text(rng),
+            "version": str(rng.randrange(10)),
+            "chainId": rng.randrange(1, 2**64),
+            "verifyingContract": rand_address(rng),
+        },
+        "message": message,
+    }
+
+
+def test_typed_data_hashes_match_eth_account() -> None:
+    rng = random.Random(4)
+    for _ in range(ROUNDS):
+        for message in [*project_messages(rng), random_struct_message(rng)]:
+            assert ethsig.hash_typed_data(message) == eth_account_digest(message)
+
+
+def test_signatures_are_byte_identical_to_eth_account() -> None:
+    rng = random.Random(5)
+    for _ in range(ROUNDS):
+        key = rand_key(rng)
+        reference = Account.from_key(key)
+        mine = ethsig.KeyAccount(key)
+        assert mine.address == reference.address
+        assert mine.key == bytes(reference.key)
+        for message in [*project_messages(rng), random_struct_message(rng)]:
+            expected = bytes(
+                reference.sign_message(encode_typed_data(full_message=message)).signature
+            )
+            assert ethsig.sign_typed_data(mine, message) == expected
+            assert ethsig.sign_typed_data(reference, message) == expected  # a LocalAccount too
+
+
+def test_the_project_signatures_recover_to_the_signer() -> None:
+    rng = random.Random(6)
+    for _ in range(20):
+        account = ethsig.KeyAccount(rand_key(rng))
+        escrow = ref_checksum(rand_address(rng))
+        job_id, attempt, job = rand_bytes(rng, 32), rng.randrange(1, 2**16), random_job(rng)
+        signature = sign_acceptance(account, 31337, escrow, job_id, attempt, job)
+        assert recover_acceptance_signer(signature, 31337, escrow, job_id, attempt, job) == (
+            account.address
+        )
+        signature = sign_result(account, 31337, escrow, job_id, attempt, "bafyresult")
+        assert recover_result_signer(signature, 31337, escrow, job_id, attempt, "bafyresult") == (
+            account.address
+        )
+        registration = NodeRegistration(
+            wallet=account.address,
+            name="n1",
+            capacity=NodeCapacityIn(
+                cpu_cores=2, ram_mib=2048, disk_mib=10, region="eu-west", executors=["wasm"]
+            ),
+            nonce=1,
+            expiry=2,
+        )
+        signed = sign_registration(account, 31337, escrow, registration)
+        assert recover_registration_signer(31337, escrow, registration, signed) == account.address
+
+
+def test_typed_data_errors() -> None:
+    message = result_typed_data(1, "0x" + "1" * 40, b"\x00" * 32, 1, "x")
+    with pytest.raises(ValueError, match="out of range"):
+        ethsig.hash_typed_data({**message, "message": {**message["message"], "attempt": 2**16}})
+    with pytest.raises(ValueError, match="Invalid domain key"):
+        ethsig.hash_typed_data({**message, "domain": {**message["domain"], "other": 1}})
+    with pytest.raises(ValueError, match="primaryType"):
+        ethsig.hash_typed_data({**message, "primaryType": "Acceptance"})
+    array = {**message, "types": {"Result": [{"name": "xs", "type": "uint8[]"}]}}
+    with pytest.raises(ValueError, match="array types are not supported"):
+        ethsig.hash_typed_data({**array, "message": {"xs": [1]}})
+
+
+def test_key_account_refuses_bad_keys() -> None:
+    for bad in (b"", b"\x00" * 31, b"\x00" * 32, b"\xff" * 32):
+        with pytest.raises(ValueError):
+            ethsig.KeyAccount(bad)
+    assert "KeyAccount(0x" in repr(ethsig.KeyAccount(b"\x01" * 32))
+    assert (b"\x01" * 32).hex() not in repr(ethsig.KeyAccount(b"\x01" * 32))
+
+
+def test_as_local_account() -> None:
+    account = ethsig.KeyAccount(b"\x02" * 32)
+    local = ethsig.as_local_account(account)
+    assert local.address == account.address and bytes(local.key) == account.key
+    assert ethsig.as_local_account(local) is local
+
+
+# --------------------------------------------------------------------------- keystores
+
+
+@pytest.mark.parametrize(("kdf", "iterations"), [("scrypt", 2**4), ("pbkdf2", 100)])
+def test_keystore_decryption_matches_eth_account(kdf: str, iterations: int) -> None:
+    rng = random.Random(7)
+    for password in ["pw", "pässwörd €", ""]:
+        key = rand_key(rng)
+        document = Account.encrypt(key, password, kdf=kdf, iterations=iterations)
+        assert ethsig.decrypt_keystore(document, password) == bytes(
+            Account.decrypt(document, password)
+        )
+        assert ethsig.decrypt_keystore(document, password) == key
+        upper = json.loads(json.dumps(document).replace('"crypto"', '"Crypto"'))
+        assert ethsig.decrypt_keystore(upper, password) == key
+        with pytest.raises(ValueError, match="MAC mismatch"):
+            ethsig.decrypt_keystore(document, password + "x")
+
+
+def test_keystores_load_as_signer_and_as_account(tmp_path: Any) -> None:
+    path = tmp_path / "keystore.json"
+    address = create_keystore(path, "pw", kdf="pbkdf2", iterations=10)
+    signer = load_signer(path, "pw")
+    assert signer.address == address == load_account(path, "pw").address
+    with pytest.raises(KeystoreError, match="wrong password"):
+        load_signer(path, "nope")
+    document = json.loads(path.read_text())
+    del document["crypto"]["kdfparams"]
+    path.write_text(json.dumps(document))
+    with pytest.raises(KeystoreError, match="not a valid keystore"):
+        load_signer(path, "pw")
