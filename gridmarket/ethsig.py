@@ -7,10 +7,11 @@ process whose goal is 60 MB (docs/agent.md, "Footprint"). This module does the s
 those libraries use underneath: keccak-256 from pycryptodome and ECDSA over secp256k1 from
 coincurve (libsecp256k1, the backend eth-keys picks when coincurve is installed).
 
-The results are byte-identical to eth-account's and eth-utils' (tests/test_ethsig.py compares
-them over many random keys and messages): deterministic RFC 6979 signatures with a low ``s``,
-``r || s || v`` with ``v`` 27 or 28, as ``LocalAccount.sign_message(encode_typed_data(...))``
-gives; EIP-55 checksums with eth-utils' errors for what is not an address. Recovering a signer
+The results are byte-identical to eth-account's and eth-utils'
+(tests/gridmarket/test_ethsig.py compares them over many random keys and messages):
+deterministic RFC 6979 signatures with a low ``s``, ``r || s || v`` with ``v`` 27 or 28, as
+``LocalAccount.sign_message(encode_typed_data(...))`` gives; EIP-55 checksums with eth-utils'
+errors for what is not an address. Recovering a signer
 (the scheduler's side) stays with eth-account.
 
 What :func:`hash_typed_data` encodes: the atomic types (``uint<N>``, ``int<N>``, ``address``,
