@@ -7,6 +7,7 @@
     gridmarket-agent status     what the scheduler knows about this node
     gridmarket-agent earnings   what the wallet earned, per job and per day; pending; stake
     gridmarket-agent withdraw   send the wallet's escrow balance out (withdraw / withdrawTo)
+    gridmarket-agent unstake    take free stake out (request, then --complete after the delay)
     gridmarket-agent finalize   finalize the wallet's results whose challenge window passed
 
 :func:`main` (the ``gridmarket-agent`` script, ``python -m agent.cli``) parses ``run`` itself

@@ -8,6 +8,7 @@ daemon (``run``) without this module.
     gridmarket-agent status     what the scheduler knows about this node
     gridmarket-agent earnings   what the wallet earned, per job and per day; pending; stake
     gridmarket-agent withdraw   send the wallet's escrow balance out (withdraw / withdrawTo)
+    gridmarket-agent unstake    take free stake out (request, then --complete after the delay)
     gridmarket-agent finalize   finalize the wallet's results whose challenge window passed
 
 Settings come from ``--config FILE`` (TOML or YAML), ``GRIDMARKET_AGENT_*`` variables and the
@@ -477,6 +478,81 @@ def withdraw(
         try:
             done = send_withdrawal(escrow, account, target, currency)
         except NothingToWithdrawError as exc:
+            raise CliError(str(exc)) from None
+    if as_json:
+        typer.echo(json.dumps(done.to_json(), indent=2))
+    else:
+        for line in done.lines():
+            typer.echo(line)
+
+
+@app.command()
+@friendly
+def unstake(
+    ctx: typer.Context,
+    amount: Annotated[
+        str | None,
+        typer.Argument(
+            help="how much free stake to take out, in the currency's units (0.5, 10), or 'all'",
+            show_default=False,
+            metavar="AMOUNT",
+        ),
+    ] = None,
+    complete: Annotated[
+        bool,
+        typer.Option(
+            "--complete",
+            help="after the delay, move the pending unstake to the withdrawable balance",
+        ),
+    ] = False,
+    token: Annotated[
+        str | None,
+        typer.Option(help="the currency: ETH (default), a listed token's symbol, or an address"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON (wei as strings)")] = False,
+    rpc_url: RpcUrl = None,
+    deployment: DeploymentFile = None,
+) -> None:
+    """Take free stake (not locked by jobs) out of the ETH or --token stake: ``unstake AMOUNT``
+    requests it (requestUnstake: out of the stake at once); after the escrow's unstakeDelay,
+    ``unstake --complete`` moves it to the withdrawable balance (completeUnstake), which
+    ``withdraw`` sends out."""
+    from agent.earnings import (
+        UnstakeCompletion,
+        UnstakeError,
+        UnstakeRequest,
+        complete_unstake,
+        request_unstake,
+        token_named,
+    )
+    from gridmarket.token import ETH_TOKEN
+
+    setup_logging(_opts(ctx).verbose, default=logging.WARNING)
+    if complete and amount is not None:
+        raise CliError("give either AMOUNT (request an unstake) or --complete, not both")
+    if not complete and amount is None:
+        raise CliError(
+            "give AMOUNT to unstake (e.g. `gridmarket-agent unstake 0.5`, or 'all'), "
+            "or --complete to finish a pending unstake"
+        )
+    config = _config(ctx, rpc_url=rpc_url, deployment=deployment)
+    escrow = _escrow(config)
+    with _chain_errors("reading the token"):
+        try:
+            currency = token_named(escrow, token) if token is not None else ETH_TOKEN
+        except ValueError as exc:
+            raise CliError(f"--token {exc}") from None
+    account = _account(config)
+    done: UnstakeRequest | UnstakeCompletion
+    with _chain_errors("unstake"):
+        try:
+            if amount is None:
+                done = complete_unstake(escrow, account, currency)
+            else:
+                done = request_unstake(escrow, account, amount, currency)
+                for warning in done.warnings():
+                    typer.echo(warning, err=True)
+        except UnstakeError as exc:
             raise CliError(str(exc)) from None
     if as_json:
         typer.echo(json.dumps(done.to_json(), indent=2))

@@ -16,6 +16,12 @@ from its own events (:meth:`gridmarket.chain.EscrowClient.job_state`):
   locked by the jobs it holds, free stake (``freeCollateralIn``), unstaking; and the
   withdrawable balance (``balanceOf``; ``balanceOfToken`` for a token: payouts, completed
   unstakes), which ``withdraw`` (``withdrawToken`` for a token) sends out.
+
+``unstake`` (``gridmarket-agent unstake``) takes free stake out in two steps:
+:func:`request_unstake` (``requestUnstake`` / ``requestUnstakeToken``: out of the stake at once,
+pending for ``unstakeDelay``) and :func:`complete_unstake` (``completeUnstake`` /
+``completeUnstakeToken``: the pending amount into the withdrawable balance). Both check what
+the contract would refuse before sending anything.
 """
 
 from __future__ import annotations
@@ -39,9 +45,14 @@ __all__ = [
     "Earnings",
     "JobEarning",
     "TokenEarnings",
+    "UnstakeCompletion",
+    "UnstakeError",
+    "UnstakeRequest",
     "Withdrawal",
+    "complete_unstake",
     "earnings",
     "eth",
+    "request_unstake",
     "token_named",
     "withdraw",
 ]
@@ -494,6 +505,252 @@ def withdraw(
         to_before_wei=held,
         to_after_wei=after,
         gas_wei=gas if token.is_eth and target == account.address else 0,
+        token=token.address,
+        symbol=token.symbol,
+        decimals=token.decimals,
+    )
+
+
+# --------------------------------------------------------------------------- unstake
+
+
+class UnstakeError(ValueError):
+    """What the contract would refuse (or a malformed amount), found before sending anything."""
+
+
+def _utc(timestamp: int) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _in(seconds: int) -> str:
+    """``in 7 days``, ``in 6 days 23 hours``, ``in 5 hours 3 minutes``, ``in 40 seconds``."""
+    seconds = max(seconds, 0)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        parts = [_n(days, "day")] + ([_n(hours, "hour")] if hours else [])
+    elif hours:
+        parts = [_n(hours, "hour")] + ([_n(minutes, "minute")] if minutes else [])
+    elif minutes:
+        parts = [_n(minutes, "minute")]
+    else:
+        parts = [_n(secs, "second")]
+    return "in " + " ".join(parts)
+
+
+def _as_json(value: Any) -> dict[str, Any]:
+    return {k: str(v) if k.endswith("_wei") else v for k, v in asdict(value).items()}
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """The wallet's registry entry in one currency (``providerOf`` / ``stakeOf``)."""
+
+    stake: int
+    locked: int
+    unstake_at: int
+    pending: int
+
+    @property
+    def free(self) -> int:
+        return self.stake - self.locked
+
+
+def _entry(client: EscrowClient, wallet: str, token: Token) -> _Entry:
+    if token.is_eth:
+        stake, locked, unstake_at, _, pending = client.call("providerOf", wallet)
+    else:
+        stake, locked, unstake_at, _, pending = client.call("stakeOf", wallet, token.address)
+    return _Entry(int(stake), int(locked), int(unstake_at), int(pending))
+
+
+def _command(token: Token, *words: str) -> str:
+    tail = "" if token.is_eth else f" --token {token.symbol}"
+    return "gridmarket-agent " + " ".join(words) + tail
+
+
+@dataclass(frozen=True)
+class UnstakeRequest:
+    """A sent ``requestUnstake`` (``requestUnstakeToken``): the stake before and after, the
+    whole pending unstake (an earlier one included: a new request restarts its delay) and
+    when ``completeUnstake`` can move it (``available_at``, unix seconds; ``now``: the
+    request's block)."""
+
+    tx_hash: str
+    wallet: str
+    amount_wei: int
+    stake_before_wei: int
+    stake_after_wei: int
+    locked_wei: int
+    pending_wei: int
+    available_at: int
+    now: int
+    min_stake_wei: int
+    """The escrow's ``minStake`` (ETH): below it the node gets no work."""
+    token: str = ZERO_ADDRESS
+    symbol: str = ETH
+    decimals: int = 18
+
+    @property
+    def below_min_stake(self) -> bool:
+        return self.token == ZERO_ADDRESS and self.stake_after_wei < self.min_stake_wei
+
+    def warnings(self) -> list[str]:
+        if not self.below_min_stake:
+            return []
+        return [
+            f"warning: the ETH stake left, {eth(self.stake_after_wei)}, is below the escrow's "
+            f"minStake of {eth(self.min_stake_wei)}: this node is no longer eligible for work"
+        ]
+
+    def lines(self) -> list[str]:
+        currency = Token(self.symbol, self.token, self.decimals)
+        fmt = currency.fmt
+        earlier = self.pending_wei - self.amount_wei
+        pending = f"unstaking     {fmt(self.pending_wei)}"
+        if earlier:
+            pending += f" (with {fmt(earlier)} requested earlier: its delay restarted)"
+        free = self.stake_after_wei - self.locked_wei
+        return [
+            f"requested unstake of {fmt(self.amount_wei)} (tx {self.tx_hash})",
+            f"stake         {fmt(self.stake_before_wei)} -> {fmt(self.stake_after_wei)} "
+            f"({fmt(self.locked_wei)} locked, {fmt(free)} free)",
+            pending,
+            f"ready         {_utc(self.available_at)} ({_in(self.available_at - self.now)})",
+            f"then run `{_command(currency, 'unstake', '--complete')}` and "
+            f"`{_command(currency, 'withdraw')}`",
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        body = _as_json(self)
+        body["below_min_stake"] = self.below_min_stake
+        body["available_at_utc"] = _utc(self.available_at)
+        return body
+
+
+def _unstake_amount(amount: str, token: Token, entry: _Entry) -> int:
+    """``amount`` (in ``token``'s units, or ``all``) checked against the free stake."""
+    numbers = (
+        f"stake {token.fmt(entry.stake)}, {token.fmt(entry.locked)} locked by jobs, "
+        f"{token.fmt(entry.free)} free"
+    )
+    if amount.strip().lower() == "all":
+        if entry.free <= 0:
+            raise UnstakeError(f"no free stake in {token.symbol} to unstake ({numbers})")
+        return entry.free
+    try:
+        units = token.to_units(amount.strip())
+    except ValueError as exc:
+        raise UnstakeError(f"AMOUNT {exc} (a positive number, or 'all')") from None
+    if units == 0:
+        raise UnstakeError(f"AMOUNT {amount!r} must be more than 0 {token.symbol}")
+    if units > entry.free:
+        wanted = token.fmt(units)
+        raise UnstakeError(f"cannot unstake {wanted}: more than the free stake ({numbers})")
+    return units
+
+
+def request_unstake(
+    client: EscrowClient, account: LocalAccount, amount: str, token: Token = ETH_TOKEN
+) -> UnstakeRequest:
+    """Take ``amount`` (``token``'s units, ``"all"``: the whole free stake) out of the
+    wallet's stake: ``requestUnstake(amount)`` or ``requestUnstakeToken(token, amount)``.
+    :class:`UnstakeError`, with nothing sent, when the wallet is not registered or the amount
+    is malformed, not positive or more than the free stake (stake less locked)."""
+    wallet = account.address
+    if not bool(client.call("providerOf", wallet)[3]):
+        raise UnstakeError(f"{wallet} is not a registered provider: it has no stake to unstake")
+    before = _entry(client, wallet, token)
+    units = _unstake_amount(amount, token, before)
+    if token.is_eth:
+        sent = client.send(account, "requestUnstake", units)
+    else:
+        sent = client.send(account, "requestUnstakeToken", token.address, units)
+    (event,) = [e for e in sent.events if e.name == "UnstakeRequested"]
+    receipt = client.w3.eth.get_transaction_receipt(sent.tx_hash)  # type: ignore[arg-type]
+    now = int(client.w3.eth.get_block(receipt["blockNumber"])["timestamp"])
+    after = _entry(client, wallet, token)
+    return UnstakeRequest(
+        tx_hash=sent.tx_hash,
+        wallet=wallet,
+        amount_wei=int(event.args["amount"]),
+        stake_before_wei=before.stake,
+        stake_after_wei=after.stake,
+        locked_wei=after.locked,
+        pending_wei=after.pending,
+        available_at=int(event.args["availableAt"]),
+        now=now,
+        min_stake_wei=int(client.call("minStake")),
+        token=token.address,
+        symbol=token.symbol,
+        decimals=token.decimals,
+    )
+
+
+@dataclass(frozen=True)
+class UnstakeCompletion:
+    """A sent ``completeUnstake`` (``completeUnstakeToken``): the amount moved from the
+    pending unstake to the withdrawable balance, that balance before and after."""
+
+    tx_hash: str
+    wallet: str
+    amount_wei: int
+    stake_wei: int
+    withdrawable_before_wei: int
+    withdrawable_after_wei: int
+    token: str = ZERO_ADDRESS
+    symbol: str = ETH
+    decimals: int = 18
+
+    def lines(self) -> list[str]:
+        currency = Token(self.symbol, self.token, self.decimals)
+        fmt = currency.fmt
+        return [
+            f"moved {fmt(self.amount_wei)} of unstaked stake to the withdrawable balance "
+            f"(tx {self.tx_hash})",
+            f"withdrawable  {fmt(self.withdrawable_before_wei)} -> "
+            f"{fmt(self.withdrawable_after_wei)}",
+            f"stake         {fmt(self.stake_wei)}",
+            f"send it out with `{_command(currency, 'withdraw')}`",
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return _as_json(self)
+
+
+def complete_unstake(
+    client: EscrowClient, account: LocalAccount, token: Token = ETH_TOKEN
+) -> UnstakeCompletion:
+    """Move the wallet's pending unstake in ``token`` to its withdrawable balance
+    (``completeUnstake`` / ``completeUnstakeToken``). :class:`UnstakeError`, with nothing
+    sent, when nothing is pending or its delay has not passed (the error says when)."""
+    wallet = account.address
+    entry = _entry(client, wallet, token)
+    if entry.pending == 0:
+        raise UnstakeError(
+            f"{wallet} has no unstake pending in {token.symbol}: request one first "
+            f"(`{_command(token, 'unstake', 'AMOUNT')}`)"
+        )
+    now = int(client.w3.eth.get_block("latest")["timestamp"])
+    if now < entry.unstake_at:
+        raise UnstakeError(
+            f"the unstake of {token.fmt(entry.pending)} is not ready: it can be completed at "
+            f"{_utc(entry.unstake_at)} ({_in(entry.unstake_at - now)}); nothing sent"
+        )
+    before = client.balance_of(wallet, token.address)
+    if token.is_eth:
+        sent = client.send(account, "completeUnstake")
+    else:
+        sent = client.send(account, "completeUnstakeToken", token.address)
+    (event,) = [e for e in sent.events if e.name == "Unstaked"]
+    return UnstakeCompletion(
+        tx_hash=sent.tx_hash,
+        wallet=wallet,
+        amount_wei=int(event.args["amount"]),
+        stake_wei=int(event.args["totalStake"]),
+        withdrawable_before_wei=before,
+        withdrawable_after_wei=client.balance_of(wallet, token.address),
         token=token.address,
         symbol=token.symbol,
         decimals=token.decimals,

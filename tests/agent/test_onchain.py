@@ -1,6 +1,6 @@
 """The node's own chain duties on a real anvil (its own: these tests move the clock), jobs driven
 by hand (fund with terms, register and stake, signed acceptance, operator assign, submitResult,
-rulings, time travel): the result guard, finalize, ``earnings`` and ``withdraw``."""
+rulings, time travel): the result guard, finalize, ``earnings``, ``withdraw`` and ``unstake``."""
 
 from __future__ import annotations
 
@@ -326,6 +326,165 @@ def test_earnings_and_withdraw_per_token(chain: Chain, tmp_path: Path) -> None:
     assert chain.erc20.balance_of(provider.address) == held + q.job.payout
     with pytest.raises(NothingToWithdrawError):
         withdraw(escrow, provider, token=tusd)
+
+
+def provider_env(chain: Chain, provider: LocalAccount, tmp_path: Path) -> dict[str, str]:
+    keystore = tmp_path / "keystore.json"
+    create_keystore(keystore, "pw", private_key=bytes(provider.key), iterations=2**10)
+    return {
+        "GRIDMARKET_AGENT_RPC_URL": chain.url,
+        "GRIDMARKET_AGENT_DEPLOYMENT": str(chain.deployment_file),
+        "GRIDMARKET_AGENT_KEYSTORE": str(keystore),
+        "GRIDMARKET_AGENT_PASSWORD": "pw",
+    }
+
+
+def utc(timestamp: int) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def test_unstake_eth(chain: Chain, tmp_path: Path) -> None:
+    """`unstake AMOUNT` takes free ETH stake out (refusing more than free, or a bad amount,
+    with nothing sent); `unstake --complete` refuses before the delay and then moves the
+    pending amount to the withdrawable balance; the minStake warning."""
+    (provider,) = new_providers(chain.escrow, chain.accounts[0], 1, stake_wei=10**17)
+    escrow, w3, delay = chain.escrow, chain.w3, chain.params.unstake_delay
+    job = chain.assign(chain.fund(10**16), provider)  # locks 0.01 ETH of the 0.1
+    assert job.job.collateral == 10**16
+    env = provider_env(chain, provider, tmp_path)
+    nonce = w3.eth.get_transaction_count(provider.address)
+
+    refused = {
+        ("unstake", "0.1"): "cannot unstake 0.1 ETH: more than the free stake "
+        "(stake 0.1 ETH, 0.01 ETH locked by jobs, 0.09 ETH free)",
+        ("unstake", "0"): "AMOUNT '0' must be more than 0 ETH",
+        ("unstake", "--", "-1"): "AMOUNT '-1' is not an amount of ETH",
+        ("unstake", "lots"): "AMOUNT 'lots' is not an amount of ETH",
+        ("unstake", "0.0000000000000000001"): "has more than 18 decimals",
+        ("unstake",): "give AMOUNT to unstake",
+        ("unstake", "1", "--complete"): "either AMOUNT (request an unstake) or --complete",
+        ("unstake", "--complete"): f"{provider.address} has no unstake pending in ETH",
+    }
+    for args, message in refused.items():
+        done = cli(env, *args)
+        assert done.returncode == 1 and message in done.stderr, (args, done.stderr)
+        assert done.stderr.count("\n") == 1 and done.stdout == ""
+    assert w3.eth.get_transaction_count(provider.address) == nonce  # nothing sent
+
+    # request part of the free stake: JSON
+    done = cli(env, "unstake", "0.05", "--json")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # 0.05 left: above minStake
+    body = json.loads(done.stdout)
+    ready = chain.now() + delay
+    assert body["amount_wei"] == str(5 * 10**16) and body["symbol"] == "ETH"
+    assert body["stake_before_wei"] == str(10**17) and body["stake_after_wei"] == str(5 * 10**16)
+    assert body["pending_wei"] == str(5 * 10**16) and body["locked_wei"] == str(10**16)
+    assert body["available_at"] == ready and body["available_at_utc"] == utc(ready)
+    assert body["below_min_stake"] is False
+    stake, locked, unstake_at, _, pending = escrow.call("providerOf", provider.address)
+    assert (stake, locked, unstake_at, pending) == (5 * 10**16, 10**16, ready, 5 * 10**16)
+
+    # complete before the delay: refused with the time, nothing sent
+    nonce = w3.eth.get_transaction_count(provider.address)
+    early = cli(env, "unstake", "--complete")
+    assert early.returncode == 1
+    assert f"can be completed at {utc(ready)} (in " in early.stderr
+    assert w3.eth.get_transaction_count(provider.address) == nonce
+
+    # a second request, plain text: adds to the pending one and restarts the delay
+    done = cli(env, "unstake", "0.035")
+    assert done.returncode == 0, done.stderr
+    ready = chain.now() + delay
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("requested unstake of 0.035 ETH (tx 0x")
+    assert lines[1:] == [
+        "stake         0.05 ETH -> 0.015 ETH (0.01 ETH locked, 0.005 ETH free)",
+        "unstaking     0.085 ETH (with 0.05 ETH requested earlier: its delay restarted)",
+        f"ready         {utc(ready)} (in 7 days)",
+        "then run `gridmarket-agent unstake --complete` and `gridmarket-agent withdraw`",
+    ]
+    # the job handed back: its collateral is free again; 'all' takes it, below minStake: warned
+    escrow.call_job(provider, "unassign", job)
+    done = cli(env, "unstake", "all")
+    assert done.returncode == 0, done.stderr
+    assert "requested unstake of 0.015 ETH" in done.stdout
+    assert (
+        "warning: the ETH stake left, 0 ETH, is below the escrow's minStake of 0.01 ETH: "
+        "this node is no longer eligible for work"
+    ) in done.stderr
+    assert not escrow.call("isEligible", provider.address)
+    nothing = cli(env, "unstake", "all")
+    assert nothing.returncode == 1 and "no free stake in ETH to unstake" in nothing.stderr
+
+    # past the delay: complete moves exactly the pending amount to the withdrawable balance
+    chain.warp(delay + 1)
+    before = escrow.balance_of(provider.address)
+    done = cli(env, "unstake", "--complete")
+    assert done.returncode == 0, done.stderr
+    assert escrow.balance_of(provider.address) == before + 10**17
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("moved 0.1 ETH of unstaked stake to the withdrawable balance (tx 0x")
+    assert lines[1:] == [
+        f"withdrawable  {eth(before)} -> {eth(before + 10**17)}",
+        "stake         0 ETH",
+        "send it out with `gridmarket-agent withdraw`",
+    ]
+    assert escrow.call("providerOf", provider.address)[4] == 0
+    again = cli(env, "unstake", "--complete")
+    assert again.returncode == 1 and "has no unstake pending in ETH" in again.stderr
+
+
+def test_unstake_token(chain: Chain, tmp_path: Path) -> None:
+    """The same for a tUSD stake (`--token`): requestUnstakeToken / completeUnstakeToken, the
+    ETH stake untouched, no minStake warning (that floor is ETH's)."""
+    (provider,) = new_providers(chain.escrow, chain.accounts[0], 1, stake_wei=10**17)
+    escrow, w3, delay, tusd = chain.escrow, chain.w3, chain.params.unstake_delay, chain.tusd
+    chain.erc20.send(chain.accounts[0], "mint", provider.address, 100 * 10**6)
+    escrow.stake_token(provider, chain.token_address, 10 * 10**6)
+    env = provider_env(chain, provider, tmp_path)
+
+    nonce = w3.eth.get_transaction_count(provider.address)
+    over = cli(env, "unstake", "10.5", "--token", "tUSD")
+    assert over.returncode == 1
+    assert (
+        "cannot unstake 10.5 tUSD: more than the free stake "
+        "(stake 10 tUSD, 0 tUSD locked by jobs, 10 tUSD free)"
+    ) in over.stderr
+    digits = cli(env, "unstake", "0.0000001", "--token", "tUSD")
+    assert digits.returncode == 1 and "has more than 6 decimals" in digits.stderr
+    assert w3.eth.get_transaction_count(provider.address) == nonce
+
+    done = cli(env, "unstake", "4", "--token", "tusd", "--json")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    body = json.loads(done.stdout)
+    ready = chain.now() + delay
+    assert body["symbol"] == "tUSD" and body["token"] == tusd.address and body["decimals"] == 6
+    assert body["amount_wei"] == "4000000" and body["stake_after_wei"] == "6000000"
+    assert body["available_at"] == ready and body["below_min_stake"] is False
+    stake, _, unstake_at, _, pending = escrow.call("stakeOf", provider.address, tusd.address)
+    assert (stake, unstake_at, pending) == (6 * 10**6, ready, 4 * 10**6)
+    assert escrow.call("providerOf", provider.address)[0] == 10**17  # ETH untouched
+
+    early = cli(env, "unstake", "--complete", "--token", "tUSD")
+    assert early.returncode == 1 and f"can be completed at {utc(ready)} (in 7 days)" in early.stderr
+    none_in_eth = cli(env, "unstake", "--complete")
+    assert none_in_eth.returncode == 1 and "no unstake pending in ETH" in none_in_eth.stderr
+
+    chain.warp(delay + 1)
+    before = escrow.balance_of(provider.address, tusd.address)
+    eth_before = escrow.balance_of(provider.address)
+    done = cli(env, "unstake", "--complete", "--token", "tUSD", "--json")
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout)
+    assert body["amount_wei"] == "4000000" and body["stake_wei"] == "6000000"
+    assert body["withdrawable_before_wei"] == str(before)
+    assert body["withdrawable_after_wei"] == str(before + 4 * 10**6)
+    assert escrow.balance_of(provider.address, tusd.address) == before + 4 * 10**6
+    assert escrow.balance_of(provider.address) == eth_before
+    text = cli(env, "withdraw", "--token", "tUSD")
+    assert text.returncode == 0 and f"withdrew {tusd.fmt(before + 4 * 10**6)}" in text.stdout
 
 
 def test_finalize_pays_a_dispute_the_mediator_left_unruled(chain: Chain) -> None:
