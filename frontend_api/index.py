@@ -83,9 +83,15 @@ class ChainIndex:
     """
 
     def __init__(
-        self, escrow: EscrowClient, *, chunk_blocks: int = 5000, min_interval_s: float = 0.5
+        self,
+        escrow: EscrowClient,
+        *,
+        chunk_blocks: int = 5000,
+        min_interval_s: float = 0.5,
+        keep_blocks: int = KEEP_BLOCKS,
     ) -> None:
         self.escrow = escrow
+        self.keep_blocks = keep_blocks
         self.w3 = escrow.w3
         self.chunk_blocks = chunk_blocks
         self.min_interval_s = min_interval_s
@@ -151,7 +157,7 @@ class ChainIndex:
                 self._next_block = max(self._next_block, head + 1)
                 self._checkpoints = [c for c in self._checkpoints if c[0] < head]
                 self._checkpoints.append((head, bytes(head_block["hash"])))
-                del self._checkpoints[:-KEEP_BLOCKS]
+                del self._checkpoints[: -self.keep_blocks]
                 if self._hash_of(head) == bytes(head_block["hash"]):
                     break
                 self._follow()  # the head changed while its logs were read: roll back, again
@@ -195,7 +201,10 @@ class ChainIndex:
             + (
                 f"rolled back to block {fork} (depth <= {tip - fork})"
                 if fork is not None
-                else f"none of the {KEEP_BLOCKS} kept blocks is left: rebuilding from block {first}"
+                else (
+                    f"none of the {self.keep_blocks} kept blocks is left: "
+                    f"rebuilding from block {first}"
+                )
             )
             + f", {dropped} events forgotten"
         )

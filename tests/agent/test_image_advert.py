@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -89,7 +90,13 @@ def test_the_engine_client_loads_no_certificates(
     import ssl
 
     loaded: list[object] = []
-    monkeypatch.setattr(ssl, "create_default_context", lambda *a, **k: loaded.append(k))
+    real = ssl.create_default_context
+
+    def counted(*args: Any, **kwargs: Any) -> ssl.SSLContext:  # the real one, counted
+        loaded.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
     client, base = engine_client(host, timeout_s=1)
     client.close()
     assert loaded == []

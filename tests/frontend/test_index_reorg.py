@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from hexbytes import HexBytes
 
-from frontend_api import index as index_module
 from frontend_api.index import ChainIndex
 from frontend_api.records import NotFoundError
 from gridmarket.chain import EscrowClient
@@ -139,13 +138,10 @@ def test_index_follows_reorgs(chain: OwnChain, caplog: pytest.LogCaptureFixture)
     same_as_fresh(index, client)
 
 
-def test_a_reorg_past_every_kept_block_rebuilds(
-    chain: OwnChain, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(index_module, "KEEP_BLOCKS", 2)
+def test_a_reorg_past_every_kept_block_rebuilds(chain: OwnChain) -> None:
     client = chain.client()
     w3 = client.w3
-    index = ChainIndex(client, min_interval_s=0)
+    index = ChainIndex(client, min_interval_s=0, keep_blocks=2)
     snap = rpc(w3, "evm_snapshot")
     job_ids = []
     for _ in range(3):
