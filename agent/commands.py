@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
     from gridmarket.chain import EscrowClient
+    from gridmarket.token import Token
 
 
 __all__ = ["app"]
@@ -401,13 +402,39 @@ def _chain_errors(what: str) -> Iterator[None]:
 
 RpcUrl = Annotated[str | None, typer.Option(help="Ethereum JSON-RPC URL")]
 DeploymentFile = Annotated[Path | None, typer.Option(help="deployment JSON of the escrow")]
+TokenName = Annotated[
+    str | None,
+    typer.Option(help="the currency: ETH (default), a listed token's symbol, or an address"),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="print JSON (wei as strings)")]
+
+
+def _currency(escrow: EscrowClient, token: str | None) -> Token:
+    """``--token`` as the escrow lists it (ETH without one); a CliError naming what is wrong."""
+    from agent.earnings import token_named
+    from gridmarket.token import ETH_TOKEN
+
+    with _chain_errors("reading the token"):
+        try:
+            return token_named(escrow, token) if token is not None else ETH_TOKEN
+        except ValueError as exc:
+            raise CliError(f"--token {exc}") from None
+
+
+def _echo(done: Any, as_json: bool) -> None:
+    """A command's outcome: its ``to_json()`` with --json, else its ``lines()``."""
+    if as_json:
+        typer.echo(json.dumps(done.to_json(), indent=2))
+    else:
+        for line in done.lines():
+            typer.echo(line)
 
 
 @app.command()
 @friendly
 def earnings(
     ctx: typer.Context,
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON (wei as strings)")] = False,
+    as_json: AsJson = False,
     wallet: Annotated[
         str | None, typer.Option(help="the provider's address (default: the keystore's)")
     ] = None,
@@ -432,11 +459,7 @@ def earnings(
             raise CliError(f"--wallet: {exc}") from None
     with _chain_errors("reading the chain"):
         report = read_earnings(escrow, address)
-    if as_json:
-        typer.echo(json.dumps(report.to_json(), indent=2))
-    else:
-        for line in report.lines():
-            typer.echo(line)
+    _echo(report, as_json)
 
 
 @app.command()
@@ -446,19 +469,15 @@ def withdraw(
     to: Annotated[
         str | None, typer.Option(help="send to this address (withdrawTo) instead of the wallet")
     ] = None,
-    token: Annotated[
-        str | None,
-        typer.Option(help="the currency: ETH (default), a listed token's symbol, or an address"),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON (wei as strings)")] = False,
+    token: TokenName = None,
+    as_json: AsJson = False,
     rpc_url: RpcUrl = None,
     deployment: DeploymentFile = None,
 ) -> None:
     """Send the wallet's whole escrow balance in ETH or --token (payouts, unstaked stake) to it
     or to --to."""
-    from agent.earnings import NothingToWithdrawError, token_named
+    from agent.earnings import NothingToWithdrawError
     from agent.earnings import withdraw as send_withdrawal
-    from gridmarket.token import ETH_TOKEN
     from gridmarket.wire import checksum
 
     setup_logging(_opts(ctx).verbose, default=logging.WARNING)
@@ -468,22 +487,14 @@ def withdraw(
         target = checksum(to) if to is not None else None
     except ValueError as exc:
         raise CliError(f"--to: {exc}") from None
-    with _chain_errors("reading the token"):
-        try:
-            currency = token_named(escrow, token) if token is not None else ETH_TOKEN
-        except ValueError as exc:
-            raise CliError(f"--token {exc}") from None
+    currency = _currency(escrow, token)
     account = _account(config)
     with _chain_errors("withdraw"):
         try:
             done = send_withdrawal(escrow, account, target, currency)
         except NothingToWithdrawError as exc:
             raise CliError(str(exc)) from None
-    if as_json:
-        typer.echo(json.dumps(done.to_json(), indent=2))
-    else:
-        for line in done.lines():
-            typer.echo(line)
+    _echo(done, as_json)
 
 
 @app.command()
@@ -505,11 +516,8 @@ def unstake(
             help="after the delay, move the pending unstake to the withdrawable balance",
         ),
     ] = False,
-    token: Annotated[
-        str | None,
-        typer.Option(help="the currency: ETH (default), a listed token's symbol, or an address"),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON (wei as strings)")] = False,
+    token: TokenName = None,
+    as_json: AsJson = False,
     rpc_url: RpcUrl = None,
     deployment: DeploymentFile = None,
 ) -> None:
@@ -523,9 +531,7 @@ def unstake(
         UnstakeRequest,
         complete_unstake,
         request_unstake,
-        token_named,
     )
-    from gridmarket.token import ETH_TOKEN
 
     setup_logging(_opts(ctx).verbose, default=logging.WARNING)
     if complete and amount is not None:
@@ -537,11 +543,7 @@ def unstake(
         )
     config = _config(ctx, rpc_url=rpc_url, deployment=deployment)
     escrow = _escrow(config)
-    with _chain_errors("reading the token"):
-        try:
-            currency = token_named(escrow, token) if token is not None else ETH_TOKEN
-        except ValueError as exc:
-            raise CliError(f"--token {exc}") from None
+    currency = _currency(escrow, token)
     account = _account(config)
     done: UnstakeRequest | UnstakeCompletion
     with _chain_errors("unstake"):
@@ -554,11 +556,7 @@ def unstake(
                     typer.echo(warning, err=True)
         except UnstakeError as exc:
             raise CliError(str(exc)) from None
-    if as_json:
-        typer.echo(json.dumps(done.to_json(), indent=2))
-    else:
-        for line in done.lines():
-            typer.echo(line)
+    _echo(done, as_json)
 
 
 @app.command()
