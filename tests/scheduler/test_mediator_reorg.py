@@ -13,6 +13,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -125,9 +126,23 @@ def open_tasks(med: Mediator, state: JobState) -> list[tuple[int, str]]:
     return [(t.attempt, t.kind) for t in med.state.pending_tasks() if t.job_id == state.job_id]
 
 
-def test_a_result_and_its_ruling_reorged_out_and_mined_again_are_not_ruled_twice(
-    chain: OwnChain, mediator: Mediator, ipfs_daemon: IpfsDaemon
-) -> None:
+@dataclass
+class Reorged:
+    """A result ruled wrong by the mediator, then reorged out with its ruling."""
+
+    client: EscrowClient
+    state: JobState
+    raw_result: HexBytes
+    raw_ruling: HexBytes
+    result_time: int  # the result's block time before the reorg
+
+
+def ruled_then_reorged(chain: OwnChain, mediator: Mediator, ipfs_daemon: IpfsDaemon) -> Reorged:
+    """An assigned job's result is posted, ruled wrong and folded; then a reorg back to before
+    the result drops both, and three blocks are mined before the result's time. The ruling
+    names the result's time (the job's ``since``), so the clock is set: the result 600 s after
+    the assignment, the filler blocks just after it (at wall-clock speed a loaded machine could
+    cross a second anywhere in between)."""
     client = chain.client()
     w3 = client.w3
     with IpfsStore(ipfs_daemon.api_addr) as ipfs:
@@ -135,30 +150,25 @@ def test_a_result_and_its_ruling_reorged_out_and_mined_again_are_not_ruled_twice
     state = assigned_job(chain, client, spec_cid)
     mediator.poll_once()
     before_result = rpc(w3, "evm_snapshot")
-
-    # The ruling names the result's time (the job's ``since``), so the result must be mined
-    # again at the same time for the old ruling to match: the test sets the clock (at wall-clock
-    # speed a loaded machine crosses a second between the two and the old ruling reverts; the
-    # next test covers that case).
     assign_time = w3.eth.get_block("latest")["timestamp"]
     result_time = assign_time + 600
     rpc(w3, "evm_setNextBlockTimestamp", result_time)
     state, sent = client.call_job(chain.providers[0], "submitResult", state, BAD_OUTPUT)
     assert w3.eth.get_block(sent.block)["timestamp"] == result_time
-    raw_result = raw_tx(client, sent.tx_hash)
     until(mediator, lambda: ruled(client, state) == [False], "the ruling")
     ruling = mediator.state.ruling(state.job_id, state.job.attempt)
     assert ruling is not None and ruling.tx_hash is not None
-    raw_ruling = raw_tx(client, ruling.tx_hash)
     until(
         mediator,
         lambda: getattr(mediator.state.ruling(state.job_id, 1), "outcome", "") == "confirmed",
         "the Ruled event folded",
     )
     assert same_as_chain(mediator, client, state).status is Status.FUNDED
+    reorged = Reorged(
+        client, state, raw_tx(client, sent.tx_hash), raw_tx(client, ruling.tx_hash),
+        result_time,
+    )  # fmt: skip
 
-    # the result and the ruling reorged out: the chain goes on without them (three blocks
-    # before the result's time)
     assert rpc(w3, "evm_revert", before_result)
     for k in (1, 2, 3):
         rpc(w3, "evm_setNextBlockTimestamp", assign_time + k)
@@ -169,24 +179,38 @@ def test_a_result_and_its_ruling_reorged_out_and_mined_again_are_not_ruled_twice
     assert mediator.state.ruling(state.job_id, 1) is None
     assert open_tasks(mediator, state) == []
     assert mediator.counters["reorgs"] == 1
+    return reorged
 
-    # the same two transactions mined again (as a node's pool would): folded back in, and the
-    # mediator sends nothing of its own (its check of the result finds the job ruled)
-    nonce = w3.eth.get_transaction_count(chain.mediator.address)
-    rpc(w3, "evm_setNextBlockTimestamp", result_time)
-    resend(client, raw_result)
-    assert w3.eth.get_block("latest")["timestamp"] == result_time
-    resend(client, raw_ruling)
+
+def ruled_again(mediator: Mediator, r: Reorged, what: str) -> None:
+    """Until the mediator holds a confirmed ruling of the result and owes nothing; one Ruled
+    event on the chain now, the job funded again."""
     until(
         mediator,
         lambda: (
-            getattr(mediator.state.ruling(state.job_id, 1), "outcome", "") == "confirmed"
-            and not open_tasks(mediator, state)
+            getattr(mediator.state.ruling(r.state.job_id, 1), "outcome", "") == "confirmed"
+            and not open_tasks(mediator, r.state)
         ),
-        "the same ruling folded back in",
+        what,
     )
-    assert same_as_chain(mediator, client, state).status is Status.FUNDED
-    assert ruled(client, state) == [False]
+    assert same_as_chain(mediator, r.client, r.state).status is Status.FUNDED
+    assert ruled(r.client, r.state) == [False]
+
+
+def test_a_result_and_its_ruling_reorged_out_and_mined_again_are_not_ruled_twice(
+    chain: OwnChain, mediator: Mediator, ipfs_daemon: IpfsDaemon
+) -> None:
+    r = ruled_then_reorged(chain, mediator, ipfs_daemon)
+    w3 = r.client.w3
+    # the same two transactions mined again in the same second (as a node's pool would):
+    # folded back in, and the mediator sends nothing of its own (its check of the result finds
+    # the job ruled)
+    nonce = w3.eth.get_transaction_count(chain.mediator.address)
+    rpc(w3, "evm_setNextBlockTimestamp", r.result_time)
+    resend(r.client, r.raw_result)
+    assert w3.eth.get_block("latest")["timestamp"] == r.result_time
+    resend(r.client, r.raw_ruling)
+    ruled_again(mediator, r, "the same ruling folded back in")
     assert w3.eth.get_transaction_count(chain.mediator.address) == nonce + 1  # the resent one
 
 
@@ -196,52 +220,16 @@ def test_a_result_mined_again_later_voids_the_old_ruling_and_is_ruled_again(
     """After the reorg the result is mined again a few seconds later (as on a real chain):
     its time is the job's new ``since``, so the old ruling, replayed, reverts (it names the old
     time) and the mediator decides the result again and sends one ruling of its own."""
-    client = chain.client()
-    w3 = client.w3
-    with IpfsStore(ipfs_daemon.api_addr) as ipfs:
-        spec_cid = ipfs.add_bytes(SPEC.to_bytes())
-    state = assigned_job(chain, client, spec_cid)
-    mediator.poll_once()
-    before_result = rpc(w3, "evm_snapshot")
-    assign_time = w3.eth.get_block("latest")["timestamp"]
-    rpc(w3, "evm_setNextBlockTimestamp", assign_time + 600)
-    state, sent = client.call_job(chain.providers[0], "submitResult", state, BAD_OUTPUT)
-    raw_result = raw_tx(client, sent.tx_hash)
-    until(mediator, lambda: ruled(client, state) == [False], "the ruling")
-    ruling = mediator.state.ruling(state.job_id, state.job.attempt)
-    assert ruling is not None and ruling.tx_hash is not None
-    raw_ruling = raw_tx(client, ruling.tx_hash)
-    until(
-        mediator,
-        lambda: getattr(mediator.state.ruling(state.job_id, 1), "outcome", "") == "confirmed",
-        "the Ruled event folded",
-    )
-
-    assert rpc(w3, "evm_revert", before_result)
-    for k in (1, 2, 3):
-        rpc(w3, "evm_setNextBlockTimestamp", assign_time + k)
-        rpc(w3, "evm_mine")
-    mediator.poll_once()
-    assert mediator.watcher.status().reorgs == 1
-    assert mediator.state.ruling(state.job_id, 1) is None
-
+    r = ruled_then_reorged(chain, mediator, ipfs_daemon)
+    w3 = r.client.w3
     nonce = w3.eth.get_transaction_count(chain.mediator.address)
-    rpc(w3, "evm_setNextBlockTimestamp", assign_time + 605)  # five seconds later than before
-    resend(client, raw_result)
-    replayed = client.w3.eth.wait_for_transaction_receipt(
-        client.w3.eth.send_raw_transaction(raw_ruling), timeout=10
+    rpc(w3, "evm_setNextBlockTimestamp", r.result_time + 5)  # five seconds later than before
+    resend(r.client, r.raw_result)
+    replayed = w3.eth.wait_for_transaction_receipt(
+        w3.eth.send_raw_transaction(r.raw_ruling), timeout=10
     )
     assert replayed["status"] == 0  # the old ruling names the old time: refused
-    until(
-        mediator,
-        lambda: (
-            getattr(mediator.state.ruling(state.job_id, 1), "outcome", "") == "confirmed"
-            and not open_tasks(mediator, state)
-        ),
-        "a new ruling of the result mined again",
-    )
-    assert same_as_chain(mediator, client, state).status is Status.FUNDED
-    assert ruled(client, state) == [False]
+    ruled_again(mediator, r, "a new ruling of the result mined again")
     # the replayed ruling (reverted) and the mediator's new one
     assert w3.eth.get_transaction_count(chain.mediator.address) == nonce + 2
 
