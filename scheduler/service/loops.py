@@ -388,7 +388,8 @@ class Verifier:
     (1, 2, 4 ... 30 s between tries), until ``verify_patience_s`` has passed since the first
     miss; only then is the attempt rejected as the node's fault. Every other bad verdict
     (invalid CID, too large, bytes that do not hash to the CID) is final at once. The misses
-    are counted in memory: a restarted scheduler starts the patience again."""
+    are counted in memory, per (job, attempt, output CID): a restarted scheduler starts the
+    patience again."""
 
     BACKOFF_MAX_S = 30.0
 
@@ -415,9 +416,13 @@ class Verifier:
             j.job_id: (j.job_id, j.attempt, j.output_cid or j.chain.output_cid or "")
             for j in waiting
         }
-        live = set(keys.values())
-        for key in [k for k in self._misses if k not in live]:
-            del self._misses[key]  # verified elsewhere, taken back, or no longer verifying
+        # A job outside this window may still be verifying (more than 64 wait, the deferred
+        # ones go to the back): its misses are kept, or its patience would start again each
+        # time it came back. Entries are forgotten only long after the patience (a job still
+        # verifying then was starved, not patient), which bounds the memory.
+        forget = max(10 * self.settings.verify_patience_s, 3600.0)
+        for key in [k for k, (first, _, _) in self._misses.items() if now - first > forget]:
+            del self._misses[key]
         jobs = [
             j for j in waiting if (m := self._misses.get(keys[j.job_id])) is None or m[2] <= now
         ][:4]
