@@ -111,6 +111,9 @@ class ClaimStore(JobStore):
             ).first()
             if slot is None:
                 continue
+            # the run starts when its slot is taken: after the round's `now`, the slot update
+            # may have waited for another transaction freeing it (a verdict on another replica)
+            taken = self.clock()
             # the attempt the escrow's next assign makes (the acceptance signs it); an offer
             # that is never accepted leaves the chain where it is, so the next offer of the
             # job has the same number
@@ -139,13 +142,13 @@ class ClaimStore(JobStore):
                     "attempt": attempt,
                     "node_id": claim.node_id,
                     "wallet": wallet,
-                    "started_at": now,
+                    "started_at": taken,
                     "detail": "",
                 }
             )
             new_audit.append(
                 {
-                    "ts": now,
+                    "ts": taken,
                     "entity": "job",
                     "entity_id": job.job_id,
                     "event": _TO,
