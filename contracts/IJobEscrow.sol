@@ -64,7 +64,7 @@ interface IJobEscrow {
         address mediator; // named by the submitter at funding: the only key that may rule
         uint96 collateral; // wei of the provider's stake locked while it holds this job
         uint40 disputedAt; // when the submitter disputed the pending result; zero otherwise
-        uint8 flags; // FLAG_ON_VERIFY: the operator may pay at once on its own check
+        uint8 flags; // FLAG_ON_VERIFY (operator pays at once), FLAG_SPOT, or the seat count
         address token; // what the job is paid in: zero for ETH, else an allow-listed ERC-20
     }
 
@@ -115,8 +115,9 @@ interface IJobEscrow {
         uint40 submittedAt,
         string outputCid
     );
-    /// @notice The submitter disputed the pending result, depositing `deposit`; the job's
-    ///         mediator rules on it.
+    /// @notice The submitter disputed the pending result, depositing `deposit` (or, for a spot
+    ///         job, the mediator opened a check of it, funded by the deposit locked at
+    ///         funding); the job's mediator rules on it.
     event ResultDisputed(
         bytes32 indexed jobId, address indexed provider, uint40 disputedAt, uint96 deposit
     );

@@ -22,6 +22,10 @@ import {IERC20Min, ProviderRegistry} from "./ProviderRegistry.sol";
 /// of the bounty, assigned to k providers; `resolve` pays the seats whose outputs agree in a
 /// strict majority of distinct providers and slashes the ones that disagree (no operator, no
 /// challenge window: the agreement is the check). Without a majority only the mediator rules.
+/// A spot job (`FLAG_SPOT`) locks a check deposit beside its bounty; its mediator may open a
+/// check of a result (`dispute`, sending nothing) on the attempts the submitter's hidden draw
+/// picked (committed in the job spec), and the deposit pays the re-run only if the result was
+/// right: a wrong one is slashed, and its collateral pays the re-run instead.
 /// A job is paid in ETH (`createJob`, `createReplicated`) or in an ERC-20 token the owner
 /// allow-listed (`createJobWith`); all of its money (bounty, fee, collateral, dispute deposit)
 /// is in that token, and balances are kept per account and token.
@@ -35,20 +39,29 @@ contract JobEscrow is ProviderRegistry {
     /// @notice Highest platform fee the owner can ever set: 20%.
     uint16 public constant MAX_FEE_BPS = 2000;
     /// @notice Longest accepted CID string (CIDv1 base32 sha2-256 is 59 characters).
-    uint256 public constant MAX_CID_LENGTH = 128;
+    uint256 internal constant MAX_CID_LENGTH = 128;
     /// @notice Job flag: the job's operator may pay a result at once on its own check
     ///         (`settle`, `release`); the submitter accepts that trust when funding.
     uint8 public constant FLAG_ON_VERIFY = 1;
+    /// @notice Job flag: a spot-checked job. Funding locks a check deposit (`depositOf`: the
+    ///         bounty) beside the bounty, so `createJob`'s value (a token job's amount) is twice
+    ///         the bounty. Within the challenge window the job's mediator (or the submitter) may
+    ///         open a check of the pending result with `dispute`, sending nothing: the deposit is
+    ///         already here. It pays the mediator's re-run if the result is upheld, stays locked
+    ///         for the next attempt if the result is ruled wrong, and goes back to the submitter
+    ///         whenever the job ends otherwise. Which attempts are checked is drawn by the
+    ///         submitter's client and committed in the job spec (docs/trust.md, "Spot checks").
+    uint8 internal constant FLAG_SPOT = 0x10;
     /// @notice Job flags bits 1..3: the number of seats of a replicated job (2..MAX_REPLICAS),
     ///         zero for a single job. Set only by `createReplicated`.
-    uint8 public constant FLAG_REPLICAS_MASK = 0x0e;
+    uint8 internal constant FLAG_REPLICAS_MASK = 0x0e;
     /// @notice Most seats a replicated job may have.
-    uint8 public constant MAX_REPLICAS = 5;
+    uint8 internal constant MAX_REPLICAS = 5;
     /// @notice EIP-712 type of a provider's result.
-    bytes32 public constant RESULT_TYPEHASH =
+    bytes32 internal constant RESULT_TYPEHASH =
         keccak256("Result(bytes32 jobId,uint16 attempt,string outputCid)");
     /// @notice EIP-712 type of a provider's acceptance of a job's terms for one assignment.
-    bytes32 public constant ACCEPTANCE_TYPEHASH = keccak256(
+    bytes32 internal constant ACCEPTANCE_TYPEHASH = keccak256(
         "Acceptance(bytes32 jobId,uint16 attempt,uint96 bounty,uint16 feeBps,uint40 deadline,"
         "uint96 collateral,address mediator,uint8 flags,address token)"
     );
@@ -203,11 +216,10 @@ contract JobEscrow is ProviderRegistry {
         uint96 collateral,
         uint8 flags
     ) external payable returns (bytes32 jobId) {
-        if (flags > FLAG_ON_VERIFY) revert JobEscrowBadFlags(flags);
         jobId = keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt));
         _fund(
             jobId,
-            _bountyOf(msg.value, 1, minBounty),
+            _bountyOf(_singleAmount(msg.value, flags), 1, minBounty),
             salt,
             specCid,
             deadline,
@@ -240,10 +252,9 @@ contract JobEscrow is ProviderRegistry {
         if (least == 0) revert JobEscrowTokenNotAllowed(token);
         id = keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt));
         if (replicas == 0) {
-            if (flags > FLAG_ON_VERIFY) revert JobEscrowBadFlags(flags);
             _fund(
                 id,
-                _bountyOf(amount, 1, least),
+                _bountyOf(_singleAmount(amount, flags), 1, least),
                 salt,
                 specCid,
                 deadline,
@@ -333,6 +344,18 @@ contract JobEscrow is ProviderRegistry {
             bytes32 seatId = keccak256(abi.encode(groupId, i));
             _fund(seatId, share, groupId, specCid, deadline, mediator, collateral, seatFlags, token);
         }
+    }
+
+    /// @dev The bounty of a single job funded with `amount` and `flags` (only `FLAG_ON_VERIFY`
+    ///      or `FLAG_SPOT`, not both): half the amount for a spot job, whose other half is the
+    ///      check deposit.
+    function _singleAmount(uint256 amount, uint8 flags) private pure returns (uint256) {
+        if (flags == FLAG_SPOT) {
+            if (amount % 2 != 0) revert JobEscrowBountyNotDivisible(amount, 2);
+            return amount / 2;
+        }
+        if (flags > FLAG_ON_VERIFY) revert JobEscrowBadFlags(flags);
+        return amount;
     }
 
     /// @dev The bounty (or one seat's share of it) checked against the bounds (`least`: the
@@ -440,18 +463,24 @@ contract JobEscrow is ProviderRegistry {
             revert JobEscrowNotAllowed(msg.sender);
         }
         _jobs[jobId] = _pack(_hashCalldata(job), Status.Released);
+        _returnCheckDeposit(jobId, job);
         _finishRelease(jobId, job);
     }
 
     /// @notice Dispute the pending result within the challenge window, depositing
     ///         `depositOf(job)` (ETH sent with the call for an ETH job; for a token job, pulled
-    ///         in the token, with no ETH sent): the job's mediator rules on it.
+    ///         in the token, with no ETH sent): the job's mediator rules on it. A spot job's
+    ///         deposit was locked at funding: its submitter or its mediator (a spot check) opens
+    ///         the dispute sending nothing.
     function dispute(bytes32 jobId, Job calldata job) external payable nonReentrant {
         _check(jobId, job, Status.Submitted);
-        if (msg.sender != job.submitter) revert JobEscrowNotSubmitter(msg.sender, job.submitter);
+        bool spot = job.flags & FLAG_SPOT != 0;
+        if (msg.sender != job.submitter && (!spot || msg.sender != job.mediator)) {
+            revert JobEscrowNotSubmitter(msg.sender, job.submitter);
+        }
         if (job.flags & FLAG_REPLICAS_MASK != 0) revert JobEscrowReplicated(jobId);
         uint96 deposit = depositOf(job);
-        uint256 sent = job.token == address(0) ? deposit : 0;
+        uint256 sent = job.token == address(0) && !spot ? deposit : 0;
         if (msg.value != sent) revert JobEscrowWrongDeposit(msg.value, sent);
         uint256 closesAt = uint256(job.since) + challengeWindow;
         if (block.timestamp >= closesAt) {
@@ -463,7 +492,7 @@ contract JobEscrow is ProviderRegistry {
             Status.Disputed
         );
         emit ResultDisputed(jobId, job.provider, nowTs, deposit);
-        if (sent == 0 && deposit != 0) _pull(job.token, deposit);
+        if (sent == 0 && !spot && deposit != 0) _pull(job.token, deposit);
     }
 
     // ================================================================ operator
@@ -589,6 +618,7 @@ contract JobEscrow is ProviderRegistry {
         if (upheld) {
             _jobs[jobId] = _pack(_hashCalldata(job), Status.Released);
             if (disputed) _creditEvent(jobId, job.mediator, job.token, deposit, "result upheld");
+            else _returnCheckDeposit(jobId, job);
             _finishRelease(jobId, job);
             return;
         }
@@ -598,7 +628,10 @@ contract JobEscrow is ProviderRegistry {
         uint96 toMediator;
         if (disputed) {
             toMediator = amount < deposit ? amount : deposit;
-            _creditEvent(jobId, job.submitter, job.token, deposit, "deposit returned");
+            // a spot job's check deposit stays locked for its next attempt
+            if (job.flags & FLAG_SPOT == 0) {
+                _creditEvent(jobId, job.submitter, job.token, deposit, "deposit returned");
+            }
         }
         _slashLocked(job.provider, job.token, amount);
         emit ProviderSlashed(job.provider, jobId, amount, job.submitter, toMediator);
@@ -697,6 +730,8 @@ contract JobEscrow is ProviderRegistry {
             _creditEvent(
                 jobId, job.submitter, job.token, depositOf(job), "deposit returned: no ruling"
             );
+        } else {
+            _returnCheckDeposit(jobId, job);
         }
         _finishRelease(jobId, job);
     }
@@ -874,12 +909,12 @@ contract JobEscrow is ProviderRegistry {
     ///         deposit comes back in full and the mediator takes at most the deposit's worth of
     ///         the slashed collateral, the rest going to the submitter (`rule`).
     function depositOf(Job calldata job) public view returns (uint96) {
-        uint96 floor = job.token == address(0) ? disputeDeposit : 0;
+        uint96 floor = job.token == address(0) && job.flags & FLAG_SPOT == 0 ? disputeDeposit : 0;
         return job.bounty < floor ? floor : job.bounty;
     }
 
     /// @notice The least collateral a job with this bounty may ask for.
-    function minCollateral(uint256 bounty) public view returns (uint256) {
+    function minCollateral(uint256 bounty) internal view returns (uint256) {
         return (bounty * minCollateralBps) / 10_000;
     }
 
@@ -890,7 +925,7 @@ contract JobEscrow is ProviderRegistry {
 
     /// @notice The EIP-712 digest a provider signs to have `outputCid` relayed for `jobId`.
     function resultDigest(bytes32 jobId, uint16 attempt, string calldata outputCid)
-        public
+        internal
         view
         returns (bytes32)
     {
@@ -901,7 +936,7 @@ contract JobEscrow is ProviderRegistry {
 
     /// @notice The EIP-712 digest a provider signs to accept the next assignment of `jobId`
     ///         (attempt `job.attempt + 1`) on the terms in `job`.
-    function acceptanceDigest(bytes32 jobId, Job calldata job) public view returns (bytes32) {
+    function acceptanceDigest(bytes32 jobId, Job calldata job) internal view returns (bytes32) {
         bytes32 structHash = keccak256(
             abi.encode(
                 ACCEPTANCE_TYPEHASH,
@@ -1053,6 +1088,14 @@ contract JobEscrow is ProviderRegistry {
         _jobs[jobId] = _pack(_hashCalldata(job), Status.Refunded);
         _credit(job.submitter, job.token, job.bounty);
         emit JobRefunded(jobId, job.submitter, job.bounty);
+        _returnCheckDeposit(jobId, job);
+    }
+
+    /// @dev A spot job ending without a dispute it funds: its check deposit goes back.
+    function _returnCheckDeposit(bytes32 jobId, Job calldata job) private {
+        if (job.flags & FLAG_SPOT != 0) {
+            _creditEvent(jobId, job.submitter, job.token, job.bounty, "check deposit returned");
+        }
     }
 
     function _creditEvent(

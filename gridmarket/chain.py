@@ -38,6 +38,7 @@ from gridmarket.escrow import (
     apply_event,
     decode_prose,
     decode_text,
+    min_collateral,
 )
 from gridmarket.token import TokenClient
 
@@ -107,6 +108,7 @@ class EscrowClient:
         }
         self._nonces: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._min_collateral_bps: int | None = None
         self.undecodable_logs = 0
         """Logs of the escrow that could not be decoded at all and were skipped (each logged)."""
 
@@ -287,7 +289,7 @@ class EscrowClient:
         (:meth:`fund_in_token`); ``bounty`` is then in the token's units."""
         t = terms or self.default_terms(bounty, submitter.address)
         if t.token != ZERO_ADDRESS:
-            sent = self.fund_in_token(submitter, salt, spec_cid, deadline, bounty, t, 0)
+            sent = self.fund_in_token(submitter, salt, spec_cid, deadline, t.funding(bounty), t, 0)
         else:
             sent = self.send(
                 submitter,
@@ -298,7 +300,7 @@ class EscrowClient:
                 t.mediator,
                 t.collateral,
                 t.flags,
-                value=bounty,
+                value=t.funding(bounty),
             )
         (created,) = [e for e in sent.events if e.name == "JobCreated"]
         return apply_event(None, created.name, created.args), sent
@@ -414,12 +416,20 @@ class EscrowClient:
         mediator = self.deployment.params.get("mediator") or submitter
         return Terms(
             mediator=to_checksum_address(mediator),
-            collateral=int(self.call("minCollateral", bounty)),
+            collateral=self.min_collateral(bounty),
             flags=FLAG_ON_VERIFY if on_verify else 0,
             token=to_checksum_address(token),
         )
 
     # ------------------------------------------------------------------ reads
+    def min_collateral(self, bounty: int) -> int:
+        """The least collateral the escrow accepts for a job with this bounty (``minCollateral``
+        computed from the deployment's immutable ``minCollateralBps``, read once)."""
+        bps = self._min_collateral_bps
+        if bps is None:
+            bps = self._min_collateral_bps = int(self.call("minCollateralBps"))
+        return min_collateral(bounty, bps)
+
     def balance_of(self, account: str, token: str = ZERO_ADDRESS) -> int:
         """Withdrawable balance of ``account`` in ``token`` (zero: ETH)."""
         if token == ZERO_ADDRESS:

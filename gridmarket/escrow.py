@@ -34,6 +34,9 @@ JOB_ABI_TYPES = (
 )
 FLAG_ON_VERIFY = 1
 """JobEscrow.FLAG_ON_VERIFY: the job's operator may pay a result at once on its own check."""
+FLAG_SPOT = 0x10
+"""JobEscrow.FLAG_SPOT: a spot-checked job; funding locks a check deposit (the bounty) beside the
+bounty, and the job's mediator may open a check of a result (``dispute``) sending nothing."""
 FLAG_REPLICAS_MASK = 0x0E
 """JobEscrow.FLAG_REPLICAS_MASK: flags bits 1..3 hold a replicated job's seat count (0: single)."""
 MAX_REPLICAS = 5
@@ -243,6 +246,15 @@ class Terms:
     def on_verify(self) -> bool:
         return bool(self.flags & FLAG_ON_VERIFY)
 
+    @property
+    def spot(self) -> bool:
+        return bool(self.flags & FLAG_SPOT)
+
+    def funding(self, bounty: int) -> int:
+        """What funding a job with this bounty sends (or pulls, in a token): the bounty, and for
+        a spot job as much again, its check deposit."""
+        return 2 * bounty if self.spot else bounty
+
 
 def cid_digest(cid: str) -> bytes:
     """The on-chain digest of a CID string: keccak256 of its UTF-8 bytes."""
@@ -274,14 +286,29 @@ def seat_ids(group_id: bytes, replicas: int) -> list[bytes]:
     return [keccak(encode(["bytes32", "uint256"], [group_id, i])) for i in range(replicas)]
 
 
-def deposit_of(bounty: int, token: str, floor: int) -> int:
+def deposit_of(bounty: int, token: str, floor: int, flags: int = 0) -> int:
     """What disputing a job's result deposits, ``JobEscrow.depositOf`` mirrored: the job's
     ``bounty`` (the price of the mediator's re-run, which is funded at the job's own bounty),
-    in its ``token``; for an ETH job (``token`` the zero address) at least ``floor``, the
-    escrow's ``disputeDeposit`` wei. Whoever the ruling finds wrong pays the re-run."""
-    if int(token, 16) != 0:
+    in its ``token``; for an ETH job (``token`` the zero address) that is not a spot job at
+    least ``floor``, the escrow's ``disputeDeposit`` wei. Whoever the ruling finds wrong pays the
+    re-run. A spot job's deposit (its bounty) was locked at funding: see :func:`dispute_value`."""
+    if int(token, 16) != 0 or flags & FLAG_SPOT:
         return bounty
     return max(bounty, floor)
+
+
+def dispute_value(bounty: int, token: str, floor: int, flags: int = 0) -> int:
+    """The ETH a ``dispute`` call sends: the deposit for an ETH job, nothing for a token job
+    (the deposit is pulled in the token) or a spot job (it was locked at funding)."""
+    if int(token, 16) != 0 or flags & FLAG_SPOT:
+        return 0
+    return deposit_of(bounty, token, floor, flags)
+
+
+def min_collateral(bounty: int, min_collateral_bps: int) -> int:
+    """``JobEscrow``'s least collateral for a job with this bounty:
+    ``bounty * minCollateralBps / 10_000``, rounded down."""
+    return bounty * min_collateral_bps // 10_000
 
 
 def commitment(job: Job, status: Status) -> int:

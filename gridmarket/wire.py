@@ -97,6 +97,8 @@ class API:
     ACCEPT = "/v1/nodes/{node_id}/jobs/{job_id}/accept"
     JOBS = "/v1/jobs"
     JOB = "/v1/jobs/{job_id}"
+    SPOT = "/v1/jobs/{job_id}/spot"
+    """A spot job's policy and, once it is settled, its revealed seed (GET); POST a reveal."""
     QUOTE = "/v1/quote"
     METRICS = "/metrics"
     HEALTH = "/healthz"
@@ -191,6 +193,56 @@ class JobLimits(BaseModel):
     pids: int = Field(256, ge=8, le=65536)
 
 
+class SpotCheck(BaseModel):
+    """A spot-checked job's policy and hidden draw (:mod:`gridmarket.spot`, docs/trust.md): each
+    attempt is re-run by a second provider with probability ``p_bps`` / 10,000; which attempts
+    are drawn is fixed by a seed the submitter committed to (``commit``) and sealed to the
+    job's mediator (``sealed``), revealed once the job is settled. The on-chain job must carry
+    ``FLAG_SPOT`` (a check deposit of its bounty) and a collateral of at least
+    :func:`gridmarket.spot.min_collateral`."""
+
+    model_config = _strict()
+
+    p_bps: int = Field(ge=1, le=10_000)
+    commit: HexBytes32
+    sealed: Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{186}$")]
+
+    @property
+    def commit_bytes(self) -> bytes:
+        return bytes.fromhex(self.commit[2:])
+
+    @property
+    def sealed_bytes(self) -> bytes:
+        return bytes.fromhex(self.sealed[2:])
+
+
+class SpotReveal(BaseModel):
+    """``POST API.SPOT``: the seed of a settled spot job (anyone holding it may post it: the
+    submitter's client or the mediator). The scheduler checks it against the spec's commitment
+    and refuses it while the job can still be assigned again (a seed seen early would tell the
+    next provider whether its attempt is checked)."""
+
+    model_config = _strict()
+
+    seed: HexBytes32
+
+
+class SpotStatus(BaseModel):
+    """``GET API.SPOT``: a spot job's policy from its spec, and once revealed the seed and the
+    attempts it draws for a check (recomputable by anyone: :func:`gridmarket.spot.checked`)."""
+
+    model_config = _strict()
+
+    job_id: HexBytes32
+    p_bps: int = Field(ge=1, le=10_000)
+    commit: HexBytes32
+    attempts: int = Field(ge=0, lt=2**16)
+    """Assignments the job has had (the on-chain ``attempt``)."""
+    seed: HexBytes32 | None = None
+    checked_attempts: list[int] | None = None
+    """The attempts the revealed seed draws for a check (None until revealed)."""
+
+
 class JobSpec(BaseModel):
     """A job as the submitter specifies it (the JSON document whose CID goes on-chain).
 
@@ -226,6 +278,8 @@ class JobSpec(BaseModel):
     """Provider wallets that may not take the job (the mediator's re-run excludes the disputed
     provider and the disputing submitter). The scheduler honours it when it matches and when
     a node accepts; the escrow does not know of it."""
+    spot: SpotCheck | None = None
+    """Spot checks (:class:`SpotCheck`); only a comparable job may ask for them."""
 
     @field_validator("module_cid", "dataset_cid")
     @classmethod
@@ -267,6 +321,11 @@ class JobSpec(BaseModel):
                 f"a deterministic docker job must pin its image by digest "
                 f"(name@sha256:<64 hex>), not {self.image!r}"
             )
+        if self.spot is not None and not self.comparable:
+            raise ValueError(
+                "spot checks need a job whose honest runs agree: a wasm job, or a docker job "
+                "that declares deterministic (image pinned by digest)"
+            )
         return self
 
     @property
@@ -285,7 +344,7 @@ class JobSpec(BaseModel):
         body = self.model_dump(mode="json")
         # the fields added later are left out while unset, so a spec that does not use them
         # has the bytes (and the CID) it had before they existed
-        for key, unset in (("deterministic", False), ("exclude_providers", [])):
+        for key, unset in (("deterministic", False), ("exclude_providers", []), ("spot", None)):
             if body.get(key) == unset:
                 del body[key]
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()

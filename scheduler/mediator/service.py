@@ -752,7 +752,7 @@ class Mediator:
         if int(self.client.call("statusOf", rerun.rerun_id)) == Status.NONE:
             terms = Terms(
                 mediator=self.address,
-                collateral=int(self.client.call("minCollateral", rerun.bounty)),
+                collateral=self.client.min_collateral(rerun.bounty),
                 flags=0,
                 token=state.job.token,
             )

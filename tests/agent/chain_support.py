@@ -96,7 +96,7 @@ class Chain:
         return Terms(mediator=self.submitter.address, collateral=self.min_collateral(bounty))
 
     def min_collateral(self, bounty: int) -> int:
-        return int(self.escrow.call("minCollateral", bounty))
+        return self.escrow.min_collateral(bounty)
 
     def assign(self, state: JobState, provider: LocalAccount) -> JobState:
         """The provider's signed acceptance, then the operator's ``assign``."""

@@ -16,7 +16,7 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
 from gridmarket.eip712 import sign_acceptance, sign_result
-from gridmarket.escrow import FLAG_ON_VERIFY, JOB_EVENTS, JobState, apply_event
+from gridmarket.escrow import FLAG_ON_VERIFY, FLAG_SPOT, JOB_EVENTS, JobState, apply_event
 
 SPEC = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
 OUTPUT = "bafybeigdyrzt5sfp7udm7hu76uh7y26nf3efuylqabf3oclgtqy55fbzdi"
@@ -183,7 +183,7 @@ class Book:
             bounty * MIN_COLLATERAL_BPS // 10_000 if collateral is None else collateral,
             flags,
             sender=submitter,
-            value=bounty,
+            value=2 * bounty if flags & FLAG_SPOT else bounty,  # a spot job: bounty + deposit
         )
         return self.fold(None, receipt)
 

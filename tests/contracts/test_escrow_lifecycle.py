@@ -16,6 +16,7 @@ from eth_utils.crypto import keccak
 from gridmarket.eip712 import (
     recover_acceptance_signer,
     recover_result_signer,
+    result_typed_data,
     sign_acceptance,
     sign_result,
 )
@@ -76,7 +77,6 @@ def test_deploy_sets_everything(
     assert escrow.mediationWindow() == MEDIATION_WINDOW
     assert escrow.reassignDelay() == REASSIGN_DELAY
     assert escrow.isListedMediator(mediator) and not escrow.isListedMediator(operator)
-    assert escrow.minCollateral(BOUNTY) == BOUNTY
     assert escrow.FLAG_ON_VERIFY() == ON_VERIFY and escrow.MAX_FEE_BPS() == 2000
 
 
@@ -241,16 +241,21 @@ def test_assign_locks_collateral_and_counts_the_attempt(
     assert escrow.freeCollateralOf(provider) == STAKE - BOUNTY
 
 
-def test_acceptance_digest_matches_python(
-    book: Book, escrow: Any, chain: Any, funded: Any, provider: Any
+def test_acceptance_signed_in_python_is_what_assign_recovers(
+    book: Book, escrow: Any, chain: Any, funded: Any, provider: Any, stranger: Any
 ) -> None:
+    """The contract no longer exposes its digests (EIP-170 room for spot checks): the Python
+    EIP-712 code is checked against what ``assign`` recovers, the contract's own digest."""
     sig = book.accept(provider, funded)
-    digest = bytes(escrow.acceptanceDigest(funded.job_id, funded.job.as_tuple()))
-    assert Account._recover_hash(digest, signature=sig) == provider.address
     assert (
         recover_acceptance_signer(sig, chain.chain_id, escrow.address, funded.job_id, 1, funded.job)
         == provider.address
     )
+    # the same signature names another signer for other terms, so assign refuses it ...
+    with ape.reverts(escrow.JobEscrowBadSignature):
+        book.assign(funded, stranger, sig=sig)
+    # ... and is accepted for these
+    book.assign(funded, provider, sig=sig)
 
 
 def test_assign_by_non_operator_reverts(
@@ -1113,12 +1118,18 @@ def test_set_mediator(
 
 # ------------------------------------------------------------------------- views
 def test_eip712_domain_matches_python(escrow: Any, chain: Any) -> None:
+    from eth_account.messages import encode_typed_data
+
     signer = Account.create()
     jid = os.urandom(32)
+    typed = result_typed_data(chain.chain_id, escrow.address, jid, 7, OUTPUT)
+    message = encode_typed_data(full_message=typed)
+    # the domain separator Python signs under is the contract's
+    assert bytes(escrow.domainSeparator()) == bytes(message.header)
     sig = sign_result(signer, chain.chain_id, escrow.address, jid, 7, OUTPUT)
-    digest = bytes(escrow.resultDigest(jid, 7, OUTPUT))
-    assert Account._recover_hash(digest, signature=sig) == signer.address
-    assert len(bytes(escrow.domainSeparator())) == 32
+    assert recover_result_signer(sig, chain.chain_id, escrow.address, jid, 7, OUTPUT) == (
+        signer.address
+    )
 
 
 def test_acceptance_for_another_contract_is_refused(
