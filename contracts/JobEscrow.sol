@@ -914,7 +914,7 @@ contract JobEscrow is ProviderRegistry {
     }
 
     /// @notice The least collateral a job with this bounty may ask for.
-    function minCollateral(uint256 bounty) internal view returns (uint256) {
+    function minCollateral(uint256 bounty) public view returns (uint256) {
         return (bounty * minCollateralBps) / 10_000;
     }
 

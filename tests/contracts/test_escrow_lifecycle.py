@@ -77,6 +77,7 @@ def test_deploy_sets_everything(
     assert escrow.mediationWindow() == MEDIATION_WINDOW
     assert escrow.reassignDelay() == REASSIGN_DELAY
     assert escrow.isListedMediator(mediator) and not escrow.isListedMediator(operator)
+    assert escrow.minCollateral(BOUNTY) == BOUNTY
     assert escrow.FLAG_ON_VERIFY() == ON_VERIFY and escrow.MAX_FEE_BPS() == 2000
 
 
