@@ -134,7 +134,7 @@ def test_cli_spot_job_sealed_funded_checked_disputed_and_revealed(
     assert "deposit  0.002 ETH" in disputed.stdout
     sent_tx = re.search(r"tx (0x[0-9a-f]{64})", disputed.stdout)
     assert sent_tx is not None, disputed.stdout
-    assert stack.escrow.w3.eth.get_transaction(sent_tx[1])["value"] == 0
+    assert stack.escrow.w3.eth.get_transaction(sent_tx[1])["value"] == 0  # type: ignore[arg-type]
     stack.rule_by_hand(job_id, upheld=True)
     view = stack.wait_chain(job_id, "released")
     states = [a["state"] for a in view["spot"]["attempts"]]
