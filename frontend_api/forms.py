@@ -75,8 +75,8 @@ def parse_policy(value: object) -> Policy:
     match = _REPLICATE.match(text)
     if match is None:
         raise ValueError(
-            f"verification: {value!r} is not integrity, replicate:k (k = 2..{MAX_REPLICAS}) "
-            "or spot:p (0 < p <= 1, e.g. spot:0.1)"
+            f"verification: {value!r} is not integrity or replicate:k (k = 2..{MAX_REPLICAS}), "
+            "nor spot:p (0 < p <= 1, e.g. spot:0.1)"
         )
     k = int(match.group(1))
     if not 2 <= k <= MAX_REPLICAS:

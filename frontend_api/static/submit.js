@@ -172,7 +172,7 @@
         + "returned to you unless a check upholds the result (it then pays the mediator's re-run). "
         + `Each attempt is re-run by a second provider with probability ${pText}: expected compute 1 + ${pText} runs `
         + `(expected cost ${fmt(expected)} with an honest provider). The provider locks ${fmt(collateral)} of collateral: `
-        + `cheating is unprofitable when it exceeds bounty × (1 − p) / p = ${fmt(total)} × ${ratio}.`;
+        + `cheating is unprofitable when it exceeds bounty x (1 - p) / p = ${fmt(total)} x ${ratio}.`;
       return;
     }
     if (!replicated) {
@@ -199,7 +199,7 @@
         : seats() > 1
           ? `Each of the ${seats()} providers locks at least ${shown} of collateral (its seat's share of the bounty).`
           : spotBps()
-            ? `The provider locks at least ${shown} of collateral for a bounty of ${fmt(toUnits($("bounty").value))} (spot checks: above bounty × (1 − p) / p).`
+            ? `The provider locks at least ${shown} of collateral for a bounty of ${fmt(toUnits($("bounty").value))} (spot checks: above bounty x (1 - p) / p).`
             : `The provider locks at least ${shown} of collateral for a bounty of ${fmt(toUnits($("bounty").value))}.`;
     }
     showVerification();
