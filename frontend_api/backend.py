@@ -448,15 +448,15 @@ class Backend:
     async def spot_section(
         self, state: JobState, events: list[ChainEvent]
     ) -> dict[str, Any] | None:
-        """A spot job's section (:func:`frontend_api.spotcheck.spot_view`); None for another
-        job. Its spec comes from IPFS (cached); the reveal from the scheduler once the job is
+        """A spot job's section (:func:`frontend_api.spotcheck.spot_view`); None for a job not
+        funded with ``FLAG_SPOT``. Its spec comes from IPFS (cached); the reveal from the scheduler once the job is
         settled (its errors shown, never fatal: the page renders from the chain alone)."""
         from .spotcheck import spot_view
 
         flagged = bool(state.job.flags & FLAG_SPOT)
-        spec = await asyncio.to_thread(self.spec_of, state.spec_cid) if state.spec_cid else None
-        if not flagged and not (spec or {}).get("spot"):
+        if not flagged:  # (a spec's `spot` without the flag was funded as a plain job)
             return None
+        spec = await asyncio.to_thread(self.spec_of, state.spec_cid) if state.spec_cid else None
         senders: dict[str, str] = {}
         for e in events:
             if e.name == "ResultDisputed":
