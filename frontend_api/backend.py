@@ -449,8 +449,9 @@ class Backend:
         self, state: JobState, events: list[ChainEvent]
     ) -> dict[str, Any] | None:
         """A spot job's section (:func:`frontend_api.spotcheck.spot_view`); None for a job not
-        funded with ``FLAG_SPOT``. Its spec comes from IPFS (cached); the reveal from the scheduler once the job is
-        settled (its errors shown, never fatal: the page renders from the chain alone)."""
+        funded with ``FLAG_SPOT``. Its spec comes from IPFS (cached); the reveal from the
+        scheduler once the job is settled (its errors shown, never fatal: the page renders from
+        the chain alone)."""
         from .spotcheck import spot_view
 
         flagged = bool(state.job.flags & FLAG_SPOT)
