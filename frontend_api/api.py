@@ -18,10 +18,10 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
-from gridmarket.escrow import MAX_REPLICAS, ZERO_ADDRESS, Terms, seat_ids
+from gridmarket.escrow import FLAG_SPOT, MAX_REPLICAS, ZERO_ADDRESS, Terms, seat_ids
 from gridmarket.escrow import job_id as compute_job_id
 from gridmarket.tiers import REGIONS, TIERS
-from gridmarket.wire import QuoteRequest
+from gridmarket.wire import QuoteRequest, SpotReveal
 
 from .backend import ON_VERIFY_TRUST, Backend, dumps
 from .currency import ETH_CURRENCY, Currency
@@ -37,9 +37,10 @@ from .forms import (
     check_job,
     check_quote,
     field_error,
-    min_collateral,
-    parse_verification,
+    least_collateral,
+    parse_policy,
     quote_fits,
+    spot_p,
     verification_name,
 )
 from .records import NotFoundError, Payout, hexstr
@@ -269,6 +270,53 @@ async def job(job_id: str, b: BackendDep) -> dict[str, Any]:
     return await b.job_view(jid)
 
 
+@router.get("/jobs/{job_id}/spot")
+async def job_spot(job_id: str, b: BackendDep) -> dict[str, Any]:
+    """A spot job's checks: p and the commitment from its spec, each attempt's check state from
+    the chain, and once it is settled the seed the scheduler holds, verified here against the
+    commitment, with the attempts it draws. 404 for a job that is not a spot job."""
+    jid = _job_id(job_id)
+    await b.refresh()
+    found = b.chain_job(jid)
+    if found is None:
+        raise NotFoundError(f"no job {jid} on escrow {b.escrow.address}")
+    section = await b.spot_section(*found)
+    if section is None:
+        raise NotFoundError(f"job {jid} is not spot-checked")
+    return {"job_id": jid, **section}
+
+
+@router.post("/jobs/{job_id}/spot")
+async def reveal_spot(job_id: str, body: SpotReveal, b: BackendDep) -> dict[str, Any]:
+    """Reveal a settled spot job's seed: checked here against the commitment in the job's spec,
+    then posted to the scheduler (``POST /v1/jobs/{job_id}/spot``), whose refusal passes
+    through (409 while the job can still be assigned again)."""
+    from gridmarket.spot import verify_reveal
+
+    from .spotcheck import parse_spot
+
+    jid = _job_id(job_id)
+    await b.refresh()
+    found = b.chain_job(jid)
+    if found is None:
+        raise NotFoundError(f"no job {jid} on escrow {b.escrow.address}")
+    state, _ = found
+    spec = await asyncio.to_thread(b.spec_of, state.spec_cid)
+    check, problem = parse_spot(spec)
+    if check is None:
+        raise FieldError(
+            "job_id", problem or f"job {jid}'s spec carries no spot commitment (or is unreadable)"
+        )
+    if not verify_reveal(bytes.fromhex(body.seed[2:]), check.commit_bytes):
+        raise FieldError("seed", f"this seed does not open job {jid}'s commitment {check.commit}")
+    try:
+        answer = await b.scheduler.reveal_spot(jid, body.seed)
+    except SchedulerError as exc:
+        status = exc.status if 400 <= exc.status < 500 else 502
+        raise HTTPException(status, str(exc)) from None
+    return {"job_id": jid, "revealed": True, "scheduler": answer}
+
+
 @router.get("/jobs/{job_id}/stream")
 async def job_stream(job_id: str, request: Request, b: BackendDep) -> StreamingResponse:
     """Server-sent events: ``job`` with the job's view (and its live HTML fragment) each time it
@@ -418,7 +466,7 @@ async def terms(
     verification choice means."""
     sub = _address(submitter, "submitter")
     try:
-        replicas = parse_verification(verification)
+        policy = parse_policy(verification)
     except ValueError as exc:
         raise field_error(exc, "verification") from None
     bounty: int | None = None
@@ -433,7 +481,7 @@ async def terms(
         raise FieldError("bounty_wei", "the bounty cannot be negative")
     await b.refresh()
     params = b.params
-    return terms_body(b, params, bounty, sub, replicas)
+    return terms_body(b, params, bounty, sub, policy.replicas, policy.spot_bps)
 
 
 VERIFICATIONS = {
@@ -446,6 +494,15 @@ VERIFICATIONS = {
         "whose outputs agree in a strict majority and slashes the collateral of the others. "
         "You pay k runs; a majority of colluding providers can still agree on a wrong output."
     ),
+    "spot": (
+        "One provider runs the job; each attempt is re-run by a second provider (the "
+        "mediator's check) with probability p, drawn from a seed committed in the job spec and "
+        "sealed to the mediator, so the provider cannot know whether its attempt is checked. "
+        "You fund twice the bounty: the second half is a check deposit, returned unless a "
+        "check upholds the result (it then pays the re-run); expected compute 1 + p runs. "
+        "The provider locks collateral above bounty x (1 - p) / p, so that skipping the work "
+        "loses money in expectation. Needs a WASM job or a deterministic Docker job."
+    ),
 }
 """What each verification choice means, as the submit page and the CLI say it."""
 
@@ -456,18 +513,30 @@ def terms_body(
     bounty: int | None,
     submitter: str | None,
     replicas: int = 0,
+    spot_bps: int = 0,
 ) -> dict[str, Any]:
+    from gridmarket.escrow import FLAG_SPOT
+
+    from .spotcheck import spot_price
+
     window = int(params.get("challenge_window", 0))
     share = None if bounty is None else bounty // (replicas or 1)
     floor = int(params.get("dispute_deposit", 0))
+    flags = FLAG_SPOT if spot_bps else 0
+    least = None if share is None else least_collateral(share, params, spot_bps)
+    spot = None
+    if spot_bps and bounty is not None and least is not None:
+        spot = spot_price(bounty, least, spot_bps, params, b.currency(ZERO_ADDRESS).fmt)
     return {
         "mediator": b.default_mediator(submitter),
         "mediators": b.index.mediators(),
         "operator": params.get("operator"),
         "min_collateral_bps": int(params.get("min_collateral_bps", 10_000)),
-        "min_collateral_wei": None if share is None else str(min_collateral(share, params)),
-        "verification": verification_name(replicas),
+        "min_collateral_wei": None if least is None else str(least),
+        "verification": verification_name(replicas, spot_bps),
         "replicas": replicas,
+        "spot": spot,
+        "mediator_pubkey": params.get("mediator_pubkey"),
         "max_replicas": MAX_REPLICAS,
         "share_wei": None if share is None else str(share),
         "verifications": VERIFICATIONS,
@@ -475,7 +544,9 @@ def terms_body(
         # an ETH job's deposit is its bounty, at least the floor (JobEscrow.depositOf); a
         # replicated job's seats cannot be disputed
         "dispute_deposit_wei": (
-            None if replicas else str(floor if bounty is None else b.deposit_for(bounty))
+            None
+            if replicas
+            else str(floor if bounty is None else b.deposit_for(bounty, ZERO_ADDRESS, flags))
         ),
         "dispute_deposit_floor_wei": str(floor),
         "mediation_window_s": int(params.get("mediation_window", 0)),
@@ -541,6 +612,8 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
         flags=checked.flags,
         token=checked.token,
     )
+    # (a spot job's spec carries its commitment and sealed seed, never the seed: whoever drew
+    # it, the CLI or check_job, keeps it or forgot it; nothing here logs the spec)
     fields = {
         "collateral": checked.collateral_field,
         "bounty": checked.bounty_field,
@@ -600,6 +673,8 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
         "spec": checked.spec.model_dump(mode="json"),
         "salt": hexstr(checked.salt),
         "bounty_wei": str(checked.bounty_wei),
+        "funding_wei": str(checked.funding_wei),
+        "spot": spot_summary(checked),
         "deadline": checked.deadline,
         "terms": {
             "mediator": checked.mediator,
@@ -610,12 +685,26 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
         },
         "challenge_window_s": int(params.get("challenge_window", 0)),
         # what disputing its result would deposit (JobEscrow.depositOf): the bounty, for an
-        # ETH job at least the escrow's floor; a replicated job's seats cannot be disputed
+        # ETH job at least the escrow's floor (a spot job's was locked at funding); a
+        # replicated job's seats cannot be disputed
         "dispute_deposit_wei": (
-            None if k else str(b.deposit_for(checked.bounty_wei, currency.address))
+            None if k else str(b.deposit_for(checked.bounty_wei, currency.address, checked.flags))
         ),
         "tx": tx,
         "job_url": f"/jobs/{seats[0] if seats else jid}",
+    }
+
+
+def spot_summary(checked: CheckedJob) -> dict[str, Any] | None:
+    """A spot job's policy as prepared: p, the commitment its spec carries, the check deposit
+    (never the seed)."""
+    if not checked.spot_bps:
+        return None
+    return {
+        "p": spot_p(checked.spot_bps),
+        "p_bps": checked.spot_bps,
+        "commit": checked.spec.spot.commit if checked.spec.spot else None,
+        "check_deposit_wei": str(checked.bounty_wei),
     }
 
 
@@ -633,7 +722,7 @@ def fund_in_token(
     ``multicall([permitToken, createJobWith])``; with the allowance already there:
     ``createJobWith``; else no ``tx`` yet, and ``funding`` says what to sign first: the
     permit's typed data (``permit``) or, for a wallet without typed data, ``approve_tx``."""
-    amount = checked.bounty_wei
+    amount = checked.funding_wei  # a spot job's check deposit is pulled with its bounty
     balance, allowance = b.txs.token_state(currency.address, checked.sender)
     funding: dict[str, Any] = {
         "method": "createJobWith",
@@ -648,8 +737,9 @@ def fund_in_token(
     if balance < amount:
         raise FieldError(
             checked.bounty_field,
-            f"{checked.sender} holds {currency.fmt(balance)}, less than the bounty "
-            f"{currency.fmt(amount)}: nothing was funded",
+            f"{checked.sender} holds {currency.fmt(balance)}, less than the "
+            + ("bounty and check deposit " if checked.spot_bps else "bounty ")
+            + f"{currency.fmt(amount)}: nothing was funded",
         )
     permit = None
     if req.permit is not None:
@@ -657,7 +747,7 @@ def fund_in_token(
         if value < amount:
             raise FieldError(
                 "permit.value",
-                f"the permit allows {currency.fmt(value)}, less than the bounty "
+                f"the permit allows {currency.fmt(value)}, less than the funding "
                 f"{currency.fmt(amount)}",
             )
         permit = (value, req.permit.deadline, v, r, s_)
@@ -693,6 +783,13 @@ def price_view(
     share = checked.share_wei
     fee_bps = int(params.get("fee_bps", 0))
     money = (currency or ETH_CURRENCY).fmt
+    spot = None
+    if checked.spot_bps:
+        from .spotcheck import spot_price
+
+        spot = spot_price(
+            checked.bounty_wei, checked.collateral_wei, checked.spot_bps, params, money
+        )
     return {
         "verification": checked.verification,
         "runs": runs,
@@ -701,8 +798,12 @@ def price_view(
         "fee_bps": fee_bps,
         "payout_per_seat_wei": str(share - share * fee_bps // 10_000),
         "collateral_per_seat_wei": str(checked.collateral_wei),
-        "min_collateral_per_seat_wei": str(min_collateral(share, params)),
-        "summary": (
+        "min_collateral_per_seat_wei": str(least_collateral(share, params, checked.spot_bps)),
+        "funding_wei": str(checked.funding_wei),
+        "spot": spot,
+        "summary": "; ".join(spot["lines"])
+        if spot
+        else (
             f"you lock {money(checked.bounty_wei)} for {runs} runs by distinct providers "
             f"({money(share)} each); each provider locks {money(checked.collateral_wei)} of "
             "collateral, lost if its result disagrees with the majority"
@@ -748,12 +849,15 @@ async def prepare_job_action(
     if req.permit is not None and (fn_name != "dispute" or currency.is_eth):
         raise FieldError("permit", f"{fn_name} of this job takes no permit")
     body: dict[str, Any] = {"job_id": jid, "action": fn_name, "currency": currency.to_json()}
-    if fn_name == "dispute" and not currency.is_eth:
+    spot_job = bool(state.job.flags & FLAG_SPOT)
+    if spot_job and req.permit is not None:
+        raise FieldError("permit", "a spot job's deposit was locked at funding: no permit")
+    if fn_name == "dispute" and not currency.is_eth and not spot_job:
         body["tx"], body["funding"] = await asyncio.to_thread(
             dispute_in_token, b, sender, state, currency, req
         )
-    else:
-        value = b.dispute_deposit(state) if fn_name == "dispute" else 0
+    else:  # a spot job's dispute sends nothing: its deposit was locked at funding
+        value = b.dispute_value(state) if fn_name == "dispute" else 0
         body["tx"] = await asyncio.to_thread(b.txs.job_call, sender, fn_name, state, value)
     if fn_name == "dispute":
         body["deposit_wei"] = str(b.dispute_deposit(state))

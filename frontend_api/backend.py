@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from gridmarket.chain import Deployment, EscrowClient
-from gridmarket.escrow import ZERO_ADDRESS, JobState, Status, deposit_of
+from gridmarket.escrow import (
+    FLAG_SPOT,
+    ZERO_ADDRESS,
+    JobState,
+    Status,
+    deposit_of,
+    dispute_value,
+)
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import MAX_SPEC_BYTES
 
@@ -83,6 +90,7 @@ class Backend:
         self._cached: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self._spec_misses: dict[str, float] = {}  # spec CID -> monotonic time to retry after
         self._constants: dict[str, int] | None = None
+        self._senders: dict[str, str] = {}  # tx hash -> sender (a spot job's disputes)
 
     async def aclose(self) -> None:
         self.waits.close()
@@ -144,13 +152,37 @@ class Backend:
     def dispute_deposit(self, state: JobState) -> int:
         """What disputing this job deposits, in its token (``JobEscrow.depositOf``, mirrored:
         tests/frontend/test_token_api.py checks the two agree): the job's bounty (the price of
-        the mediator's re-run), for an ETH job at least the escrow's ``disputeDeposit`` wei."""
-        return self.deposit_for(state.job.bounty, state.job.token)
+        the mediator's re-run), for an ETH job that is not a spot job at least the escrow's
+        ``disputeDeposit`` wei. A spot job's was locked at funding (its check deposit)."""
+        return self.deposit_for(state.job.bounty, state.job.token, state.job.flags)
 
-    def deposit_for(self, bounty: int, token: str = ZERO_ADDRESS) -> int:
+    def dispute_value(self, state: JobState) -> int:
+        """The ETH a dispute of this job sends (``gridmarket.escrow.dispute_value``): the
+        deposit for an ETH job, nothing for a token job or a spot job."""
+        floor = int(self.constants().get("dispute_deposit", 0))
+        return dispute_value(state.job.bounty, state.job.token, floor, state.job.flags)
+
+    def deposit_for(self, bounty: int, token: str = ZERO_ADDRESS, flags: int = 0) -> int:
         """The dispute deposit of a job of ``bounty`` in ``token`` (:meth:`dispute_deposit`
         before the job exists: a quote)."""
-        return deposit_of(bounty, token, int(self.constants().get("dispute_deposit", 0)))
+        return deposit_of(bounty, token, int(self.constants().get("dispute_deposit", 0)), flags)
+
+    def tx_sender(self, tx_hash: str) -> str | None:
+        """Who sent ``tx_hash`` (cached: a mined transaction's sender never changes); None when
+        the chain cannot say. Tells a spot job's check (the mediator's dispute) from the
+        submitter's own dispute."""
+        cached = self._senders.get(tx_hash)
+        if cached is not None:
+            return cached
+        try:
+            sender = str(self.escrow.w3.eth.get_transaction(tx_hash)["from"])  # type: ignore[arg-type]
+        except Exception as exc:  # web3 raises TransactionNotFound, or an RPC error
+            log.info("sender of %s unreadable: %s", tx_hash, exc)
+            return None
+        if len(self._senders) >= SPEC_CACHE_MAX:
+            self._senders.clear()
+        self._senders[tx_hash] = sender
+        return sender
 
     def terms_view(self, state: JobState, now: int) -> dict[str, Any]:
         """A job's terms and where it stands in its challenge or mediation window; amounts in
@@ -168,6 +200,7 @@ class Backend:
             "collateral_wei": str(job.collateral),
             "flags": job.flags,
             "payment": "on_verify" if job.on_verify else "after_window",
+            "spot": bool(job.flags & FLAG_SPOT),
             "challenge_window_s": window,
             "dispute_deposit_wei": str(self.dispute_deposit(state)),
             "since": job.since or None,
@@ -364,6 +397,7 @@ class Backend:
             actions["finalize"] = (
                 state.status is Status.SUBMITTED and not terms["window_open"]
             ) or (state.status is Status.DISPUTED and now >= int(terms["mediation_ends"] or 0))
+            view["spot"] = await self.spot_section(state, events)
             if job.replicas:  # a seat is settled with its group (resolve), never on its own
                 actions["dispute"] = actions["finalize"] = False
                 group_id = self.index.group_of(state)
@@ -372,9 +406,13 @@ class Backend:
                 view["group"] = self.group_view(group_id) if group_id else None
             else:
                 view["chain"]["replicas"] = 0
-                view["chain"]["verification"] = "integrity"
+                spot_p = (view["spot"] or {}).get("p")
+                view["chain"]["verification"] = (
+                    f"spot:{spot_p}" if spot_p else "spot" if view["spot"] else "integrity"
+                )
         chain = view["chain"]
         view.setdefault("group", None)
+        view.setdefault("spot", None)
         view["state"] = (sched or {}).get("state") or (chain or {}).get("status")
         if (
             view["group"] is not None
@@ -406,6 +444,47 @@ class Backend:
             entry["events"].append(event["name"])
         view["transactions"] = list(txs.values())
         return view
+
+    async def spot_section(
+        self, state: JobState, events: list[ChainEvent]
+    ) -> dict[str, Any] | None:
+        """A spot job's section (:func:`frontend_api.spotcheck.spot_view`); None for a job not
+        funded with ``FLAG_SPOT``. Its spec comes from IPFS (cached); the reveal from the
+        scheduler once the job is settled (its errors shown, never fatal: the page renders from
+        the chain alone)."""
+        from .spotcheck import spot_view
+
+        flagged = bool(state.job.flags & FLAG_SPOT)
+        if not flagged:  # (a spec's `spot` without the flag was funded as a plain job)
+            return None
+        spec = await asyncio.to_thread(self.spec_of, state.spec_cid) if state.spec_cid else None
+        senders: dict[str, str] = {}
+        for e in events:
+            if e.name == "ResultDisputed":
+                sender = await asyncio.to_thread(self.tx_sender, e.tx_hash)
+                if sender is not None:
+                    senders[e.tx_hash] = sender
+        status: dict[str, Any] | None = None
+        status_error: str | None = None
+        if state.status in (Status.RELEASED, Status.REFUNDED):
+            try:
+                status = await self.scheduler.spot(hexstr(state.job_id))
+            except SchedulerError as exc:
+                status_error = str(exc)
+            except ValueError as exc:  # not JSON
+                status_error = f"scheduler: unreadable answer ({exc})"
+            if status is not None and not isinstance(status, dict):
+                status, status_error = None, "scheduler: unreadable answer"
+        return spot_view(
+            spec,
+            flagged,
+            state.job.attempt,
+            events,
+            state.job.submitter,
+            senders,
+            status,
+            status_error,
+        )
 
     def group_view(self, group_id: str) -> dict[str, Any]:
         """A replicated job: its seats (state, provider, output CID, whether its result is the
@@ -654,6 +733,7 @@ def job_summary(state: JobState) -> dict[str, Any]:
         "collateral_wei": str(job.collateral),
         "payment": "on_verify" if job.on_verify else "after_window",
         "replicas": job.replicas,
+        "spot": bool(job.flags & FLAG_SPOT),
         "group_id": hexstr(state.salt) if job.replicas else None,
         "spec_cid": state.spec_cid,
         "output_cid": state.output_cid,

@@ -9,11 +9,22 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gridmarket.escrow import FLAG_ON_VERIFY, MAX_REPLICAS, MAX_TIMESTAMP, MAX_WEI, ZERO_ADDRESS
+from gridmarket import spot
+from gridmarket.escrow import (
+    FLAG_ON_VERIFY,
+    FLAG_SPOT,
+    MAX_REPLICAS,
+    MAX_TIMESTAMP,
+    MAX_WEI,
+    ZERO_ADDRESS,
+)
+from gridmarket.spot import P_SCALE
 from gridmarket.wire import MAX_SPEC_BYTES, JobSpec, QuoteRequest
 
 from .currency import ETH_CURRENCY, Currency
@@ -25,30 +36,71 @@ DEADLINE_MARGIN_S = 60
 is mined some time after it was built."""
 
 _REPLICATE = re.compile(r"^replicate\s*[:=]\s*(\d+)$")
+_SPOT = re.compile(r"^spot\s*[:=]\s*(\d*\.?\d+)\s*(%?)$")
+SPOT_OFFERED = (1000, 2500)
+"""The spot-check rates the submit page offers (basis points): spot:0.1 and spot:0.25."""
 
 
-def parse_verification(value: object) -> int:
-    """The seat count a verification choice asks for: 0 for ``integrity`` (one provider),
-    k for ``replicate:k`` (k = 2..MAX_REPLICAS distinct providers). ValueError naming the
-    ``verification`` field otherwise."""
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A verification choice: ``integrity`` (one provider), ``replicate:k`` (``replicas`` = k
+    distinct providers) or ``spot:p`` (one provider, re-run by another with probability p per
+    attempt: ``spot_bps`` = p in basis points; :mod:`gridmarket.spot`)."""
+
+    replicas: int = 0
+    spot_bps: int = 0
+
+    @property
+    def name(self) -> str:
+        return verification_name(self.replicas, self.spot_bps)
+
+
+def parse_policy(value: object) -> Policy:
+    """The verification a choice asks for: ``integrity``, ``replicate:k`` (k =
+    2..MAX_REPLICAS distinct providers) or ``spot:p`` (p = 0.0001..1, or a percentage
+    ``spot:10%``). ValueError naming the ``verification`` field otherwise."""
     text = str(value if value is not None else "integrity").strip().lower()
     if text in ("", "integrity"):
-        return 0
+        return Policy()
+    spot = _SPOT.match(text)
+    if spot is not None:
+        p = Decimal(spot.group(1)) / (100 if spot.group(2) else 1)
+        bps = p * P_SCALE
+        if bps != bps.to_integral_value() or not 1 <= bps <= P_SCALE:
+            raise ValueError(
+                f"verification: spot:{spot.group(1)}{spot.group(2)} asks for a check "
+                "probability p of 0.0001..1 in steps of 0.0001 (e.g. spot:0.1)"
+            )
+        return Policy(spot_bps=int(bps))
     match = _REPLICATE.match(text)
     if match is None:
         raise ValueError(
-            f"verification: {value!r} is not integrity or replicate:k (k = 2..{MAX_REPLICAS})"
+            f"verification: {value!r} is not integrity or replicate:k (k = 2..{MAX_REPLICAS}), "
+            "nor spot:p (0 < p <= 1, e.g. spot:0.1)"
         )
     k = int(match.group(1))
     if not 2 <= k <= MAX_REPLICAS:
         raise ValueError(
             f"verification: replicate:{k} asks for {k} seats; k must be 2..{MAX_REPLICAS}"
         )
-    return k
+    return Policy(replicas=k)
 
 
-def verification_name(replicas: int) -> str:
-    """``integrity`` or ``replicate:k``: the name of a seat count (see parse_verification)."""
+def parse_verification(value: object) -> int:
+    """The seat count a verification choice asks for (0 for integrity or spot:p); see
+    :func:`parse_policy`."""
+    return parse_policy(value).replicas
+
+
+def spot_p(bps: int) -> str:
+    """``0.1`` for 1000 basis points: p as the shortest decimal."""
+    return format((Decimal(bps) / P_SCALE).normalize(), "f")
+
+
+def verification_name(replicas: int, spot_bps: int = 0) -> str:
+    """``integrity``, ``replicate:k`` or ``spot:p``: the name of a policy (see parse_policy)."""
+    if spot_bps:
+        return f"spot:{spot_p(spot_bps)}"
     return f"replicate:{replicas}" if replicas else "integrity"
 
 
@@ -87,6 +139,7 @@ _MODEL_ERRORS = (
     ("wasm job needs module_cid", "module_cid"),
     ("cannot ask for GPUs", "resources.gpu_count"),
     ("need gpu_count", "resources.gpu_count"),
+    ("spot checks need", "deterministic"),
 )
 """Messages of :class:`JobSpec`'s cross-field checks and the field each is about."""
 
@@ -163,9 +216,18 @@ class PrepareJobRequest(BaseModel):
     payment: Literal["after_window", "on_verify"] = "after_window"
     verification: str = Field("integrity", max_length=32)
     """``integrity`` (one provider; the scheduler checks the output exists and hashes to its
-    CID) or ``replicate:k`` (k = 2..5 seats run by distinct providers, each funded with
+    CID), ``replicate:k`` (k = 2..5 seats run by distinct providers, each funded with
     ``bounty / k`` and backed by ``collateral`` of its own; ``resolve`` pays the agreeing
-    majority and slashes the others). Replicated jobs are paid after the window only."""
+    majority and slashes the others) or ``spot:p`` (one provider; each attempt is re-run by
+    the mediator with probability p, drawn from a seed committed in the spec and sealed to the
+    mediator: ``FLAG_SPOT``, funded with twice the bounty, the second half the check deposit;
+    the collateral at least ``spot.min_collateral``). Replicated and spot jobs are paid after
+    the window only. A spec that carries ``spot`` already (the CLI draws its own seed) is
+    taken as is; otherwise the server draws the seed, seals it, and forgets it."""
+    mediator_pubkey: str | None = Field(None, max_length=200)
+    """A spot job's mediator's secp256k1 public key (0x hex, compressed or not), checked
+    against the mediator's address; default: the deployment's ``mediator_pubkey`` for its
+    listed mediator. Used only when the server seals the seed."""
     dry_run: bool = False
     """Check everything (the transaction's dry run included) but add nothing to IPFS."""
 
@@ -185,6 +247,8 @@ class CheckedJob(BaseModel):
     """The request field the collateral came from (or would have: it was left out)."""
     replicas: int = 0
     """Seats of a replicated job (2..5); 0 for a single job (``integrity``)."""
+    spot_bps: int = 0
+    """A spot job's check probability in basis points (``spec.spot.p_bps``); 0 otherwise."""
     bounty_field: str = "bounty_eth"
     token: str = ZERO_ADDRESS
     """What the job is paid in (zero: ETH); every amount here is in its smallest units."""
@@ -200,7 +264,12 @@ class CheckedJob(BaseModel):
 
     @property
     def verification(self) -> str:
-        return verification_name(self.replicas)
+        return verification_name(self.replicas, self.spot_bps)
+
+    @property
+    def funding_wei(self) -> int:
+        """What the funding transaction sends: the bounty, and a spot job's check deposit."""
+        return 2 * self.bounty_wei if self.spot_bps else self.bounty_wei
 
 
 def min_collateral(bounty: int, params: dict[str, Any]) -> int:
@@ -293,9 +362,11 @@ def check_job(
     bounty = given
     unit = "wei" if currency.is_eth else f"units of {currency.symbol}"
     try:
-        replicas = parse_verification(req.verification)
+        policy = parse_policy(req.verification)
     except ValueError as exc:
         raise field_error(exc, "verification") from None
+    replicas = policy.replicas
+    check_spot_policy(req, spec, policy)
     if min_bounty is None:
         min_bounty = int(params.get("min_bounty", 0))
     if bounty < max(1, min_bounty):
@@ -379,8 +450,11 @@ def check_job(
             raise field_error(exc, "salt") from None
 
     mediator, collateral, collateral_field = check_terms(
-        req, sender, share, params, replicas, currency
+        req, sender, share, params, replicas, currency, policy.spot_bps
     )
+    if policy.spot_bps and spec.spot is None:  # drawn and sealed here, the seed forgotten
+        key = spot_public_key(req.mediator_pubkey, mediator, sender, params)
+        spec = seal_draw(spec, policy.spot_bps, key)
     return CheckedJob(
         sender=sender,
         spec=spec,
@@ -389,12 +463,84 @@ def check_job(
         salt=salt,
         mediator=mediator,
         collateral_wei=collateral,
-        flags=FLAG_ON_VERIFY if req.payment == "on_verify" else 0,
+        flags=FLAG_SPOT if policy.spot_bps else FLAG_ON_VERIFY if req.payment == "on_verify" else 0,
         collateral_field=collateral_field,
         replicas=replicas,
+        spot_bps=policy.spot_bps,
         bounty_field=bounty_field,
         token=currency.address,
     )
+
+
+def check_spot_policy(req: PrepareJobRequest, spec: JobSpec, policy: Policy) -> None:
+    """A spot job is a single, comparable job paid after the window, and a spec's own
+    ``spot`` must be the one the verification names (:class:`FieldError` otherwise)."""
+    if spec.spot is not None and spec.spot.p_bps != policy.spot_bps:
+        raise FieldError(
+            "verification",
+            f"the spec asks for spot checks at p = {spot_p(spec.spot.p_bps)}, but verification "
+            f"is {policy.name}: say verification spot:{spot_p(spec.spot.p_bps)}",
+        )
+    if not policy.spot_bps:
+        return
+    if req.payment == "on_verify":
+        raise FieldError(
+            "payment",
+            f"{policy.name} is paid after the challenge window (a check may still be open): "
+            "choose after_window, or integrity verification for on_verify",
+        )
+    if not spec.comparable:
+        raise FieldError(
+            "spec.deterministic",
+            f"{policy.name}: spot checks need a job whose honest runs agree: a wasm job, or a "
+            "docker job that declares deterministic: true (image pinned by digest)",
+        )
+
+
+def spot_public_key(given: str | None, mediator: str, sender: str, params: dict[str, Any]) -> bytes:
+    """The public key to seal a spot job's seed to: ``given`` (``mediator_pubkey``), else the
+    deployment's ``mediator_pubkey`` when ``mediator`` is its listed mediator; always checked
+    against ``mediator``'s address. :class:`FieldError` when none is known or it is not the
+    mediator's key."""
+    text = (given or "").strip()
+    field = "mediator_pubkey"
+    if not text:
+        listed = str(params.get("mediator") or "")
+        if listed.lower() == mediator.lower() and params.get("mediator_pubkey"):
+            text, field = str(params["mediator_pubkey"]).strip(), "mediator"
+    if not text:
+        who = "yourself" if mediator.lower() == sender.lower() else mediator
+        raise FieldError(
+            "mediator",
+            f"a spot job's seed is sealed to its mediator's public key, and none is known for "
+            f"{who}: give mediator_pubkey (0x hex), or choose the listed mediator",
+        )
+    try:
+        raw = bytes.fromhex(text.removeprefix("0x").removeprefix("0X"))
+        return spot.check_public_key(raw, mediator)
+    except (ValueError, spot.SpotError) as exc:
+        raise FieldError(field, f"not the mediator's public key: {exc}") from None
+
+
+def seal_draw(spec: JobSpec, p_bps: int, public_key: bytes) -> JobSpec:
+    """``spec`` with a fresh spot draw (``spec.spot``: commitment and sealed seed); the seed
+    itself is not kept anywhere."""
+    from gridmarket.wire import SpotCheck
+
+    seed = spot.new_seed()
+    check = SpotCheck(
+        p_bps=p_bps,
+        commit="0x" + spot.commit_of(seed).hex(),
+        sealed="0x" + spot.seal(seed, public_key).hex(),
+    )
+    return spec.model_copy(update={"spot": check})
+
+
+def least_collateral(bounty: int, params: dict[str, Any], spot_bps: int = 0) -> int:
+    """The least collateral for a job (one seat's share for a replicated one): the escrow's
+    ``minCollateral``, and for a spot job :func:`gridmarket.spot.min_collateral` if more."""
+    least = min_collateral(bounty, params)
+    return max(least, spot.min_collateral(bounty, spot_bps)) if spot_bps else least
 
 
 def check_terms(
@@ -404,10 +550,12 @@ def check_terms(
     params: dict[str, Any],
     replicas: int = 0,
     currency: Currency = ETH_CURRENCY,
+    spot_bps: int = 0,
 ) -> tuple[str, int, str]:
     """The mediator, collateral (wei) and the collateral's field name, checked against what
     the deployment allows (``bounty``: one seat's share for a replicated job, whose collateral
-    is each seat's). Whether the mediator is listed on-chain is the caller's check."""
+    is each seat's; a spot job's at least :func:`gridmarket.spot.min_collateral`). Whether the
+    mediator is listed on-chain is the caller's check."""
     if req.mediator is None or str(req.mediator).strip() == "":
         mediator = default_mediator(params, sender)
     else:
@@ -422,12 +570,22 @@ def check_terms(
         raise FieldError(
             "mediator", f"{mediator} is the operator (the scheduler): it cannot also rule"
         )
-    least = min_collateral(bounty, params)
+    least = least_collateral(bounty, params, spot_bps)
     unit = "wei" if currency.is_eth else f"units of {currency.symbol}"
     given, field = parse_amount(
         currency, "collateral", req.collateral, req.collateral_wei, req.collateral_eth
     )
     collateral = least if given is None else given
+    if collateral < least and spot_bps and least > min_collateral(bounty, params):
+        p = spot_p(spot_bps)
+        raise FieldError(
+            field,
+            f"the collateral must be at least {least} {unit} "
+            + ("" if currency.is_eth else f"= {currency.fmt(least)} ")
+            + f"(spot:{p}: a provider that skips the work keeps the bounty unless checked, "
+            f"with probability {p}; cheating is unprofitable only when the collateral C > "
+            f"bounty x (1 - p) / p)",
+        )
     if collateral < least:
         raise FieldError(
             field,

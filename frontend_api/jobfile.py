@@ -26,8 +26,10 @@ submission fields, which are not part of the spec:
     ``after-window`` (default: paid when accepted, or when nobody disputed within the challenge
     window) or ``on-verify`` (paid at once on the scheduler's check: you trust the scheduler);
 ``verification``
-    ``integrity`` (default: one provider) or ``replicate:k`` (k = 2..5 distinct providers, each
-    paid ``bounty / k`` when their outputs agree in a majority; ``collateral`` is each seat's).
+    ``integrity`` (default: one provider), ``replicate:k`` (k = 2..5 distinct providers, each
+    paid ``bounty / k`` when their outputs agree in a majority; ``collateral`` is each seat's)
+    or ``spot:p`` (one provider, each attempt re-run by the mediator with probability p, e.g.
+    ``spot:0.1``; a WASM job or a deterministic Docker job; see docs/submitter.md).
 
 Relative paths are relative to the job file. See docs/submitter.md and examples/.
 """
@@ -46,7 +48,7 @@ from pydantic import ValidationError
 
 from gridmarket.wire import JobSpec
 
-from .forms import parse_verification, spec_error, verification_name
+from .forms import parse_policy, spec_error
 
 SUBMISSION_FIELDS = (
     "dataset",
@@ -89,7 +91,7 @@ class JobFile:
     payment: str | None = None
     """``after-window`` or ``on-verify``; None: the default (after the window)."""
     verification: str | None = None
-    """``integrity`` or ``replicate:k``; None: the default (integrity)."""
+    """``integrity``, ``replicate:k`` or ``spot:p``; None: the default (integrity)."""
     currency: str | None = None
     """``ETH`` or a listed token's symbol (or address); None: ETH. ``bounty_eth`` and
     ``collateral_eth`` are then amounts in it."""
@@ -195,9 +197,14 @@ def load_job_file(path: Path) -> JobFile:
     verification = data.get("verification")
     if verification is not None:
         try:
-            verification = verification_name(parse_verification(verification))
+            verification = parse_policy(verification).name
         except ValueError as exc:
             raise JobFileError(f"{path}: {exc}") from None
+    if "spot" in spec:
+        raise JobFileError(
+            f"{path}: spot: the seed is drawn at submission, not written in the file: "
+            "say verification: spot:0.1 (the check probability)"
+        )
 
     # The spec is checked here, with placeholders for what is still to upload, so that a typo
     # is reported before anything is uploaded or signed.

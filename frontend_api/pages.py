@@ -33,7 +33,7 @@ from .api import (
 )
 from .backend import ON_VERIFY_TRUST, Backend, job_summary
 from .currency import Currency
-from .forms import FieldError
+from .forms import SPOT_OFFERED, FieldError
 from .records import NotFoundError, Payout, hexstr
 from .scheduler import SchedulerError
 from .values import parse_bytes32
@@ -210,6 +210,8 @@ async def submit_page(request: Request, b: BackendDep) -> Response:
         on_verify_trust=ON_VERIFY_TRUST,
         verifications=VERIFICATIONS,
         max_replicas=MAX_REPLICAS,
+        spot_offered=SPOT_OFFERED,
+        spot_sealable=bool(b.params.get("mediator_pubkey")),
     )
 
 

@@ -19,7 +19,7 @@ class SchedulerError(RuntimeError):
 
 
 class SchedulerClient:
-    """Read-only calls the front end makes: info, jobs, nodes, quotes."""
+    """Calls the front end makes: info, jobs, nodes, quotes, and a spot job's reveal."""
 
     def __init__(self, base_url: str, timeout: float = 10.0) -> None:
         self.base_url = base_url.rstrip("/")
@@ -78,4 +78,20 @@ class SchedulerClient:
 
     async def quote(self, body: dict[str, Any]) -> dict[str, Any]:
         data: dict[str, Any] = self._json(await self._request("POST", API.QUOTE, json=body))
+        return data
+
+    async def spot(self, job_id: str) -> dict[str, Any] | None:
+        """A spot job's policy and reveal (``wire.SpotStatus``); None when the scheduler has
+        none for it (404, or a scheduler without the endpoint)."""
+        response = await self._request("GET", API.SPOT.format(job_id=job_id))
+        if response.status_code in (404, 405):
+            return None
+        data: dict[str, Any] = self._json(response)
+        return data
+
+    async def reveal_spot(self, job_id: str, seed: str) -> dict[str, Any]:
+        """``POST`` a settled spot job's seed (``wire.SpotReveal``); :class:`SchedulerError` with
+        the scheduler's status (409 while the job is not settled)."""
+        response = await self._request("POST", API.SPOT.format(job_id=job_id), json={"seed": seed})
+        data: dict[str, Any] = self._json(response)
         return data

@@ -10,6 +10,7 @@
     gridmarket accept JOB         accept a submitted result now (pays the provider)
     gridmarket dispute JOB        dispute a submitted result within its challenge window
     gridmarket finalize JOB       pay a result nobody disputed, once its window has passed
+    gridmarket reveal JOB         reveal a settled spot job's seed (kept by submit)
     gridmarket withdraw           send your escrow balance (refunds) to your wallet
     gridmarket jobs               your jobs
 
@@ -57,6 +58,7 @@ from .submitter_client import (
     wallet_address,
 )
 from .submitter_files import download, upload_dataset, upload_module
+from .submitter_spot import SeedStore
 
 app = command_app(
     "gridmarket",
@@ -235,9 +237,20 @@ def submit(
     verification: Annotated[
         str | None,
         typer.Option(
+            "--verification",
+            "--verify",
             help="integrity: one provider (default); replicate:k (k = 2..5): k distinct "
             "providers each run it for bounty/k, the agreeing majority is paid and the others "
-            "slashed (you pay k runs; --collateral is each seat's)"
+            "slashed (you pay k runs; --collateral is each seat's); spot:p (e.g. spot:0.1): "
+            "one provider, each attempt re-run by the mediator with probability p, drawn from "
+            "a seed kept here (you fund 2 x bounty: the second half is a check deposit)",
+        ),
+    ] = None,
+    mediator_pubkey: Annotated[
+        str | None,
+        typer.Option(
+            help="spot:p: the mediator's secp256k1 public key (0x hex) to seal the seed to "
+            "(default: the deployment's, for its listed mediator; yours when you mediate)"
         ),
     ] = None,
     registry: Annotated[
@@ -253,19 +266,25 @@ def submit(
     from gridmarket.cid import bytes_cid
     from gridmarket.wire import JobSpec
 
-    from .forms import parse_verification, verification_name
+    from .forms import parse_policy
     from .jobfile import load_job_file, parse_deadline
 
     opts = _opts(ctx)
     job = load_job_file(job_file)
     try:
-        replicas = parse_verification(verification or job.verification)
+        policy = parse_policy(verification or job.verification)
     except ValueError as exc:
         raise CliError(f"--{exc}") from None
+    replicas = policy.replicas
     if replicas and payment is None and job.payment == "on-verify":
         raise CliError(
             f"{job_file}: payment: on-verify cannot be used with replicate:{replicas} "
             "(a replicated job is paid only when its seats agree)"
+        )
+    if policy.spot_bps and payment is None and job.payment == "on-verify":
+        raise CliError(
+            f"{job_file}: payment: on-verify cannot be used with {policy.name} "
+            "(a spot job is paid after the challenge window: a check may be open)"
         )
     payment_mode = (payment or job.payment or "after-window").strip().lower().replace("_", "-")
     if payment_mode not in ("after-window", "on-verify"):
@@ -300,7 +319,14 @@ def submit(
         if ttl_s is not None:
             terms["ttl_s"] = ttl_s
         terms["payment"] = payment_mode.replace("-", "_")
-        terms["verification"] = verification_name(replicas)
+        terms["verification"] = policy.name
+        seed: bytes | None = None
+        if policy.spot_bps:  # the seed drawn here, sealed to the mediator, kept here
+            mediator = _spot_mediator(mediator, info, account.address)
+            spec_spot, seed = _spot_draw(policy.spot_bps, mediator, mediator_pubkey, info, account)
+            job = _with_spot(job, spec_spot)  # refused here for a job that is not comparable
+        elif mediator_pubkey is not None:
+            raise CliError("--mediator-pubkey is for spot:p verification only")
         if mediator is not None:
             terms["mediator"] = mediator
         if collateral is not None:
@@ -316,19 +342,24 @@ def submit(
         )
         checked = fe.post("/api/jobs/prepare", json={**terms, "spec": probe, "dry_run": True})
         asked = checked["terms"]
-        if int(checked.get("replicas") or 0) != replicas:
+        if int(checked.get("replicas") or 0) != replicas or (
+            checked.get("verification") != policy.name
+        ):
             raise CliError(
                 f"the front end prepared {checked.get('verification') or 'integrity'}, "
-                f"not {verification_name(replicas)}"
+                f"not {policy.name}"
             )
+        if policy.spot_bps:
+            _check_spot_terms(asked, info, int(checked["bounty_wei"]), policy.spot_bps)
         if not replicas:
             job = pin_image(job, registry or info.get("registry"))  # the tag, to its digest
         if mediator is not None and asked["mediator"].lower() != mediator.strip().lower():
             raise CliError(f"the front end chose mediator {asked['mediator']}, not {mediator}")
         cur = checked.get("currency")
+        funding = _funding(checked, policy.spot_bps)
         if dry_run:
             typer.echo(
-                f"ok: {job_file} would lock {money(checked['bounty_wei'], cur)} from "
+                f"ok: {job_file} would lock {money(funding, cur)} from "
                 f"{account.address} until {when(checked['deadline'])}"
             )
             typer.echo(f"  terms    {_terms_line(asked, checked)}")
@@ -355,7 +386,7 @@ def submit(
                 str(cur["address"]),
                 spec_cid,
                 int(prepared["deadline"]),
-                int(checked["bounty_wei"]),
+                funding,
                 {**asked, "replicas": replicas},
             )
         else:
@@ -364,20 +395,41 @@ def submit(
                 info,
                 spec_cid,
                 int(prepared["deadline"]),
-                int(prepared["bounty_wei"]),
+                funding,  # the bounty, and a spot job's check deposit beside it
                 {**asked, "replicas": replicas},  # the seat count it must fund
             )
-        # 3. signed here, relayed there
-        result = relay(fe, sign_tx(account, prepared["tx"]))
-        events = result.get("events", [])
-        created = [e["args"]["jobId"] for e in events if e["name"] == "JobCreated"]
         expected = _expected_seats(prepared, account.address, spec_cid, replicas)
-        if created != expected:
-            raise CliError(f"transaction {result['tx_hash']} did not create the job")
+        seed_file: Path | None = None
+        store = SeedStore.beside(opts.keystore)
+        if seed is not None:  # kept before the job exists: its funding may succeed
+            if not as_json:  # the price, once more, before anything is sent
+                for line in _spot_lines(prepared):
+                    typer.echo(f"  spot     {line}")
+            seed_file = store.save(
+                expected[0],
+                seed,
+                job.spec["spot"],
+                mediator=asked["mediator"],
+                spec_cid=spec_cid,
+            )
+        # 3. signed here, relayed there
+        try:
+            result = relay(fe, sign_tx(account, prepared["tx"]))
+            events = result.get("events", [])
+            created = [e["args"]["jobId"] for e in events if e["name"] == "JobCreated"]
+            if created != expected:
+                raise CliError(f"transaction {result['tx_hash']} did not create the job")
+        except CliError:
+            if seed_file is not None:
+                store.forget(expected[0])
+            raise
         job_id = prepared["job_id"]
         out = {
             "job_id": job_id,
-            "verification": verification_name(replicas),
+            "verification": policy.name,
+            "funding_wei": str(funding),
+            "spot": prepared.get("spot"),
+            "seed_file": str(seed_file) if seed_file else None,
             "group_id": prepared.get("group_id"),
             "seat_ids": expected if replicas else [],
             "price": prepared.get("price"),
@@ -395,8 +447,13 @@ def submit(
         else:
             typer.echo(job_id)
             typer.echo(
-                f"  funded   {money(prepared['bounty_wei'], cur)}, deadline "
-                f"{when(prepared['deadline'])}"
+                f"  funded   {money(funding, cur)}, deadline {when(prepared['deadline'])}"
+                + (
+                    f" (bounty {money(prepared['bounty_wei'], cur)} + check deposit "
+                    f"{money(prepared['bounty_wei'], cur)})"
+                    if policy.spot_bps
+                    else ""
+                )
             )
             typer.echo(f"  terms    {_terms_line(asked, prepared)}")
             typer.echo(f"  verify   {_verification_line(prepared)}")
@@ -405,6 +462,8 @@ def submit(
                 for n, seat in enumerate(expected):
                     typer.echo(f"  seat {n}   {seat}")
             typer.echo(f"  spec     {spec_cid}")
+            if seed_file is not None:
+                typer.echo(f"  seed     kept in {seed_file} (gridmarket reveal {job_id})")
             typer.echo(f"  tx       {out['tx_url']}")
             typer.echo(f"  follow   {out['url']}")
         if wait and replicas:
@@ -421,10 +480,120 @@ def submit(
                     f"paid {money(chain['payout_wei'], c)} to {chain.get('provider')} "
                     f"(fee {money(chain['fee_wei'], c)})"
                 )
+            if seed_file is not None and final.get("chain_status") in ("released", "refunded"):
+                _auto_reveal(fe, store, job_id, quiet=as_json)
             if final.get("chain_status") != "released" and final.get("state") != "released":
                 raise typer.Exit(1)
     finally:
         fe.close()
+
+
+def _spot_mediator(mediator: str | None, info: dict[str, Any], me: str) -> str:
+    """A spot job's mediator, known before the seed is sealed: the one asked for, else the
+    deployment's listed one, else the submitter itself."""
+    from gridmarket.ethsig import to_checksum_address
+
+    chosen = mediator or info.get("mediator") or me
+    try:
+        return to_checksum_address(str(chosen).strip())
+    except ValueError:
+        raise CliError(f"--mediator: {chosen!r} is not a 0x address") from None
+
+
+def _spot_draw(
+    p_bps: int, mediator: str, given_key: str | None, info: dict[str, Any], account: Any
+) -> tuple[dict[str, Any], bytes]:
+    """The spec's ``spot`` field and its seed: drawn here, sealed to ``mediator``'s checked
+    public key (:func:`frontend_api.submitter_spot.mediator_key`)."""
+    from .submitter_spot import draw, mediator_key
+
+    key = mediator_key(mediator, given_key, info, bytes(account.key), account.address)
+    seed, field = draw(p_bps, key)
+    return field, seed
+
+
+def _with_spot(job: Any, spec_spot: dict[str, Any]) -> Any:
+    """``job`` whose spec carries ``spot``; the spec's own error (a job whose honest runs may
+    differ cannot be spot-checked) before anything is asked of the front end."""
+    from dataclasses import replace as dc_replace
+
+    from pydantic import ValidationError
+
+    from gridmarket.wire import JobSpec
+
+    from .forms import spec_error
+    from .jobfile import PLACEHOLDER_CID
+
+    job = dc_replace(job, spec={**job.spec, "spot": spec_spot})
+    probe = job.spec_with(
+        dataset_cid=PLACEHOLDER_CID if job.dataset else None,
+        module_cid=PLACEHOLDER_CID if job.module else None,
+    )
+    try:
+        JobSpec.model_validate(probe)
+    except ValidationError as exc:
+        err = spec_error(exc, prefix="")
+        raise CliError(f"{job.path}: {err.field.lstrip('.') or 'spec'}: {err.message}") from None
+    return job
+
+
+def _check_spot_terms(asked: dict[str, Any], info: dict[str, Any], bounty: int, p_bps: int) -> None:
+    """The terms a front end prepared for a spot job, checked here: FLAG_SPOT alone, and a
+    collateral that makes skipping the work unprofitable (``spot.min_collateral``) and that the
+    escrow accepts (``minCollateral``)."""
+    from gridmarket import spot
+    from gridmarket.escrow import FLAG_SPOT, min_collateral
+
+    if int(asked["flags"]) != FLAG_SPOT:
+        raise CliError(f"the front end prepared flags {asked['flags']}, not FLAG_SPOT")
+    bps = int((info.get("params") or {}).get("min_collateral_bps", 10_000))
+    least = max(min_collateral(bounty, bps), spot.min_collateral(bounty, p_bps))
+    if int(asked["collateral_wei"]) < least:
+        raise CliError(
+            f"the front end prepared a collateral of {asked['collateral_wei']} wei, less than "
+            f"{least} (cheating is unprofitable only above bounty x (1 - p) / p)"
+        )
+
+
+def _funding(prepared: dict[str, Any], spot_bps: int) -> int:
+    """What the funding transaction must send: the bounty, twice it for a spot job (computed
+    here from the bounty, not taken from the front end)."""
+    bounty = int(prepared["bounty_wei"])
+    return 2 * bounty if spot_bps else bounty
+
+
+def _spot_lines(prepared: dict[str, Any]) -> list[str]:
+    """A spot job's price, as the front end's price view words it (its numbers are checked
+    here: the funding by :func:`_funding`, the collateral by :func:`_check_spot_terms`)."""
+    spot_price = (prepared.get("price") or {}).get("spot") or {}
+    return [str(line) for line in spot_price.get("lines") or []]
+
+
+def _auto_reveal(fe: Frontend, store: Any, job_id: str, quiet: bool = False) -> None:
+    """After ``--wait`` saw the job settled: reveal its seed (a failure is a warning, the
+    mediator reveals it too)."""
+    try:
+        record = store.load(job_id)
+        answer = fe.post(f"/api/jobs/{job_id}/spot", json={"seed": record["seed"]})
+    except CliError as exc:
+        typer.echo(
+            f"warning: the seed was not revealed: {exc} (gridmarket reveal {job_id})", err=True
+        )
+        return
+    store.mark_revealed(job_id)
+    if not quiet:
+        typer.echo(f"revealed the seed {record['seed']} ({_drawn_text(answer, record)})")
+
+
+def _drawn_text(answer: dict[str, Any], record: dict[str, Any]) -> str:
+    from .submitter_spot import drawn_attempts
+
+    attempts = int(((answer.get("scheduler") or {}).get("attempts")) or 0)
+    drawn = drawn_attempts(str(record["seed"]), int(record["p_bps"]), attempts)
+    if not attempts:
+        return "it draws the attempts anyone can now recompute"
+    shown = ", ".join(str(a) for a in drawn) or "none"
+    return f"of {attempts} attempt(s) it drew for a check: {shown}"
 
 
 def _check_currency(info: dict[str, Any], name: str) -> None:
@@ -442,7 +611,9 @@ def _token_permit(account: Any, info: dict[str, Any], checked: dict[str, Any]) -
     """What a token job's prepare needs besides the terms: ``{"permit": ...}`` signed here
     when the escrow's allowance does not cover the bounty yet; nothing when it does."""
     funding = checked.get("funding") or {}
-    amount = int(checked["bounty_wei"])
+    amount = int(funding.get("amount_wei") or checked["bounty_wei"])  # a spot job's: 2 x bounty
+    if amount not in (int(checked["bounty_wei"]), 2 * int(checked["bounty_wei"])):
+        raise CliError(f"the front end asks a permit for {amount}, not the job's funding")
     if int(funding.get("allowance_wei") or 0) >= amount:
         return {}
     typed = funding.get("permit")
@@ -474,6 +645,16 @@ def _verification_line(prepared: dict[str, Any]) -> str:
     price = prepared.get("price") or {}
     runs = int(price.get("runs") or 1)
     cur = prepared.get("currency")
+    spot_price = price.get("spot")
+    if spot_price:
+        b = int(prepared["bounty_wei"])
+        return (
+            f"spot:{spot_price['p']}: you send {money(2 * b, cur)} (bounty {money(b, cur)} + "
+            f"check deposit {money(b, cur)}, returned unless a check upholds the result); "
+            f"expected compute 1 + {spot_price['p']} runs; the provider locks "
+            f"{money(price['collateral_per_seat_wei'], cur)} (cheating is unprofitable above "
+            f"bounty x (1 - p) / p)"
+        )
     if runs == 1:
         return f"integrity: one provider, you pay {money(prepared['bounty_wei'], cur)} for one run"
     return (
@@ -499,6 +680,25 @@ def _expected_seats(
 
 
 # --------------------------------------------------------------------------- following
+
+
+def _spot_rows(sp: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """A spot job's lines of ``status``: commitment, each attempt's check, the reveal."""
+    if not sp:
+        return []
+    rows = [("commit", str(sp.get("commit") or sp.get("problem") or "-"))]
+    for a in sp.get("attempts") or []:
+        drawn = a.get("drawn")
+        extra = "" if drawn is None else ("  (drawn)" if drawn else "  (not drawn)")
+        rows.append((f"attempt {a['attempt']}", f"{a['state']}{extra}"))
+    reveal = sp.get("reveal")
+    if reveal:
+        ok = "opens the commitment" if reveal.get("verified") else "DOES NOT open the commitment"
+        drawn_list = ", ".join(str(x) for x in reveal.get("checked_attempts") or []) or "none"
+        rows.append(("seed", f"{reveal['seed']} ({ok}; drew attempts: {drawn_list})"))
+    else:
+        rows.append(("seed", "not revealed yet"))
+    return rows
 
 
 def _seat_fields(seat: dict[str, Any]) -> str:
@@ -696,6 +896,7 @@ def status(
             rows.append((key.strip(), value.strip()))
     elif chain:
         rows.append(("verify", chain.get("verification") or "integrity"))
+    rows += _spot_rows(view.get("spot"))
     commands = {"release": "accept"}  # the CLI's name for the submitter's release
     allowed = [commands.get(name, name) for name, ok in (view.get("actions") or {}).items() if ok]
     if allowed:
@@ -818,12 +1019,12 @@ def _job_action(ctx: typer.Context, job_id: str, action: str, done: str) -> dict
         else:
             tx = prepared["tx"]
             value = 0
-            if action == "dispute":  # the job's bounty, at least the escrow's floor
-                value = dispute_value(tx, info)
-                if int(prepared["deposit_wei"]) != value:
+            if action == "dispute":  # the job's bounty, at least the escrow's floor; nothing
+                value, deposit = dispute_value(tx, info)  # sent for a spot job (locked)
+                if int(prepared["deposit_wei"]) != deposit:
                     raise CliError(
                         f"the front end says the deposit is {prepared['deposit_wei']} wei, "
-                        f"the job's is {value}"
+                        f"the job's is {deposit}"
                     )
             check_job_call(tx, info, job_call_signature(prepared["action"]), jid, value)
         result = relay(fe, sign_tx(account, tx))
@@ -886,6 +1087,30 @@ def finalize(
 
 @app.command()
 @friendly
+def reveal(
+    ctx: typer.Context, job_id: Annotated[str, typer.Argument(help="the job id (0x...)")]
+) -> None:
+    """Reveal a settled spot job's seed (kept by ``submit --verification spot:p``): the front
+    end checks it against the spec's commitment and posts it to the scheduler, so anyone can
+    recompute which attempts were drawn for a check. Refused while the job is not settled."""
+    from .submitter_spot import SeedStore
+
+    opts = _opts(ctx)
+    jid = parse_job_id(job_id)
+    store = SeedStore.beside(opts.keystore)
+    record = store.load(jid)
+    fe = Frontend(opts.url)
+    try:
+        answer = fe.post(f"/api/jobs/{jid}/spot", json={"seed": record["seed"]})
+    finally:
+        fe.close()
+    store.mark_revealed(jid)
+    typer.echo(f"revealed the seed {record['seed']} of {jid}")
+    typer.echo(f"  {_drawn_text(answer, record)}")
+
+
+@app.command()
+@friendly
 def withdraw(ctx: typer.Context) -> None:
     """Send your whole escrow balance (refunds, slashed stake credited to you) to your wallet."""
     opts = _opts(ctx)
@@ -939,6 +1164,8 @@ def jobs(
         paid = (
             f"replicate:{j['replicas']}"
             if j.get("replicas")
+            else "spot"
+            if j.get("spot")
             else "on check"
             if j.get("payment") == "on_verify"
             else "after window"

@@ -252,20 +252,25 @@ def check_token_dispute(
     check_job_call(tx, info, job_call_signature("dispute"), job_id, 0)
 
 
-def dispute_value(tx: dict[str, str], info: dict[str, Any]) -> int:
-    """The ETH an ETH job's dispute must send: ``depositOf`` the job the call passes (its
-    bounty, at least the escrow's ``disputeDeposit``, ``dispute_deposit`` in ``/api/info``),
-    read from the call itself: the escrow refuses the call unless that struct is the job's
-    current state, and any value but exactly its deposit."""
+def dispute_value(tx: dict[str, str], info: dict[str, Any]) -> tuple[int, int]:
+    """``(value, deposit)`` of a dispute: the ETH it must send and what it deposits
+    (``depositOf``: the job's bounty, for an ETH job at least the escrow's ``disputeDeposit``,
+    ``dispute_deposit`` in ``/api/info``), read from the job the call itself passes: the escrow
+    refuses the call unless that struct is the job's current state, and any value but exactly
+    the deposit. A spot job's deposit was locked at funding: its dispute sends nothing
+    (:func:`gridmarket.escrow.dispute_value`)."""
     from eth_abi.abi import decode
 
     from gridmarket.escrow import deposit_of
+    from gridmarket.escrow import dispute_value as value_of
 
     try:
         _, job = decode(["bytes32", JOB_TUPLE], bytes.fromhex(tx["data"][2:])[4:])
     except Exception:  # eth-abi raises several types for malformed data
         raise CliError("the transaction is not a dispute of a job") from None
-    return deposit_of(int(job[1]), str(job[13]), int(info["params"].get("dispute_deposit", 0)))
+    bounty, token, flags = int(job[1]), str(job[13]), int(job[12])
+    floor = int(info["params"].get("dispute_deposit", 0))
+    return value_of(bounty, token, floor, flags), deposit_of(bounty, token, floor, flags)
 
 
 def check_job_call(

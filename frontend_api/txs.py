@@ -158,8 +158,9 @@ class TxBuilder:
         terms: Terms,
         fields: dict[str, str] | None = None,
     ) -> dict[str, str]:
-        """``createJob(salt, specCid, deadline, mediator, collateral, flags)`` with ``bounty``
-        as value. A revert names the input at fault: ``fields`` maps ``mediator``,
+        """``createJob(salt, specCid, deadline, mediator, collateral, flags)`` with the job's
+        funding as value (``terms.funding``: the bounty, twice it for a spot job). A revert
+        names the input at fault: ``fields`` maps ``mediator``,
         ``collateral``, ``payment``, ``bounty`` and ``deadline`` to the request's field names."""
         names = fields or {}
         try:
@@ -172,7 +173,7 @@ class TxBuilder:
                 terms.mediator,
                 terms.collateral,
                 terms.flags,
-                value=bounty,
+                value=terms.funding(bounty),
             )
         except TxError as exc:
             for error, key in CREATE_JOB_ERROR_FIELDS:

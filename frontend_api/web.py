@@ -55,6 +55,15 @@ def use_currencies(currencies: Currencies) -> None:
 
 env.filters["money"] = money
 
+
+def _spot_p(bps: Any) -> str:
+    from .forms import spot_p
+
+    return spot_p(int(bps))
+
+
+env.filters["spot_p"] = _spot_p
+
 STATE_CLASSES = {
     "funded": "info",
     "pending_spec": "info",

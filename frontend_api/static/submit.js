@@ -122,13 +122,24 @@
     return m ? Number(m[1]) : 1;
   }
 
-  /** The least collateral for the bounty typed (minCollateral of one seat's share), as wei;
-   * null if unreadable. */
+  /** A spot choice's p in basis points (spot:0.1 -> 1000); 0 for another choice. */
+  function spotBps() {
+    const option = $("verification").selectedOptions[0];
+    return Number((option && option.dataset.spotBps) || 0);
+  }
+
+  /** The least collateral for the bounty typed (minCollateral of one seat's share; for a spot
+   * job at least bounty x (1 - p) / p, the smallest amount above it), as wei; null if
+   * unreadable. */
   function minCollateral() {
     const bounty = toUnits($("bounty").value);
     if (bounty === null) return null;
     const bps = BigInt(form.getAttribute("data-min-collateral-bps") || "10000");
-    return ((BigInt(bounty) / BigInt(seats())) * bps) / 10000n;
+    const least = ((BigInt(bounty) / BigInt(seats())) * bps) / 10000n;
+    const p = BigInt(spotBps());
+    if (!p) return least;
+    const spot = (BigInt(bounty) * (10000n - p)) / p + 1n;  // gridmarket.spot.min_collateral
+    return spot > least ? spot : least;
   }
 
   /** What the verification choice costs: the bounty locked for k runs, each seat's share and
@@ -136,20 +147,34 @@
   function showVerification() {
     const k = seats();
     const replicated = k > 1;
-    $("verification-hint-integrity").classList.toggle("hidden", replicated);
+    const p = spotBps();
+    $("verification-hint-integrity").classList.toggle("hidden", replicated || p > 0);
     $("verification-hint-replicate").classList.toggle("hidden", !replicated);
+    $("verification-hint-spot").classList.toggle("hidden", !p);
+    $("spot-draw-note").classList.toggle("hidden", !p);
     const onVerify = form.querySelector('input[name="payment"][value="on_verify"]');
-    onVerify.disabled = replicated;  // a replicated job is paid only on agreeing results
-    if (replicated && onVerify.checked) {
+    onVerify.disabled = replicated || p > 0;  // paid only on agreeing results / after a check
+    if ((replicated || p) && onVerify.checked) {
       form.querySelector('input[name="payment"][value="after_window"]').checked = true;
     }
     const line = $("verification-price");
-    line.dataset.state = replicated ? `replicate:${k}` : "integrity";
+    line.dataset.state = replicated ? `replicate:${k}` : p ? $("verification").value : "integrity";
     const bounty = toUnits($("bounty").value);
     if (bounty === null) { line.textContent = ""; return; }
     const total = BigInt(bounty);
     const typed = toUnits($("collateral").value);
     const collateral = typed === null || !$("collateral").value.trim() ? minCollateral() : BigInt(typed);
+    if (p) {  // the price of spot:p, as the server's price view says it
+      const pText = $("verification").value.replace(/^spot:/, "");
+      const expected = total + (total * BigInt(p)) / 10000n;
+      const ratio = ((10000 - p) / p).toPrecision(4).replace(/\.?0+$/, "");
+      line.textContent = `You send ${fmt(2n * total)}: the bounty ${fmt(total)} and a check deposit of ${fmt(total)}, `
+        + "returned to you unless a check upholds the result (it then pays the mediator's re-run). "
+        + `Each attempt is re-run by a second provider with probability ${pText}: expected compute 1 + ${pText} runs `
+        + `(expected cost ${fmt(expected)} with an honest provider). The provider locks ${fmt(collateral)} of collateral: `
+        + `cheating is unprofitable when it exceeds bounty x (1 - p) / p = ${fmt(total)} x ${ratio}.`;
+      return;
+    }
     if (!replicated) {
       line.textContent = `You pay ${fmt(total)} for one run; the provider locks ${fmt(collateral)} of collateral.`;
       return;
@@ -173,7 +198,9 @@
         ? ""
         : seats() > 1
           ? `Each of the ${seats()} providers locks at least ${shown} of collateral (its seat's share of the bounty).`
-          : `The provider locks at least ${shown} of collateral for a bounty of ${fmt(toUnits($("bounty").value))}.`;
+          : spotBps()
+            ? `The provider locks at least ${shown} of collateral for a bounty of ${fmt(toUnits($("bounty").value))} (spot checks: above bounty x (1 - p) / p).`
+            : `The provider locks at least ${shown} of collateral for a bounty of ${fmt(toUnits($("bounty").value))}.`;
     }
     showVerification();
   }
@@ -380,10 +407,13 @@
       $("spec-preview").textContent = JSON.stringify(spec, null, 2);
       GM.notice(status, "info", "Preparing the transaction…");
       const prepared = await GM.api("/api/jobs/prepare", { ...request(spec), from, ...(permit ? { permit } : {}) });
+      // the spec as stored (a spot job's with the commitment and sealed seed drawn by the server)
+      if (prepared.spec) $("spec-preview").textContent = JSON.stringify(prepared.spec, null, 2);
       GM.notice(status, "info", "Confirm the transaction in your wallet…");
       const hash = await GM.send(prepared.tx);
       GM.notice(status, "info", `Sent ${GM.short(hash)}; waiting for a block…`);
       const mined = await GM.waitTx(hash);
+      // a spot job's transaction sends twice the bounty (prepared.funding_wei): its check deposit
       const fn = !cur().eth ? "createJobWith" : seats() > 1 ? "createReplicated" : "createJob";
       if (mined.status !== "success") throw new Error(`${fn} reverted (transaction ${hash})`);
       GM.notice(status, "ok", "Funded. Opening the job…");

@@ -7,7 +7,8 @@ Accounts (anvil dev accounts of the ``devnet`` fixture): submitters[0] is the AP
 submitter (a local key), submitters[1] the browser's wallet (anvil signs for it), providers[3]
 the agent's wallet, providers[4] a provider the tests drive by hand (its acceptance signed with
 :func:`gridmarket.eip712.sign_acceptance`, assigned by the operator's key, its result submitted
-by hand), the mediator (account 10) is listed at deployment and rules by hand.
+by hand), the mediator (account 10) is listed at deployment and rules by hand; its public key is
+the deployment's ``mediator_pubkey`` (spot jobs' seeds are sealed to it).
 
 The escrow's challenge window is short (:data:`CHALLENGE_WINDOW_S`) so that a test can see it
 close without moving the shared chain's clock.
@@ -39,6 +40,7 @@ from gridmarket.chain import Deployment, EscrowClient, Sent
 from gridmarket.deploy import EscrowParams, deploy_escrow, list_token
 from gridmarket.eip712 import sign_acceptance
 from gridmarket.escrow import JobState
+from gridmarket.spot import public_key_of
 from tests.agent import wat
 from tests.conftest import Devnet
 
@@ -207,6 +209,9 @@ def frontend_stack(
     deployment: Deployment = deploy_escrow(devnet.w3, devnet.owner, params)
     # the session's TestUSD, listed on this escrow too: jobs can be paid in tUSD
     deployment = list_token(devnet.w3, devnet.owner, deployment, devnet.token)
+    # the listed mediator's public key, as a devnet's deployment record carries it: the front
+    # end and the CLI seal a spot job's seed to it (checked against the mediator's address)
+    deployment.params["mediator_pubkey"] = "0x" + public_key_of(bytes(devnet.mediator.key)).hex()
     deployment_file = tmp / "deployment.json"
     deployment.save(deployment_file)
     escrow = EscrowClient(devnet.w3, deployment)
