@@ -69,7 +69,7 @@ def checked(seed: bytes, attempt: int, p_bps: int) -> bool:
 
 def min_collateral(bounty: int, p_bps: int) -> int:
     """The least collateral that makes cheating on a spot job unprofitable in expectation: the
-    smallest integer C with ``C > B (1 - p) / p``, i.e. ``p C > (1 - p) B`` (0 at p = 1)."""
+    smallest integer C with ``C > B (1 - p) / p``, i.e. ``p C > (1 - p) B`` (1 at p = 1)."""
     if not 1 <= p_bps <= P_SCALE:
         raise SpotError(f"p must be 1..{P_SCALE} basis points, got {p_bps}")
     if bounty < 0:
