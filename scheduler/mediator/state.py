@@ -1,5 +1,6 @@
 """The mediator's own state, in one small SQLite file: the event cursor, the jobs that name it,
-the checks it still owes, every ruling it decided, and the re-run it funded for each dispute
+the checks it still owes, every ruling it decided, the re-run it funded for each dispute, and the
+seed of each spot job it opened (kept until the job is settled and it is revealed)
 (docs/mediator.md).
 
 The fold of a batch of events and the cursor move together in one transaction, so a crash
