@@ -32,6 +32,11 @@ that collateral) and the payment flags. :class:`AcceptancePolicy` checks an offe
     listed mediator from a self-mediating submitter: it accepts, logging that it could not
     check (set ``rpc_url``, or list the mediators you trust, to close that gap).
 
+The job's ``flags`` are signed as offered and never refused by themselves: an on-verify job,
+and a spot-checked job (``FLAG_SPOT``: its mediator may re-run any attempt, drawn from a seed
+sealed to it, and the collateral it asks is higher, ``gridmarket.spot.min_collateral``), are
+taken on the same rules; the collateral limits above are what bound a spot job.
+
 A chain that does not answer while a check needs it declines the offer (the scheduler offers
 the job again, or to another node): a node that configured an RPC URL asked for the checks.
 """

@@ -23,6 +23,7 @@ port), and :func:`start_replica` (another scheduler on the same settings, for Po
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -44,6 +45,7 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
+from gridmarket import spot
 from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.deploy import EscrowParams, deploy_escrow, deploy_test_token, list_token
 from gridmarket.escrow import ZERO_ADDRESS
@@ -529,6 +531,13 @@ def run_grid(
         # on a re-run it funds in tUSD)
         for holder in [*accounts[3:10], accounts[10]]:
             minter.send(accounts[0], "mint", holder.address, DEVNET_TOKEN_GRANT)
+        # the mediator's public key, for the submitters' clients to seal spot seeds to it
+        # (they check it against params.mediator: gridmarket.spot.check_public_key)
+        mediator_pubkey = spot.public_key_of(bytes(accounts[10].key))
+        deployment = dataclasses.replace(
+            deployment,
+            params={**deployment.params, "mediator_pubkey": "0x" + mediator_pubkey.hex()},
+        )
         deployment_file = work / "deployment.json"
         deployment.save(deployment_file)
         escrow = EscrowClient(w3, deployment)
@@ -586,6 +595,7 @@ def run_grid(
             deployment_file=deployment_file,
             ipfs_api=ipfs_swarm[MEDIATOR_IPFS].api_addr,
             key_hex="0x" + bytes(accounts[10].key).hex(),
+            scheduler_url=scheduler.url,
         )
         mediator.start()
         stack.callback(mediator.stop)

@@ -33,6 +33,8 @@ class MediatorProcess(Service):
         retry_delay_s: float = 1.0,
         window_margin_s: float = 2.0,
         rerun_poll_s: float = 0.5,
+        scheduler_url: str | None = None,
+        reveal_retry_s: float = 1.0,
         name: str = "mediator",
     ) -> None:
         self.name = name
@@ -72,6 +74,11 @@ class MediatorProcess(Service):
             # a re-run on the devnet takes seconds; its result is looked for twice a second
             "--rerun-poll",
             str(rerun_poll_s),
+            # a settled spot job's seed is revealed to the grid's scheduler (retried each second
+            # while it is down or has not folded the settlement yet)
+            "--reveal-retry",
+            str(reveal_retry_s),
+            *(["--scheduler-url", scheduler_url] if scheduler_url else []),
         ]
 
     def _ready(self) -> bool:

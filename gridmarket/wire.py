@@ -365,7 +365,7 @@ class QuoteRequest(BaseModel):
     ``region`` None asks for any region; prices are then quoted for :attr:`PRICE_REGION`.
     ``gpu_models`` (tier keys) limits the quote to those tiers. ``token`` (a listed ERC-20's
     address; None or the zero address: ETH) asks for the price in that token's smallest units,
-    ``ceiling_wei_per_hour`` then being in them too.
+    ``ceiling_wei_per_hour`` then being in them too. ``spot_p_bps`` quotes a spot-checked job.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -383,6 +383,11 @@ class QuoteRequest(BaseModel):
     duration_s: int = Field(3600, ge=1, le=30 * 24 * 3600)
     ceiling_wei_per_hour: Wei | None = None
     token: Address | None = None
+    spot_p_bps: int | None = Field(None, ge=1, le=10_000)
+    """A spot-checked job (:class:`SpotCheck`) with this ``p``: each quote then says what its
+    funding locks beside the bounty (the check deposit, equal to the bounty) and the least
+    collateral such a job must ask (:func:`gridmarket.spot.min_collateral`, at least the
+    escrow's own minimum)."""
 
     def problem(self) -> tuple[str, str] | None:
         """The first field the models cannot check alone, and what is wrong with it; None

@@ -209,6 +209,13 @@ TABLE: tuple[Transition, ...] = (
     Transition(S.PENDING_SPEC, E.SPEC_INVALID, S.INVALID, "the submitter can cancel"),
     Transition(
         S.QUEUED,
+        E.SPEC_INVALID,
+        S.INVALID,
+        "never offered yet: a spot job whose commitment an earlier job holds (its spec read "
+        "later); the submitter can cancel",
+    ),
+    Transition(
+        S.QUEUED,
         E.LEASE_GRANTED,
         S.LEASED,
         "an offer: the node accepts (signed) within the lease TTL, or loses it",

@@ -1,5 +1,5 @@
 """Quotes: what a job would cost by GPU tier and region, with the platform fee shown, in ETH or
-in a listed ERC-20 token."""
+in a listed ERC-20 token; for a spot-checked job, its check deposit and least collateral."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 
+from gridmarket import spot
 from gridmarket.escrow import ZERO_ADDRESS
 from gridmarket.tiers import CPU_ONLY, TIERS, UnknownRegionError, classify_gpu
 from gridmarket.token import Token
 from gridmarket.wire import API, QuoteRequest, checksum
 from scheduler.matching.pricing import QuoteError, quote
+from scheduler.service import Replica
 from scheduler.store import Store
 
 from .deps import GridDep, StoreDep
@@ -70,6 +72,25 @@ def _listed(grid_tokens: dict[str, Token], address: str) -> Token | None:
     return None
 
 
+async def _spot_terms(grid: Replica, bounty: int, p_bps: int) -> dict[str, Any]:
+    """What a spot-checked job of ``bounty`` with ``p_bps`` locks and asks: its funding is
+    twice the bounty (the check deposit is the bounty), and its collateral at least
+    :func:`gridmarket.spot.min_collateral` and the escrow's own minimum."""
+    try:
+        floor = await asyncio.to_thread(grid.chain.min_collateral, bounty)
+    except Exception as exc:
+        raise HTTPException(
+            503, f"the escrow's minimum collateral could not be read: {exc}"
+        ) from None
+    least = max(floor, spot.min_collateral(bounty, p_bps))
+    return {
+        "p_bps": p_bps,
+        "check_deposit_wei": str(bounty),
+        "funding_wei": str(2 * bounty),
+        "min_collateral_wei": str(least),
+    }
+
+
 @router.post(API.QUOTE)
 async def get_quote(
     body: QuoteRequest, grid: GridDep, store: StoreDep, request: Request
@@ -82,7 +103,11 @@ async def get_quote(
     (settings ``base_rates``, by symbol) and the rate is at least the lowest floor in the token
     among the online nodes of the tier (``NodeCapacityIn.price_floors``); a tier no online
     node takes the token on is left out when the token has no base rate. ``nodes_taking_token``
-    says how many online nodes of the tier name a floor in it."""
+    says how many online nodes of the tier name a floor in it.
+
+    With ``spot_p_bps`` each quote has ``spot``: ``check_deposit_wei`` (the bounty again,
+    locked at funding), ``funding_wei`` (what funding sends: twice the bounty) and
+    ``min_collateral_wei`` (the least collateral the job must ask)."""
     problem = body.problem()
     if problem is not None:
         raise HTTPException(422, ": ".join(problem))
@@ -129,6 +154,8 @@ async def get_quote(
         except (QuoteError, UnknownRegionError) as exc:
             raise HTTPException(422, str(exc)) from None
         row = q.to_dict()
+        if body.spot_p_bps is not None:
+            row["spot"] = await _spot_terms(grid, q.total_wei, body.spot_p_bps)
         if not token.is_eth:
             row["nodes_taking_token"] = taking
             row["total"] = token.fmt(q.total_wei)

@@ -5,21 +5,24 @@ jobs that name it (docs/mediator.md). ``gridmarket-mediator run ...`` or
 from scheduler.mediator.service import (
     CHECK,
     DISPUTE,
+    REVEAL,
     Decision,
     Mediator,
     MediatorConfig,
     MediatorError,
 )
-from scheduler.mediator.state import MediatorState, Ruling, StateError
+from scheduler.mediator.state import MediatorState, Ruling, SpotSeed, StateError
 
 __all__ = [
     "CHECK",
     "DISPUTE",
+    "REVEAL",
     "Decision",
     "Mediator",
     "MediatorConfig",
     "MediatorError",
     "MediatorState",
     "Ruling",
+    "SpotSeed",
     "StateError",
 ]

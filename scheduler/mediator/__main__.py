@@ -1,5 +1,5 @@
 """gridmarket-mediator: rule on the results of the jobs that name this mediator (integrity, and a
-re-run on another provider for a disputed deterministic job).
+re-run on another provider for a disputed deterministic job or a drawn spot check).
 
     GRIDMARKET_MEDIATOR_KEY=0x... gridmarket-mediator run --rpc-url URL --deployment FILE \\
         --ipfs-api MULTIADDR --state FILE
@@ -77,6 +77,18 @@ def parser() -> argparse.ArgumentParser:
         "units (the re-run is paid in the job's token from the mediator's balance of it; "
         "default: no cap)",
     )
+    run.add_argument(
+        "--scheduler-url",
+        default=None,
+        help="the scheduler a settled spot job's seed is revealed to (POST /v1/jobs/{id}/spot); "
+        "default: seeds stay in the state file",
+    )
+    run.add_argument(
+        "--reveal-retry",
+        type=float,
+        default=defaults.reveal_retry_s,
+        help="seconds before a reveal the scheduler could not take is posted again",
+    )
     run.add_argument("--log-level", default="INFO")
     return p
 
@@ -105,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             rerun_poll_s=args.rerun_poll,
             rerun_max_bounty_wei=args.rerun_max_bounty_wei,
             rerun_max_bounty_token=args.rerun_max_bounty_token,
+            scheduler_url=args.scheduler_url,
+            reveal_retry_s=args.reveal_retry,
         )
         mediator = Mediator.connect(
             args.rpc_url, args.deployment, key, args.ipfs_api, args.state, config

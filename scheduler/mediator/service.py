@@ -23,6 +23,14 @@ of their results one integrity check (:func:`scheduler.verify.verify_output`):
 
 A check the mediator cannot conclude (its own IPFS daemon is down, the job's own cap is
 unknown) never slashes anyone.
+
+**Spot checks** (a job with ``FLAG_SPOT`` whose spec carries ``spot``, :mod:`gridmarket.spot`):
+on each submitted result the mediator opens the seed sealed to its key and draws the attempt;
+a drawn attempt whose output does not fail its integrity check outright is disputed by the
+mediator itself (``dispute``, sending nothing: the check deposit was locked at funding), and the
+dispute path above re-runs and rules it. A seed that does not open or match the commitment (the
+submitter's mistake) means no check. Once the job is settled the seed is revealed to the
+scheduler (``POST API.SPOT``), never before.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import httpx
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_utils.address import to_checksum_address
@@ -45,9 +54,11 @@ from eth_utils.crypto import keccak
 from hexbytes import HexBytes
 from web3.exceptions import TransactionNotFound
 
+from gridmarket import spot as spot_draw
 from gridmarket.chain import ChainError, Deployment, EscrowClient, Event
 from gridmarket.cid import CidError, same_cid
 from gridmarket.escrow import (
+    FLAG_SPOT,
     JOB_EVENTS,
     ZERO_ADDRESS,
     InvalidText,
@@ -59,19 +70,31 @@ from gridmarket.escrow import (
 )
 from gridmarket.escrow import job_id as escrow_job_id
 from gridmarket.ipfs import IpfsStore
-from gridmarket.wire import MAX_EXCLUDED, MAX_SPEC_BYTES, JobLimits, JobSpec
+from gridmarket.wire import API, MAX_EXCLUDED, MAX_SPEC_BYTES, JobLimits, JobSpec, SpotReveal
 from scheduler.chain.retry import RetryPolicy, describe, is_transient
 from scheduler.chain.watcher import ChainWatcher
-from scheduler.mediator.state import MediatorState, Rerun, Task, pos_of
+from scheduler.mediator.state import MediatorState, Rerun, SpotSeed, Task, pos_of
 from scheduler.verify import VerdictCode, verify_output
 
-__all__ = ["CHECK", "DISPUTE", "TIE", "Decision", "Mediator", "MediatorConfig", "MediatorError"]
+__all__ = [
+    "CHECK",
+    "DISPUTE",
+    "REVEAL",
+    "TIE",
+    "Decision",
+    "Mediator",
+    "MediatorConfig",
+    "MediatorError",
+]
 
 log = logging.getLogger(__name__)
 
 CHECK = "check"
 """A task: check a submitted result within its challenge window (rule only if it fails)."""
 DISPUTE = "dispute"
+REVEAL = "reveal"
+"""A task: reveal a settled spot job's seed to the scheduler (``POST API.SPOT``), keyed by the
+job with attempt 0; retried while the scheduler is down or has not seen the settlement."""
 TIE = "tie"
 """A task: break the tie of a replicated job whose seats' results have no majority (re-run it
 elsewhere; rule the seats that agree with the re-run upheld, the others wrong). Keyed by seat 0
@@ -137,6 +160,14 @@ class MediatorConfig:
     """The same for a job paid in an ERC-20 token (escrow v4): the re-run is paid in the job's
     token, from this mediator's own balance of it (a permit in the same transaction), so the cap
     is in that token's smallest units, whatever the token; None: no cap."""
+    scheduler_url: str | None = None
+    """Where a settled spot job's seed is revealed (``POST {scheduler_url}/v1/jobs/{id}/spot``);
+    None: seeds are kept in the state file, revealed by nobody but the submitter."""
+    reveal_retry_s: float = 60.0
+    """Wait before posting a reveal again (the scheduler down, or not yet aware that the job
+    is settled)."""
+    reveal_attempts: int = 30
+    """Reveals the scheduler answers "unknown job" before the mediator gives up on it."""
 
     def __post_init__(self) -> None:
         if self.fetch_attempts < 1:
@@ -150,6 +181,8 @@ class MediatorConfig:
             raise ValueError(f"max_output_bytes must be >= 1, got {self.max_output_bytes}")
         if self.rerun_min_s < 0 or self.rerun_poll_s <= 0:
             raise ValueError("rerun_min_s must be >= 0 and rerun_poll_s > 0")
+        if self.reveal_retry_s <= 0 or self.reveal_attempts < 1:
+            raise ValueError("reveal_retry_s must be > 0 and reveal_attempts >= 1")
 
 
 @dataclass(frozen=True)
@@ -159,13 +192,22 @@ class Decision:
     job_id: bytes
     attempt: int
     kind: str
-    verdict: str  # "upheld", "not upheld" or "no ruling"
+    verdict: str  # "upheld", "not upheld", "no ruling" or "disputed" (a spot check opened)
     reason: str
     tx_hash: str | None = None
 
     @property
     def upheld(self) -> bool | None:
         return {"upheld": True, "not upheld": False}.get(self.verdict)
+
+
+@dataclass(frozen=True)
+class _Draw:
+    """A spot job attempt's draw: checked or not, and the words the decision line carries."""
+
+    drawn: bool
+    note: str
+    retry: bool = False  # the spec could not be read yet: try again (within the window)
 
 
 class _Outcome(Enum):
@@ -206,6 +248,7 @@ class Mediator:
         self.client = client
         self.account = account
         self.address = to_checksum_address(account.address)
+        self._key = bytes(account.key)  # opens the spot seeds sealed to this mediator
         self.ipfs = ipfs
         operator = to_checksum_address(client.call("operator"))
         if operator == self.address:
@@ -242,6 +285,7 @@ class Mediator:
         self._specs: dict[bytes, JobSpec] = {}
         self._errors: dict[tuple[bytes, int, str], Any] = {}
         self._probe: Any = None
+        self._http: httpx.Client | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -333,6 +377,8 @@ class Mediator:
         self.ipfs.close()
         if self._probe is not None:
             self._probe.close()
+        if self._http is not None:
+            self._http.close()
 
     def __enter__(self) -> Mediator:
         return self
@@ -400,6 +446,8 @@ class Mediator:
         attempt = state.job.attempt
         if event.name == "ResultSubmitted":
             self.state.add_task(job_id, attempt, CHECK, time.time())
+        elif state.status.terminal and state.job.flags & FLAG_SPOT:
+            self.state.add_task(job_id, 0, REVEAL, time.time())  # settled: reveal its seed
         elif event.name == "ResultDisputed":
             self.state.add_task(job_id, attempt, DISPUTE, time.time())
         elif event.name == "Ruled":
@@ -502,6 +550,9 @@ class Mediator:
         if task.kind == TIE:
             self._tie(task, state)
             return
+        if task.kind == REVEAL:
+            self._reveal(task, state)
+            return
         want = Status.SUBMITTED if task.kind == CHECK else Status.DISPUTED
         if state.job.attempt != task.attempt or state.status is not want:
             self.state.finish_task(
@@ -514,15 +565,24 @@ class Mediator:
             return
         # a ruling the escrow refused (the job moved on, e.g. disputed meanwhile) blocks nothing
         now = self._chain_now()
+        draw: _Draw | None = None
         if task.kind == CHECK:
             closes = state.job.since + self.challenge_window
-            if now >= closes - self.config.window_margin_s:
+            late = now >= closes - self.config.window_margin_s
+            if state.job.flags & FLAG_SPOT and prior is None:
+                draw = self._draw(state)
+                if draw.retry and not late:
+                    self.state.retry_task(
+                        task, time.time() + self.config.retry_delay_s, draw.note, tried=False
+                    )
+                    return
+            if late:
                 self._decide(
                     task,
                     state,
                     None,
                     f"the challenge window closes at {closes} (now {now}) before a ruling "
-                    "could be mined",
+                    "could be mined" + (f"; {draw.note}" if draw is not None else ""),
                 )
                 return
         else:
@@ -537,7 +597,7 @@ class Mediator:
                 self._follow_rerun(task, state, rerun, now, closes)
                 return
         check = self._check(state, task, now, closes)
-        if check.outcome is _Outcome.RETRY:
+        if check.outcome is _Outcome.RETRY and not (draw is not None and draw.drawn):
             due = time.time() + self.config.retry_delay_s
             self.state.retry_task(task, due, check.reason, tried=check.tried)
             log.info(
@@ -549,7 +609,10 @@ class Mediator:
                 check.reason,
             )
         elif check.outcome is _Outcome.FAIL:
-            self._rule(task, state, False, check.reason)
+            note = f"; {draw.note}" if draw is not None else ""
+            self._rule(task, state, False, check.reason + note)
+        elif draw is not None and draw.drawn:  # intact or not known yet: the re-run judges it
+            self._spot_check(task, state, draw, check.reason, now)
         elif check.outcome is _Outcome.INTACT and task.kind == DISPUTE:
             self._judge(task, state, now, closes, check.reason)
         elif check.outcome is _Outcome.INTACT and state.job.replicas:
@@ -557,9 +620,13 @@ class Mediator:
             first = seat_ids(state.salt, state.job.replicas)[0]
             self.state.add_task(first, 0, TIE, time.time())  # once per replicated job
         elif check.outcome is _Outcome.INTACT:
-            self._decide(task, state, None, f"{check.reason}; paid after the challenge window")
+            note = f"; {draw.note}" if draw is not None else ""
+            self._decide(
+                task, state, None, f"{check.reason}; paid after the challenge window{note}"
+            )
         else:
-            self._decide(task, state, None, f"cannot conclude: {check.reason}")
+            note = f"; {draw.note}" if draw is not None else ""
+            self._decide(task, state, None, f"cannot conclude: {check.reason}{note}")
 
     def _check(self, state: JobState, task: Task, now: int, closes: int) -> _Check:
         """The integrity check of the pending output, with whose fault a failure is."""
@@ -650,52 +717,194 @@ class Mediator:
         block = self.client.w3.eth.get_block("latest")
         return max(int(block["timestamp"]), int(time.time()))
 
+    # ------------------------------------------------------------------ spot checks
+    def _draw(self, state: JobState) -> _Draw:
+        """Whether the submitted attempt of a ``FLAG_SPOT`` job is checked: the seed sealed in
+        its spec, opened with this mediator's key (once per job, kept in the state file)."""
+        kept = self.state.spot(state.job_id)
+        if kept is None:
+            kept, retry = self._open_seed(state)
+            if kept is None:
+                return _Draw(False, retry, retry=True)
+        if kept.seed is None:
+            return _Draw(False, kept.note)
+        attempt = state.job.attempt
+        if not self.config.rerun:  # a check must be judged by a re-run, never pocketed
+            return _Draw(False, "no spot check: re-runs are off on this mediator")
+        drawn = spot_draw.checked(kept.seed, attempt, kept.p_bps)
+        what = "drawn" if drawn else "not drawn"
+        return _Draw(drawn, f"spot check {what} (p={kept.p_bps} bps, attempt {attempt})")
+
+    def _open_seed(self, state: JobState) -> tuple[SpotSeed | None, str]:
+        """Read the spot job's spec and open its seed; the kept row, or None and why the spec
+        could not be read (try again later). A seed that does not open, does not match the
+        commitment, or is shared with another job is kept as "no seed", with why."""
+        spec, why = self._spec(state)
+        if spec is None:
+            return None, f"spot draw not made yet: {why}"
+        policy = spec.spot
+        seed: bytes | None = None
+        commit, p_bps, note = b"", 0, ""
+        if policy is None:
+            note = (
+                "no spot check: the job carries FLAG_SPOT but its spec has no spot policy "
+                "(the submitter's mistake, never charged to the provider)"
+            )
+        else:
+            commit, p_bps = policy.commit_bytes, policy.p_bps
+            shared = self.state.spot_sharing(state.job_id, commit)
+            if shared:
+                note = (
+                    f"no spot check: the spec's commitment {policy.commit} is also job "
+                    f"0x{shared[0].hex()}'s: a reused seed is never drawn on (the submitter's "
+                    "mistake, never charged to the provider)"
+                )
+            else:
+                try:
+                    seed = spot_draw.unseal(policy.sealed_bytes, self._key, commit)
+                except spot_draw.SpotError as exc:
+                    note = (
+                        f"no spot check: {exc} (the submitter's mistake, never charged to the "
+                        "provider)"
+                    )
+        if note:
+            self.counters["spot_no_seed"] += 1
+            log.warning("mediator: job 0x%s: %s", state.job_id.hex(), note)
+        kept = self.state.put_spot(
+            SpotSeed(state.job_id, commit, p_bps, seed, note, None, time.time())
+        )
+        return kept, ""
+
+    def _spot_check(self, task: Task, state: JobState, draw: _Draw, intact: str, now: int) -> None:
+        """Open the check of a drawn attempt: ``dispute`` the result as the job's mediator
+        (sending nothing: the check deposit was locked at funding). The ``ResultDisputed`` it
+        emits makes a dispute task, judged like any other (a re-run elsewhere, compared)."""
+        spec, why = self._spec(state)
+        left = self.mediation_window - self.config.window_margin_s
+        closes = now + self.mediation_window
+        obstacle = why if spec is None else self._no_rerun(state, spec, left, closes)
+        if obstacle is not None:  # the deposit pays a re-run, or the check is not opened
+            self._decide(
+                task,
+                state,
+                None,
+                f"{draw.note}, not opened: {obstacle}; {intact}; paid after the challenge window",
+            )
+            return
+        try:
+            _, sent = self.client.call_job(self.account, "dispute", state)
+        except ChainError as exc:  # the job moved on (finalized, disputed by its submitter)
+            refused = _one_line(exc.reason or str(exc))
+            self.counters["spot_checks_refused"] += 1
+            self._decide(
+                task, state, None, f"{draw.note}: the escrow refused the check ({refused})"
+            )
+            return
+        self.counters["spot_checks"] += 1
+        self._decide(
+            task,
+            state,
+            None,
+            f"{draw.note}: disputed by this mediator, to be re-run on another provider "
+            f"and ruled; {intact}",
+            sent.tx_hash,
+            verdict="disputed",
+        )
+
+    def _reveal(self, task: Task, state: JobState) -> None:
+        """Reveal a settled spot job's seed to the scheduler (``POST API.SPOT``); never before
+        the job is Released or Refunded, nor while another job shares its commitment open."""
+        retry = time.time() + self.config.reveal_retry_s
+        if not state.status.terminal:  # a reorg took the settlement back: wait for it again
+            self.state.retry_task(task, retry, f"not settled: {state.status.name}", tried=False)
+            return
+        kept = self.state.spot(state.job_id)
+        if kept is None:  # never checked (no result submitted): open it now
+            kept, why = self._open_seed(state)
+            if kept is None:
+                if task.tries + 1 >= self.config.reveal_attempts:
+                    self.state.finish_task(task, f"nothing revealed: {why}")
+                else:
+                    self.state.retry_task(task, retry, why, tried=True)
+                return
+        if kept.seed is None:
+            self.state.finish_task(task, f"nothing to reveal: {kept.note}"[:2000])
+            return
+        for other in self.state.spot_sharing(state.job_id, kept.commit):
+            theirs = self.state.job(other)
+            if theirs is not None and not theirs.status.terminal:
+                note = f"job 0x{other.hex()} shares the commitment and is not settled"
+                self.state.retry_task(task, retry, note, tried=False)
+                return
+        url = self.config.scheduler_url
+        if not url:
+            self.state.finish_task(task, "no scheduler URL: the seed stays in the state file")
+            return
+        job = "0x" + state.job_id.hex()
+        body = SpotReveal(seed="0x" + kept.seed.hex()).model_dump(mode="json")
+        try:
+            if self._http is None:
+                self._http = httpx.Client(timeout=10.0)
+            r = self._http.post(url.rstrip("/") + API.SPOT.format(job_id=job), json=body)
+        except httpx.HTTPError as exc:
+            note = f"scheduler {url} unreachable ({_one_line(str(exc))[:200]}): again later"
+            self.state.retry_task(task, retry, note, tried=False)
+            log.info("mediator: job %s: seed not revealed yet: %s", job, note)
+            return
+        answer = _one_line(r.text)[:300]
+        if r.status_code in (200, 201):
+            self.state.set_revealed(state.job_id, "revealed")
+            self.state.finish_task(task, "revealed")
+            self.counters["spot_revealed"] += 1
+            log.info("mediator: job %s settled (%s): spot seed revealed", job, state.status.name)
+        elif r.status_code == 404 and task.tries + 1 < self.config.reveal_attempts:
+            self.state.retry_task(task, retry, f"the scheduler: {answer}", tried=True)
+        elif r.status_code == 409 or r.status_code >= 500:  # not folded there yet, or down
+            self.state.retry_task(task, retry, f"the scheduler: {answer}", tried=False)
+        else:
+            self.state.set_revealed(state.job_id, f"refused: {r.status_code} {answer}")
+            self.state.finish_task(task, f"refused by the scheduler: {r.status_code} {answer}")
+            log.error("mediator: job %s: the scheduler refused the seed: %s", job, answer)
+
     # ------------------------------------------------------------------ re-runs
     def _judge(self, task: Task, state: JobState, now: int, closes: int, intact: str) -> None:
         """A disputed result passed its integrity check: start a re-run of a deterministic job,
         or rule on integrity alone (upheld) and say why."""
-        if not self.config.rerun:
-            self._integrity_only(task, state, intact, "re-runs are off on this mediator")
-            return
         spec, why = self._spec(state)
         if spec is None:
             self._integrity_only(task, state, intact, why)
             return
-        if not spec.comparable:
-            self._integrity_only(
-                task,
-                state,
-                intact,
-                "the job is not deterministic (a Docker job must pin its image by digest and "
-                "declare deterministic: true), so a re-run's output cannot judge it",
-            )
+        obstacle = self._no_rerun(state, spec, closes - self.config.window_margin_s - now, closes)
+        if obstacle is not None:
+            self._integrity_only(task, state, intact, obstacle)
             return
-        left = closes - self.config.window_margin_s - now
+        self._fund_rerun(task, state, spec, closes)
+
+    def _no_rerun(self, state: JobState, spec: JobSpec, left: float, closes: int) -> str | None:
+        """Why a disputed result of this job cannot be judged by a re-run (``left`` seconds
+        before the ruling's last moment), or None when it can."""
+        if not self.config.rerun:
+            return "re-runs are off on this mediator"
+        if not spec.comparable:
+            return (
+                "the job is not deterministic (a Docker job must pin its image by digest and "
+                "declare deterministic: true), so a re-run's output cannot judge it"
+            )
         # the re-run's deadline is the ruling's last moment; the escrow wants it minDuration
         # (plus the time to mine createJob) ahead
-        if left < max(self.config.rerun_min_s, self.min_duration + 10):
-            self._integrity_only(
-                task,
-                state,
-                intact,
+        need = max(self.config.rerun_min_s, self.min_duration + 10)
+        if left < need:
+            return (
                 f"no time for a re-run: {left:.0f} s left before the mediation window closes "
-                f"at {closes} (a re-run needs "
-                f"{max(self.config.rerun_min_s, self.min_duration + 10):g} s)",
+                f"at {closes} (a re-run needs {need:g} s)"
             )
-            return
         bounty = state.job.bounty
         in_eth = state.job.token == ZERO_ADDRESS
         cap = self.config.rerun_max_bounty_wei if in_eth else self.config.rerun_max_bounty_token
         if cap is not None and bounty > cap:
             unit = "wei" if in_eth else f"units of token {state.job.token}"
-            self._integrity_only(
-                task,
-                state,
-                intact,
-                f"a re-run would cost {bounty} {unit}, over this mediator's cap {cap}",
-            )
-            return
-        self._fund_rerun(task, state, spec, closes)
+            return f"a re-run would cost {bounty} {unit}, over this mediator's cap {cap}"
+        return None
 
     def _fund_rerun(
         self,
@@ -719,6 +928,7 @@ class Mediator:
                 **spec.model_dump(mode="json"),
                 "name": f"rerun-{spec.name}"[:80],
                 "exclude_providers": excluded[:MAX_EXCLUDED],
+                "spot": None,  # the re-run is no spot job (and its commitment is the job's)
             }
         )
         spec_cid = self.ipfs.add_bytes(rerun_spec.to_bytes())
@@ -1073,8 +1283,20 @@ class Mediator:
         upheld: bool | None,
         reason: str,
         tx_hash: str | None = None,
+        *,
+        verdict: str | None = None,
     ) -> None:
-        verdict = "no ruling" if upheld is None else "upheld" if upheld else "not upheld"
+        if verdict is None:
+            verdict = "no ruling" if upheld is None else "upheld" if upheld else "not upheld"
+        if task.kind == DISPUTE and state.job.flags & FLAG_SPOT:
+            kept = self.state.spot(task.job_id)
+            seed = kept.seed if kept is not None else None
+            if (
+                kept is not None
+                and seed is not None
+                and spot_draw.checked(seed, task.attempt, kept.p_bps)
+            ):
+                reason = f"spot check drawn (p={kept.p_bps} bps, attempt {task.attempt}): {reason}"
         reason = _one_line(reason)
         self.state.finish_task(task, f"{verdict}: {reason}"[:2000])
         decision = Decision(task.job_id, task.attempt, task.kind, verdict, reason, tx_hash)

@@ -1,5 +1,6 @@
 """The mediator's own state, in one small SQLite file: the event cursor, the jobs that name it,
-the checks it still owes, every ruling it decided, and the re-run it funded for each dispute
+the checks it still owes, every ruling it decided, the re-run it funded for each dispute, and the
+seed of each spot job it opened (kept until the job is settled and it is revealed)
 (docs/mediator.md).
 
 The fold of a batch of events and the cursor move together in one transaction, so a crash
@@ -41,6 +42,7 @@ __all__ = [
     "MediatorState",
     "Rerun",
     "Ruling",
+    "SpotSeed",
     "StateError",
     "Task",
     "state_from_json",
@@ -79,6 +81,16 @@ CREATE TABLE IF NOT EXISTS rulings (
     at REAL NOT NULL,
     PRIMARY KEY (job_id, attempt)
 );
+CREATE TABLE IF NOT EXISTS spot (          -- spot jobs (FLAG_SPOT): the opened seed
+    job_id TEXT PRIMARY KEY,
+    spot_commit TEXT NOT NULL,     -- the spec's commitment (hex; '' when the spec has none)
+    p_bps INTEGER NOT NULL,        -- the spec's p (0 when none)
+    seed TEXT,                     -- the opened seed (hex); NULL when it did not open
+    note TEXT NOT NULL DEFAULT '', -- why no seed (the submitter's mistake), or ''
+    revealed TEXT,                 -- how the reveal to the scheduler ended; NULL: not yet
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_spot_commit ON spot (spot_commit);
 CREATE TABLE IF NOT EXISTS reruns (
     job_id TEXT NOT NULL,          -- the disputed job
     attempt INTEGER NOT NULL,      -- its disputed attempt
@@ -118,6 +130,21 @@ class Rerun:
     deadline: int
     status: str
     note: str
+    at: float
+
+
+@dataclass(frozen=True)
+class SpotSeed:
+    """What the mediator read of a spot job's hidden draw: the spec's commitment and ``p``,
+    and the seed it opened with its key (None, with ``note`` saying why, when it did not: the
+    submitter's mistake, never charged to the provider)."""
+
+    job_id: bytes
+    commit: bytes
+    p_bps: int
+    seed: bytes | None
+    note: str
+    revealed: str | None
     at: float
 
 
@@ -370,7 +397,7 @@ class MediatorState:
             for job_id in (str(j) for j, _ in hit):
                 state = folded.get(job_id)
                 if state is None:  # created after the fork: the chain has no such job now
-                    for table in ("jobs", "tasks", "rulings"):
+                    for table in ("jobs", "tasks", "rulings", "spot"):
                         self._db.execute(
                             f"DELETE FROM {table} WHERE job_id = ?",  # noqa: S608
                             (job_id,),
@@ -567,6 +594,67 @@ class MediatorState:
                 "UPDATE reruns SET status = ?, note = ? WHERE job_id = ? AND attempt = ?",
                 (status, note[:2000], job_id.hex(), attempt),
             )
+
+    # ------------------------------------------------------------------ spot checks
+    def spot(self, job_id: bytes) -> SpotSeed | None:
+        """The spot draw read for a job (once per job: the spec does not change)."""
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_SPOT_COLUMNS} FROM spot WHERE job_id = ?",  # noqa: S608
+                (job_id.hex(),),
+            ).fetchone()
+        return None if row is None else _spot(row)
+
+    def put_spot(self, spot: SpotSeed) -> SpotSeed:
+        """Keep a job's spot draw; the first one kept for a job stays (returned)."""
+        with self.batch():
+            self._db.execute(
+                f"INSERT OR IGNORE INTO spot ({_SPOT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
+                (
+                    spot.job_id.hex(),
+                    spot.commit.hex(),
+                    spot.p_bps,
+                    None if spot.seed is None else spot.seed.hex(),
+                    spot.note,
+                    spot.revealed,
+                    spot.at,
+                ),
+            )
+            kept = self.spot(spot.job_id)
+        assert kept is not None
+        return kept
+
+    def spot_sharing(self, job_id: bytes, commit: bytes) -> list[bytes]:
+        """Other jobs whose spec carries the same commitment (a reused seed)."""
+        if not commit:
+            return []
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT job_id FROM spot WHERE spot_commit = ? AND job_id != ? ORDER BY at",
+                (commit.hex(), job_id.hex()),
+            ).fetchall()
+        return [bytes.fromhex(r[0]) for r in rows]
+
+    def set_revealed(self, job_id: bytes, outcome: str) -> None:
+        with self.batch():
+            self._db.execute(
+                "UPDATE spot SET revealed = ? WHERE job_id = ?", (outcome[:500], job_id.hex())
+            )
+
+
+_SPOT_COLUMNS = "job_id, spot_commit, p_bps, seed, note, revealed, at"
+
+
+def _spot(row: Any) -> SpotSeed:
+    return SpotSeed(
+        bytes.fromhex(row[0]),
+        bytes.fromhex(row[1]),
+        int(row[2]),
+        None if row[3] is None else bytes.fromhex(row[3]),
+        row[4],
+        row[5],
+        row[6],
+    )
 
 
 _RERUN_COLUMNS = "job_id, attempt, rerun_id, spec_cid, salt, bounty, deadline, status, note, at"

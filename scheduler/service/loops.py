@@ -32,6 +32,7 @@ from scheduler.chain import (
     TxSender,
 )
 from scheduler.settings import Settings
+from scheduler.spot import intake_refusal
 from scheduler.store import JobRow, OutboxItem, Store
 from scheduler.verify import Verdict, VerdictCode, verify_output
 
@@ -348,8 +349,12 @@ class SpecFetcher:
                     )
                     return
                 reason = f"{reason} (gave up after {tries} tries)"
-            state = self.store.set_spec(job.job_id, spec, reason)
-            log.info("job %s spec %s: %s", job.job_id, job.spec_cid, state if spec else reason)
+            refusal = "" if spec is None else intake_refusal(spec, job.chain.job) or ""
+            state = self.store.set_spec(job.job_id, spec, reason, refusal=refusal)
+            why = reason if spec is None else refusal
+            log.info(
+                "job %s spec %s: %s%s", job.job_id, job.spec_cid, state, f": {why}" * bool(why)
+            )
         except Exception:  # the store is down: the job stays due, the next pass tries again
             log.exception("spec fetch of job %s failed", job.job_id)
         finally:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, case, func, select, update
+from sqlalchemy.exc import IntegrityError
 
 from gridmarket.cid import CidError, same_cid
 from gridmarket.escrow import ZERO_ADDRESS, Status, seat_ids
@@ -155,32 +156,100 @@ class JobStore(ReputationStore, OutboxStore):
             ).rowcount
         return bool(n)
 
-    def set_spec(self, job_id: str, spec: JobSpec | None, reason: str = "") -> str:
-        """The job's spec was fetched: queue it, or mark it invalid with ``reason``."""
+    def set_spec(
+        self, job_id: str, spec: JobSpec | None, reason: str = "", *, refusal: str = ""
+    ) -> str:
+        """The job's spec was fetched: queue it, or mark it invalid with ``reason`` (no spec) or
+        ``refusal`` (a valid spec the job's on-chain terms do not fit: kept, not offered). A
+        spot job whose commitment another job already holds is refused (``jobs.spot_commit`` is
+        unique: a seed revealed for one would open the other's draws)."""
+        try:
+            return self._set_spec(job_id, spec, reason, refusal)
+        except IntegrityError:  # another job took the commitment meanwhile: refused now
+            return self._set_spec(job_id, spec, reason, refusal)
+
+    def _set_spec(self, job_id: str, spec: JobSpec | None, reason: str, refusal: str) -> str:
         now = self.clock()
         with self.engine.begin() as conn:
-            event = Event.SPEC_INVALID if spec is None else Event.SPEC_FETCHED
+            commit = spec.spot.commit.lower() if spec is not None and spec.spot else None
+            if commit is not None and not refusal:
+                refusal = self._claim_commit(conn, job_id, commit, now)
+            queued = spec is not None and not refusal
+            event = Event.SPEC_FETCHED if queued else Event.SPEC_INVALID
             to = lifecycle.step(State.PENDING_SPEC, event).value
-            froms = [s.value for s in lifecycle.sources(event)]
-            if spec is None:
-                values: dict[str, Any] = {"state": to, "reason": reason}
-            else:
-                values = {
-                    "state": to,
-                    "spec": spec.model_dump(mode="json"),
-                    "reason": "waiting for a node",
-                    "queued_at": now,
-                }
+            values: dict[str, Any] = {"state": to, "reason": refusal or reason}
+            if spec is not None:
+                values["spec"] = spec.model_dump(mode="json")
+            if queued:
+                values.update(reason="waiting for a node", queued_at=now, spot_commit=commit)
             n = conn.execute(
                 update(jobs)
-                .where(jobs.c.job_id == job_id, jobs.c.state.in_(froms))
+                .where(jobs.c.job_id == job_id, jobs.c.state == State.PENDING_SPEC.value)
                 .values(updated_at=now, **values)
             ).rowcount
             if n:
-                self._audit(conn, "job", job_id, str(values["state"]), reason=reason)
-        if n and spec is not None:
+                self._audit(conn, "job", job_id, str(values["state"]), reason=refusal or reason)
+        if n and queued:
             self.on_queued(1)
         return str(values["state"]) if n else "unchanged"
+
+    def _claim_commit(self, conn: Connection, job_id: str, commit: str, now: float) -> str:
+        """Give the spot commitment ``commit`` to ``job_id`` if no job created before it on
+        chain holds it (chain order, not the order the specs were read: a copy of another job's
+        commitment must not win by a faster spec); the refusal otherwise. A later holder that was
+        never offered loses it (``queued`` -> ``invalid``); one already offered keeps it."""
+        me = conn.execute(select(jobs.c.created_block).where(jobs.c.job_id == job_id)).scalar()
+        mine = (int(me or 0), job_id)
+        holders = conn.execute(
+            select(jobs.c.job_id, jobs.c.created_block, jobs.c.state, jobs.c.attempt).where(
+                jobs.c.spot_commit == commit, jobs.c.job_id != job_id
+            )
+        ).all()
+        for other, block, state, attempt in holders:
+            if (int(block), str(other)) < mine or state != State.QUEUED.value or attempt:
+                return (
+                    f"spot: the spec's commitment {commit} is already job {other}'s: a seed is "
+                    "never used twice (its reveal would open the other job's draws); not "
+                    "offered, the submitter can cancel"
+                )
+        for other, *_ in holders:  # later on chain, never offered: the commitment is ours
+            why = (
+                f"spot: the spec's commitment {commit} is job {job_id}'s, created before this "
+                "one: a seed is never used twice (its reveal would open the other job's "
+                "draws); not offered, the submitter can cancel"
+            )
+            to = lifecycle.step(State.QUEUED, Event.SPEC_INVALID).value
+            n = conn.execute(
+                update(jobs)
+                .where(jobs.c.job_id == other, jobs.c.state == State.QUEUED.value)
+                .values(state=to, reason=why, spot_commit=None, queued_at=None, updated_at=now)
+            ).rowcount
+            if n:
+                self._audit(conn, "job", str(other), to, reason=why)
+        return ""
+
+    def spot_sharing(self, job_id: str, commit: str) -> list[tuple[str, int]]:
+        """Other jobs holding the spot commitment ``commit``: ``(job id, chain status)``."""
+        with self.reader.connect() as conn:
+            rows = conn.execute(
+                select(jobs.c.job_id, jobs.c.chain_status).where(
+                    jobs.c.spot_commit == commit.lower(), jobs.c.job_id != job_id
+                )
+            ).all()
+        return [(str(r[0]), int(r[1])) for r in rows]
+
+    def set_spot_seed(self, job_id: str, seed: str) -> bool:
+        """Keep a settled spot job's revealed seed (checked by the caller); the first one
+        stays. False when the job is unknown."""
+        with self.engine.begin() as conn:
+            n = conn.execute(
+                update(jobs)
+                .where(jobs.c.job_id == job_id, jobs.c.spot_seed.is_(None))
+                .values(spot_seed=seed.lower(), spot_revealed_at=self.clock())
+            ).rowcount
+            if n:
+                self._audit(conn, "job", job_id, "spot_revealed", seed=seed.lower())
+        return bool(n)
 
     def set_reason(self, job_id: str, reason: str) -> None:
         """Why a queued job waits (the matching engine's explanation); no audit row."""

@@ -197,6 +197,8 @@ class JobRow:
     spec_retry_at: float | None = None
     acceptance: str | None = None
     """The node's signed acceptance of the current lease (0x hex); None while only offered."""
+    spot_seed: str | None = None
+    """A spot job's seed (0x hex), once revealed after its settlement; None before."""
 
     @classmethod
     def of(cls, r: Any) -> JobRow:
@@ -252,6 +254,7 @@ class JobRow:
             spec_tries=r.spec_tries,
             spec_retry_at=r.spec_retry_at,
             acceptance=r.acceptance,
+            spot_seed=r.spot_seed,
         )
 
 

@@ -109,6 +109,12 @@ jobs = Table(
     Column("result", JSON, nullable=True),  # wire.ResultReport of the last attempt
     # the node's EIP-712 Acceptance (0x hex) of the current lease; NULL while only offered
     Column("acceptance", String(132), nullable=True),
+    # a spot job (JobSpec.spot): its commitment (unique: a seed is never shared by two jobs),
+    # and the seed revealed once the job is settled (POST /v1/jobs/{job_id}/spot)
+    Column("spot_commit", String(66), nullable=True),
+    Column("spot_seed", String(66), nullable=True),
+    Column("spot_revealed_at", Float, nullable=True),
+    Index("ix_jobs_spot_commit", "spot_commit", unique=True),
     Index("ix_jobs_state_queued_at", "state", "queued_at"),
     Index("ix_jobs_node_id", "node_id"),
     Index("ix_jobs_state_lease_expires", "state", "lease_expires"),

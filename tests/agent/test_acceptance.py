@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +43,11 @@ from agent.storage.ipfs import AgentIpfsStore
 from devstack.anvil import free_port
 from devstack.ipfs import IpfsDaemon
 from devstack.providers import new_providers
+from gridmarket import spot
 from gridmarket.chain import ChainError, EscrowClient
 from gridmarket.cid import path_cid
 from gridmarket.eip712 import recover_acceptance_signer
-from gridmarket.escrow import JobState, Status, Terms
+from gridmarket.escrow import FLAG_SPOT, JobState, Status, Terms
 from gridmarket.keystore import create_keystore
 from gridmarket.token import ETH_TOKEN, tokens_of
 from gridmarket.wire import (
@@ -211,6 +212,34 @@ def test_the_signed_acceptance_is_what_assign_takes(chain: Chain) -> None:
     bad = bytes.fromhex(acceptance_request(provider, worse).signature[2:])
     with pytest.raises(ChainError, match="BadSignature"):
         chain.escrow.call_job(chain.operator, "assign", other, provider.address, bad)
+
+
+def test_a_spot_job_is_taken_within_the_nodes_collateral_limits(chain: Chain) -> None:
+    """A spot-checked job (``FLAG_SPOT``: the flag the node signs, its collateral at least
+    ``spot.min_collateral``) is no different to the policy: taken while the collateral is
+    within the node's cap and free stake, declined otherwise; the acceptance the node signs
+    over its flags is the one ``assign`` takes."""
+    bounty = 10**16
+    collateral = spot.min_collateral(bounty, 2500)  # 3 x the bounty + 1 wei at p = 25 %
+    (provider,) = new_providers(chain.escrow, chain.accounts[0], 1, stake_wei=collateral)
+    base = chain.escrow.default_terms(bounty, chain.submitter.address)
+    job = chain.fund(bounty, replace(base, collateral=collateral, flags=FLAG_SPOT))
+    assert job.job.flags == FLAG_SPOT
+    facts = EscrowFacts(chain.escrow)
+    policy = AcceptancePolicy(provider.address, chain=facts)
+    proposal = offer(chain, job)
+    assert proposal.terms.flags == FLAG_SPOT
+    decision = policy.decide(proposal)
+    assert decision.accept and "listed on-chain" in decision.reason, decision.reason
+    capped = AcceptancePolicy(provider.address, chain=facts, max_collateral_wei=collateral - 1)
+    decision = capped.decide(proposal)
+    assert not decision.accept and "over the cap" in decision.reason
+    bigger = chain.fund(bounty, replace(base, collateral=collateral + 1, flags=FLAG_SPOT))
+    decision = policy.decide(offer(chain, bigger))
+    assert not decision.accept and "free stake" in decision.reason
+    signature = bytes.fromhex(acceptance_request(provider, proposal).signature[2:])
+    state, _ = chain.escrow.call_job(chain.operator, "assign", job, provider.address, signature)
+    assert state.status is Status.ASSIGNED and state.job.collateral == collateral
 
 
 # --------------------------------------------------------------------------- tokens

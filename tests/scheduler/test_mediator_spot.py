@@ -1,0 +1,248 @@
+"""Spot checks by the mediator (docs/mediator.md "Spot checks") on a real anvil and the real
+js-ipfs daemon: a drawn attempt is disputed by the mediator itself and ruled after its re-run
+elsewhere (the liar slashed, the check deposit's worth to the mediator); an attempt not drawn is
+left to be finalized, and its seed revealed to the (real) scheduler only once the job is
+settled; a sealed seed that does not open or does not match the commitment is never charged to
+the provider."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from eth_account.signers.local import LocalAccount
+from hexbytes import HexBytes
+
+from devstack.ipfs import IpfsDaemon
+from gridmarket import spot
+from gridmarket.chain import Deployment, EscrowClient
+from gridmarket.eip712 import sign_acceptance
+from gridmarket.escrow import FLAG_SPOT, JobState, Status
+from gridmarket.ipfs import IpfsStore
+from gridmarket.wire import API, JobSpec, SpotCheck
+from scheduler.mediator import Mediator
+
+from ..conftest import Devnet
+from .harness import advance, fresh_escrow, register_on_chain, scheduler
+from .test_mediator import (
+    BOUNTY,
+    WASM_SPEC,
+    chain_now,
+    decision,
+    mediator,
+    status,
+    take_rerun,
+    until,
+)
+
+P_BPS = 2500
+
+
+def seed_where(attempt_drawn: bool) -> bytes:
+    """A seed whose first attempt is drawn for a check at p = 25 % (or not)."""
+    while True:
+        seed = spot.new_seed()
+        if spot.checked(seed, 1, P_BPS) is attempt_drawn:
+            return seed
+
+
+def spot_spec(
+    devnet: Devnet, seed: bytes, *, sealed_to: bytes | None = None, commit: bytes | None = None
+) -> JobSpec:
+    key = sealed_to or spot.public_key_of(bytes(devnet.mediator.key))
+    policy = SpotCheck(
+        p_bps=P_BPS,
+        commit="0x" + (commit or spot.commit_of(seed)).hex(),
+        sealed="0x" + spot.seal(seed, key).hex(),
+    )
+    return WASM_SPEC.model_copy(update={"spot": policy, "name": f"spot-{os.urandom(3).hex()}"})
+
+
+def spot_submitted(
+    devnet: Devnet,
+    client: EscrowClient,
+    store: IpfsStore,
+    spec: JobSpec,
+    output: str,
+    provider: LocalAccount | None = None,
+) -> JobState:
+    """A spot job (FLAG_SPOT, the least collateral p = 25 % needs) assigned to ``provider``
+    with its acceptance, and ``output`` submitted."""
+    provider = provider or devnet.providers[0]
+    terms = client.default_terms(BOUNTY, devnet.submitter.address)
+    collateral = max(terms.collateral, spot.min_collateral(BOUNTY, P_BPS))
+    terms = replace(terms, flags=FLAG_SPOT, collateral=collateral)
+    spec_cid = store.add_bytes(spec.to_bytes())
+    state, _ = client.create_job(
+        devnet.submitter, os.urandom(32), spec_cid, chain_now(client) + 3600, BOUNTY, terms
+    )
+    acceptance = sign_acceptance(
+        provider, client.deployment.chain_id, client.address, state.job_id, 1, state.job
+    )
+    state, _ = client.call_job(devnet.operator, "assign", state, provider.address, acceptance)
+    state, _ = client.call_job(provider, "submitResult", state, output)
+    assert state.status is Status.SUBMITTED
+    return state
+
+
+@pytest.fixture
+def escrow(devnet: Devnet) -> tuple[Deployment, EscrowClient]:
+    deployment, client = fresh_escrow(devnet, challenge_window=3600, reassign_delay=60)
+    for provider in devnet.providers[:2]:
+        register_on_chain(client, provider)
+    return deployment, client
+
+
+@pytest.fixture
+def store(ipfs_daemon: IpfsDaemon) -> Iterator[IpfsStore]:
+    with IpfsStore(ipfs_daemon.api_addr) as s:
+        yield s
+
+
+def test_a_drawn_attempt_is_disputed_by_the_mediator_and_ruled_after_the_rerun(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    store: IpfsStore,
+    tmp_path: Path,
+) -> None:
+    """The liar's plausible wrong output passes integrity; attempt 1 is drawn, so the mediator
+    disputes it (sending nothing), funds a re-run excluding the liar and the submitter (no
+    spot policy on it), and rules it wrong when the re-run differs: the liar pays the
+    mediator the check deposit's worth, and the job is Funded again with its deposit kept."""
+    deployment, client = escrow
+    seed = seed_where(attempt_drawn=True)
+    wrong = store.add_bytes(b"mean=41.0\n" + os.urandom(4))
+    right = store.add_bytes(b"mean=42.5\n" + os.urandom(4))
+    job = spot_submitted(devnet, client, store, spot_spec(devnet, seed), wrong)
+    liar, honest = devnet.providers[0], devnet.providers[1]
+    mediator_before = client.balance_of(devnet.mediator.address)
+    with mediator(devnet, deployment, ipfs_daemon, tmp_path / "m.db") as med:
+        until(med, lambda: decision(med, job) is not None, what="the spot check")
+        d = decision(med, job)
+        assert d is not None and d.verdict == "disputed" and d.tx_hash is not None, d
+        assert f"spot check drawn (p={P_BPS} bps, attempt 1)" in d.reason, d.reason
+        receipt = client.w3.eth.get_transaction_receipt(HexBytes(d.tx_hash))
+        assert receipt["from"] == devnet.mediator.address
+        assert client.w3.eth.get_transaction(HexBytes(d.tx_hash))["value"] == 0
+        assert status(client, job) is Status.DISPUTED
+        kept = med.state.spot(job.job_id)
+        assert kept is not None and kept.seed == seed
+        until(med, lambda: bool(med.state.reruns()), what="the re-run")
+        (rerun,) = med.state.reruns()
+        rerun_spec = JobSpec.from_bytes(store.cat(rerun.spec_cid, max_bytes=1 << 16))
+        assert rerun_spec.exclude_providers == [liar.address, devnet.submitter.address]
+        assert rerun_spec.spot is None
+        assert client.job_state(rerun.rerun_id).job.flags == 0
+        take_rerun(devnet, client, rerun.rerun_id, honest, right)
+        until(med, lambda: decision(med, job, "dispute") is not None, what="the ruling")
+        ruling = decision(med, job, "dispute")
+        assert ruling is not None and ruling.verdict == "not upheld", ruling
+        assert ruling.reason.startswith(f"spot check drawn (p={P_BPS} bps, attempt 1): ")
+        assert "different CID" in ruling.reason
+    after = client.job_state(job.job_id)
+    assert after.status is Status.FUNDED  # to be done again: attempt 2 is drawn afresh
+    receipt = client.w3.eth.get_transaction_receipt(HexBytes(ruling.tx_hash or ""))
+    (slashed,) = [e for e in client.decode_logs(receipt["logs"]) if e.name == "ProviderSlashed"]
+    assert slashed.args["provider"] == liar.address
+    assert slashed.args["toMediator"] == BOUNTY  # min(collateral, the check deposit)
+    # the mediator paid the re-run's bounty and got the check deposit's worth back
+    assert client.balance_of(devnet.mediator.address) - mediator_before == BOUNTY
+
+
+def test_an_attempt_not_drawn_is_left_to_be_finalized_and_revealed_once_settled(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    store: IpfsStore,
+    tmp_path: Path,
+) -> None:
+    """No dispute, no ruling: the result is paid after the window by whoever finalizes it;
+    the seed reaches the scheduler only then (the mediator tries while it is Submitted and
+    the scheduler stays without it), and the scheduler checks it against the commitment."""
+    deployment, client = escrow
+    seed = seed_where(attempt_drawn=False)
+    output = store.add_bytes(b"mean=42.5\n" + os.urandom(4))
+    spec = spot_spec(devnet, seed)
+    addr = ipfs_daemon.api_addr
+    with scheduler(tmp_path, deployment, devnet, addr) as server:
+        job = spot_submitted(devnet, client, store, spec, output)
+        job_id = "0x" + job.job_id.hex()
+        with mediator(
+            devnet,
+            deployment,
+            ipfs_daemon,
+            tmp_path / "m.db",
+            scheduler_url=server.url,
+            reveal_retry_s=0.2,
+        ) as med:
+            until(med, lambda: decision(med, job) is not None, what="the check")
+            d = decision(med, job)
+            assert d is not None and d.verdict == "no ruling" and d.tx_hash is None, d
+            assert "paid after the challenge window" in d.reason
+            assert f"spot check not drawn (p={P_BPS} bps, attempt 1)" in d.reason
+            for _ in range(5):
+                med.poll_once()
+            assert status(client, job) is Status.SUBMITTED
+            assert server.get(API.SPOT.format(job_id=job_id)).json()["seed"] is None
+            advance(client.w3, 3601)
+            client.call_job(devnet.providers[1], "finalize", client.job_state(job.job_id))
+            assert status(client, job) is Status.RELEASED
+            until(med, lambda: revealed(med, job), what="the reveal")
+        view = server.get(API.SPOT.format(job_id=job_id)).json()
+    assert view["seed"] == "0x" + seed.hex() and view["checked_attempts"] == []
+    assert view["attempts"] == 1
+    assert [d.kind for d in med.decisions if d.job_id == job.job_id] == ["check"]
+
+
+def revealed(med: Mediator, job: JobState) -> bool:
+    kept = med.state.spot(job.job_id)
+    return kept is not None and kept.revealed == "revealed"
+
+
+def test_a_sealed_seed_that_does_not_open_or_match_is_never_charged_to_the_provider(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    store: IpfsStore,
+    tmp_path: Path,
+) -> None:
+    """A seed sealed to another key, and one that opens but is not the committed one: the
+    submitter's mistakes. No check is opened (even on a wrong output), the decision says why,
+    and nothing is revealed."""
+    deployment, client = escrow
+    drawn = seed_where(attempt_drawn=True)
+    stranger = spot.public_key_of(os.urandom(32))
+    other_key = spot_spec(devnet, drawn, sealed_to=stranger)
+    mismatch = spot_spec(devnet, drawn, commit=spot.commit_of(spot.new_seed()))
+    wrong = store.add_bytes(b"mean=0\n" + os.urandom(4))
+    jobs = [spot_submitted(devnet, client, store, s, wrong) for s in (other_key, mismatch)]
+    with mediator(devnet, deployment, ipfs_daemon, tmp_path / "m.db") as med:
+        until(med, lambda: all(decision(med, j) for j in jobs), what="the checks")
+        for job, why in zip(
+            jobs,
+            ("does not open with this key", "does not match the spec's commitment"),
+            strict=True,
+        ):
+            d = decision(med, job)
+            assert d is not None and d.verdict == "no ruling" and d.tx_hash is None, d
+            assert f"no spot check: the sealed seed {why}" in d.reason, d.reason
+            assert "never charged to the provider" in d.reason
+            assert status(client, job) is Status.SUBMITTED
+            kept = med.state.spot(job.job_id)
+            assert kept is not None and kept.seed is None
+        assert med.state.reruns() == []
+        advance(client.w3, 3601)
+        for job in jobs:
+            client.call_job(devnet.providers[1], "finalize", client.job_state(job.job_id))
+        for _ in range(5):
+            med.poll_once()
+        tasks = {t.job_id: t for t in med.state.pending_tasks()}
+        assert not any(j.job_id in tasks for j in jobs)  # the reveals ended: nothing to reveal
+    for job in jobs:
+        events = client.events(deployment.block, "latest", [None, "0x" + job.job_id.hex()])
+        assert "ProviderSlashed" not in [e.name for e in events]
+        assert "ResultDisputed" not in [e.name for e in events]
