@@ -307,7 +307,7 @@ async def reveal_spot(job_id: str, body: SpotReveal, b: BackendDep) -> dict[str,
         raise FieldError(
             "job_id", problem or f"job {jid}'s spec carries no spot commitment (or is unreadable)"
         )
-    if not verify_reveal(bytes.fromhex(body.seed[2:]), check.commit_bytes):
+    if not verify_reveal(bytes.fromhex(body.seed[2:]), check.commit_bytes, state.job.submitter):
         raise FieldError("seed", f"this seed does not open job {jid}'s commitment {check.commit}")
     try:
         answer = await b.scheduler.reveal_spot(jid, body.seed)

@@ -454,7 +454,7 @@ def check_job(
     )
     if policy.spot_bps and spec.spot is None:  # drawn and sealed here, the seed forgotten
         key = spot_public_key(req.mediator_pubkey, mediator, sender, params)
-        spec = seal_draw(spec, policy.spot_bps, key)
+        spec = seal_draw(spec, policy.spot_bps, key, sender)
     return CheckedJob(
         sender=sender,
         spec=spec,
@@ -522,7 +522,7 @@ def spot_public_key(given: str | None, mediator: str, sender: str, params: dict[
         raise FieldError(field, f"not the mediator's public key: {exc}") from None
 
 
-def seal_draw(spec: JobSpec, p_bps: int, public_key: bytes) -> JobSpec:
+def seal_draw(spec: JobSpec, p_bps: int, public_key: bytes, submitter: str) -> JobSpec:
     """``spec`` with a fresh spot draw (``spec.spot``: commitment and sealed seed); the seed
     itself is not kept anywhere."""
     from gridmarket.wire import SpotCheck
@@ -530,8 +530,8 @@ def seal_draw(spec: JobSpec, p_bps: int, public_key: bytes) -> JobSpec:
     seed = spot.new_seed()
     check = SpotCheck(
         p_bps=p_bps,
-        commit="0x" + spot.commit_of(seed).hex(),
-        sealed="0x" + spot.seal(seed, public_key).hex(),
+        commit="0x" + spot.commit_of(seed, submitter).hex(),
+        sealed="0x" + spot.seal(seed, public_key, submitter).hex(),
     )
     return spec.model_copy(update={"spot": check})
 

@@ -144,7 +144,7 @@ def attempt_checks(
 
 
 def reveal_view(
-    check: SpotCheck, status: dict[str, Any] | None, attempts: int
+    check: SpotCheck, status: dict[str, Any] | None, attempts: int, submitter: str
 ) -> dict[str, Any] | None:
     """The scheduler's reveal (``wire.SpotStatus``) checked here: the seed must open the spec's
     commitment; the attempts it draws are recomputed (1..``attempts``). None before a reveal."""
@@ -155,7 +155,7 @@ def reveal_view(
         seed = bytes.fromhex(seed_hex.removeprefix("0x"))
     except ValueError:
         return {"seed": seed_hex[:80], "verified": False, "checked_attempts": []}
-    verified = spot.verify_reveal(seed, check.commit_bytes)
+    verified = spot.verify_reveal(seed, check.commit_bytes, submitter)
     shown = min(max(attempts, 0), MAX_SHOWN_ATTEMPTS)
     drawn = (
         [a for a in range(1, shown + 1) if spot.checked(seed, a, check.p_bps)] if verified else []
@@ -184,7 +184,7 @@ def spot_view(
     if check is None and not flags_spot and problem is None:
         return None
     rows = attempt_checks(events, submitter, senders)
-    reveal = reveal_view(check, status, attempts) if check is not None else None
+    reveal = reveal_view(check, status, attempts, submitter) if check is not None else None
     if reveal is not None and reveal["verified"]:
         for row in rows:
             row["drawn"] = row["attempt"] in reveal["checked_attempts"]

@@ -411,6 +411,7 @@ def submit(
                 job.spec["spot"],
                 mediator=asked["mediator"],
                 spec_cid=spec_cid,
+                submitter=account.address,
             )
         # 3. signed here, relayed there
         try:
@@ -508,7 +509,7 @@ def _spot_draw(
     from .submitter_spot import draw, mediator_key
 
     key = mediator_key(mediator, given_key, info, bytes(account.key), account.address)
-    seed, field = draw(p_bps, key)
+    seed, field = draw(p_bps, key, account.address)
     return field, seed
 
 

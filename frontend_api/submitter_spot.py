@@ -50,13 +50,14 @@ def mediator_key(
         raise CliError(f"{where}: not the key of mediator {mediator}: {exc}") from None
 
 
-def draw(p_bps: int, public_key: bytes) -> tuple[bytes, dict[str, Any]]:
-    """A fresh seed and the spec's ``spot`` field for it (commitment, sealed seed)."""
+def draw(p_bps: int, public_key: bytes, submitter: str) -> tuple[bytes, dict[str, Any]]:
+    """A fresh seed and the spec's ``spot`` field for it (commitment and sealed seed, both
+    bound to ``submitter``)."""
     seed = spot.new_seed()
     return seed, {
         "p_bps": p_bps,
-        "commit": "0x" + spot.commit_of(seed).hex(),
-        "sealed": "0x" + spot.seal(seed, public_key).hex(),
+        "commit": "0x" + spot.commit_of(seed, submitter).hex(),
+        "sealed": "0x" + spot.seal(seed, public_key, submitter).hex(),
     }
 
 
@@ -109,7 +110,7 @@ class SeedStore:
             ) from None
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CliError(f"{path} is not a spot seed record: {exc}") from None
-        if not spot.verify_reveal(seed, commit):
+        if not spot.verify_reveal(seed, commit, str(body.get("submitter", ""))):
             raise CliError(f"{path}: its seed does not open its commitment")
         return dict(body)
 

@@ -5,9 +5,12 @@ probability ``p`` per attempt, and the provider that runs it cannot know whether
 the one checked (docs/trust.md, "Spot checks"):
 
 - at funding the submitter's client draws a 32-byte **seed**, puts ``commit = keccak256(
-  "gridmarket.spot.v1" || seed)`` in the spec (whose CID is bound into the job id and emitted in
-  ``JobCreated``: the commitment is on-chain with the job), and **seals** the seed to the job's
-  mediator (ECIES on secp256k1: only the mediator's key opens it);
+  "gridmarket.spot.v1" || submitter || seed)`` in the spec (whose CID is bound into the job id
+  and emitted in ``JobCreated``: the commitment is on-chain with the job), and **seals** the
+  seed to the job's mediator (ECIES on secp256k1: only the mediator's key opens it; the
+  submitter's address is authenticated with it);
+- both name the submitter, so a copy of another submitter's commitment and sealed seed in one's
+  own spec neither opens nor matches: nobody can claim a victim's draw to have it skipped;
 - attempt ``a`` is checked iff ``keccak256("gridmarket.spot.v1/draw" || seed || a) mod 10,000 <
   p_bps``: each attempt is drawn afresh, so a check (or its absence) seen on one attempt tells
   nothing about the next;
@@ -24,7 +27,6 @@ from __future__ import annotations
 
 import hmac
 import os
-from dataclasses import dataclass
 from fractions import Fraction
 from hashlib import sha256
 
@@ -50,10 +52,21 @@ def new_seed() -> bytes:
     return os.urandom(SEED_BYTES)
 
 
-def commit_of(seed: bytes) -> bytes:
-    """``keccak256("gridmarket.spot.v1" || seed)``: what the spec carries."""
+def commit_of(seed: bytes, submitter: str) -> bytes:
+    """``keccak256("gridmarket.spot.v1" || submitter || seed)`` (the submitter's 20 address
+    bytes): what the spec carries."""
     _need(seed, SEED_BYTES, "seed")
-    return keccak(DOMAIN + seed)
+    return keccak(DOMAIN + _address_bytes(submitter) + seed)
+
+
+def _address_bytes(address: str) -> bytes:
+    try:
+        raw = bytes.fromhex(address.removeprefix("0x").removeprefix("0X"))
+    except (ValueError, AttributeError) as exc:
+        raise SpotError(f"submitter must be a 0x address, got {address!r}") from exc
+    if len(raw) != 20:
+        raise SpotError(f"submitter must be a 0x address, got {address!r}")
+    return raw
 
 
 def checked(seed: bytes, attempt: int, p_bps: int) -> bool:
@@ -118,13 +131,15 @@ def _key(shared: bytes, ephemeral: bytes, recipient: bytes) -> bytes:
     return sha256(DOMAIN + b"/seal" + shared + ephemeral + recipient).digest()
 
 
-def seal(seed: bytes, recipient_public_key: bytes) -> bytes:
+def seal(seed: bytes, recipient_public_key: bytes, submitter: str) -> bytes:
     """The seed encrypted to ``recipient_public_key``: ECDH with a fresh ephemeral key, then
-    AES-256-GCM (the ephemeral key and the recipient's key authenticated with it)."""
+    AES-256-GCM (the ephemeral key, the recipient's key and the submitter's address
+    authenticated with it: it opens only for a job of that submitter)."""
     from coincurve import PrivateKey, PublicKey
     from Crypto.Cipher import AES
 
     _need(seed, SEED_BYTES, "seed")
+    owner = _address_bytes(submitter)
     try:
         recipient = PublicKey(recipient_public_key).format(compressed=True)
     except Exception as exc:
@@ -134,20 +149,21 @@ def seal(seed: bytes, recipient_public_key: bytes) -> bytes:
     key = _key(ephemeral.ecdh(recipient), eph_pub, recipient)
     nonce = os.urandom(12)
     cipher = AES.new(key, AES.MODE_GCM, nonce=nonce)
-    cipher.update(eph_pub + recipient)
+    cipher.update(eph_pub + recipient + owner)
     body, tag = cipher.encrypt_and_digest(seed)
     return eph_pub + nonce + body + tag
 
 
-def unseal(sealed: bytes, private_key: bytes, commit: bytes | None = None) -> bytes:
-    """The seed in ``sealed``, opened with the recipient's ``private_key``; with ``commit``,
-    also checked against it. SpotError if it was sealed to another key, altered, or does not
-    match the commitment."""
+def unseal(sealed: bytes, private_key: bytes, submitter: str, commit: bytes | None = None) -> bytes:
+    """The seed in ``sealed``, opened with the recipient's ``private_key`` for a job of
+    ``submitter``; with ``commit``, also checked against it. SpotError if it was sealed to
+    another key or for another submitter, altered, or does not match the commitment."""
     from coincurve import PrivateKey
     from Crypto.Cipher import AES
 
     _need(sealed, SEALED_BYTES, "sealed seed")
     _need(private_key, 32, "private key")
+    owner = _address_bytes(submitter)
     eph_pub, nonce = sealed[:33], sealed[33:45]
     body, tag = sealed[45 : 45 + SEED_BYTES], sealed[45 + SEED_BYTES :]
     me = PrivateKey(private_key)
@@ -155,33 +171,20 @@ def unseal(sealed: bytes, private_key: bytes, commit: bytes | None = None) -> by
     try:
         key = _key(me.ecdh(eph_pub), eph_pub, recipient)
         cipher = AES.new(key, AES.MODE_GCM, nonce=nonce)
-        cipher.update(eph_pub + recipient)
+        cipher.update(eph_pub + recipient + owner)
         seed = cipher.decrypt_and_verify(body, tag)
     except Exception as exc:
-        raise SpotError(f"the sealed seed does not open with this key: {exc}") from exc
-    if commit is not None and not hmac.compare_digest(commit_of(seed), commit):
+        raise SpotError(
+            f"the sealed seed does not open with this key for submitter {submitter}: {exc}"
+        ) from exc
+    if commit is not None and not hmac.compare_digest(commit_of(seed, submitter), commit):
         raise SpotError("the sealed seed does not match the spec's commitment")
     return seed
 
 
-@dataclass(frozen=True, slots=True)
-class Draw:
-    """What a submitter's client keeps for a spot job until it is settled."""
-
-    seed: bytes
-    p_bps: int
-
-    @property
-    def commit(self) -> bytes:
-        return commit_of(self.seed)
-
-    def checked(self, attempt: int) -> bool:
-        return checked(self.seed, attempt, self.p_bps)
-
-
-def verify_reveal(seed: bytes, commit: bytes) -> bool:
-    """Whether a revealed seed is the one the spec committed to."""
-    return len(seed) == SEED_BYTES and hmac.compare_digest(commit_of(seed), commit)
+def verify_reveal(seed: bytes, commit: bytes, submitter: str) -> bool:
+    """Whether a revealed seed is the one ``submitter``'s spec committed to."""
+    return len(seed) == SEED_BYTES and hmac.compare_digest(commit_of(seed, submitter), commit)
 
 
 def _need(value: bytes, size: int, what: str) -> None:

@@ -155,11 +155,12 @@ async def reveal_spot(job_id: str, body: SpotReveal, store: StoreDep) -> SpotSta
             raise HTTPException(
                 409, f"job {other} holds the same commitment {commit} and is not settled"
             )
-    if not spot.verify_reveal(bytes.fromhex(seed[2:]), bytes.fromhex(commit[2:])):
+    submitter = job.chain.job.submitter
+    if not spot.verify_reveal(bytes.fromhex(seed[2:]), bytes.fromhex(commit[2:]), submitter):
         raise HTTPException(
             422,
             f"seed: {seed} does not hash to the spec's commitment {commit} "
-            '(keccak256("gridmarket.spot.v1" || seed))',
+            f'(keccak256("gridmarket.spot.v1" || submitter {submitter} || seed))',
         )
     if job.spot_seed is None:
         await asyncio.to_thread(store.set_spot_seed, job.job_id, seed)

@@ -761,7 +761,9 @@ class Mediator:
                 )
             else:
                 try:
-                    seed = spot_draw.unseal(policy.sealed_bytes, self._key, commit)
+                    seed = spot_draw.unseal(
+                        policy.sealed_bytes, self._key, state.job.submitter, commit
+                    )
                 except spot_draw.SpotError as exc:
                     note = (
                         f"no spot check: {exc} (the submitter's mistake, never charged to the "

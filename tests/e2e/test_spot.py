@@ -72,13 +72,13 @@ def fund_spot(grid: LocalGrid, spec: JobSpec, seed: bytes) -> Funded:
     (twice the bounty: the check deposit) and the least collateral p needs."""
     params = grid.deployment.params
     key = spot.check_public_key(bytes.fromhex(params["mediator_pubkey"][2:]), params["mediator"])
+    who = grid.submitters[0]
     policy = SpotCheck(
         p_bps=P_BPS,
-        commit="0x" + spot.commit_of(seed).hex(),
-        sealed="0x" + spot.seal(seed, key).hex(),
+        commit="0x" + spot.commit_of(seed, who.address).hex(),
+        sealed="0x" + spot.seal(seed, key, who.address).hex(),
     )
     spec = spec.model_copy(update={"spot": policy})
-    who = grid.submitters[0]
     terms = grid.escrow.default_terms(BOUNTY, who.address)
     collateral = max(terms.collateral, spot.min_collateral(BOUNTY, P_BPS))
     terms = replace(terms, collateral=collateral, flags=FLAG_SPOT)
@@ -229,6 +229,6 @@ def test_a_drawn_lie_is_checked_and_slashed_and_an_undrawn_job_is_paid_unchecked
     for job, seed, checked in ((drawn, drawn_seed, [1]), (quiet, quiet_seed, [])):
         shown = wait_for(f"the reveal of {job.job_id}", partial(revealed, grid, job), 30)
         assert shown["seed"] == "0x" + seed.hex()
-        assert shown["commit"] == "0x" + spot.commit_of(seed).hex()
+        assert shown["commit"] == "0x" + spot.commit_of(seed, grid.submitters[0].address).hex()
         assert shown["checked_attempts"] == checked, shown
         assert job_state(grid, job).status is Status.RELEASED

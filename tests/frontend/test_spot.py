@@ -110,7 +110,9 @@ def test_cli_spot_job_sealed_funded_checked_disputed_and_revealed(
     record = json.loads(record_path.read_text())
     check = spec_of(stack, state.spec_cid).spot
     assert check is not None and check.p_bps == 1000 and record["commit"] == check.commit
-    seed = spot.unseal(check.sealed_bytes, bytes(stack.mediator.key), check.commit_bytes)
+    seed = spot.unseal(
+        check.sealed_bytes, bytes(stack.mediator.key), state.job.submitter, check.commit_bytes
+    )
     assert "0x" + seed.hex() == record["seed"]
 
     # attempt 1: the mediator's check (a dispute sending nothing), ruled against the provider
@@ -198,7 +200,9 @@ def test_front_end_draw_for_the_browser_and_the_check_deposit_returned(
     assert price["check_deposit_wei"] == str(BOUNTY) and price["expected_runs"] == "1 + 0.25"
     check = JobSpec.model_validate(prepared["spec"]).spot
     assert check is not None and prepared["spot"]["commit"] == check.commit
-    seed = spot.unseal(check.sealed_bytes, bytes(stack.mediator.key), check.commit_bytes)
+    seed = spot.unseal(
+        check.sealed_bytes, bytes(stack.mediator.key), submitter.address, check.commit_bytes
+    )
     assert seed.hex() not in json.dumps(prepared).lower()  # sealed and committed, never shown
     assert "expects to lose on it" in prepared["price"]["summary"]
     tx = prepared["tx"]

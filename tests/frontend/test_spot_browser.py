@@ -55,6 +55,8 @@ def test_spot_choice_price_and_page_in_chromium(stack: FrontendStack, tmp_path: 
     check = spec_of(stack, state.spec_cid).spot
     assert check is not None and result["spot_commit"] == check.commit
     assert result["spot_p"] == "0.1"
-    spot.unseal(check.sealed_bytes, bytes(stack.mediator.key), check.commit_bytes)
+    spot.unseal(
+        check.sealed_bytes, bytes(stack.mediator.key), state.job.submitter, check.commit_bytes
+    )
     assert "revealed once the job is settled" in result["pending"]
     assert "spot-checked" in result["payment"]

@@ -73,8 +73,10 @@ def test_check_job_draws_seals_to_the_listed_mediator_and_asks_the_spot_collater
     assert spot.cheater_profit(10**15, checked.collateral_wei - 1, 1000) == 0
     check = checked.spec.spot
     assert check is not None and check.p_bps == 1000
-    seed = spot.unseal(check.sealed_bytes, MEDIATOR_KEY, check.commit_bytes)  # opens, matches
-    assert spot.verify_reveal(seed, check.commit_bytes)
+    seed = spot.unseal(
+        check.sealed_bytes, MEDIATOR_KEY, SUBMITTER, check.commit_bytes
+    )  # opens, matches
+    assert spot.verify_reveal(seed, check.commit_bytes, SUBMITTER)
     again = check_job(request(), chain_now=1_000_000, params=PARAMS).spec.spot
     assert again is not None and again.commit != check.commit  # a fresh draw each time
 
@@ -106,8 +108,8 @@ def test_a_spec_carrying_its_own_spot_is_taken_as_is() -> None:
     seed = spot.new_seed()
     own = {
         "p_bps": 2500,
-        "commit": "0x" + spot.commit_of(seed).hex(),
-        "sealed": "0x" + spot.seal(seed, spot.public_key_of(MEDIATOR_KEY)).hex(),
+        "commit": "0x" + spot.commit_of(seed, SUBMITTER).hex(),
+        "sealed": "0x" + spot.seal(seed, spot.public_key_of(MEDIATOR_KEY), SUBMITTER).hex(),
     }
     checked = check_job(
         request(spec={**WASM, "spot": own}, verification="spot:0.25"),
@@ -158,8 +160,8 @@ def history() -> list[ChainEvent]:
 def spec_with(seed: bytes, p_bps: int = 2500) -> dict[str, Any]:
     check = SpotCheck(
         p_bps=p_bps,
-        commit="0x" + spot.commit_of(seed).hex(),
-        sealed="0x" + spot.seal(seed, spot.public_key_of(MEDIATOR_KEY)).hex(),
+        commit="0x" + spot.commit_of(seed, SUBMITTER).hex(),
+        sealed="0x" + spot.seal(seed, spot.public_key_of(MEDIATOR_KEY), SUBMITTER).hex(),
     )
     return JobSpec.model_validate({**WASM, "spot": check.model_dump()}).model_dump(mode="json")
 
@@ -182,7 +184,7 @@ def test_the_page_tells_a_check_from_the_submitters_dispute_and_verifies_the_rev
     assert reveal["checked_attempts"] == want  # recomputed here, not the scheduler's word
     assert [a["drawn"] for a in view["attempts"]] == [a in want for a in (1, 2, 3)]
     other = reveal_view(
-        SpotCheck.model_validate(spec_with(seed)["spot"]), {"seed": "0x" + "00" * 32}, 3
+        SpotCheck.model_validate(spec_with(seed)["spot"]), {"seed": "0x" + "00" * 32}, 3, SUBMITTER
     )
     assert other is not None and other["verified"] is False and other["checked_attempts"] == []
     unknown = spot_view(spec_with(seed), True, 1, history()[:4], SUBMITTER, {}, None, "down")
@@ -234,12 +236,12 @@ def test_the_cli_keeps_the_seed_0600_and_checks_the_mediators_key(tmp_path: Any)
         mediator_key(MEDIATOR, "0x" + own.hex(), {"params": PARAMS}, b"\x05" * 32, SUBMITTER)
     with pytest.raises(CliError, match="none is known"):
         mediator_key(PROVIDER, None, {"params": PARAMS}, b"\x05" * 32, SUBMITTER)
-    field = {"p_bps": 1000, "commit": "0x" + spot.commit_of(seed).hex()}
-    path = store.save("0x" + "ab" * 32, seed, field)
+    field = {"p_bps": 1000, "commit": "0x" + spot.commit_of(seed, SUBMITTER).hex()}
+    path = store.save("0x" + "ab" * 32, seed, field, submitter=SUBMITTER)
     assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
     assert store.load("0x" + "AB" * 32)["seed"] == "0x" + seed.hex()
     with pytest.raises(CliError, match="already kept"):
-        store.save("0x" + "ab" * 32, seed, field)
+        store.save("0x" + "ab" * 32, seed, field, submitter=SUBMITTER)
     assert drawn_attempts("0x" + seed.hex(), 10_000, 3) == [1, 2, 3]
     with pytest.raises(CliError, match="no spot seed kept"):
         store.load("0x" + "cd" * 32)

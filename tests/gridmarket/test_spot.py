@@ -10,13 +10,20 @@ from eth_account import Account
 from gridmarket import spot
 from gridmarket.wire import JobSpec
 
+SUBMITTER = "0x" + "22" * 20
+OTHER = "0x" + "33" * 20
+
 
 def test_commit_and_reveal() -> None:
     seed = spot.new_seed()
-    commit = spot.commit_of(seed)
-    assert spot.verify_reveal(seed, commit)
-    assert not spot.verify_reveal(os.urandom(32), commit)
-    assert not spot.verify_reveal(seed[:31], commit)
+    commit = spot.commit_of(seed, SUBMITTER)
+    assert spot.verify_reveal(seed, commit, SUBMITTER)
+    assert not spot.verify_reveal(os.urandom(32), commit, SUBMITTER)
+    assert not spot.verify_reveal(seed[:31], commit, SUBMITTER)
+    # the commitment names its submitter: another's copy of it is not its own
+    assert not spot.verify_reveal(seed, commit, OTHER)
+    with pytest.raises(spot.SpotError, match="submitter must be a 0x address"):
+        spot.commit_of(seed, "0x1234")
 
 
 def test_draws_follow_p_and_differ_per_attempt() -> None:
@@ -44,18 +51,24 @@ def test_sealed_seed_opens_only_with_the_mediators_key() -> None:
     with pytest.raises(spot.SpotError, match="is not the key of"):
         spot.check_public_key(pub, other.address)
     seed = spot.new_seed()
-    sealed = spot.seal(seed, pub)
+    sealed = spot.seal(seed, pub, SUBMITTER)
     assert len(sealed) == spot.SEALED_BYTES
-    assert spot.unseal(sealed, bytes(mediator.key), spot.commit_of(seed)) == seed
+    commit = spot.commit_of(seed, SUBMITTER)
+    assert spot.unseal(sealed, bytes(mediator.key), SUBMITTER, commit) == seed
     with pytest.raises(spot.SpotError, match="does not open"):
-        spot.unseal(sealed, bytes(other.key))
+        spot.unseal(sealed, bytes(other.key), SUBMITTER)
+    # copied into another submitter's spec, the sealed seed does not open for its job
+    with pytest.raises(spot.SpotError, match=f"does not open with this key for submitter {OTHER}"):
+        spot.unseal(sealed, bytes(mediator.key), OTHER)
     tampered = sealed[:-1] + bytes([sealed[-1] ^ 1])
     with pytest.raises(spot.SpotError, match="does not open"):
-        spot.unseal(tampered, bytes(mediator.key))
+        spot.unseal(tampered, bytes(mediator.key), SUBMITTER)
     with pytest.raises(spot.SpotError, match="does not match the spec's commitment"):
-        spot.unseal(sealed, bytes(mediator.key), spot.commit_of(spot.new_seed()))
+        spot.unseal(
+            sealed, bytes(mediator.key), SUBMITTER, spot.commit_of(spot.new_seed(), SUBMITTER)
+        )
     with pytest.raises(spot.SpotError, match="sealed seed must be 93 bytes"):
-        spot.unseal(sealed[:-1], bytes(mediator.key))
+        spot.unseal(sealed[:-1], bytes(mediator.key), SUBMITTER)
 
 
 @pytest.mark.parametrize(
@@ -72,8 +85,8 @@ def test_the_spec_carries_the_policy_only_for_comparable_jobs() -> None:
     seed, key = spot.new_seed(), Account.create().key
     policy = {
         "p_bps": 1000,
-        "commit": "0x" + spot.commit_of(seed).hex(),
-        "sealed": "0x" + spot.seal(seed, spot.public_key_of(bytes(key))).hex(),
+        "commit": "0x" + spot.commit_of(seed, SUBMITTER).hex(),
+        "sealed": "0x" + spot.seal(seed, spot.public_key_of(bytes(key)), SUBMITTER).hex(),
     }
     wasm = JobSpec.model_validate(
         {
@@ -82,7 +95,7 @@ def test_the_spec_carries_the_policy_only_for_comparable_jobs() -> None:
             "spot": policy,
         }
     )
-    assert wasm.spot is not None and wasm.spot.commit_bytes == spot.commit_of(seed)
+    assert wasm.spot is not None and wasm.spot.commit_bytes == spot.commit_of(seed, SUBMITTER)
     assert JobSpec.from_bytes(wasm.to_bytes()) == wasm
     with pytest.raises(ValueError, match="spot checks need a job whose honest runs agree"):
         JobSpec.model_validate({"executor": "docker", "image": "busybox:1", "spot": policy})

@@ -55,8 +55,8 @@ def spot_spec(
     key = sealed_to or spot.public_key_of(bytes(devnet.mediator.key))
     policy = SpotCheck(
         p_bps=P_BPS,
-        commit="0x" + (commit or spot.commit_of(seed)).hex(),
-        sealed="0x" + spot.seal(seed, key).hex(),
+        commit="0x" + (commit or spot.commit_of(seed, devnet.submitter.address)).hex(),
+        sealed="0x" + spot.seal(seed, key, devnet.submitter.address).hex(),
     )
     return WASM_SPEC.model_copy(update={"spot": policy, "name": f"spot-{os.urandom(3).hex()}"})
 
@@ -217,7 +217,9 @@ def test_a_sealed_seed_that_does_not_open_or_match_is_never_charged_to_the_provi
     drawn = seed_where(attempt_drawn=True)
     stranger = spot.public_key_of(os.urandom(32))
     other_key = spot_spec(devnet, drawn, sealed_to=stranger)
-    mismatch = spot_spec(devnet, drawn, commit=spot.commit_of(spot.new_seed()))
+    mismatch = spot_spec(
+        devnet, drawn, commit=spot.commit_of(spot.new_seed(), devnet.submitter.address)
+    )
     wrong = store.add_bytes(b"mean=0\n" + os.urandom(4))
     jobs = [spot_submitted(devnet, client, store, s, wrong) for s in (other_key, mismatch)]
     with mediator(devnet, deployment, ipfs_daemon, tmp_path / "m.db") as med:

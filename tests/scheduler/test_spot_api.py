@@ -41,8 +41,11 @@ def spot_spec(
     devnet's mediator (``commit`` overrides the commitment)."""
     policy = SpotCheck(
         p_bps=p_bps,
-        commit="0x" + (commit or spot.commit_of(seed)).hex(),
-        sealed="0x" + spot.seal(seed, spot.public_key_of(bytes(devnet.mediator.key))).hex(),
+        commit="0x" + (commit or spot.commit_of(seed, devnet.submitter.address)).hex(),
+        sealed="0x"
+        + spot.seal(
+            seed, spot.public_key_of(bytes(devnet.mediator.key)), devnet.submitter.address
+        ).hex(),
     )
     return JobSpec.model_validate(
         {"name": name, "executor": "wasm", "module_cid": MODULE, "spot": policy}
@@ -122,7 +125,7 @@ def test_a_spot_job_whose_terms_disagree_with_its_policy_is_not_offered(
     assert f"collateral {need - 1} is under {need}" in view["reason"], view["reason"]
     assert settled_view(server, good, {"queued"})["reason"] == "waiting for a node"
     view = settled_view(server, reused, {"invalid"})
-    commit = "0x" + spot.commit_of(seed).hex()
+    commit = "0x" + spot.commit_of(seed, devnet.submitter.address).hex()
     # the job created first holds the commitment, whichever spec was read first
     assert f"commitment {commit} is" in view["reason"] and good in view["reason"], view
     assert "a seed is never used twice" in view["reason"]
@@ -172,7 +175,7 @@ def test_a_reveal_is_kept_only_once_the_job_is_settled_and_the_seed_is_the_commi
     state, _ = client.call_job(devnet.submitter, "cancel", state)
     assert state.status is Status.REFUNDED
     settled_view(server, job_id, {"refunded"})
-    commit = "0x" + spot.commit_of(seed).hex()
+    commit = "0x" + spot.commit_of(seed, devnet.submitter.address).hex()
     r = server.http.post(url, json={"seed": "0x" + spot.new_seed().hex()})
     assert r.status_code == 422 and f"commitment {commit}" in r.text, r.text
     assert server.http.post(url, json={"seed": "0x12"}).status_code == 422  # not 32 bytes
@@ -223,7 +226,9 @@ def test_the_job_created_first_holds_a_commitment_whichever_spec_is_read_first(
     Once a holder has been offered, it keeps the commitment and an earlier job is refused."""
     seed = spot.new_seed()
     policy = SpotCheck(
-        p_bps=P_BPS, commit="0x" + spot.commit_of(seed).hex(), sealed="0x" + "11" * 93
+        p_bps=P_BPS,
+        commit="0x" + spot.commit_of(seed, "0x" + "22" * 20).hex(),
+        sealed="0x" + "11" * 93,
     )
     spec = JobSpec.model_validate(
         {"executor": "wasm", "module_cid": MODULE, "spot": policy.model_dump()}
