@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from eth_account.signers.local import LocalAccount
 
@@ -38,6 +39,7 @@ from gridmarket.chain import ChainError, Deployment
 from gridmarket.eip712 import sign_result
 from gridmarket.escrow import JobState, Status
 from gridmarket.ethsig import sign_transaction
+from gridmarket.jsonrpc import BadAnswerError, JsonRpc, RpcError
 from gridmarket.keystore import create_keystore
 from gridmarket.wire import ResultReport, RunReason
 from tests.agent.chain_support import Chain, own_chain
@@ -690,6 +692,48 @@ def test_finalizer_resolves_a_replicated_job(chain: Chain) -> None:
     assert len(finalizer.run_once()) == 1
     assert [chain.escrow.job_state(s.job_id).status for s in seats] == [Status.RELEASED] * 2
     assert finalizer.run_once() == []
+
+
+class Flaky(httpx.BaseTransport):
+    """Refuses the first ``refusals`` connections, then forwards to the real node."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+        self.methods: list[str] = []
+        self.inner = httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.methods.append(json.loads(request.read())["method"])
+        if self.refusals > 0:
+            self.refusals -= 1
+            raise httpx.ConnectError("connection refused", request=request)
+        return self.inner.handle_request(request)
+
+
+def test_the_json_rpc_client_retries_reads_as_web3_does(chain: Chain) -> None:
+    """A read that fails in transport is tried 5 times in all (web3's HTTPProvider default),
+    a raw transaction once; an error answer is an RpcError with the node's code; an answer over
+    the size cap is refused."""
+    flaky = Flaky(refusals=4)
+    rpc = JsonRpc(chain.url, backoff_s=0.01, transport=flaky)
+    assert int(rpc.request("eth_blockNumber", []), 16) == chain.w3.eth.block_number
+    assert flaky.methods == ["eth_blockNumber"] * 5
+    flaky.refusals, flaky.methods = 5, []
+    with pytest.raises(httpx.ConnectError):
+        rpc.request("eth_chainId", [])
+    assert flaky.methods == ["eth_chainId"] * 5
+    flaky.refusals, flaky.methods = 1, []
+    with pytest.raises(httpx.ConnectError):
+        rpc.request("eth_sendRawTransaction", ["0x00"])
+    assert flaky.methods == ["eth_sendRawTransaction"]
+    with pytest.raises(RpcError) as refused:
+        rpc.request("eth_sendRawTransaction", ["0x00"])
+    assert refused.value.code is not None and refused.value.method == "eth_sendRawTransaction"
+    small = JsonRpc(chain.url, max_bytes=64)
+    with pytest.raises(BadAnswerError, match="over 64 bytes"):
+        small.request("eth_getBlockByNumber", ["latest", False])
+    for client in (rpc, small):
+        client.close()
 
 
 PROBE = """
