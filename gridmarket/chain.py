@@ -1,8 +1,11 @@
-"""The one place the product talks to the chain: deployments, transactions, events.
+"""The product's web3 client of the chain: deployments, transactions, events.
 
-Used by the scheduler (watcher + transaction sender), the agent (direct submission), the CLIs,
-the demo and the benchmarks. Transactions are signed locally (eth-account) and sent raw, with a
-per-account nonce cache, so no node-side unlocked accounts are needed.
+Used by the scheduler (watcher + transaction sender), the agent's commands (``register
+--stake``, ``earnings``, ``withdraw``, ``unstake``), the CLIs, the demo and the benchmarks. The
+agent's daemon does its on-chain duties with :mod:`gridmarket.lightchain` instead (no web3:
+docs/agent.md, "Footprint"), whose ``decode_event`` this module's log decoding shares.
+Transactions are signed locally (eth-account) and sent raw, with a per-account nonce cache, so no
+node-side unlocked accounts are needed.
 """
 
 from __future__ import annotations
