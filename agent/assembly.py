@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from agent.acceptance import AcceptancePolicy, EscrowFacts
+from agent.acceptance import AcceptancePolicy
 from agent.capacity import (
     DEFAULT_DOCKER_HOST,
     CapacitySource,
@@ -27,13 +27,14 @@ from agent.runner import IpfsProbe, JobRunner, StepReporter
 from gridmarket.wire import ExecutorKind, NodeCapacityIn, RegisterResponse, ResultReport
 
 if TYPE_CHECKING:
+    from agent.acceptance import ChainFacts
     from agent.executors.base import Executor
     from agent.executors.docker import DockerExecutor
     from agent.hardware import HardwareReport
     from agent.onchain import ResultGuard
     from agent.storage.ipfs import AgentIpfsStore
-    from gridmarket.chain import EscrowClient
     from gridmarket.ethsig import Signer
+    from gridmarket.lightchain import LightEscrowClient
 
 __all__ = [
     "ChainDuties",
@@ -179,7 +180,7 @@ def build_agent(
 
 
 def stake_tokens_at_start(
-    config: AgentConfig, account: Signer, escrow: EscrowClient | None
+    config: AgentConfig, account: Signer, escrow: LightEscrowClient | None
 ) -> None:
     """``run``'s start: bring the stakes of ``stake_tokens`` up to their amounts when below
     (:func:`agent.signup.top_up_token_stakes`; nothing is sent when they are there), so that an
@@ -192,12 +193,9 @@ def stake_tokens_at_start(
         log.warning("stake_tokens is set but rpc_url is not: the token stakes are not checked")
         return
     from agent.signup import top_up_token_stakes
-    from gridmarket.ethsig import as_local_account
 
     try:
-        done = top_up_token_stakes(
-            escrow, as_local_account(account), config.token_stakes, config.token
-        )
+        done = top_up_token_stakes(escrow, account, config.token_stakes, config.token)
     except Exception as exc:  # TokenStakeError, an RPC error: serve on, say why
         log.error("token stake not topped up: %s", exc)
         return
@@ -210,16 +208,24 @@ class ChainDuties:
     """What the daemon does with the chain (all optional but the policy): see agent.onchain."""
 
     policy: AcceptancePolicy
-    escrow: EscrowClient | None = None
+    escrow: LightEscrowClient | None = None
     submit_on_chain: Callable[[str, ResultReport], str | None] | None = None
     guard: ResultGuard | None = None
     finalize: Callable[[], object] | None = None
 
 
+def _reads(escrow: LightEscrowClient) -> ChainFacts:
+    from agent.onchain import EscrowReads
+
+    return EscrowReads(escrow)
+
+
 def chain_duties(config: AgentConfig, account: Signer, client: NodeSession) -> ChainDuties:
     """The acceptance policy, and with ``rpc_url`` and ``deployment`` the on-chain submitter,
-    the result guard and the finalizer, sharing one escrow client (one nonce cache). Without
-    ``rpc_url`` web3 is never imported (~18 MB of RSS, docs/agent.md "Footprint")."""
+    the result guard and the finalizer, sharing one escrow client (one nonce cache): the light
+    one (:class:`gridmarket.lightchain.LightEscrowClient`, JSON-RPC over httpx), so web3 and
+    eth-account are never imported, with ``rpc_url`` or without (~28 MB of RSS, docs/agent.md
+    "Footprint")."""
     from gridmarket.deployment import ChainError, Deployment
 
     deployment = Deployment.load(config.deployment) if config.deployment is not None else None
@@ -228,12 +234,12 @@ def chain_duties(config: AgentConfig, account: Signer, client: NodeSession) -> C
         info = client.info()
         return info.chain_id, info.escrow
 
-    escrow: EscrowClient | None = None
+    escrow: LightEscrowClient | None = None
     if config.rpc_url is not None and deployment is not None:
-        from gridmarket.chain import EscrowClient
+        from gridmarket.lightchain import LightEscrowClient
 
         try:
-            escrow = EscrowClient.connect(config.rpc_url, deployment)
+            escrow = LightEscrowClient.connect(config.rpc_url, deployment)
         except ChainError:
             raise
         except Exception as exc:  # the RPC node unreachable
@@ -248,7 +254,7 @@ def chain_duties(config: AgentConfig, account: Signer, client: NodeSession) -> C
         token_floors=config.token_floors,
         token_of=config.token,
         deployment_mediator=mediator if isinstance(mediator, str) else None,
-        chain=EscrowFacts(escrow) if escrow is not None else None,
+        chain=_reads(escrow) if escrow is not None else None,
         expected=expected,
     )
     duties = ChainDuties(policy, escrow)
@@ -261,10 +267,8 @@ def chain_duties(config: AgentConfig, account: Signer, client: NodeSession) -> C
         guard_delay,
         reassign_delay,
     )
-    from gridmarket.ethsig import as_local_account
 
-    local = as_local_account(account)  # web3 transactions: eth-account's LocalAccount
-    submitter = OnChainSubmitter(escrow, local)
+    submitter = OnChainSubmitter(escrow, account)
     if config.submit_on_chain:
         duties.submit_on_chain = submitter.submit
     elif config.guard_results:
@@ -273,5 +277,5 @@ def chain_duties(config: AgentConfig, account: Signer, client: NodeSession) -> C
             guard_delay(config.guard_delay_s, deployment),
             take_back_s=reassign_delay(deployment),
         )
-    duties.finalize = Finalizer(escrow, local).run_once
+    duties.finalize = Finalizer(escrow, account).run_once
     return duties

@@ -24,10 +24,10 @@ import contextlib
 import json
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
     from gridmarket.chain import EscrowClient
+    from gridmarket.deployment import Deployment
+    from gridmarket.lightchain import LightEscrowClient
     from gridmarket.token import Token
 
 
@@ -352,8 +354,24 @@ def status(
 # --------------------------------------------------------------------------- chain
 
 
+Client = TypeVar("Client")
+
+
 def _escrow(config: AgentConfig) -> EscrowClient:
-    from gridmarket.chain import ChainError, Deployment, EscrowClient
+    from gridmarket.chain import EscrowClient
+
+    return _connect(config, EscrowClient.connect)
+
+
+def _light_escrow(config: AgentConfig) -> LightEscrowClient:
+    """The escrow client the daemon's duties use (no web3): ``finalize``, the token stakes."""
+    from gridmarket.lightchain import LightEscrowClient
+
+    return _connect(config, LightEscrowClient.connect)
+
+
+def _connect(config: AgentConfig, connect: Callable[[str, Deployment], Client]) -> Client:
+    from gridmarket.deployment import ChainError, Deployment
 
     if config.rpc_url is None or config.deployment is None:
         raise CliError(
@@ -361,7 +379,7 @@ def _escrow(config: AgentConfig) -> EscrowClient:
             "(--rpc-url, --deployment or GRIDMARKET_AGENT_RPC_URL / _DEPLOYMENT)"
         )
     try:
-        return EscrowClient.connect(config.rpc_url, Deployment.load(config.deployment))
+        return connect(config.rpc_url, Deployment.load(config.deployment))
     except ChainError as exc:
         raise CliError(one_line(exc)) from None
     except Exception as exc:  # the RPC node unreachable
@@ -376,7 +394,7 @@ def _stake_tokens(config: AgentConfig, account: LocalAccount) -> list[str]:
         raise CliError(
             "stake_tokens needs the chain: set rpc_url (--rpc-url or GRIDMARKET_AGENT_RPC_URL)"
         )
-    escrow = _escrow(config)
+    escrow = _light_escrow(config)
     with _chain_errors("staking tokens"):
         try:
             done = top_up_token_stakes(escrow, account, config.token_stakes, config.token)
@@ -396,7 +414,7 @@ def _chain_errors(what: str) -> Iterator[None]:
         raise
     except ChainError as exc:
         raise CliError(f"{what} failed: {one_line(exc)}") from None
-    except Exception as exc:  # web3's transport errors
+    except Exception as exc:  # transport errors (web3's, httpx's)
         raise CliError(f"{what} failed (is the chain reachable?): {one_line(exc)}") from None
 
 
@@ -572,7 +590,7 @@ def finalize(
 
     setup_logging(_opts(ctx).verbose, default=logging.INFO)
     config = _config(ctx, rpc_url=rpc_url, deployment=deployment)
-    escrow = _escrow(config)
+    escrow = _light_escrow(config)
     account = _account(config)
     with _chain_errors("finalize"):
         sent = Finalizer(escrow, account).run_once()

@@ -11,7 +11,10 @@
   ``finalize`` a result nobody objected to (and a disputed one its mediator left unruled for the
   mediation window). The node finalizes its own results whose window passed, idempotently.
 
-All three need ``rpc_url`` and ``deployment``, and a wallet with ETH for gas.
+All three need ``rpc_url`` and ``deployment``, and a wallet with ETH for gas. They talk to the
+chain through :class:`gridmarket.lightchain.LightEscrowClient` (JSON-RPC over httpx, transactions
+signed with :mod:`gridmarket.ethsig`): the daemon with an ``rpc_url`` loads neither web3 nor
+eth-account (docs/agent.md, "Footprint").
 """
 
 from __future__ import annotations
@@ -23,17 +26,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from eth_account.signers.local import LocalAccount
-from eth_utils.abi import event_abi_to_log_topic
-
-from gridmarket.chain import ChainError, Deployment, EscrowClient
-from gridmarket.escrow import JobState, Status, seat_ids
+from gridmarket.abicodec import topic
+from gridmarket.deployment import ChainError, Deployment
+from gridmarket.escrow import MAX_REPLICAS, ZERO_ADDRESS, JobState, Status
+from gridmarket.ethsig import Signer, keccak
+from gridmarket.lightchain import LightEscrowClient
 from gridmarket.wire import ResultReport, RunReason, checksum
 
 __all__ = [
     "DEFAULT_GUARD_DELAY_S",
     "GRACE_S",
+    "EscrowReads",
     "Finalizer",
     "OnChainSubmitter",
     "ResultGuard",
@@ -41,6 +46,7 @@ __all__ = [
     "event_topic",
     "guard_delay",
     "reassign_delay",
+    "seat_ids",
 ]
 
 log = logging.getLogger(__name__)
@@ -50,11 +56,16 @@ DEFAULT_GUARD_DELAY_S = 60.0
 unknown."""
 
 
-def event_topic(client: EscrowClient, name: str) -> str:
-    """The 0x topic of the escrow's event ``name``."""
+class _OnDeployment(Protocol):
+    @property
+    def deployment(self) -> Deployment: ...
+
+
+def event_topic(client: _OnDeployment, name: str) -> str:
+    """The 0x topic of the escrow's event ``name`` (``client``: either escrow client)."""
     for entry in client.deployment.abi:
         if entry.get("type") == "event" and entry.get("name") == name:
-            return "0x" + bytes(event_abi_to_log_topic(entry)).hex()  # type: ignore[arg-type]
+            return "0x" + topic(entry).hex()
     raise ChainError(f"JobEscrow has no event {name!r}")
 
 
@@ -77,21 +88,43 @@ def guard_delay(configured: float | None, deployment: Deployment | None) -> floa
     return reassign / 2 if reassign is not None else DEFAULT_GUARD_DELAY_S
 
 
-def chain_now(client: EscrowClient) -> int:
-    """The latest block's timestamp: the contract's clock."""
-    return int(client.w3.eth.get_block("latest")["timestamp"])
+def seat_ids(group_id: bytes, replicas: int) -> list[bytes]:
+    """The job ids of a replicated job's seats, ``keccak256(abi.encode(groupId, i))``:
+    :func:`gridmarket.escrow.seat_ids` without loading eth-abi."""
+    if len(group_id) != 32:
+        raise ValueError(f"group id must be 32 bytes, got {len(group_id)}")
+    if not 2 <= replicas <= MAX_REPLICAS:
+        raise ValueError(f"replicas must be 2..{MAX_REPLICAS}, got {replicas}")
+    return [keccak(group_id + i.to_bytes(32, "big")) for i in range(replicas)]
+
+
+class EscrowReads:
+    """:class:`agent.acceptance.ChainFacts` (what the acceptance policy reads from the chain)
+    over the light client: :class:`agent.acceptance.EscrowFacts`'s three reads."""
+
+    def __init__(self, client: LightEscrowClient) -> None:
+        self.client = client
+
+    def submitter_of(self, job_id: bytes) -> str:
+        return checksum(self.client.job_state(job_id).job.submitter)
+
+    def is_listed_mediator(self, mediator: str) -> bool:
+        return bool(self.client.call("isListedMediator", checksum(mediator)))
+
+    def free_collateral_of(self, provider: str, token: str = ZERO_ADDRESS) -> int:
+        return self.client.free_collateral_of(checksum(provider), checksum(token))
 
 
 class OnChainSubmitter:
     """Submits succeeded results from the provider's wallet; idempotent per job and attempt."""
 
-    def __init__(self, client: EscrowClient, account: LocalAccount) -> None:
+    def __init__(self, client: LightEscrowClient, account: Signer) -> None:
         self.account = account
         self.client = client
 
     @classmethod
-    def connect(cls, rpc_url: str, deployment: Path, account: LocalAccount) -> OnChainSubmitter:
-        return cls(EscrowClient.connect(rpc_url, Deployment.load(deployment)), account)
+    def connect(cls, rpc_url: str, deployment: Path, account: Signer) -> OnChainSubmitter:
+        return cls(LightEscrowClient.connect(rpc_url, Deployment.load(deployment)), account)
 
     def submit(self, job_id: str, report: ResultReport) -> str | None:
         """The tx hash of ``submitResult``, or None when there is nothing (more) to send.
@@ -275,7 +308,7 @@ class Finalizer:
     finalized meanwhile is skipped.
     """
 
-    def __init__(self, client: EscrowClient, account: LocalAccount) -> None:
+    def __init__(self, client: LightEscrowClient, account: Signer) -> None:
         self.client = client
         self.account = account
         self._next_block = client.deployment.block
@@ -294,7 +327,7 @@ class Finalizer:
 
     def due(self) -> list[JobState]:
         """This wallet's Submitted/Disputed jobs that ``finalize`` would pay now."""
-        latest = int(self.client.w3.eth.block_number)
+        latest = self.client.block_number()
         if latest >= self._next_block:
             topics = [event_topic(self.client, "ResultSubmitted"), None]
             topics.append(address_topic(self.account.address))
@@ -302,7 +335,7 @@ class Finalizer:
                 self._open.add(bytes(event.args["jobId"]))
             self._next_block = latest + 1
         challenge, mediation = self.windows()
-        now = chain_now(self.client)
+        now = self.client.timestamp()
         out = []
         for job_id in sorted(self._open):
             state = self.client.job_state(job_id)

@@ -22,7 +22,8 @@ from gridmarket.cmdline import one_line
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
-    from gridmarket.chain import EscrowClient
+    from gridmarket.ethsig import Signer
+    from gridmarket.lightchain import LightEscrowClient
     from gridmarket.token import Token
     from gridmarket.wire import RegisterResponse
 
@@ -127,19 +128,19 @@ class TokenStake:
 
 
 def top_up_token_stakes(
-    escrow: EscrowClient,
-    account: LocalAccount,
+    escrow: LightEscrowClient,
+    account: Signer,
     targets: Mapping[str, int],
     token_of: Callable[[str], Token],
 ) -> list[TokenStake]:
     """Bring the wallet's stake in each token of ``targets`` (address -> smallest units) up to
     its amount: ``stakeToken`` of the difference, with the wallet's EIP-2612 permit in the same
-    transaction (:meth:`EscrowClient.stake_token`). A stake already at or above its target is
-    left alone, so calling this again sends nothing. The wallet must be registered on-chain and
+    transaction (:meth:`LightEscrowClient.stake_token`: no web3, as ``run`` calls this at
+    start). A stake already at or above its target is left alone, so calling this again sends
+    nothing. The wallet must be registered on-chain and
     hold the difference; :class:`TokenStakeError` says which is missing (stakes made before the
     failure stay made)."""
-    from gridmarket.chain import ChainError
-    from gridmarket.token import TokenClient
+    from gridmarket.deployment import ChainError
 
     done: list[TokenStake] = []
     if not targets:
@@ -157,7 +158,7 @@ def top_up_token_stakes(
             done.append(TokenStake(token, target, before, before, None))
             continue
         missing = target - before
-        held = TokenClient(escrow.w3, address).balance_of(account.address)
+        held = escrow.token_balance_of(address, account.address)
         if held < missing:
             raise TokenStakeError(
                 f"stake_tokens.{token.symbol}: the wallet holds {token.fmt(held)}, "

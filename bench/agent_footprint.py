@@ -9,7 +9,8 @@ scheduler and heartbeats every 2 s with no job to run. After ``--settle`` second
 samples the daemon's process with psutil for ``--seconds``: RSS, USS (the pages only this
 process holds), threads and CPU. Then it restarts the same agent with ``rpc_url`` added, as a
 provider who wants its on-chain duties runs it (the acceptance's collateral reads, the result
-guard, the finalizer, the token stake top-up: web3 is loaded), and samples it again.
+guard, the finalizer, the token stake top-up, over ``gridmarket.lightchain``'s JSON-RPC client:
+no web3 since 2026-11-25), and samples it again.
 
 The comparison, measured in the same run on the same interpreter: bare ``python -c pass``, the
 imports the daemon cannot do without (pydantic, httpx) and eth-account (which it loaded for its

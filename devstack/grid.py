@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import httpx
@@ -61,6 +61,9 @@ from .mediator import MediatorProcess
 from .registry import Registry
 from .registry import free_port as free_host_port
 from .scheduler import SchedulerProcess
+
+if TYPE_CHECKING:
+    from gridmarket.lightchain import LightEscrowClient
 
 log = logging.getLogger(__name__)
 
@@ -380,7 +383,14 @@ def start_agent(
     if grid.dockerd is not None:
         config["docker_host"] = grid.dockerd.host
     config.update(agent_token_settings(grid.deployment, grid.deployment_file, grid.test_token))
-    stake_agent_tokens(grid.escrow, account, config)
+    if config.get("stake_tokens"):
+        from gridmarket.lightchain import LightEscrowClient
+
+        light = LightEscrowClient.connect(grid.anvil.url, grid.deployment)
+        try:
+            stake_agent_tokens(light, account, config)
+        finally:
+            light.close()
     config_path = home / "agent.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=True))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -416,7 +426,7 @@ def agent_token_settings(
 
 
 def stake_agent_tokens(
-    escrow: EscrowClient, account: LocalAccount, settings: dict[str, Any]
+    escrow: LightEscrowClient, account: LocalAccount, settings: dict[str, Any]
 ) -> None:
     """Bring ``account``'s token stakes up to the ``stake_tokens`` of ``settings``, read the way
     the agent reads them (:func:`agent.config.load_config`), with the agent's own top-up

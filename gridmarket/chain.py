@@ -1,8 +1,11 @@
-"""The one place the product talks to the chain: deployments, transactions, events.
+"""The product's web3 client of the chain: deployments, transactions, events.
 
-Used by the scheduler (watcher + transaction sender), the agent (direct submission), the CLIs,
-the demo and the benchmarks. Transactions are signed locally (eth-account) and sent raw, with a
-per-account nonce cache, so no node-side unlocked accounts are needed.
+Used by the scheduler (watcher + transaction sender), the agent's commands (``register
+--stake``, ``earnings``, ``withdraw``, ``unstake``), the CLIs, the demo and the benchmarks. The
+agent's daemon does its on-chain duties with :mod:`gridmarket.lightchain` instead (no web3:
+docs/agent.md, "Footprint"), whose ``decode_event`` this module's log decoding shares.
+Transactions are signed locally (eth-account) and sent raw, with a per-account nonce cache, so no
+node-side unlocked accounts are needed.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 from eth_abi.abi import decode as abi_decode
@@ -30,49 +32,21 @@ from gridmarket.deployment import Deployment as Deployment  # re-exported
 from gridmarket.escrow import (
     FLAG_ON_VERIFY,
     JOB_EVENTS,
-    PROSE_FIELDS,
     ZERO_ADDRESS,
-    InvalidText,
     JobState,
     Terms,
     apply_event,
-    decode_prose,
-    decode_text,
     min_collateral,
 )
+from gridmarket.lightchain import Event as Event  # re-exported
+from gridmarket.lightchain import Sent as Sent  # re-exported
+from gridmarket.lightchain import UndecodableLogError as UndecodableLogError  # re-exported
+from gridmarket.lightchain import decode_event
+from gridmarket.lightchain import is_already_known as is_already_known  # re-exported
+from gridmarket.lightchain import is_nonce_too_low as is_nonce_too_low  # re-exported
 from gridmarket.token import TokenClient
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Event:
-    """A decoded escrow event with where it happened.
-
-    ``problems`` names each ``string`` argument that did not decode to a usable value (field ->
-    why); such an argument is a :class:`gridmarket.escrow.InvalidText` in ``args``.
-    """
-
-    name: str
-    args: dict[str, Any]
-    block: int
-    tx_hash: str
-    log_index: int
-    problems: dict[str, str] = field(default_factory=dict)
-
-
-class UndecodableLogError(ValueError):
-    """A log of the escrow's address that does not decode as the event its topic names."""
-
-
-@dataclass(frozen=True)
-class Sent:
-    """A mined transaction."""
-
-    tx_hash: str
-    gas_used: int
-    block: int
-    events: list[Event]
 
 
 class EscrowClient:
@@ -523,40 +497,9 @@ class EscrowClient:
         abi = self._events.get(bytes(entry["topics"][0]))
         if abi is None:
             return None
-        inputs = abi["inputs"]
-        indexed = [i for i in inputs if i.get("indexed")]
-        plain = [i for i in inputs if not i.get("indexed")]
-        topics = entry["topics"][1:]
-        if len(topics) != len(indexed):
-            raise UndecodableLogError(
-                f"{abi['name']}: {len(topics)} topics for {len(indexed)} indexed arguments"
-            )
-        args: dict[str, Any] = {}
-        problems: dict[str, str] = {}
-        try:
-            for param, topic in zip(indexed, topics, strict=True):
-                kind = str(param["type"])
-                if kind in ("string", "bytes") or kind.endswith("]") or kind.startswith("tuple"):
-                    args[param["name"]] = bytes(topic)  # a dynamic value's topic is its hash
-                else:
-                    (args[param["name"]],) = abi_decode([kind], bytes(topic))
-            # strings are read as bytes: eth_abi would raise on invalid UTF-8
-            types = ["bytes" if p["type"] == "string" else abi_type(p) for p in plain]
-            values = abi_decode(types, bytes(HexBytes(entry["data"])))
-        except Exception as exc:
-            raise UndecodableLogError(f"{abi['name']}: {exc}") from exc
-        for param, value in zip(plain, values, strict=True):
-            name = str(param["name"])
-            if param["type"] == "string" and name in PROSE_FIELDS:
-                value = decode_prose(value)
-            elif param["type"] == "string":
-                value = decode_text(name, value)
-                if isinstance(value, InvalidText):
-                    problems[name] = value.problem
-            args[name] = value
-        for param in inputs:
-            if param["type"] == "address":
-                args[param["name"]] = to_checksum_address(args[param["name"]])
+        args, problems = decode_event(
+            abi, [bytes(t) for t in entry["topics"][1:]], bytes(HexBytes(entry["data"])), abi_decode
+        )
         return Event(
             name=str(abi["name"]),
             args=args,
@@ -596,18 +539,6 @@ def rpc_error_message(exc: Web3RPCError) -> str:
     if isinstance(rpc, dict) and isinstance(rpc.get("error"), dict):
         return str(rpc["error"].get("message", "")).lower()
     return str(exc).lower()
-
-
-def is_already_known(message: str) -> bool:
-    """The node already holds this exact transaction (geth: 'already known', anvil: 'transaction
-    already imported')."""
-    return "already known" in message or "already imported" in message
-
-
-def is_nonce_too_low(message: str) -> bool:
-    """The nonce was used by a mined or pooled transaction (or the pool holds another transaction
-    with it: 'replacement transaction underpriced')."""
-    return "nonce too low" in message or "replacement transaction underpriced" in message
 
 
 def abi_type(param: dict[str, Any]) -> str:

@@ -11,8 +11,10 @@ The results are byte-identical to eth-account's and eth-utils'
 (tests/gridmarket/test_ethsig.py compares them over many random keys and messages):
 deterministic RFC 6979 signatures with a low ``s``, ``r || s || v`` with ``v`` 27 or 28, as
 ``LocalAccount.sign_message(encode_typed_data(...))`` gives; EIP-55 checksums with eth-utils'
-errors for what is not an address. Recovering a signer
-(the scheduler's side) stays with eth-account.
+errors for what is not an address; transactions (:func:`sign_transaction`: EIP-1559 and
+legacy EIP-155) as ``LocalAccount.sign_transaction`` signs them, byte for byte (the daemon's
+on-chain duties, :mod:`gridmarket.lightchain`). Recovering a signer (the scheduler's side) stays
+with eth-account.
 
 What :func:`hash_typed_data` encodes: the atomic types (``uint<N>``, ``int<N>``, ``address``,
 ``bool``, ``bytes<N>``), ``string`` and ``bytes``, and nested struct types; not arrays (no
@@ -34,13 +36,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KeyAccount",
+    "SignedTx",
     "Signer",
     "as_local_account",
     "decrypt_keystore",
     "hash_typed_data",
     "is_hex_address",
     "keccak",
+    "rlp_encode",
     "sign_digest",
+    "sign_transaction",
     "sign_typed_data",
     "to_checksum_address",
 ]
@@ -266,6 +271,150 @@ def sign_digest(key: bytes, digest: bytes) -> bytes:
 def sign_typed_data(signer: Signer, full_message: Mapping[str, Any]) -> bytes:
     """``signer``'s 65-byte signature of an EIP-712 message (:func:`hash_typed_data`)."""
     return sign_digest(signer.key, hash_typed_data(full_message))
+
+
+# --------------------------------------------------------------------------- transactions
+
+RlpItem = bytes | Sequence["RlpItem"]
+
+
+def rlp_encode(item: RlpItem) -> bytes:
+    """Recursive-length-prefix encoding of bytes and (nested) lists of them."""
+    if isinstance(item, bytes | bytearray):
+        raw = bytes(item)
+        if len(raw) == 1 and raw[0] < 0x80:
+            return raw
+        return _rlp_length(len(raw), 0x80) + raw
+    body = b"".join(rlp_encode(x) for x in item)
+    return _rlp_length(len(body), 0xC0) + body
+
+
+def _rlp_length(length: int, offset: int) -> bytes:
+    if length < 56:
+        return bytes([offset + length])
+    raw = length.to_bytes((length.bit_length() + 7) // 8, "big")
+    return bytes([offset + 55 + len(raw)]) + raw
+
+
+def _quantity(tx: Mapping[str, Any], name: str) -> bytes:
+    """A transaction's integer field as RLP wants it: big-endian, no leading zeros."""
+    value = tx.get(name)
+    if isinstance(value, str):
+        value = int(value, 16) if value[:2] in ("0x", "0X") else int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**256:
+        raise ValueError(f"transaction field {name!r} must be an int in 0..2**256-1: {value!r}")
+    return value.to_bytes((value.bit_length() + 7) // 8, "big")
+
+
+def _tx_bytes(value: object, name: str) -> bytes:
+    if value is None:
+        return b""
+    if isinstance(value, str):
+        if _HEX.fullmatch(value) is None:
+            raise ValueError(f"transaction field {name!r} is not hex: {value!r}")
+        digits = value[2:] if value[:2] in ("0x", "0X") else value
+        return bytes.fromhex("0" + digits if len(digits) % 2 else digits)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(f"transaction field {name!r} takes bytes or hex, not {value!r}")
+
+
+def _access_list(tx: Mapping[str, Any]) -> list[RlpItem]:
+    out: list[RlpItem] = []
+    for entry in tx.get("accessList") or []:
+        keys: list[RlpItem] = [
+            _tx_bytes(k, "storageKeys").rjust(32, b"\x00") for k in entry["storageKeys"]
+        ]
+        out.append([_address_bytes(entry["address"]), keys])
+    return out
+
+
+class SignedTx(Protocol):
+    """What :func:`sign_transaction` returns (eth-account's ``SignedTransaction`` has both)."""
+
+    @property
+    def raw_transaction(self) -> bytes: ...
+
+    @property
+    def hash(self) -> bytes: ...
+
+
+class _Signed:
+    __slots__ = ("hash", "raw_transaction")
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw_transaction = raw
+        self.hash = keccak(raw)
+
+    def __repr__(self) -> str:
+        return f"SignedTx(0x{self.hash.hex()})"
+
+
+_TX_FIELDS = {
+    2: {
+        "type",
+        "chainId",
+        "nonce",
+        "maxPriorityFeePerGas",
+        "maxFeePerGas",
+        "gas",
+        "to",
+        "value",
+        "data",
+        "accessList",
+    },
+    0: {"type", "chainId", "nonce", "gasPrice", "gas", "to", "value", "data"},
+}
+
+
+def sign_transaction(signer: Signer, tx: Mapping[str, Any]) -> SignedTx:
+    """``signer``'s signed transaction, as ``LocalAccount.sign_transaction(tx)`` gives it
+    (``raw_transaction``, ``hash``): an EIP-1559 transaction (type 2: ``maxFeePerGas``,
+    ``maxPriorityFeePerGas``, optional ``accessList``), or a legacy EIP-155 one (``gasPrice``).
+    Every field is required but ``to`` (None or absent: a contract creation), ``value`` (0),
+    ``data`` (empty) and ``accessList``; an unknown field is a ValueError."""
+    kind = 2 if "maxFeePerGas" in tx or tx.get("type") in (2, "0x2") else 0
+    unknown = set(tx) - _TX_FIELDS[kind]
+    if unknown:
+        raise ValueError(f"unknown transaction fields for type {kind}: {sorted(unknown)}")
+    if "type" in tx and tx["type"] not in (kind, hex(kind)):
+        raise ValueError(f"transaction type {tx['type']!r} does not match its fields")
+    to = tx.get("to")
+    to_raw = b"" if to is None else _address_bytes(to)
+    body = {**tx, "value": tx.get("value", 0)}
+    chain_id = _quantity(body, "chainId")
+    head: list[RlpItem]
+    if kind == 2:
+        head = [
+            chain_id,
+            _quantity(body, "nonce"),
+            _quantity(body, "maxPriorityFeePerGas"),
+            _quantity(body, "maxFeePerGas"),
+            _quantity(body, "gas"),
+            to_raw,
+            _quantity(body, "value"),
+            _tx_bytes(body.get("data", b""), "data"),
+            _access_list(body),
+        ]
+        rsv = sign_digest(signer.key, keccak(b"\x02" + rlp_encode(head)))
+        parity = rsv[64] - 27
+        tail = [parity.to_bytes(1, "big") if parity else b"", *_rs(rsv)]
+        return _Signed(b"\x02" + rlp_encode([*head, *tail]))
+    head = [
+        _quantity(body, "nonce"),
+        _quantity(body, "gasPrice"),
+        _quantity(body, "gas"),
+        to_raw,
+        _quantity(body, "value"),
+        _tx_bytes(body.get("data", b""), "data"),
+    ]
+    rsv = sign_digest(signer.key, keccak(rlp_encode([*head, chain_id, b"", b""])))
+    v = rsv[64] - 27 + 35 + 2 * int.from_bytes(chain_id, "big")
+    return _Signed(rlp_encode([*head, v.to_bytes((v.bit_length() + 7) // 8, "big"), *_rs(rsv)]))
+
+
+def _rs(rsv: bytes) -> list[RlpItem]:
+    return [rsv[:32].lstrip(b"\x00"), rsv[32:64].lstrip(b"\x00")]
 
 
 class KeyAccount:

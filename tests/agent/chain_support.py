@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.deploy import EscrowParams, deploy_escrow, deploy_test_token, list_token
 from gridmarket.eip712 import sign_acceptance
 from gridmarket.escrow import JobState, Terms
+from gridmarket.lightchain import LightEscrowClient
 from gridmarket.token import Token, TokenClient, tokens_of
 from gridmarket.wire import JobTerms
 
@@ -37,6 +38,15 @@ class Chain:
     accounts: list[LocalAccount]
     token_address: str
     """TestUSD (tUSD, 6 decimals, EIP-2612), listed for bounties."""
+    _light: LightEscrowClient | None = field(default=None, repr=False)
+
+    @property
+    def light(self) -> LightEscrowClient:
+        """The escrow through the daemon's client (JSON-RPC, no web3): one per chain, as the
+        daemon shares one between its duties."""
+        if self._light is None:
+            self._light = LightEscrowClient.connect(self.url, self.escrow.deployment)
+        return self._light
 
     @property
     def tusd(self) -> Token:
@@ -150,6 +160,11 @@ def own_chain(tmp: Path, **params: Any) -> Iterator[Chain]:
         deployment_file = tmp / "deployment.json"
         deployment.save(deployment_file)
         escrow = EscrowClient(w3, deployment)
-        yield Chain(anvil, escrow, deployment_file, escrow_params, accounts, token)
+        chain = Chain(anvil, escrow, deployment_file, escrow_params, accounts, token)
+        try:
+            yield chain
+        finally:
+            if chain._light is not None:
+                chain._light.close()
     finally:
         anvil.stop()

@@ -165,9 +165,9 @@ def test_devnet_agents_take_tusd_jobs(tmp_path: Path) -> None:
 
         provider = chain.accounts[5]
         chain.stake(provider, 10**17)
-        stake_agent_tokens(chain.escrow, provider, settings)
+        stake_agent_tokens(chain.light, provider, settings)
         stake = chain.escrow.call("stakeOf", provider.address, chain.token_address)[0]
         assert stake == 1000 * 10**6
         block = chain.w3.eth.block_number
-        stake_agent_tokens(chain.escrow, provider, settings)  # a restarted agent
+        stake_agent_tokens(chain.light, provider, settings)  # a restarted agent
         assert chain.w3.eth.block_number == block

@@ -1,6 +1,9 @@
 """The node's own chain duties on a real anvil (its own: these tests move the clock), jobs driven
 by hand (fund with terms, register and stake, signed acceptance, operator assign, submitResult,
-rulings, time travel): the result guard, finalize, ``earnings``, ``withdraw`` and ``unstake``."""
+rulings, time travel): the result guard, finalize, ``earnings``, ``withdraw`` and ``unstake``.
+The duties go through the daemon's light client (``chain.light``: JSON-RPC, no web3), the set-up
+through web3's; the light client's reads, reverts and nonce handling are checked against web3's
+on the same chain."""
 
 from __future__ import annotations
 
@@ -12,19 +15,35 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from eth_account.signers.local import LocalAccount
 
+from agent.acceptance import EscrowFacts
 from agent.earnings import NothingToWithdrawError, earnings, eth, withdraw
-from agent.onchain import GRACE_S, Finalizer, OnChainSubmitter, ResultGuard, guard_delay
+from agent.onchain import (
+    GRACE_S,
+    EscrowReads,
+    Finalizer,
+    OnChainSubmitter,
+    ResultGuard,
+    guard_delay,
+    seat_ids,
+)
 from devstack.providers import new_providers
+from gridmarket import abicodec
+from gridmarket import escrow as escrow_model
 from gridmarket.chain import ChainError, Deployment
 from gridmarket.eip712 import sign_result
 from gridmarket.escrow import JobState, Status
+from gridmarket.ethsig import sign_transaction
+from gridmarket.jsonrpc import BadAnswerError, JsonRpc, RpcError
 from gridmarket.keystore import create_keystore
 from gridmarket.wire import ResultReport, RunReason
 from tests.agent.chain_support import Chain, own_chain
+from tests.agent.test_cli import HEAVY
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOW = 600  # the challenge window of this chain
@@ -90,7 +109,7 @@ def test_guard_checks_before_the_take_back_window_opens() -> None:
 def test_guard_submits_only_what_nobody_relayed(chain: Chain) -> None:
     provider = chain.accounts[5]
     chain.stake(provider, 10**17)
-    submitter = OnChainSubmitter(chain.escrow, provider)
+    submitter = OnChainSubmitter(chain.light, provider)
     guard = ResultGuard(submitter.submit, delay_s=0.5, retry_s=0.2).start()
 
     sat_on = chain.assign(chain.fund(), provider)  # the scheduler keeps the result to itself
@@ -125,13 +144,13 @@ def test_guard_submits_only_what_nobody_relayed(chain: Chain) -> None:
 def test_guard_checks_everything_at_once_when_stopped(chain: Chain) -> None:
     provider = chain.accounts[6]
     chain.stake(provider, 10**17)
-    guard = ResultGuard(OnChainSubmitter(chain.escrow, provider).submit, delay_s=3600).start()
+    guard = ResultGuard(OnChainSubmitter(chain.light, provider).submit, delay_s=3600).start()
     state = chain.assign(chain.fund(), provider)
     guard.watch("0x" + state.job_id.hex(), report(state, provider, chain, CID_B))
     guard.stop(flush_s=10)  # the node leaves: nobody else would submit it
     assert chain.escrow.job_state(state.job_id).output_cid == CID_B
     # a failed run is never watched
-    guard = ResultGuard(OnChainSubmitter(chain.escrow, provider).submit, delay_s=0)
+    guard = ResultGuard(OnChainSubmitter(chain.light, provider).submit, delay_s=0)
     guard.watch("0x" + "00" * 32, ResultReport(attempt=1, reason=RunReason.TIMEOUT, duration_s=1))
     assert guard.pending == []
 
@@ -146,12 +165,12 @@ def test_finalize_earnings_and_withdraw(chain: Chain, tmp_path: Path) -> None:
     d = submitted(chain, chain.assign(chain.fund(2 * 10**16), provider), provider, CID_B)
     d, _ = escrow.call_job(chain.mediator, "rule", d, False)
     assert d.status is Status.FUNDED
-    finalizer = Finalizer(escrow, provider)
+    finalizer = Finalizer(chain.light, provider)
     assert finalizer.run_once() == []  # the window is open
     chain.warp(WINDOW + 1)
     sent = finalizer.run_once()
     assert len(sent) == 1 and escrow.job_state(a.job_id).status is Status.RELEASED
-    assert finalizer.run_once() == [] and Finalizer(escrow, provider).run_once() == []
+    assert finalizer.run_once() == [] and Finalizer(chain.light, provider).run_once() == []
     # B: pending (window open); C: running; E: handed back
     b = submitted(chain, chain.assign(chain.fund(3 * 10**16), provider), provider, CID_B)
     c = chain.assign(chain.fund(10**16), provider)
@@ -244,7 +263,7 @@ def test_earnings_and_withdraw_per_token(chain: Chain, tmp_path: Path) -> None:
     # P: paid (finalized after the window); Q: pending; R: an ETH job running
     p = submitted(chain, chain.assign(chain.fund_token(2 * 10**6), provider), provider, CID_A)
     chain.warp(WINDOW + 1)
-    assert len(Finalizer(escrow, provider).run_once()) == 1
+    assert len(Finalizer(chain.light, provider).run_once()) == 1
     q = submitted(chain, chain.assign(chain.fund_token(3 * 10**6), provider), provider, CID_B)
     r = chain.assign(chain.fund(10**16), provider)
 
@@ -317,7 +336,7 @@ def test_earnings_and_withdraw_per_token(chain: Chain, tmp_path: Path) -> None:
 
     # Q's window passes: finalized, withdrawn to the wallet itself (plain lines)
     chain.warp(WINDOW + 1)
-    assert len(Finalizer(escrow, provider).run_once()) == 1
+    assert len(Finalizer(chain.light, provider).run_once()) == 1
     held = chain.erc20.balance_of(provider.address)
     done = cli(env, "withdraw", "--token", "tusd")
     assert done.returncode == 0, done.stderr
@@ -493,7 +512,7 @@ def test_finalize_pays_a_dispute_the_mediator_left_unruled(chain: Chain) -> None
     state = submitted(chain, chain.assign(chain.fund(), provider), provider, CID_A)
     deposit = int(chain.escrow.call("depositOf", state.job.as_tuple()))  # its bounty
     chain.escrow.send(chain.submitter, "dispute", state.job_id, state.job.as_tuple(), value=deposit)
-    finalizer = Finalizer(chain.escrow, provider)
+    finalizer = Finalizer(chain.light, provider)
     chain.warp(WINDOW + 1)
     assert finalizer.run_once() == []  # disputed: the mediation window counts now
     assert earnings(chain.escrow, provider.address).jobs[0].state == "disputed"
@@ -512,9 +531,301 @@ def test_submitter_refuses_a_job_that_is_not_ours(chain: Chain) -> None:
     chain.stake(other, 10**17)
     state = chain.assign(chain.fund(), other)
     with pytest.raises(ChainError, match="is assigned to"):
-        OnChainSubmitter(chain.escrow, provider).submit(
+        OnChainSubmitter(chain.light, provider).submit(
             "0x" + state.job_id.hex(), report(state, provider, chain, CID_A)
         )
+
+
+# --------------------------------------------------------------------------- the light client
+
+
+def test_the_light_client_reads_what_web3_reads(chain: Chain) -> None:
+    """The daemon's client (JSON-RPC, its own ABI codec) against web3's on one chain: every
+    escrow event (a result whose CID is not UTF-8 among them: decoded as the same InvalidText,
+    with the same problem), each job's state, views, the free collateral, and the acceptance
+    policy's reads (EscrowReads against EscrowFacts)."""
+    (provider,) = new_providers(chain.escrow, chain.accounts[0], 1, stake_wei=10**17)
+    light, escrow = chain.light, chain.escrow
+    state = chain.assign(chain.fund(), provider)
+    token_job = chain.fund_token()
+    hostile = b"bafy\xff\xfe not utf-8"  # the contract takes any bytes as a string
+    data = escrow.encode("submitResult", state.job_id, state.job.as_tuple(), "x")[:4]
+    data += abicodec.encode(
+        ["bytes32", abicodec.canonical_type(_job_param(chain)), "bytes"],
+        [state.job_id, state.job.as_tuple(), hostile],
+    )
+    tx = chain.w3.eth.send_raw_transaction(
+        sign_transaction(
+            provider,
+            {
+                "chainId": escrow.deployment.chain_id,
+                "nonce": chain.w3.eth.get_transaction_count(provider.address, "pending"),
+                "gas": 500_000,
+                "maxFeePerGas": 10**11,
+                "maxPriorityFeePerGas": 10**9,
+                "to": escrow.address,
+                "data": data,
+            },
+        ).raw_transaction
+    )
+    assert chain.w3.eth.wait_for_transaction_receipt(tx)["status"] == 1
+    escrow.forget_nonce(provider.address)
+
+    start = escrow.deployment.block
+    events = light.events(start)
+    assert events == escrow.events(start) and len(events) > 10
+    (odd,) = [e for e in events if e.name == "ResultSubmitted" and e.args["jobId"] == state.job_id]
+    assert set(odd.problems) == {"outputCid"}
+    for job in (state, token_job):
+        assert light.job_state(job.job_id) == escrow.job_state(job.job_id)
+    assert light.job_state(state.job_id).status is Status.SUBMITTED
+    for name, args in (
+        ("providerOf", [provider.address]),
+        ("stakeOf", [provider.address, chain.token_address]),
+        ("challengeWindow", []),
+        ("isListedMediator", [chain.mediator.address]),
+        ("depositOf", [state.job.as_tuple()]),
+    ):
+        assert light.call(name, *args) == escrow.call(name, *args), name
+    assert light.free_collateral_of(provider.address) == escrow.free_collateral_of(provider.address)
+    assert light.token_balance_of(chain.token_address, chain.submitter.address) == (
+        chain.erc20.balance_of(chain.submitter.address)
+    )
+    reads, facts = EscrowReads(light), EscrowFacts(escrow)
+    for mediator in (chain.mediator.address, provider.address):
+        assert reads.is_listed_mediator(mediator) == facts.is_listed_mediator(mediator)
+    assert reads.submitter_of(state.job_id) == facts.submitter_of(state.job_id)
+    for token in (escrow_model.ZERO_ADDRESS, chain.token_address):
+        assert reads.free_collateral_of(provider.address, token) == facts.free_collateral_of(
+            provider.address, token
+        )
+    assert light.block_number() == chain.w3.eth.block_number
+    assert light.timestamp() == chain.now()
+
+
+def test_the_light_client_names_a_revert_as_web3_does(chain: Chain) -> None:
+    """A transaction that would revert is refused before it is sent, with the contract's custom
+    error decoded by name and arguments, word for word as the web3 client says it; one that
+    reverts once mined (the state changed after the estimate) is decoded by replaying it on its
+    block."""
+    (provider,) = new_providers(chain.escrow, chain.accounts[0], 1, stake_wei=10**17)
+    light, escrow = chain.light, chain.escrow
+    funded = chain.fund()
+    args = (funded.job_id, funded.job.as_tuple(), CID_A)
+    with pytest.raises(ChainError) as light_error:
+        light.send(provider, "submitResult", *args)
+    with pytest.raises(ChainError) as web3_error:
+        escrow.send(provider, "submitResult", *args)
+    assert str(light_error.value) == str(web3_error.value)
+    assert light_error.value.reason == web3_error.value.reason
+    assert str(light_error.value).startswith(
+        f"submitResult would revert: JobEscrowWrongStatus(jobId=0x{funded.job_id.hex()}, "
+    )
+
+    state = chain.assign(chain.fund(), provider)
+    params = light.prepare(provider, "submitResult", state.job_id, state.job.as_tuple(), CID_A)
+    chain.escrow.call_job(provider, "submitResult", state, CID_B)  # first, after the estimate
+    signed = sign_transaction(
+        provider,
+        {
+            "chainId": escrow.deployment.chain_id,
+            "nonce": chain.w3.eth.get_transaction_count(provider.address, "pending"),
+            "gas": int(params["gas"], 16),
+            "to": escrow.address,
+            "data": params["data"],
+            **light.fees(),
+        },
+    )
+    tx = light.rpc.request("eth_sendRawTransaction", ["0x" + signed.raw_transaction.hex()])
+    receipt = light.wait_for_receipt(bytes.fromhex(tx[2:]), 30)
+    with pytest.raises(ChainError, match=r"submitResult reverted in tx 0x[0-9a-f]{64}: ") as mined:
+        light.sent_from_receipt("submitResult", params, receipt)
+    assert mined.value.reason is not None
+    assert mined.value.reason.startswith("JobEscrowWrongStatus(jobId=")
+
+
+def test_the_light_client_recovers_a_stale_nonce(chain: Chain) -> None:
+    """Another sender of the same key (here the web3 client) makes the light client's cached
+    nonce stale: 'nonce too low' reads it again and re-signs once. The transaction is EIP-1559
+    (type 2); a legacy EIP-155 one signed by gridmarket.ethsig is mined too."""
+    (provider,) = new_providers(chain.escrow, chain.accounts[0], 1, stake_wei=10**17)
+    light, escrow = chain.light, chain.escrow
+    sent = light.send(provider, "stake", value=1)
+    assert chain.w3.eth.get_transaction(sent.tx_hash)["type"] == 2  # type: ignore[arg-type]
+    assert [e.name for e in sent.events] == ["Staked"]
+    escrow.forget_nonce(provider.address)
+    escrow.send(provider, "stake", value=1)
+    light.send(provider, "stake", value=1)  # its cached nonce was used by web3's
+    assert escrow.call("providerOf", provider.address)[0] == 10**17 + 3
+
+    legacy = sign_transaction(
+        provider,
+        {
+            "chainId": escrow.deployment.chain_id,
+            "nonce": chain.w3.eth.get_transaction_count(provider.address, "pending"),
+            "gasPrice": chain.w3.eth.gas_price,
+            "gas": 100_000,
+            "to": escrow.address,
+            "value": 1,
+            "data": escrow.encode("stake"),
+        },
+    )
+    tx = chain.w3.eth.send_raw_transaction(legacy.raw_transaction)
+    assert bytes(tx) == legacy.hash
+    assert chain.w3.eth.wait_for_transaction_receipt(tx)["status"] == 1
+    assert escrow.call("providerOf", provider.address)[0] == 10**17 + 4
+
+
+def test_finalizer_resolves_a_replicated_job(chain: Chain) -> None:
+    """A seat's provider resolves its replicated job (``resolve`` with every seat's struct)
+    once every seat has a result; not before."""
+    one, two = new_providers(chain.escrow, chain.accounts[0], 2, stake_wei=10**17)
+    spec = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
+    group, seats, _ = chain.escrow.create_replicated(
+        chain.submitter, os.urandom(32), spec, chain.now() + 7200, 2 * 10**16, 2
+    )
+    assert seat_ids(group, 2) == escrow_model.seat_ids(group, 2) == [s.job_id for s in seats]
+    submitted(chain, chain.assign(seats[0], one), one, CID_A)
+    finalizer = Finalizer(chain.light, one)
+    assert finalizer.run_once() == []  # the other seat is still open
+    submitted(chain, chain.assign(seats[1], two), two, CID_A)
+    assert len(finalizer.run_once()) == 1
+    assert [chain.escrow.job_state(s.job_id).status for s in seats] == [Status.RELEASED] * 2
+    assert finalizer.run_once() == []
+
+
+class Flaky(httpx.BaseTransport):
+    """Refuses the first ``refusals`` connections, then forwards to the real node."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+        self.methods: list[str] = []
+        self.inner = httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.methods.append(json.loads(request.read())["method"])
+        if self.refusals > 0:
+            self.refusals -= 1
+            raise httpx.ConnectError("connection refused", request=request)
+        return self.inner.handle_request(request)
+
+
+def test_the_json_rpc_client_retries_reads_as_web3_does(chain: Chain) -> None:
+    """A read that fails in transport is tried 5 times in all (web3's HTTPProvider default),
+    a raw transaction once; an error answer is an RpcError with the node's code; an answer over
+    the size cap is refused."""
+    flaky = Flaky(refusals=4)
+    rpc = JsonRpc(chain.url, backoff_s=0.01, transport=flaky)
+    assert int(rpc.request("eth_blockNumber", []), 16) == chain.w3.eth.block_number
+    assert flaky.methods == ["eth_blockNumber"] * 5
+    flaky.refusals, flaky.methods = 5, []
+    with pytest.raises(httpx.ConnectError):
+        rpc.request("eth_chainId", [])
+    assert flaky.methods == ["eth_chainId"] * 5
+    flaky.refusals, flaky.methods = 1, []
+    with pytest.raises(httpx.ConnectError):
+        rpc.request("eth_sendRawTransaction", ["0x00"])
+    assert flaky.methods == ["eth_sendRawTransaction"]
+    with pytest.raises(RpcError) as refused:
+        rpc.request("eth_sendRawTransaction", ["0x00"])
+    assert refused.value.code is not None and refused.value.method == "eth_sendRawTransaction"
+    small = JsonRpc(chain.url, max_bytes=64)
+    with pytest.raises(BadAnswerError, match="over 64 bytes"):
+        small.request("eth_getBlockByNumber", ["latest", False])
+    for client in (rpc, small):
+        client.close()
+
+
+PROBE = """
+import json, os, sys, threading, time
+from pathlib import Path
+from agent.cli import main
+
+def probe():
+    time.sleep(float(sys.argv[2]))
+    from agent.onchain import EscrowReads, Finalizer
+    from gridmarket.deployment import Deployment
+    from gridmarket.ethsig import KeyAccount
+    from gridmarket.lightchain import LightEscrowClient
+
+    signer = KeyAccount(bytes.fromhex(sys.argv[3]))  # the duties the daemon runs, run here
+    light = LightEscrowClient.connect(sys.argv[4], Deployment.load(Path(sys.argv[5])))
+    Finalizer(light, signer).run_once()
+    reads = EscrowReads(light)
+    reads.free_collateral_of(signer.address)
+    reads.is_listed_mediator(signer.address)
+    light.send(signer, "stake", value=1)
+    loaded = sorted(m for m, module in sys.modules.items() if module is not None)
+    print("MODULES " + json.dumps(loaded), flush=True)
+    os._exit(0)
+
+threading.Thread(target=probe, daemon=True).start()
+main(["--config", sys.argv[1], "run"])
+"""
+
+WEB3_STACK = ("rlp", "eth_rlp", "eth_hash", "aiohttp", "websockets", "ckzg", "parsimonious")
+
+
+def test_the_daemon_with_rpc_url_loads_no_web3(chain: Chain, tmp_path: Path) -> None:
+    """The run path with ``rpc_url`` (docs/agent.md, "Footprint"): the daemon connects to the
+    chain, tops its tUSD stake up at start (permit + stakeToken, sent), then the finalizer, the
+    acceptance reads and a transaction run in the same process, and none of web3, eth-account,
+    eth-abi or their stack is loaded."""
+    (provider,) = new_providers(chain.escrow, chain.accounts[0], 1, stake_wei=10**17)
+    chain.erc20.send(chain.accounts[0], "mint", provider.address, 10 * 10**6)
+    keystore = tmp_path / "keystore.json"
+    create_keystore(keystore, "pw", private_key=bytes(provider.key), kdf="pbkdf2", iterations=10)
+    settings = tmp_path / "agent.yaml"
+    settings.write_text(
+        json.dumps(
+            {
+                "scheduler_url": "http://127.0.0.1:9",
+                "ipfs_api": "/ip4/127.0.0.1/tcp/9/http",
+                "keystore": str(keystore),
+                "password": "pw",
+                "region": "eu-west",
+                "work_dir": str(tmp_path / "work"),
+                "executors": ["wasm"],
+                "rpc_url": chain.url,
+                "deployment": str(chain.deployment_file),
+                "stake_tokens": {"tUSD": "2"},
+            }
+        )
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            PROBE,
+            str(settings),
+            "8",
+            bytes(provider.key).hex(),
+            chain.url,
+            str(chain.deployment_file),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GRIDMARKET_AGENT_")},
+        timeout=90,
+        check=False,
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith("MODULES ")), None)
+    assert line is not None, (done.stdout, done.stderr)
+    modules = set(json.loads(line.removeprefix("MODULES ")))
+    assert "gridmarket.lightchain" in modules and "agent.daemon" in modules
+    assert "registration" in done.stderr  # it got as far as trying to register
+    assert "staked 2 tUSD" in done.stderr, done.stderr  # the top-up at start, sent
+    assert chain.escrow.call("stakeOf", provider.address, chain.token_address)[0] == 2 * 10**6
+    assert chain.escrow.call("providerOf", provider.address)[0] == 10**17 + 1
+    heavy = (*HEAVY, *WEB3_STACK)
+    assert sorted(m for m in modules if m.split(".")[0] in heavy) == []
+
+
+def _job_param(chain: Chain) -> dict[str, Any]:
+    """The ABI parameter of the Job struct (submitResult's second)."""
+    (fn,) = [f for f in chain.escrow.deployment.abi if f.get("name") == "submitResult"]
+    return dict(fn["inputs"][1])
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

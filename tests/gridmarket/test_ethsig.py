@@ -289,6 +289,91 @@ def test_as_local_account() -> None:
     assert ethsig.as_local_account(local) is local
 
 
+# --------------------------------------------------------------------------- transactions
+
+
+def random_transaction(rng: random.Random, kind: int) -> dict[str, Any]:
+    """A transaction eth-account signs: every field at its edges (0, one byte, 55/56-byte RLP
+    boundaries, 2**256-1 amounts), a contract creation now and then."""
+    tx: dict[str, Any] = {
+        "chainId": rng.choice([1, 31337, 11155111, 2**40]),
+        "nonce": rng.choice([0, 1, 127, 128, 2**32]),
+        "gas": rng.choice([21_000, 500_000, 30_000_000]),
+        "value": rng.choice([0, 1, 10**18, 2**256 - 1]),
+        "data": rand_bytes(rng, rng.choice([0, 1, 4, 54, 55, 56, 300, 5000])),
+    }
+    if rng.random() < 0.9:
+        tx["to"] = ref_checksum(rand_address(rng))
+    if kind == 2:
+        tx["type"] = 2
+        tx["maxPriorityFeePerGas"] = rng.choice([0, 1, 10**9])
+        tx["maxFeePerGas"] = tx["maxPriorityFeePerGas"] + rng.choice([0, 7, 10**11])
+        if rng.random() < 0.3:
+            tx["accessList"] = [
+                {
+                    "address": ref_checksum(rand_address(rng)),
+                    "storageKeys": ["0x" + rand_bytes(rng, 32).hex() for _ in range(k)],
+                }
+                for k in range(rng.randint(1, 3))
+            ]
+    else:
+        tx["gasPrice"] = rng.choice([0, 1, 10**9, 2**64])
+    return tx
+
+
+@pytest.mark.parametrize("kind", [2, 0])
+def test_transactions_are_byte_identical_to_eth_account(kind: int) -> None:
+    """EIP-1559 (type 2) and legacy EIP-155 transactions: the raw bytes and the hash
+    ``LocalAccount.sign_transaction`` gives, for KeyAccount and LocalAccount signers; data as
+    bytes or hex."""
+    rng = random.Random(7 + kind)
+    for i in range(ROUNDS):
+        key = rand_key(rng)
+        reference = Account.from_key(key)
+        tx = random_transaction(rng, kind)
+        expected = reference.sign_transaction(dict(tx))
+        signer = ethsig.KeyAccount(key) if i % 2 else reference
+        if i % 3 == 0:
+            tx["data"] = "0x" + tx["data"].hex()
+        mine = ethsig.sign_transaction(signer, tx)
+        assert mine.raw_transaction == bytes(expected.raw_transaction), tx
+        assert mine.hash == bytes(expected.hash)
+
+
+def test_rlp_matches_the_rlp_package() -> None:
+    import rlp
+
+    rng = random.Random(9)
+
+    def item(depth: int) -> Any:
+        if depth > 3 or rng.random() < 0.5:
+            return rand_bytes(rng, rng.choice([0, 1, 2, 55, 56, 300, 70_000]))
+        return [item(depth + 1) for _ in range(rng.randint(0, 4))]
+
+    for _ in range(ROUNDS):
+        value = item(0)
+        assert ethsig.rlp_encode(value) == rlp.encode(value)
+    assert ethsig.rlp_encode(b"\x7f") == b"\x7f" and ethsig.rlp_encode(b"\x80") == b"\x81\x80"
+
+
+def test_transaction_mistakes_are_refused() -> None:
+    signer = ethsig.KeyAccount(b"\x01" * 32)
+    base = {"chainId": 1, "nonce": 0, "gas": 21_000, "to": "0x" + "11" * 20}
+    for tx, message in [
+        ({**base, "gasPrice": 1, "maxFeePerGas": 1}, "unknown transaction fields"),
+        ({**base, "maxFeePerGas": 2, "maxPriorityFeePerGas": 1, "from": "x"}, "unknown"),
+        ({**base, "gasPrice": -1}, "'gasPrice' must be an int"),
+        ({**base, "gasPrice": 1, "value": 2**256}, "'value' must be an int"),
+        ({**base, "gasPrice": 1, "nonce": True}, "'nonce' must be an int"),
+        ({**base, "maxPriorityFeePerGas": 1}, r"for type 0: \['maxPriorityFeePerGas'\]"),
+        ({**base, "gasPrice": 1, "to": "0x12"}, "not an address"),
+        ({**base, "gasPrice": 1, "data": "0xzz"}, "is not hex"),
+        ({**base, "maxFeePerGas": 1, "maxPriorityFeePerGas": 1, "type": 1}, "does not match"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            ethsig.sign_transaction(signer, tx)
+
+
 # --------------------------------------------------------------------------- keystores
 
 
