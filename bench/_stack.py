@@ -36,6 +36,7 @@ from web3 import Web3
 
 from devstack.anvil import Anvil, dev_accounts, free_port
 from devstack.ipfs import IpfsDaemon
+from devstack.mediator import MediatorProcess
 from devstack.postgres import fresh_database
 from devstack.providers import new_providers
 from devstack.scheduler import SchedulerProcess
@@ -72,16 +73,29 @@ class Stack:
     replicas: list[SchedulerProcess]
     escrow: EscrowClient
     ipfs: IpfsStore
+    mediator_key: str
+    """The private key (hex) of the mediator the deployment lists (dev account 10)."""
+    mediator: MediatorProcess | None = None
 
 
 @contextlib.contextmanager
 def stack(
-    work: Path, *, providers: int, db: str, replicas: int = 1, **settings: str
+    work: Path,
+    *,
+    providers: int,
+    db: str,
+    replicas: int = 1,
+    escrow: dict[str, int] | None = None,
+    mediator: bool = False,
+    **settings: str,
 ) -> Iterator[Stack]:
     """Everything up; torn down when the block ends. ``db``: ``sqlite`` or ``postgresql``.
 
     The replicas run with the scheduler's defaults (``require_stake`` true) plus the operator
-    key, the IPFS daemon, ``chain_poll_s=0.1`` (as ``run_grid``) and ``settings``."""
+    key, the IPFS daemon, ``chain_poll_s=0.1`` (as ``run_grid``) and ``settings``. ``escrow``
+    overrides deployment parameters (:class:`EscrowParams` fields, e.g. ``challenge_window``);
+    ``mediator`` also runs the real mediator (``python -m scheduler.mediator run``,
+    :class:`devstack.mediator.MediatorProcess`) with the listed mediator's key."""
     work.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as es:
         anvil = es.enter_context(Anvil(log_file=work / "anvil.log"))
@@ -92,7 +106,10 @@ def stack(
         dev_keys = dev_accounts(11)
         keys = [Account.from_key(k) for k in dev_keys]
         params = EscrowParams(
-            operator=keys[1].address, treasury=keys[2].address, mediator=keys[10].address
+            operator=keys[1].address,
+            treasury=keys[2].address,
+            mediator=keys[10].address,
+            **(escrow or {}),
         )
         deployment = deploy_escrow(w3, keys[0], params)
         dep_file = work / "deployment.json"
@@ -131,7 +148,20 @@ def stack(
             )
             es.enter_context(proc)
             procs.append(proc)
-        yield Stack(anvil, deployment, dep_file, accounts, db_url, procs, client, ipfs)
+        med = None
+        if mediator:
+            med = es.enter_context(
+                MediatorProcess(
+                    work,
+                    rpc_url=anvil.url,
+                    deployment_file=dep_file,
+                    ipfs_api=daemon.api_addr,
+                    key_hex=dev_keys[10],
+                )
+            )
+        yield Stack(
+            anvil, deployment, dep_file, accounts, db_url, procs, client, ipfs, dev_keys[10], med
+        )
 
 
 # --------------------------------------------------------------------------- jobs

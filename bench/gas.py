@@ -31,6 +31,15 @@ then measures, every step sent as a real transaction and its ``gasUsed`` read fr
   (relayed) -> ``finalize`` by anyone once the challenge window passed;
 * the dispute lives: ... -> ``submitResultFor`` -> ``dispute`` (submitter, with the deposit) ->
   ``rule`` (mediator): upheld (paid), and ruled wrong (the collateral slashed, the job Funded);
+* the spot-checked lives (``FLAG_SPOT``, p = 0.1: collateral ``spot.min_collateral``, nine
+  bounties and a wei): ``createJob`` sending twice the bounty (bounty + check deposit) ->
+  ``assign`` -> ``submitResultFor`` -> ``finalize`` once the window passed (unchecked: the
+  deposit goes back in the same call); checked: ... -> ``dispute`` by the job's mediator (sending
+  nothing) -> ``rule`` upheld (the deposit pays the mediator) or wrong (the collateral slashed,
+  the deposit kept for the next attempt); and the mediator's re-run that a check needs, a plain
+  job it funds itself: ``createJob`` -> ``assign`` -> ``submitResultFor`` -> ``release``
+  (mediator). The expected gas of a spot job at p is ``(1 - p) unchecked + p (checked upheld +
+  re-run)`` (an honest provider's result);
 * ``collectFees`` (the fee pot credited to the treasury).
 
 Cold and warm balance slot: ``settle`` credits the provider's withdrawable balance. When that
@@ -66,10 +75,11 @@ from rich.table import Table
 from web3 import Web3
 
 from devstack.anvil import Anvil, dev_accounts
+from gridmarket import spot
 from gridmarket.chain import ChainError, EscrowClient
 from gridmarket.deploy import EscrowParams, deploy_escrow, deploy_test_token, list_token
 from gridmarket.eip712 import sign_acceptance, sign_result
-from gridmarket.escrow import ZERO_ADDRESS, JobState, Status, apply_event
+from gridmarket.escrow import FLAG_SPOT, ZERO_ADDRESS, JobState, Status, Terms, apply_event
 from gridmarket.token import TokenClient
 from scheduler.chain import BATCH_MAX_CALLS, Call, TxSender, apply_sent
 
@@ -81,6 +91,8 @@ OUT = "bafybeigdyrzt5sfp7udm7hu76uh7y26nf3efuylqabf3oclgtqy55fbzdi"
 BOUNTY = 10**17
 T_BOUNTY = 100 * 10**6  # 100 tUSD
 T_GRANT = 10**15  # tUSD minted to the submitter and to each provider
+SPOT_P_BPS = 1000
+"""The spot lives' p (0.1): their collateral is ``spot.min_collateral(BOUNTY, SPOT_P_BPS)``."""
 
 Rows = list[tuple[str, int]]
 
@@ -98,17 +110,25 @@ class Lives:
         self.w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
 
     def _fund_and_assign(
-        self, on_verify: bool, rows: Rows, token: str = ZERO_ADDRESS, permit: bool = True
+        self,
+        on_verify: bool,
+        rows: Rows,
+        token: str = ZERO_ADDRESS,
+        permit: bool = True,
+        terms: Terms | None = None,
+        submitter: LocalAccount | None = None,
     ) -> JobState:
         escrow, w3 = self.escrow, self.w3
         deadline = w3.eth.get_block("latest")["timestamp"] + 3600
         bounty = BOUNTY if token == ZERO_ADDRESS else T_BOUNTY
-        terms = escrow.default_terms(
-            bounty, self.submitter.address, on_verify=on_verify, token=token
-        )
+        submitter = submitter or self.submitter
+        if terms is None:
+            terms = escrow.default_terms(
+                bounty, submitter.address, on_verify=on_verify, token=token
+            )
         if token == ZERO_ADDRESS or permit:
             state, sent = escrow.create_job(
-                self.submitter, os.urandom(32), SPEC, deadline, bounty, terms
+                submitter, os.urandom(32), SPEC, deadline, bounty, terms
             )
         else:  # on the submitter's standing allowance (one approve of the maximum, earlier)
             sent = escrow.fund_in_token(
@@ -116,7 +136,7 @@ class Lives:
             )
             (created,) = [e for e in sent.events if e.name == "JobCreated"]
             state = apply_event(None, created.name, created.args)
-        step = "createJob"
+        step = "createJob (bounty + check deposit)" if terms.spot else "createJob"
         if token != ZERO_ADDRESS:
             step = "multicall(permitToken, createJobWith)" if permit else "createJobWith"
         rows.append((step, sent.gas_used))
@@ -196,6 +216,49 @@ class Lives:
             escrow.send(self.provider, "stake", value=BOUNTY)
         elif not upheld:
             escrow.stake_token(self.provider, token, T_BOUNTY)
+        return rows
+
+    def spot_life(self, checked: bool, upheld: bool = True) -> Rows:
+        """A spot job (p = SPOT_P_BPS) with a relayed result: finalized unchecked, or checked
+        (the mediator's ``dispute``, sending nothing) and ruled."""
+        collateral = max(
+            self.escrow.min_collateral(BOUNTY), spot.min_collateral(BOUNTY, SPOT_P_BPS)
+        )
+        terms = Terms(self.mediator.address, collateral, FLAG_SPOT)
+        rows: Rows = []
+        state = self._fund_and_assign(False, rows, terms=terms)
+        state, sent = self.escrow.call_job(
+            self.operator, "submitResultFor", state, OUT, self._result_sig(state)
+        )
+        rows.append(("submitResultFor", sent.gas_used))
+        if not checked:
+            self._sleep(self.challenge)
+            state, sent = self.escrow.call_job(self.stranger, "finalize", state)
+            rows.append(("finalize (anyone; deposit back)", sent.gas_used))
+            assert state.status is Status.RELEASED
+            return rows
+        state, sent = self.escrow.call_job(self.mediator, "dispute", state)
+        rows.append(("dispute (mediator's check, no value)", sent.gas_used))
+        state, sent = self.escrow.call_job(self.mediator, "rule", state, upheld)
+        what = "upheld: deposit to the mediator" if upheld else "wrong: slash, deposit kept"
+        rows.append((f"rule ({what})", sent.gas_used))
+        if not upheld:  # stake the lost collateral again
+            self.escrow.send(self.provider, "stake", value=collateral)
+        return rows
+
+    def rerun(self) -> Rows:
+        """The re-run a check needs: a plain job the mediator funds (naming itself), relayed,
+        and released by the mediator once it compared the outputs."""
+        rows: Rows = []
+        terms = self.escrow.default_terms(BOUNTY, self.mediator.address)
+        terms = Terms(self.mediator.address, terms.collateral)
+        state = self._fund_and_assign(False, rows, terms=terms, submitter=self.mediator)
+        state, sent = self.escrow.call_job(
+            self.operator, "submitResultFor", state, OUT, self._result_sig(state)
+        )
+        rows.append(("submitResultFor", sent.gas_used))
+        state, sent = self.escrow.call_job(self.mediator, "release", state)
+        rows.append(("release (mediator, its re-run)", sent.gas_used))
         return rows
 
     def withdraw(self, token: str = ZERO_ADDRESS) -> int:
@@ -377,6 +440,19 @@ def main() -> int:
         console.print(table("disputed, mediator upholds", upheld))
         wrong = lives.disputed(False)
         console.print(table("disputed, mediator rules it wrong", wrong))
+        # spot lives: the provider stakes the spot collateral (nine bounties and a wei) too
+        escrow.send(roles["provider"], "stake", value=10 * BOUNTY)
+        lives.spot_life(False)
+        s_unchecked = lives.spot_life(False)  # steady state
+        console.print(table("spot p=0.1, unchecked: finalized after the window", s_unchecked))
+        s_upheld = lives.spot_life(True, True)
+        console.print(table("spot p=0.1, checked by the mediator, upheld", s_upheld))
+        s_wrong = lives.spot_life(True, False)
+        console.print(table("spot p=0.1, checked by the mediator, ruled wrong", s_wrong))
+        s_rerun = lives.rerun()
+        console.print(table("the mediator's re-run of a check (plain job it funds)", s_rerun))
+        p = SPOT_P_BPS / 10_000
+        s_expected = (1 - p) * total(s_unchecked) + p * (total(s_upheld) + total(s_rerun))
         lives.on_verify()
         c = lives.collect()
 
@@ -473,6 +549,15 @@ def main() -> int:
         summary.add_row("after-window (relayed result, finalize)", f"{total(after):,}")
         summary.add_row("disputed, upheld", f"{total(upheld):,}")
         summary.add_row("disputed, ruled wrong (job Funded again)", f"{total(wrong):,}")
+        summary.add_row("spot p=0.1, unchecked (finalize, deposit back)", f"{total(s_unchecked):,}")
+        summary.add_row("spot p=0.1, checked, upheld", f"{total(s_upheld):,}")
+        summary.add_row(
+            "spot p=0.1, checked, ruled wrong (job Funded again)", f"{total(s_wrong):,}"
+        )
+        summary.add_row("the mediator's re-run (plain job, released by it)", f"{total(s_rerun):,}")
+        summary.add_row(
+            "spot p=0.1, expected per job (honest result, re-run included)", f"{s_expected:,.0f}"
+        )
         summary.add_row("collectFees", f"{c:,}")
         summary.add_row(
             "tUSD on-verify relayed with permit, withdraw every job", f"{total(t_each):,}"

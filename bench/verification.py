@@ -9,9 +9,10 @@ For each cell of ``--cheaters`` (percent of the provider nodes that lie) x ``--p
   a simulated node of ``scripts/spawn_fleet.py`` (:class:`spawn_fleet.Node`) speaking the wire
   protocol: signed registration, heartbeats, ``next-job`` long polls, an EIP-712 acceptance of
   each offer, a real output added to IPFS and its signed CID reported. Honest nodes upload the
-  right output (:func:`spawn_fleet.right_output`, a deterministic function of the job's spec
-  CID, so replicas agree); cheaters upload a plausible wrong one (same shape, a valid CID of real
-  bytes, each cheater its own bytes, or one shared wrong output with ``--collude``); ``--lazy``
+  right output (:func:`spawn_fleet.right_output`, a deterministic function of the job's
+  workload, so replicas and re-runs agree); cheaters upload a plausible wrong one (same shape, a
+  valid CID of real bytes, each cheater its own bytes, or one shared wrong output with
+  ``--collude``); ``--lazy``
   nodes replay an output of an earlier job. Which nodes lie is a seeded shuffle. The scheduler
   stops offering work to a node whose results were outvoted (reputation); with ``--sybils`` a
   lying wallet that is slashed comes back as a fresh wallet (funded, registered, staked), as an
@@ -27,7 +28,7 @@ For each cell of ``--cheaters`` (percent of the provider nodes that lie) x ``--p
   seat); ``replicate:k`` jobs with ``createReplicated`` (k seats of a 0.001 ETH share each; the
   scheduler keeps the seats on distinct wallets, relays each seat's result and sends
   ``resolve`` once every seat has one: the agreeing strict majority is paid, the rest
-  slashed);
+  slashed); ``spot:p`` jobs (below);
 * when nothing moves any more and every open job has all its results on-chain (a 1-1 split of
   replicate:2, two different lies of replicate:3, or an after-window job), or nothing at all
   moved for ``--warp-after-s`` (a seat whose ``assign`` the chain refused waits for the
@@ -44,7 +45,9 @@ Figures per cell, all from the chain's events and receipts unless said otherwise
 * **runs/job**: results the nodes computed and reported (their own count), per job funded;
 * **gas/job**: the sum of ``gasUsed`` of every transaction about the cell's jobs (funding,
   ``assign``, relayed results, ``settle``/``finalize``/``resolve``; found by decoding each
-  escrow transaction's calldata in the cell's blocks, reverted ones included), per job funded.
+  escrow transaction's calldata in the cell's blocks, reverted ones included; a ``multicall``
+  batch of the outbox is decoded call by call, each charged an equal share of the batch's gas),
+  per job funded.
   No withdrawals (``bench/gas.py`` amortises one per 10 jobs into its figure);
 * **funded -> paid** p50/p99: from ``createJob``/``createReplicated``'s receipt to the first
   sight of ``JobReleased``/``Resolved`` (logs polled every 0.1 s), jobs paid without the clock
@@ -53,11 +56,39 @@ Figures per cell, all from the chain's events and receipts unless said otherwise
 * **cheater net**: what the lying wallets were paid minus what they were slashed, per lying run,
   in bounties (0.001 ETH): negative means lying loses money.
 
-Spot checks (``spot:0.1``, ``spot:0.25``) are not in the escrow yet: they are printed as rows
-with no figure.
+**Spot checks** (``spot:0.1``, ``spot:0.25``; docs/trust.md, "Spot checks"): each job is
+funded with ``createJob`` and ``FLAG_SPOT`` (twice the bounty: the bounty and the check deposit),
+a collateral of ``max(minCollateral, spot.min_collateral(bounty, p))`` (nine bounties and a wei
+at p = 0.1, three and a wei at p = 0.25), and a spec carrying ``spot`` as the submitter's
+client writes it: a fresh seed per job (``spot.new_seed``), its commitment, and the seed sealed
+to the deployment's mediator key (``spot.seal`` to ``spot.public_key_of`` of dev account 10,
+checked against the listed mediator's address with ``spot.check_public_key``). The spec is a
+deterministic Docker job (image pinned by digest), as a spot job must be. The nodes stake
+``minStake`` + 64 such collaterals. The stack runs the **real mediator** (``python -m
+scheduler.mediator run``, :class:`devstack.mediator.MediatorProcess`, the listed mediator's
+key). The step the mediator on main does not take yet, opening a check, is driven by this bench
+with the mediator's key exactly as the production mediator is to take it (:class:`SpotChecker`):
+on each ``ResultSubmitted`` of a spot job it reads the spec from IPFS, opens the sealed seed with
+the mediator's key against the commitment (``spot.unseal``), and when
+``spot.checked(seed, attempt, p_bps)`` sends the mediator's ``dispute`` (no value: the deposit is
+locked). Everything after that is the real mediator's: it re-runs the disputed job through the
+market on another node of the fleet (a plain job it funds, excluding the checked provider),
+compares the two output CIDs, sends ``rule``, and releases its re-run. A result ruled wrong
+sends the job back to Funded and the scheduler gives it to another node (the next attempt is
+drawn afresh). An unchecked result is finalized by the scheduler once the challenge window
+passed (``--challenge-s`` sets the deployment's window; the default is the deployment's hour,
+after which the clock is moved and those latencies are not counted). The nodes compute a job's
+right output from its workload (``spawn_fleet.workload_of``: the spec without name, exclusions
+and spot policy), so a re-run of an honest result agrees with it. Spot rows count the re-runs'
+results in **runs/job** (extra compute), their transactions (the mediator's ``createJob``,
+``assign``, relay, ``release``) with the checked job's in **gas/job**, and print the checks
+opened (``checks``) and the expected profit of a lying run at the job's terms
+(``spot.cheater_profit`` of the payout: ``(1 - p) (B - fee) - p C``, in bounties) beside the
+measured **net**.
 
     python bench/verification.py                     # 0/10/30 % x integrity, replicate:2, :3
     python bench/verification.py --cheaters 30 --policies replicate:3 --jobs 1000 --sybils
+    python bench/verification.py --policies spot:0.1,spot:0.25 --challenge-s 30
 
 Goals (issue 10): replicate:3 accepts 0 wrong outputs in >= 1,000 jobs with <= 30 % cheaters;
 spot:0.1 costs <= 1.15x compute and a cheater's expected profit is negative; a 3-replica life
@@ -97,24 +128,42 @@ from _stack import (
 )
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
+from eth_utils.crypto import keccak
 
 from devstack.anvil import dev_accounts
 from devstack.providers import new_providers
-from gridmarket.chain import EscrowClient, Event
+from gridmarket import spot
+from gridmarket.chain import ChainError, EscrowClient, Event
 from gridmarket.cid import path_cid
-from gridmarket.escrow import cid_digest, job_id, seat_ids
+from gridmarket.escrow import (
+    FLAG_SPOT,
+    JOB_EVENTS,
+    JobState,
+    Terms,
+    apply_event,
+    cid_digest,
+    job_id,
+    seat_ids,
+)
 from gridmarket.wire import API, JobSpec
+from scheduler.mediator.service import RERUN_SALT_TAG
 from scheduler.store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from spawn_fleet import Node, capacity, right_output  # the simulated nodes, from their script
+from spawn_fleet import Node, capacity, right_output, workload_of  # the simulated nodes
 
 SHARE = 10**15
 """The bounty of a single job and of each seat of a replicated one (0.001 ETH)."""
-POLICIES = {"integrity": 1, "integrity:window": 1, "replicate:2": 2, "replicate:3": 3}
+POLICIES = {
+    "integrity": 1, "integrity:window": 1, "replicate:2": 2, "replicate:3": 3,
+    "spot:0.1": 1, "spot:0.25": 1,
+}  # fmt: skip
 """Seats per job. ``integrity``: paid on the scheduler's check (``FLAG_ON_VERIFY``);
-``integrity:window``: relayed and finalized after the challenge window."""
-NOT_IMPLEMENTED = ("spot:0.1", "spot:0.25")
+``integrity:window``: relayed and finalized after the challenge window; ``spot:p``: a spot job
+checked with probability p per attempt."""
+SPOT_P_BPS = {"spot:0.1": 1000, "spot:0.25": 2500}
+MAX_ATTEMPTS = 32
+"""Attempts of a spot job whose re-run ids the bench looks for (the mediator's fixed salt)."""
 SETTLE_QUIET_S = 3.0
 """Seconds without a new event, every open job's results on-chain, before the clock is moved."""
 
@@ -140,6 +189,8 @@ class Job:
     deadline: int
     funded_at: float = 0.0
     paid_at: float | None = None
+    seed: bytes | None = None
+    """A spot job's seed (what the submitter's client keeps until the job is settled)."""
 
 
 class Watcher(threading.Thread):
@@ -179,22 +230,112 @@ class Watcher(threading.Thread):
                 return
 
 
-def make_specs(n: int, tag: str) -> list[JobSpec]:
-    """``n`` distinct small Docker jobs: each has its own spec CID, so its own right output."""
-    return [
-        JobSpec.model_validate(
-            {
-                "name": f"verify-{tag}-{i}",
-                "executor": "docker",
-                "image": "busybox:1",
-                "command": ["sh", "-c", f"echo {tag}-{i}"],
-                "env": {"BENCH_JOB": f"{tag}-{i}"},
-                "resources": {"cpu_cores": 1, "ram_mib": 128, "disk_mib": 64},
-                "limits": {"timeout_s": 300},
+def make_specs(
+    n: int, tag: str, p_bps: int | None = None, mediator_key: bytes | None = None
+) -> tuple[list[JobSpec], list[bytes | None]]:
+    """``n`` distinct small Docker jobs: each has its own workload, so its own right output.
+    With ``p_bps``, spot jobs as the submitter's client writes them: deterministic (the image
+    pinned by digest), a fresh seed per job committed in ``spot`` and sealed to the public key
+    of ``mediator_key`` (checked against its address first). The seeds, None for other jobs."""
+    seal_to = b""
+    if p_bps is not None:
+        assert mediator_key is not None
+        public = spot.public_key_of(mediator_key)
+        seal_to = spot.check_public_key(public, Account.from_key(mediator_key).address)
+    specs, seeds = [], []
+    for i in range(n):
+        body: dict[str, Any] = {
+            "name": f"verify-{tag}-{i}",
+            "executor": "docker",
+            "image": "busybox:1",
+            "command": ["sh", "-c", f"echo {tag}-{i}"],
+            "env": {"BENCH_JOB": f"{tag}-{i}"},
+            "resources": {"cpu_cores": 1, "ram_mib": 128, "disk_mib": 64},
+            "limits": {"timeout_s": 300},
+        }
+        seed = None
+        if p_bps is not None:
+            seed = spot.new_seed()
+            digest = keccak(text=f"bench image {tag}").hex()
+            body["image"] = f"busybox@sha256:{digest}"
+            body["deterministic"] = True
+            body["spot"] = {
+                "p_bps": p_bps,
+                "commit": "0x" + spot.commit_of(seed).hex(),
+                "sealed": "0x" + spot.seal(seed, seal_to).hex(),
             }
-        )
-        for i in range(n)
-    ]
+        specs.append(JobSpec.model_validate(body))
+        seeds.append(seed)
+    return specs, seeds
+
+
+def spot_terms(escrow: EscrowClient, p_bps: int) -> Terms:
+    """A spot job's terms: the listed mediator, ``FLAG_SPOT``, and the collateral that makes
+    lying unprofitable at p (at least the escrow's floor)."""
+    least = max(escrow.min_collateral(SHARE), spot.min_collateral(SHARE, p_bps))
+    listed = escrow.default_terms(SHARE, "0x" + "00" * 20).mediator
+    return Terms(listed, least, FLAG_SPOT)
+
+
+class SpotChecker(threading.Thread):
+    """The mediator's first step for spot jobs, driven here with the mediator's key as the
+    production mediator takes it: on each ``ResultSubmitted`` of one of ``jobs`` (folded from
+    the watcher's events), read the spec from IPFS, open the sealed seed with the mediator's key
+    against the spec's commitment, and open a check (``dispute``, no value) when
+    ``spot.checked(seed, attempt, p_bps)``. The real mediator process does the rest."""
+
+    def __init__(self, st: Stack, watcher: Watcher, jobs: list[Job], key: str) -> None:
+        super().__init__(daemon=True)
+        self.st, self.watcher = st, watcher
+        self.account = Account.from_key(key)
+        self.key = bytes.fromhex(key.removeprefix("0x"))
+        self.specs = {j.key: j.spec_cid for j in jobs}  # keys are set as jobs are funded
+        self.jobs = jobs
+        self.states: dict[str, JobState] = {}
+        self.seen = 0
+        self.opened: list[tuple[str, int]] = []
+        self.skipped = 0
+        self.failed: list[str] = []
+        self.halt = threading.Event()
+        self.error: Exception | None = None
+
+    def _spec(self, cid: str) -> JobSpec:
+        return JobSpec.from_bytes(self.st.ipfs.cat(cid, max_bytes=64 * 1024, timeout_s=10))
+
+    def step(self) -> None:
+        keys = {j.key for j in self.jobs if j.key}
+        fresh = self.watcher.events[self.seen :]
+        self.seen += len(fresh)
+        for ev in fresh:
+            if ev.name not in JOB_EVENTS or "jobId" not in ev.args:
+                continue
+            key = "0x" + bytes(ev.args["jobId"]).hex()
+            if key not in keys:
+                continue
+            state = apply_event(self.states.get(key), ev.name, ev.args)
+            self.states[key] = state
+            if ev.name != "ResultSubmitted" or state.job.flags & FLAG_SPOT == 0:
+                continue
+            spec = self._spec(state.spec_cid)
+            assert spec.spot is not None, f"spot job {key} without a spot policy"
+            seed = spot.unseal(spec.spot.sealed_bytes, self.key, spec.spot.commit_bytes)
+            if not spot.checked(seed, state.job.attempt, spec.spot.p_bps):
+                self.skipped += 1
+                continue
+            try:  # its ResultDisputed is folded when the watcher reads it
+                self.st.escrow.call_job(self.account, "dispute", state)
+            except ChainError as exc:  # the job moved on meanwhile: say so
+                self.failed.append(f"{key[:10]} attempt {state.job.attempt}: {exc}")
+                continue
+            self.opened.append((key, state.job.attempt))
+
+    def run(self) -> None:
+        while not self.halt.wait(0.1):
+            try:
+                self.step()
+            except Exception as exc:  # reported by the bench, which stops
+                self.error = exc
+                return
 
 
 def fund(
@@ -214,6 +355,8 @@ def fund(
     seconds and ``jobs`` is cut to the jobs funded."""
     submitter = Account.from_key(dev_accounts(SUBMITTER + 1)[SUBMITTER]).address
     terms = st.escrow.default_terms(SHARE, submitter, on_verify=on_verify and k == 1)
+    if args.p_bps is not None:
+        terms = spot_terms(st.escrow, args.p_bps)
     backlog = args.backlog or args.nodes
     store = Store(st.db_url)
     try:
@@ -256,7 +399,7 @@ def _fund_one(
         "from": submitter,
         "to": st.escrow.address,
         "data": "0x" + data.hex(),
-        "value": hex(SHARE * k),
+        "value": hex(terms.funding(SHARE) * k),
         "gas": hex(250_000 * k),
     }
     send_sync(http, st.anvil.url, tx, f"funding job {i} ({'createJob' if k == 1 else k})")
@@ -285,21 +428,31 @@ def gas_by_job(
                 if (tx.get("to") or "").lower() != escrow:
                     continue
                 fn, args = st.escrow.contract.decode_function_input(tx["input"])
-                name = fn.fn_name
-                if name in ("createJob", "createReplicated"):
-                    ident = job_id(tx["from"], args["specCid"], bytes(args["salt"]))
-                else:
-                    first_arg = fn.abi["inputs"][0]["name"]
-                    value = args.get(first_arg)  # registerProvider's is a string
-                    ident = bytes(value) if isinstance(value, bytes | bytearray) else b""
-                key = owner.get("0x" + ident.hex()) if len(ident) == 32 else None
-                if key is None:
-                    continue
+                # the outbox batches operator steps in multicall: each inner call is one step,
+                # charged an equal share of the batch's gas
+                steps: list[tuple[Any, Any]] = (
+                    [st.escrow.contract.decode_function_input(c) for c in args["data"]]
+                    if fn.fn_name == "multicall"
+                    else [(fn, args)]
+                )
                 receipt = gas[tx["hash"]]
-                used = int(receipt["gasUsed"], 16)
-                per_job[key] += used
-                per_fn[name].append(used)
-                if int(receipt["status"], 16) != 1:
+                share = int(receipt["gasUsed"], 16) / max(1, len(steps))
+                counted = False
+                for inner, inner_args in steps:
+                    name = inner.fn_name
+                    if name in ("createJob", "createReplicated"):
+                        ident = job_id(tx["from"], inner_args["specCid"], bytes(inner_args["salt"]))
+                    else:
+                        first_arg = inner.abi["inputs"][0]["name"]
+                        value = inner_args.get(first_arg)  # registerProvider's is a string
+                        ident = bytes(value) if isinstance(value, bytes | bytearray) else b""
+                    key = owner.get("0x" + ident.hex()) if len(ident) == 32 else None
+                    if key is None:
+                        continue
+                    per_job[key] += round(share)
+                    per_fn[name].append(round(share))
+                    counted = True
+                if counted and int(receipt["status"], 16) != 1:
                     reverted += 1
     return per_job, per_fn, reverted
 
@@ -349,7 +502,7 @@ async def run_nodes(
         async def replace_caught() -> None:
             seen = 0
             funder = Account.from_key(dev_accounts(1)[0])
-            stake = int(st.escrow.call("minStake")) + 64 * SHARE
+            stake = args.stake_wei
             while True:
                 await asyncio.sleep(0.25)
                 fresh, seen = watcher.events[seen:], len(watcher.events)
@@ -393,13 +546,17 @@ def run_cell(
     st: Stack, pct: float, policy: str, args: argparse.Namespace, rng: random.Random
 ) -> dict[str, Any]:
     k = POLICIES[policy]
+    p_bps = SPOT_P_BPS.get(policy)
+    args = argparse.Namespace(**{**vars(args), "p_bps": p_bps})
+    collateral = spot_terms(st.escrow, p_bps).collateral if p_bps else SHARE
+    args.stake_wei = int(st.escrow.call("minStake")) + 64 * collateral
     funder = Account.from_key(dev_accounts(1)[0])
     accounts = new_providers(
         st.escrow,
         funder,
         args.nodes,
         metadata_cid="bafkreibenchverify",
-        stake_wei=int(st.escrow.call("minStake")) + 64 * SHARE,
+        stake_wei=args.stake_wei,
     )
     n_cheat = round(args.nodes * pct / 100)
     n_lazy = round(args.nodes * args.lazy / 100)
@@ -408,15 +565,23 @@ def run_cell(
     rng.shuffle(behaviours)
 
     tag = secrets.token_hex(3)
-    specs = make_specs(args.jobs, tag)
+    mediator_key = bytes.fromhex(st.mediator_key.removeprefix("0x"))
+    specs, seeds = make_specs(args.jobs, tag, p_bps, mediator_key)
     cids = [st.ipfs.add_bytes(s.to_bytes()) for s in specs]
     with httpx.Client(timeout=120) as http:
         now = chain_time(http, st.anvil.url)
         deadline = now + 2 * 3600
-        jobs = [Job("", c, output_cid(right_output(c)), [], deadline) for c in cids]
+        jobs = [
+            Job("", c, output_cid(right_output(workload_of(s.model_dump(mode="json")))), [],
+                deadline, seed=seed)
+            for c, s, seed in zip(cids, specs, seeds, strict=True)
+        ]  # fmt: skip
         start_block = int(rpc_batch(http, st.anvil.url, [("eth_blockNumber", [])])[0], 16) + 1
         watcher = Watcher(st.escrow, start_block)
         watcher.start()
+        checker = SpotChecker(st, watcher, jobs, st.mediator_key) if p_bps else None
+        if checker is not None:
+            checker.start()
         base = st.replicas[0].url
         on_verify = policy == "integrity"
         state: dict[str, Any] = {"warped": None, "stalled": False}
@@ -437,6 +602,8 @@ def run_cell(
                 await asyncio.sleep(0.25)
                 if watcher.error is not None:
                     raise watcher.error
+                if checker is not None and checker.error is not None:
+                    raise checker.error
                 if fund_task.done():
                     fund_task.result()  # a funding failure stops the bench
                 else:
@@ -448,7 +615,10 @@ def run_cell(
                 if (
                     state["warped"] is None
                     and quiet > SETTLE_QUIET_S
-                    and (all(all_submitted(j) for j in open_jobs) or quiet > args.warp_after_s)
+                    and (
+                        (not p_bps and all(all_submitted(j) for j in open_jobs))
+                        or quiet > args.warp_after_s  # a spot job may be under a check
+                    )
                 ):
                     mediation = int(st.escrow.call("mediationWindow"))
                     challenge = int(st.escrow.call("challengeWindow"))
@@ -473,6 +643,9 @@ def run_cell(
         watcher.halt.set()
         watcher.join()
         watcher.poll()  # the last blocks
+        if checker is not None:
+            checker.halt.set()
+            checker.join()
         last_block = watcher.next - 1
 
         owner: dict[str, str] = {}
@@ -480,6 +653,22 @@ def run_cell(
             owner[j.key] = j.key
             for s in j.seats:
                 owner[s] = j.key
+        # the mediator's re-runs of the checks: its fixed salt names the checked job
+        reruns = 0
+        if p_bps:
+            salts = {
+                keccak(RERUN_SALT_TAG + bytes.fromhex(j.key[2:]) + a.to_bytes(2, "big")): j.key
+                for j in jobs
+                for a in range(1, MAX_ATTEMPTS)
+            }
+            mediator = Account.from_key(st.mediator_key).address.lower()
+            for ev in watcher.events:
+                if ev.name != "JobCreated" or str(ev.args["submitter"]).lower() != mediator:
+                    continue
+                checked_job = salts.get(bytes(ev.args["salt"]))
+                if checked_job is not None:
+                    owner["0x" + bytes(ev.args["jobId"]).hex()] = checked_job
+                    reruns += 1
         per_job, per_fn, reverted = gas_by_job(st, http, start_block, last_block, owner)
 
     # ------------------------------------------------------------------ the chain's verdicts
@@ -503,6 +692,7 @@ def run_cell(
     for j in jobs:
         if k == 1:
             paid = j.key in released
+            # the paid attempt's result is the job's last ResultSubmitted
             bad = paid and submitted.get(j.key) != j.right_cid
         else:
             res = resolved.get(j.key)
@@ -518,6 +708,11 @@ def run_cell(
             lat.append(seen - j.funded_at)
     who = {n.account.address.lower(): n.behaviour for n in nodes}
     runs = [(n.behaviour, r) for n in nodes for r in n.reports if owner.get(r[0])]
+    expected = None
+    if p_bps:
+        collateral = spot_terms(st.escrow, p_bps).collateral
+        payout = SHARE - SHARE * int(st.escrow.call("feeBps")) // 10_000  # what a liar is paid
+        expected = float(spot.cheater_profit(payout, collateral, p_bps)) / SHARE
     liar_runs = sum(1 for b, _ in runs if b != "honest")
     liar_paid = sum(
         int(e.args["payout"])
@@ -571,6 +766,11 @@ def run_cell(
         "stuck": stuck,
         "wall": wall,
         "node_stats": dict(nodes[0].stats) if nodes else {},
+        "checks": len(checker.opened) if checker is not None else 0,
+        "unchecked": checker.skipped if checker is not None else 0,
+        "check_failures": checker.failed if checker is not None else [],
+        "reruns": reruns,
+        "expected_net": expected,
     }
 
 
@@ -587,6 +787,12 @@ def _row(r: dict[str, Any]) -> str:
         f"{p50:>6} {p99:>6} {100 * r['liar_runs'] / max(1, r['runs']):>5.0f}% "
         f"{r['cheaters_slashed'] + r['lazy_slashed']:>3}/{liars:<3} {r['slashes']:>4} "
         f"{r['honest_slashed']:>4} {net:>6}"
+        + (
+            f"  checks {r['checks']}/{r['checks'] + r['unchecked']} results, "
+            f"re-runs {r['reruns']}, expected net {r['expected_net']:+.6f}"
+            if r["expected_net"] is not None
+            else ""
+        )
         + ("  STALLED" if r["stalled"] else "")
         + (f"  {r['unfinished']} unfinished" if r["unfinished"] else "")
     )
@@ -602,6 +808,15 @@ HEADER = (
 def _fn_line(r: dict[str, Any]) -> str:
     parts = [f"{name} {len(v)} x {sum(v) / len(v):,.0f}" for name, v in sorted(r["per_fn"].items())]
     return ", ".join(parts) + (f"; {r['reverted']} reverted" if r["reverted"] else "")
+
+
+def _tick(url: str, stop: threading.Event) -> None:
+    """Mine an empty block every second until ``stop`` (anvil mines only on a transaction, so
+    without this a quiet chain's clock stands still and no challenge window ever passes)."""
+    with httpx.Client(timeout=10) as http:
+        while not stop.wait(1.0):
+            with contextlib.suppress(httpx.HTTPError, RuntimeError):
+                rpc_batch(http, url, [("evm_mine", [])])
 
 
 def parse_list(text: str, allowed: Sequence[str] | None = None) -> list[str]:
@@ -661,6 +876,14 @@ def main() -> None:
     ap.add_argument(
         "--stall-s", type=float, default=90, help="give a cell up after this quiet, once warped"
     )
+    ap.add_argument(
+        "--challenge-s",
+        type=int,
+        default=0,
+        help="the escrow's challenge window in seconds (0: the deployment default, an hour); "
+        "set, an empty block is also mined every second so that the window passes on a quiet "
+        "chain",
+    )
     ap.add_argument("--seed", type=int, default=10)
     ap.add_argument(
         "--work",
@@ -696,8 +919,17 @@ def main() -> None:
             if args.work
             else tempfile.TemporaryDirectory(prefix="gm-bench-verify-")
         ) as tmp,
-        stack(Path(tmp), providers=0, db="sqlite") as st,
+        stack(
+            Path(tmp),
+            providers=0,
+            db="sqlite",
+            escrow={"challenge_window": args.challenge_s} if args.challenge_s else None,
+            mediator=any(p in SPOT_P_BPS for p in policies),
+        ) as st,
     ):
+        ticker = threading.Event()
+        if args.challenge_s:  # blocks every second, as a chain has: the clock moves when idle
+            threading.Thread(target=_tick, args=(st.anvil.url, ticker), daemon=True).start()
         for pct in pcts:
             for policy in policies:
                 t0 = time.perf_counter()
@@ -710,24 +942,23 @@ def main() -> None:
                 )
                 for line in r["stuck"][:10]:
                     print(f"    open: {line}")
+        ticker.set()
     print()
     print(HEADER)
     for r in rows:
         print(_row(r))
-        if r["pct"] == pcts[-1] and r["policy"] == policies[-1]:
-            for spot in NOT_IMPLEMENTED:
-                for pct in pcts:
-                    print(
-                        f"{pct:>4.0f}% {args.lazy:>4.0f}% {spot:<16} "
-                        "not implemented in the escrow: no figure"
-                    )
     print(
         "cheat, lazy: percent of the nodes that lie, that replay; wrong: paid results that "
         "are not the right output; no res: refunded without a paid result; runs: results "
         "computed per job; lruns: share of runs by lying nodes; "
         "slashed: lying wallets slashed / lying wallets; cuts: slash events; hon.: honest "
-        "slashes; net: lying wallets' pay minus slashes per lying run, in bounties"
+        "slashes; net: lying wallets' pay minus slashes per lying run, in bounties; spot rows: "
+        "checks opened / results posted, the mediator's re-runs, and the expected net of a "
+        "lying run at the job's terms ((1 - p) B - p C, in bounties)"
     )
+    for r in rows:
+        for line in r["check_failures"][:5]:
+            print(f"  a check {r['pct']:g} % {r['policy']} could not be opened: {line}")
     for r in rows:
         print(f"  gas {r['pct']:g} % {r['policy']}: {_fn_line(r)}")
     # ------------------------------------------------------------------ goals
@@ -753,7 +984,23 @@ def main() -> None:
             f"goal a 3-replica life <= 2.5x a single one's gas: {g3:,.0f} / {g1:,.0f} ({name}) "
             f"= {g3 / g1:.2f}x: {'met' if g3 <= 2.5 * g1 else 'missed'}"
         )
-    print("goal spot:0.1 <= 1.15x compute, cheating unprofitable: not measurable (no spot checks)")
+    for name, bound in (("spot:0.1", 1.15), ("spot:0.25", None)):
+        cells = [r for r in rows if r["policy"] == name]
+        if not cells:
+            continue
+        runs = sum(r["runs"] for r in cells) / sum(r["jobs"] for r in cells)
+        nets = [r["liar_net"] for r in cells if r["liar_net"] is not None]
+        expected = cells[0]["expected_net"]
+        compute = (
+            f"{runs:.2f}x compute: {'met' if runs <= bound else 'missed'} (<= {bound}x)"
+            if bound
+            else f"{runs:.2f}x compute"
+        )
+        print(
+            f"goal {name}: {compute}; cheating unprofitable: expected {expected:+.6f} bounties "
+            f"a lying run ({'met' if expected < 0 else 'missed'}), measured "
+            + (", ".join(f"{n:+.2f}" for n in nets) if nets else "no lying run")
+        )
     mark = " (PROVISIONAL: load > 1)" if max(load0, os.getloadavg()[0]) > 1 else ""
     print(f"load before/after: {load0:.2f} / {load_average()}{mark}")
 

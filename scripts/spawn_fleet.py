@@ -9,8 +9,11 @@ signs its acceptance of each offered job's terms (EIP-712) and posts it, "runs" 
 short while, then adds a small real output to IPFS, signs its CID and reports it, so the
 scheduler checks it and the escrow pays as for a real agent.
 
-The right output of a job is a deterministic function of its spec CID (:func:`right_output`),
-so honest nodes given seats of one replicated job upload the same bytes and report the same CID.
+The right output of a job is a deterministic function of its workload (:func:`workload_of`: the
+spec without its name, excluded providers and spot policy; :func:`right_output`), as for a real
+deterministic job: honest nodes given seats of one replicated job, or a mediator's re-run of a
+job (its spec renamed, the checked provider excluded), upload the same bytes and report the same
+CID.
 
 Dishonest nodes, for the verification policies (docs/trust.md):
   --cheaters 20   20 % of the nodes upload a plausible wrong output (a valid CID of real bytes
@@ -86,18 +89,30 @@ def capacity(tier_key: str, region: str) -> NodeCapacityIn:
     )
 
 
-def right_output(spec_cid: str) -> bytes:
-    """The result an honest node delivers for the job whose spec is ``spec_cid``: the same bytes
-    on every node, so replicas of one job agree on its CID."""
-    digest = hashlib.sha256(f"computed:{spec_cid}".encode()).hexdigest()
-    return f"spec {spec_cid}\nresult {digest}\n".encode()
+NOT_WORKLOAD = ("name", "exclude_providers", "spot")
+"""Spec fields that do not change what a job computes."""
 
 
-def wrong_output(spec_cid: str, liar: str) -> bytes:
+def workload_of(spec: dict[str, Any]) -> str:
+    """What a job computes, as a string: its spec (as JSON, ``JobSpec.model_dump(mode="json")``
+    or an assignment's ``spec``) without the fields that do not change the result
+    (:data:`NOT_WORKLOAD`), canonical JSON."""
+    body = {k: v for k, v in spec.items() if k not in NOT_WORKLOAD}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def right_output(workload: str) -> bytes:
+    """The result an honest node delivers for a job computing ``workload`` (:func:`workload_of`):
+    the same bytes on every node, so replicas and re-runs of one job agree on its CID."""
+    digest = hashlib.sha256(f"computed:{workload}".encode()).hexdigest()
+    return f"workload {hashlib.sha256(workload.encode()).hexdigest()}\nresult {digest}\n".encode()
+
+
+def wrong_output(workload: str, liar: str) -> bytes:
     """A plausible wrong result (same shape as :func:`right_output`, other digest) made up by
     ``liar``: each liar its own bytes, unless they collude and pass the same ``liar`` name."""
-    digest = hashlib.sha256(f"made up by {liar}:{spec_cid}".encode()).hexdigest()
-    return f"spec {spec_cid}\nresult {digest}\n".encode()
+    digest = hashlib.sha256(f"made up by {liar}:{workload}".encode()).hexdigest()
+    return f"workload {hashlib.sha256(workload.encode()).hexdigest()}\nresult {digest}\n".encode()
 
 
 def add_output(ipfs: IpfsStore, data: bytes) -> str:
@@ -189,10 +204,11 @@ class Node:
         if self.behaviour == "lazy" and self.outputs:
             self.stats["replayed"] += 1
             return random.choice(self.outputs)  # noqa: S311
-        data = right_output(a["spec_cid"])
+        work = workload_of(a["spec"])
+        data = right_output(work)
         if self.behaviour == "cheater":
             self.stats["forged"] += 1
-            data = wrong_output(a["spec_cid"], "colluders" if self.collude else self.name)
+            data = wrong_output(work, "colluders" if self.collude else self.name)
         cid = await asyncio.to_thread(add_output, self.ipfs, data)
         self.outputs.append(cid)
         return cid

@@ -1,17 +1,21 @@
 """Stateful property test of the escrow (version 4): random sequences of every escrow function
-by random actors, a malicious operator among them, with single and replicated jobs paid in ETH
-or in TestUSD (an allow-listed ERC-20, 6 decimals), and stakes in both.
+by random actors, a malicious operator among them, with single, spot-checked (``FLAG_SPOT``) and
+replicated jobs paid in ETH or in TestUSD (an allow-listed ERC-20, 6 decimals), and stakes in
+both.
 
 Actors: two submitters, three registered providers (one of them cheats: it delivers a bad output
 the mediator rules against), a provider that registers later, the mediator listed at deployment,
 a stranger, the owner, the treasury, and the operator, who besides its honest work tries every
-job function on every job with whatever acceptances it has seen (replays included).
+job function on every job with whatever acceptances it has seen (replays included). On a spot job
+the mediator opens checks (`dispute`, sending nothing) and the submitter disputes sending nothing
+too; both, and everyone else, also try it with ETH, on other jobs and out of time.
 
 After every step, for ETH and for the token alike:
 - solvency to the smallest unit: what the escrow holds (its ETH; its tUSD `balanceOf`) == the
-  bounties of open jobs in that currency (Funded, Assigned, Submitted, Disputed) + withdrawable
-  balances + stakes + stakes pending unstake + fees accrued + the dispute deposit of every
-  Disputed job (`depositOf`: the bounty for a token job, for an ETH job the bounty but at least
+  bounties of open jobs in that currency (Funded, Assigned, Submitted, Disputed) + the check
+  deposit (the bounty again) of every open spot job + withdrawable balances + stakes + stakes
+  pending unstake + fees accrued + the dispute deposit of every Disputed job that is not a spot
+  job (`depositOf`: the bounty for a token job, for an ETH job the bounty but at least
   `disputeDeposit`, FLOOR here, which lies between the smallest and the largest BOUNTIES);
 - every balance, stake, pending unstake and fee pot, per currency, equal what the events say
   (nobody withdrew more than it was credited);
@@ -23,6 +27,12 @@ After every step, for ETH and for the token alike:
   every ProviderSlashed from the job's mediator ruling against the result, for exactly the
   job's collateral, of which the mediator gets `min(collateral, deposit)` after a dispute and
   nothing on its own check (the submitter the rest, and its deposit back in full);
+- deposits: every Credited is one of the escrow's deposit movements, for exactly the job's
+  deposit, to the party and on the call its reason names ("result upheld": the mediator's
+  upholding `rule` of a Disputed job; "deposit returned": a non-spot dispute ruled wrong; "deposit
+  returned: no ruling": `finalize` of a Disputed job; "check deposit returned": a spot job ending
+  any other way), and a spot job's check deposit is paid out exactly once: never while the job is
+  open, once when it ends (Released or Refunded);
 - replicated jobs: a seat is paid by `resolve` only when the seats' results (Submitted or
   already paid, one vote per distinct provider, as the model counts them before the call) agree
   in a strict majority of k, and only the seats with that result; a seat is slashed by `resolve`
@@ -80,6 +90,7 @@ from devstack.anvil import Anvil, dev_accounts
 from gridmarket.eip712 import sign_acceptance, sign_result
 from gridmarket.escrow import (
     FLAG_ON_VERIFY,
+    FLAG_SPOT,
     JOB_EVENTS,
     ZERO_HASH,
     Job,
@@ -116,6 +127,11 @@ ETH = "0x" + "00" * 20
 MAX_UINT = 2**256 - 1
 SLEEPS = [1, 59, REASSIGN_DELAY, CHALLENGE + 1, MEDIATION_WINDOW, 7 * 24 * 3600]
 DURATIONS = [3600, 120, 24 * 3600]
+SINGLE_FLAGS = [0, 0, FLAG_ON_VERIFY, FLAG_ON_VERIFY, FLAG_SPOT]
+"""A single job's flags: plain and on-verify as often as before spot jobs came, one in five spot."""
+DEPOSIT_REASONS = {
+    "result upheld", "deposit returned", "deposit returned: no ruling", "check deposit returned",
+}  # fmt: skip
 HOLDING = (Status.ASSIGNED, Status.SUBMITTED, Status.DISPUTED)
 OPEN = (Status.FUNDED, *HOLDING)
 JOB_FUNCTIONS = [
@@ -138,9 +154,14 @@ NEEDS_JOBS = {
 
 
 # ---------------------------------------------------------------------- bare JSON-RPC
+def _spot(job: Job) -> bool:
+    return bool(job.flags & FLAG_SPOT)
+
+
 def _deposit_of(job: Job) -> int:
-    """`depositOf(job)`: the bounty (in the job's token), for an ETH job at least FLOOR."""
-    return max(job.bounty, FLOOR) if job.token == ETH else job.bounty
+    """`depositOf(job)`: the bounty (in the job's token), for an ETH job that is not a spot job
+    at least FLOOR."""
+    return max(job.bounty, FLOOR) if job.token == ETH and not _spot(job) else job.bounty
 
 
 class RpcError(Exception):
@@ -345,6 +366,7 @@ class EscrowMachine(RuleBasedStateMachine):
         self.seen_acceptances: list[tuple[str, bytes]] = []  # what the operator was ever given
         self.salts = 0
         self.groups: dict[bytes, list[bytes]] = {}
+        self.check_paid: Counter[bytes] = Counter()  # a spot job's check deposit paid out
         for p, stake in zip(self.providers, (2 * 10**18, 2 * 10**18, 10**18), strict=True):
             self._send(p, "registerProvider", "bafkreimeta", value=stake)
             self._send(p, "stakeToken", usd, stake // 10**10)  # 200, 200 and 100 tUSD
@@ -435,11 +457,63 @@ class EscrowMachine(RuleBasedStateMachine):
                     f"{job.token} job of bounty {job.bounty} disputed with a deposit of "
                     f"{a['deposit']}, the model's is {_deposit_of(job)}"
                 )
+                if _spot(job):
+                    opener = "mediator" if account.address == job.mediator else "submitter"
+                    EscrowMachine.paid_by[f"spot job disputed by its {opener}"] += 1
+            elif name == "Credited":
+                self._check_credit(a, before[bytes(a["jobId"])], account, fn, args)
             elif name == "ReplicasCreated":
                 k = int(a["replicas"])
                 self.groups[bytes(a["groupId"])] = seat_ids(bytes(a["groupId"]), k)
             self._observe(name, a)
+        for jid in {bytes(a["jobId"]) for _, a in events if "jobId" in a}:
+            state = self.jobs[jid]
+            if _spot(state.job):
+                ended = state.status in (Status.RELEASED, Status.REFUNDED)
+                assert self.check_paid[jid] == int(ended), (
+                    f"spot job 0x{jid.hex()} ({state.status.name}): its check deposit was paid "
+                    f"out {self.check_paid[jid]} times"
+                )
         return True
+
+    def _check_credit(
+        self,
+        a: dict[str, Any],
+        prior: JobState,
+        sender: LocalAccount,
+        fn: str,
+        args: tuple[Any, ...],
+    ) -> None:
+        """A deposit moves only as its reason says: to whom, how much, on which call."""
+        job, why, who = prior.job, a["reason"], sender.address
+        assert why in DEPOSIT_REASONS, f"Credited for an unknown reason {why!r}"
+        assert a["amount"] == _deposit_of(job), (
+            f"{why}: {a['amount']} credited, the job's deposit is {_deposit_of(job)}"
+        )
+        disputed = prior.status is Status.DISPUTED
+        if why == "result upheld":
+            ok = fn == "rule" and who == job.mediator and args[2] is True and disputed
+            to = job.mediator
+        elif why == "deposit returned":
+            ok = fn == "rule" and args[2] is False and disputed and not _spot(job)
+            to = job.submitter
+        elif why == "deposit returned: no ruling":
+            ok = fn == "finalize" and disputed
+            to = job.submitter
+        else:  # the check deposit of a spot job that ends without a check paying the re-run
+            ok = (
+                _spot(job)
+                and not disputed
+                and fn in ("release", "finalize", "rule", "cancel", "refund")
+            )
+            to = job.submitter
+        assert ok and a["account"] == to, (
+            f"job 0x{prior.job_id.hex()}: {why!r} to {a['account']} by {fn} from {who} "
+            f"(status {prior.status.name}, flags {job.flags})"
+        )
+        if _spot(job):
+            self.check_paid[prior.job_id] += 1
+            EscrowMachine.paid_by[f"spot deposit: {why}"] += 1
 
     def _tally(self, seats: list[JobState]) -> tuple[bytes, int]:
         """The model's count: the result digest with the most distinct providers among the
@@ -636,12 +710,14 @@ class EscrowMachine(RuleBasedStateMachine):
         duration = data.draw(st.sampled_from(DURATIONS))
         self.salts += 1
         salt = self.salts.to_bytes(32, "big")
-        on_verify = data.draw(st.booleans())
+        flags = data.draw(st.sampled_from(SINGLE_FLAGS))
         who = data.draw(st.sampled_from([*self.submitters, *self.submitters, self.stranger]))
         mediator = data.draw(st.sampled_from([self.mediator, self.mediator, who]))
         collateral = bounty * data.draw(st.sampled_from([1, 1, 1, 2]))
-        flags = FLAG_ON_VERIFY if on_verify else 0
-        wrong = self._wrong(data, "duration", "mediator", "collateral", "flags", "salt")
+        value = 2 * bounty if flags == FLAG_SPOT else bounty
+        wrong = self._wrong(
+            data, "duration", "mediator", "collateral", "flags", "salt", "spot", "value"
+        )
         if wrong == "duration":
             duration = 30  # under minDuration
         elif wrong == "mediator":
@@ -652,6 +728,12 @@ class EscrowMachine(RuleBasedStateMachine):
             flags = 2
         elif wrong == "salt":
             salt = data.draw(st.integers(1, self.salts)).to_bytes(32, "big")  # maybe a used id
+        elif wrong == "spot":  # spot with on-verify, or a spot job funded without its deposit
+            flags, value = data.draw(
+                st.sampled_from([(FLAG_SPOT | 1, 2 * bounty), (FLAG_SPOT, bounty)])
+            )
+        elif wrong == "value" and flags == FLAG_SPOT:
+            value += 1  # not twice a bounty
         self._send(
             who,
             "createJob",
@@ -661,7 +743,7 @@ class EscrowMachine(RuleBasedStateMachine):
             mediator.address,
             collateral,
             flags,
-            value=bounty,
+            value=value,
         )
 
     def create_token(self, data: st.DataObject, replicas: int = 0) -> None:
@@ -675,15 +757,16 @@ class EscrowMachine(RuleBasedStateMachine):
         who = data.draw(st.sampled_from([*self.submitters, *self.submitters, self.stranger]))
         mediator = data.draw(st.sampled_from([self.mediator, self.mediator, who]))
         collateral = bounty * data.draw(st.sampled_from([1, 1, 1, 2]))
-        flags = FLAG_ON_VERIFY if not k and data.draw(st.booleans()) else 0
-        token, amount = self.usd, bounty * max(k, 1)
+        flags = data.draw(st.sampled_from(SINGLE_FLAGS)) if not k else 0
+        token, amount = self.usd, bounty * max(k, 1) * (2 if flags == FLAG_SPOT else 1)
         wrong = self._wrong(data, "amount", "collateral", "flags", "token", "duration", "funds")
         if wrong == "amount":
-            amount = T_MIN - 1 if not k else amount + 1  # under the floor, or not divisible
+            # under the floor, or not divisible (by the seats, or by 2 for a spot job)
+            amount = T_MIN - 1 if not k and flags != FLAG_SPOT else amount + 1
         elif wrong == "collateral":
             collateral = bounty - 1
         elif wrong == "flags":
-            flags = 2
+            flags = data.draw(st.sampled_from([2, FLAG_SPOT | 1, FLAG_SPOT if k else 2]))
         elif wrong == "token":
             token = data.draw(st.sampled_from([ETH, self.stranger.address]))
         elif wrong == "duration":
@@ -795,17 +878,21 @@ class EscrowMachine(RuleBasedStateMachine):
 
     def dispute(self, data: st.DataObject) -> None:
         job = self._job(data, Status.SUBMITTED)
-        who = self._actor(data, self._by_address(job.job.submitter))
+        likely = [self._by_address(job.job.submitter)]
+        if _spot(job.job) or data.draw(st.integers(0, 3)) == 3:  # a check (or a mediator trying)
+            likely.append(self._by_address(job.job.mediator))
+        who = self._actor(data, data.draw(st.sampled_from(likely)))
         deposit = self._eth_deposit(job)  # a token job's deposit is pulled in the token
         if data.draw(st.integers(0, 7)) == 7:  # the wrong ETH: one wei short, or the floor
-            # (the old flat deposit) for a bounty above it, or any ETH with a token job
+            # (the old flat deposit) for a bounty above it, or any ETH with a token or spot job
             deposit = FLOOR if deposit != FLOOR else deposit - 1
         self._send(who, "dispute", job.job_id, job.job.as_tuple(), value=deposit)
 
     @staticmethod
     def _eth_deposit(job: JobState) -> int:
-        """The ETH to send with `dispute`: the deposit of an ETH job, nothing for a token job."""
-        return _deposit_of(job.job) if job.job.token == ETH else 0
+        """The ETH to send with `dispute`: the deposit of an ETH job, nothing for a token job (it
+        is pulled in the token) or a spot job (it was locked at funding)."""
+        return _deposit_of(job.job) if job.job.token == ETH and not _spot(job.job) else 0
 
     def rule_on(self, data: st.DataObject) -> None:
         job = self._job(data, Status.DISPUTED, Status.SUBMITTED)
@@ -877,12 +964,15 @@ class EscrowMachine(RuleBasedStateMachine):
                     self._sleep_to(max(self.now, job.job.deadline + 1))
                 self._send(self._actor(data), "resolve", group, [s.job.as_tuple() for s in seats])
         elif job.status is Status.SUBMITTED:
-            how = data.draw(st.sampled_from(["dispute", "release", "rule", "finalize"]))
+            ways = ["dispute", "release", "rule", "finalize"]
+            how = data.draw(st.sampled_from(ways + ["dispute"] * (2 * _spot(job.job))))
             submitter = self._by_address(job.job.submitter)
             mediator = self._by_address(job.job.mediator)
             assert submitter is not None and mediator is not None
             if how == "dispute":
-                self._send(submitter, "dispute", jid, tup, value=self._eth_deposit(job))
+                # a spot job's check is opened by its mediator (sometimes its submitter)
+                opener = mediator if _spot(job.job) and data.draw(st.integers(0, 3)) else submitter
+                self._send(opener, "dispute", jid, tup, value=self._eth_deposit(job))
             elif how == "release":
                 self._send(submitter, "release", jid, tup)
             elif how == "rule":
@@ -1059,15 +1149,15 @@ class EscrowMachine(RuleBasedStateMachine):
         """Solvency and the model's money in one currency (ETH: the zero address)."""
         what = "wei" if cur == ETH else "tUSD units"
         jobs = [j for j in self.jobs.values() if j.job.token == cur]
-        escrowed = sum(j.job.bounty for j in jobs if j.status in OPEN)
-        disputed = [j for j in jobs if j.status is Status.DISPUTED]
+        escrowed = sum(j.job.bounty * (2 if _spot(j.job) else 1) for j in jobs if j.status in OPEN)
+        disputed = [j for j in jobs if j.status is Status.DISPUTED and not _spot(j.job)]
         deposits = sum(_deposit_of(j.job) for j in disputed)
         staked = sum(i[0] for i in infos)
         pending = sum(i[4] for i in infos)
         assert held == escrowed + sum(balances) + staked + pending + fees + deposits, (
             f"escrow is not solvent: holds {held} {what}, owes {escrowed} in open bounties + "
             f"{sum(balances)} withdrawable + {staked} staked + {pending} unstaking + "
-            f"{fees} fees + {deposits} dispute deposits"
+            f"{fees} fees + {deposits} dispute deposits (open spot jobs count twice their bounty)"
         )
         assert fees == self.fees[cur], f"fees in {cur}: {fees}, the events say {self.fees[cur]}"
         locked: dict[str, int] = defaultdict(int)
