@@ -66,12 +66,10 @@ checked against the listed mediator's address with ``spot.check_public_key``). T
 deterministic Docker job (image pinned by digest), as a spot job must be. The nodes stake
 ``minStake`` + 64 such collaterals. The stack runs the **real mediator** (``python -m
 scheduler.mediator run``, :class:`devstack.mediator.MediatorProcess`, the listed mediator's
-key). The step the mediator on main does not take yet, opening a check, is driven by this bench
-with the mediator's key exactly as the production mediator is to take it (:class:`SpotChecker`):
-on each ``ResultSubmitted`` of a spot job it reads the spec from IPFS, opens the sealed seed with
-the mediator's key against the commitment (``spot.unseal``), and when
-``spot.checked(seed, attempt, p_bps)`` sends the mediator's ``dispute`` (no value: the deposit is
-locked). Everything after that is the real mediator's: it re-runs the disputed job through the
+key), and everything about a check is the real mediator's: on each ``ResultSubmitted`` of a
+spot job it reads the spec from IPFS, opens the sealed seed with its key against the commitment
+(``spot.unseal``), and when ``spot.checked(seed, attempt, p_bps)`` sends its own ``dispute`` (no
+value: the deposit is locked); it re-runs the disputed job through the
 market on another node of the fleet (a plain job it funds, excluding the checked provider),
 compares the two output CIDs, sends ``rule``, and releases its re-run. A result ruled wrong
 sends the job back to Funded and the scheduler gives it to another node (the next attempt is
@@ -79,7 +77,10 @@ drawn afresh). An unchecked result is finalized by the scheduler once the challe
 passed (``--challenge-s`` sets the deployment's window; the default is the deployment's hour,
 after which the clock is moved and those latencies are not counted). The nodes compute a job's
 right output from its workload (``spawn_fleet.workload_of``: the spec without name, exclusions
-and spot policy), so a re-run of an honest result agrees with it. Spot rows count the re-runs'
+and spot policy), so a re-run of an honest result agrees with it. The bench knows each job's
+seed (it is the submitter) and checks the mediator against it (:class:`SpotObserver`): every
+attempt the seed draws must be disputed by the mediator and no other (``checks`` drawn/opened;
+a difference is printed). Spot rows count the re-runs'
 results in **runs/job** (extra compute), their transactions (the mediator's ``createJob``,
 ``assign``, relay, ``release``) with the checked job's in **gas/job**, and print the checks
 opened (``checks``) and the expected profit of a lying run at the job's terms
@@ -133,7 +134,7 @@ from eth_utils.crypto import keccak
 from devstack.anvil import dev_accounts
 from devstack.providers import new_providers
 from gridmarket import spot
-from gridmarket.chain import ChainError, EscrowClient, Event
+from gridmarket.chain import EscrowClient, Event
 from gridmarket.cid import path_cid
 from gridmarket.escrow import (
     FLAG_SPOT,
@@ -191,6 +192,7 @@ class Job:
     paid_at: float | None = None
     seed: bytes | None = None
     """A spot job's seed (what the submitter's client keeps until the job is settled)."""
+    p_bps: int | None = None
 
 
 class Watcher(threading.Thread):
@@ -231,12 +233,17 @@ class Watcher(threading.Thread):
 
 
 def make_specs(
-    n: int, tag: str, p_bps: int | None = None, mediator_key: bytes | None = None
+    n: int,
+    tag: str,
+    p_bps: int | None = None,
+    mediator_key: bytes | None = None,
+    submitter: str = "",
 ) -> tuple[list[JobSpec], list[bytes | None]]:
     """``n`` distinct small Docker jobs: each has its own workload, so its own right output.
     With ``p_bps``, spot jobs as the submitter's client writes them: deterministic (the image
     pinned by digest), a fresh seed per job committed in ``spot`` and sealed to the public key
-    of ``mediator_key`` (checked against its address first). The seeds, None for other jobs."""
+    of ``mediator_key`` (checked against its address first), both bound to ``submitter``. The
+    seeds, None for other jobs."""
     seal_to = b""
     if p_bps is not None:
         assert mediator_key is not None
@@ -261,8 +268,8 @@ def make_specs(
             body["deterministic"] = True
             body["spot"] = {
                 "p_bps": p_bps,
-                "commit": "0x" + spot.commit_of(seed).hex(),
-                "sealed": "0x" + spot.seal(seed, seal_to).hex(),
+                "commit": "0x" + spot.commit_of(seed, submitter).hex(),
+                "sealed": "0x" + spot.seal(seed, seal_to, submitter).hex(),
             }
         specs.append(JobSpec.model_validate(body))
         seeds.append(seed)
@@ -277,57 +284,54 @@ def spot_terms(escrow: EscrowClient, p_bps: int) -> Terms:
     return Terms(listed, least, FLAG_SPOT)
 
 
-class SpotChecker(threading.Thread):
-    """The mediator's first step for spot jobs, driven here with the mediator's key as the
-    production mediator takes it: on each ``ResultSubmitted`` of one of ``jobs`` (folded from
-    the watcher's events), read the spec from IPFS, open the sealed seed with the mediator's key
-    against the spec's commitment, and open a check (``dispute``, no value) when
-    ``spot.checked(seed, attempt, p_bps)``. The real mediator process does the rest."""
+class SpotObserver(threading.Thread):
+    """Holds the real mediator to the draws: on each ``ResultSubmitted`` of one of ``jobs``
+    (folded from the watcher's events) the bench, knowing the job's seed as its submitter, works
+    out whether the attempt is drawn (``spot.checked``); each ``ResultDisputed`` of a spot job
+    (nobody else disputes here) is a check the mediator opened. ``missed``: drawn attempts the
+    mediator did not check; ``unasked``: checks of attempts not drawn."""
 
-    def __init__(self, st: Stack, watcher: Watcher, jobs: list[Job], key: str) -> None:
+    def __init__(self, watcher: Watcher, jobs: list[Job]) -> None:
         super().__init__(daemon=True)
-        self.st, self.watcher = st, watcher
-        self.account = Account.from_key(key)
-        self.key = bytes.fromhex(key.removeprefix("0x"))
-        self.specs = {j.key: j.spec_cid for j in jobs}  # keys are set as jobs are funded
+        self.watcher = watcher
         self.jobs = jobs
         self.states: dict[str, JobState] = {}
         self.seen = 0
+        self.drawn: set[tuple[str, int]] = set()
         self.opened: list[tuple[str, int]] = []
         self.skipped = 0
-        self.failed: list[str] = []
         self.halt = threading.Event()
         self.error: Exception | None = None
 
-    def _spec(self, cid: str) -> JobSpec:
-        return JobSpec.from_bytes(self.st.ipfs.cat(cid, max_bytes=64 * 1024, timeout_s=10))
-
     def step(self) -> None:
-        keys = {j.key for j in self.jobs if j.key}
+        seeds = {j.key: j for j in self.jobs if j.key and j.seed is not None}
         fresh = self.watcher.events[self.seen :]
         self.seen += len(fresh)
         for ev in fresh:
             if ev.name not in JOB_EVENTS or "jobId" not in ev.args:
                 continue
             key = "0x" + bytes(ev.args["jobId"]).hex()
-            if key not in keys:
+            job = seeds.get(key)
+            if job is None:
                 continue
             state = apply_event(self.states.get(key), ev.name, ev.args)
             self.states[key] = state
-            if ev.name != "ResultSubmitted" or state.job.flags & FLAG_SPOT == 0:
-                continue
-            spec = self._spec(state.spec_cid)
-            assert spec.spot is not None, f"spot job {key} without a spot policy"
-            seed = spot.unseal(spec.spot.sealed_bytes, self.key, spec.spot.commit_bytes)
-            if not spot.checked(seed, state.job.attempt, spec.spot.p_bps):
-                self.skipped += 1
-                continue
-            try:  # its ResultDisputed is folded when the watcher reads it
-                self.st.escrow.call_job(self.account, "dispute", state)
-            except ChainError as exc:  # the job moved on meanwhile: say so
-                self.failed.append(f"{key[:10]} attempt {state.job.attempt}: {exc}")
-                continue
-            self.opened.append((key, state.job.attempt))
+            if ev.name == "ResultSubmitted" and state.job.flags & FLAG_SPOT:
+                assert job.seed is not None and job.p_bps is not None
+                if spot.checked(job.seed, state.job.attempt, job.p_bps):
+                    self.drawn.add((key, state.job.attempt))
+                else:
+                    self.skipped += 1
+            elif ev.name == "ResultDisputed":
+                self.opened.append((key, state.job.attempt))
+
+    @property
+    def missed(self) -> list[tuple[str, int]]:
+        return sorted(self.drawn - set(self.opened))
+
+    @property
+    def unasked(self) -> list[tuple[str, int]]:
+        return sorted(set(self.opened) - self.drawn)
 
     def run(self) -> None:
         while not self.halt.wait(0.1):
@@ -566,20 +570,21 @@ def run_cell(
 
     tag = secrets.token_hex(3)
     mediator_key = bytes.fromhex(st.mediator_key.removeprefix("0x"))
-    specs, seeds = make_specs(args.jobs, tag, p_bps, mediator_key)
+    submitter = Account.from_key(dev_accounts(SUBMITTER + 1)[SUBMITTER]).address
+    specs, seeds = make_specs(args.jobs, tag, p_bps, mediator_key, submitter)
     cids = [st.ipfs.add_bytes(s.to_bytes()) for s in specs]
     with httpx.Client(timeout=120) as http:
         now = chain_time(http, st.anvil.url)
         deadline = now + 2 * 3600
         jobs = [
             Job("", c, output_cid(right_output(workload_of(s.model_dump(mode="json")))), [],
-                deadline, seed=seed)
+                deadline, seed=seed, p_bps=p_bps)
             for c, s, seed in zip(cids, specs, seeds, strict=True)
         ]  # fmt: skip
         start_block = int(rpc_batch(http, st.anvil.url, [("eth_blockNumber", [])])[0], 16) + 1
         watcher = Watcher(st.escrow, start_block)
         watcher.start()
-        checker = SpotChecker(st, watcher, jobs, st.mediator_key) if p_bps else None
+        checker = SpotObserver(watcher, jobs) if p_bps else None
         if checker is not None:
             checker.start()
         base = st.replicas[0].url
@@ -768,7 +773,12 @@ def run_cell(
         "node_stats": dict(nodes[0].stats) if nodes else {},
         "checks": len(checker.opened) if checker is not None else 0,
         "unchecked": checker.skipped if checker is not None else 0,
-        "check_failures": checker.failed if checker is not None else [],
+        "check_failures": (
+            [f"drawn, not checked: {k[:10]} attempt {a}" for k, a in checker.missed]
+            + [f"checked, not drawn: {k[:10]} attempt {a}" for k, a in checker.unasked]
+            if checker is not None
+            else []
+        ),
         "reruns": reruns,
         "expected_net": expected,
     }
