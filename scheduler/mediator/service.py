@@ -41,7 +41,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,7 @@ from gridmarket.escrow import (
 )
 from gridmarket.escrow import job_id as escrow_job_id
 from gridmarket.ipfs import IpfsStore
+from gridmarket.token import TokenClient
 from gridmarket.wire import API, MAX_EXCLUDED, MAX_SPEC_BYTES, JobLimits, JobSpec, SpotReveal
 from scheduler.chain.retry import RetryPolicy, describe, is_transient
 from scheduler.chain.watcher import ChainWatcher
@@ -103,12 +104,14 @@ with attempt 0."""
 
 
 RERUN_SALT_TAG = b"gridmarket.mediator.rerun.v1"
-"""The re-run of a dispute is funded with salt ``keccak(tag, job id, attempt)``: its job id is
-known before ``createJob`` is sent, and a second ``createJob`` for it would revert."""
+"""The re-run of a dispute is funded with salt ``keccak(tag, job id, attempt)``, its tie-break
+(run 2) with ``keccak(tag, job id, attempt, run)``: their job ids are known before ``createJob``
+is sent, and a second ``createJob`` for either would revert."""
 
 # re-run states (the ``reruns`` table)
 FUNDING = "funding"  # recorded; createJob sent or about to be
 FUNDED = "funded"  # on chain; waiting for its result
+HELD = "held"  # run 1's output differed: held unpaid until the tie-break (run 2) decides
 COMPARED = "compared"  # its output was compared and the dispute ruled on
 ABANDONED = "abandoned"  # no usable re-run before the window closed: ruled on integrity
 
@@ -553,6 +556,12 @@ class Mediator:
         if task.kind == REVEAL:
             self._reveal(task, state)
             return
+        if task.kind == DISPUTE and (own := self.state.rerun_by_id(task.job_id)) is not None:
+            # this mediator disputed its own re-run to hold it: the tie-break rules on it
+            self.state.finish_task(
+                task, f"this mediator's own re-run of job 0x{own.job_id.hex()}: its tie-break rules"
+            )
+            return
         want = Status.SUBMITTED if task.kind == CHECK else Status.DISPUTED
         if state.job.attempt != task.attempt or state.status is not want:
             self.state.finish_task(
@@ -592,6 +601,9 @@ class Mediator:
             return
         if task.kind == DISPUTE:
             rerun = self.state.rerun(task.job_id, task.attempt)
+            if rerun is not None and rerun.status == HELD:  # run 1 differed: the tie-break
+                self._follow_tie_break(task, state, rerun, now, closes)
+                return
             if rerun is not None and rerun.status in (FUNDING, FUNDED):
                 # the output passed its integrity check when the re-run was funded
                 self._follow_rerun(task, state, rerun, now, closes)
@@ -916,6 +928,8 @@ class Mediator:
         closes: int,
         exclude: tuple[str, ...] = (),
         on_unfunded: Callable[[str], None] | None = None,
+        *,
+        run: int = 1,
     ) -> None:
         """Fund the re-run: the job's spec with the disputed provider and the disputing
         submitter excluded, the job's own bounty, a deadline at the ruling's last moment, this
@@ -935,6 +949,8 @@ class Mediator:
         )
         spec_cid = self.ipfs.add_bytes(rerun_spec.to_bytes())
         salt = keccak(RERUN_SALT_TAG + task.job_id + task.attempt.to_bytes(2, "big"))
+        if run > 1:  # the tie-break: its own salt, as fixed in advance
+            salt = keccak(salt + run.to_bytes(2, "big"))
         rerun = Rerun(
             job_id=task.job_id,
             attempt=task.attempt,
@@ -946,6 +962,7 @@ class Mediator:
             status=FUNDING,
             note=f"excluding {', '.join(excluded[:MAX_EXCLUDED])}",
             at=time.time(),
+            run=run,
         )
         self._specs[rerun.rerun_id] = rerun_spec
         self.state.start_rerun(rerun)
@@ -980,7 +997,9 @@ class Mediator:
             except ChainError as exc:
                 if int(self.client.call("statusOf", rerun.rerun_id)) == Status.NONE:
                     why = _one_line(exc.reason or str(exc))
-                    self.state.set_rerun(task.job_id, task.attempt, ABANDONED, f"not funded: {why}")
+                    self.state.set_rerun(
+                        task.job_id, task.attempt, ABANDONED, f"not funded: {why}", run=rerun.run
+                    )
                     self.counters["reruns_not_funded"] += 1
                     if on_unfunded is not None:
                         on_unfunded(f"the re-run could not be funded: {why}")
@@ -993,7 +1012,9 @@ class Mediator:
             tx = sent.tx_hash if sent is not None else "an earlier transaction"
         else:
             tx = "an earlier transaction"
-        self.state.set_rerun(task.job_id, task.attempt, FUNDED, f"{rerun.note}; funded in {tx}")
+        self.state.set_rerun(
+            task.job_id, task.attempt, FUNDED, f"{rerun.note}; funded in {tx}", run=rerun.run
+        )
         self.counters["reruns_funded"] += 1
         log.info(
             "mediator: job 0x%s attempt %d disputed: re-run 0x%s funded (%d %s, deadline %d, "
@@ -1028,7 +1049,7 @@ class Mediator:
         waiting = "its JobCreated not seen yet"
         if mine is not None:
             waiting = f"it is {mine.status.name} at attempt {mine.job.attempt}"
-            done = self._compare(task, state, rerun, mine)
+            done = self._compare(task, state, rerun, mine, now, closes)
             if done:
                 return
             if mine.status is Status.REFUNDED:
@@ -1054,8 +1075,12 @@ class Mediator:
                 log.warning("mediator: could not cancel re-run 0x%s: %s", rerun.rerun_id.hex(), exc)
         self._integrity_only(task, state, None, why)
 
-    def _compare(self, task: Task, state: JobState, rerun: Rerun, mine: JobState) -> bool:
-        """Rule on the dispute from the re-run's result if it has a usable one (True)."""
+    def _compare(
+        self, task: Task, state: JobState, rerun: Rerun, mine: JobState, now: int, closes: int
+    ) -> bool:
+        """Rule on the dispute from the re-run's result if it has a usable one (True): the same
+        output upholds it; a different one (intact) starts the tie-break (run 2), or, with no
+        time or means for one, rules it wrong as one re-run says."""
         if mine.status not in (Status.SUBMITTED, Status.RELEASED) or mine.output_problem:
             return False
         theirs, ours = state.output_cid, mine.output_cid
@@ -1094,23 +1119,278 @@ class Mediator:
                     _one_line(verdict.message),
                 )
                 return False
-        self.state.set_rerun(
-            task.job_id, task.attempt, COMPARED, f"{'same' if same else 'different'}: {where}"
-        )
         self.counters["reruns_same" if same else "reruns_different"] += 1
-        reason = f"{where}: {'the same' if same else 'different'} CID"
-        self._rule(task, state, same, reason)
-        if mine.status is Status.SUBMITTED:  # pay the re-run's provider now
+        if not same:  # one re-run may be the liar: a second one breaks the tie
+            self.state.set_rerun(task.job_id, task.attempt, HELD, f"different: {where}")
+            self._follow_tie_break(
+                task, state, replace(rerun, status=HELD, note=f"different: {where}"), now, closes
+            )
+            return True
+        self.state.set_rerun(task.job_id, task.attempt, COMPARED, f"same: {where}")
+        self._rule(task, state, True, f"{where}: the same CID")
+        self._pay_rerun(rerun, mine, "it agrees with the disputed result")
+        return True
+
+    # ------------------------------------------------------------------ the tie-break
+    def _follow_tie_break(
+        self, task: Task, state: JobState, first: Rerun, now: int, closes: int
+    ) -> None:
+        """Run 1's intact output differed from the disputed result: fund run 2 (the tie-break,
+        excluding run 1's provider too) if there is time and means, hold run 1 unpaid, and rule
+        by the majority of the three outputs once run 2's result is on chain. With no time or
+        means for run 2, or no usable result from it before the window closes, rule as run 1
+        says (the disputed result wrong) and say why."""
+        mine1 = self.state.job(first.rerun_id)
+        where1 = first.note.removeprefix("different: ")
+        if mine1 is None:  # cannot happen (it was compared): rule as today
+            self._by_first(task, state, first, None, where1, "run 1's job is unknown here")
+            return
+        second = self.state.rerun(task.job_id, task.attempt, 2)
+        margin = self.config.window_margin_s
+
+        def unfunded(why: str) -> None:
+            self._by_first(task, state, first, mine1, where1, f"no tie-break: {why}")
+
+        if second is None:
+            spec, why = self._spec(state)
+            obstacle = (
+                why if spec is None else self._no_rerun(state, spec, closes - margin - now, closes)
+            )
+            if obstacle is not None or spec is None:
+                unfunded(obstacle or why)
+                return
+            self._hold(first, mine1, closes)
+            self._fund_rerun(task, state, spec, closes, (mine1.job.provider,), unfunded, run=2)
+            return
+        if second.status == FUNDING:
+            self._send_rerun(task, state, second, unfunded)
+            return
+        if second.status == ABANDONED:
+            unfunded(second.note)
+            return
+        if second.status != FUNDED:  # compared, yet the dispute is open: its ruling was refused
+            self.state.finish_task(task, f"tie-break {second.status}: {second.note}"[:2000])
+            return
+        self._hold(first, mine1, closes)
+        mine2 = self.state.job(second.rerun_id)
+        waiting = "its JobCreated not seen yet"
+        if mine2 is not None:
+            waiting = f"it is {mine2.status.name} at attempt {mine2.job.attempt}"
+            if self._tie_break(task, state, first, mine1, where1, second, mine2):
+                return
+        give_up = now >= closes - margin or (mine2 is not None and mine2.status is Status.REFUNDED)
+        if not give_up:
+            self.state.retry_task(
+                task,
+                time.time() + self.config.rerun_poll_s,
+                f"waiting for tie-break re-run 0x{second.rerun_id.hex()}: {waiting}",
+                tried=False,
+            )
+            return
+        why = (
+            f"tie-break re-run 0x{second.rerun_id.hex()} gave no usable result before the "
+            f"mediation window closes at {closes} ({waiting})"
+        )
+        self.state.set_rerun(task.job_id, task.attempt, ABANDONED, why, run=2)
+        self.counters["reruns_abandoned"] += 1
+        if mine2 is not None and mine2.status is Status.FUNDED:  # nobody took it: bounty back
             try:
-                self.client.call_job(self.account, "release", mine)
-                log.info("mediator: re-run 0x%s released", rerun.rerun_id.hex())
+                self.client.call_job(self.account, "cancel", mine2)
             except ChainError as exc:
                 log.warning(
-                    "mediator: re-run 0x%s not released (%s); it is paid after its window",
-                    rerun.rerun_id.hex(),
-                    _one_line(exc.reason or str(exc)),
+                    "mediator: could not cancel re-run 0x%s: %s", second.rerun_id.hex(), exc
                 )
+        self._by_first(task, state, first, mine1, where1, f"no tie-break: {why}")
+
+    def _by_first(
+        self,
+        task: Task,
+        state: JobState,
+        first: Rerun,
+        mine1: JobState | None,
+        where1: str,
+        why: str,
+    ) -> None:
+        """Rule as run 1 alone says (the disputed result wrong), as before the tie-break."""
+        self.state.set_rerun(task.job_id, task.attempt, COMPARED, f"different: {where1}; {why}")
+        self._rule(task, state, False, f"{where1}: different CID; {why}")
+        if mine1 is not None:
+            self._pay_rerun(first, mine1, "one re-run decided")
+
+    def _tie_break(
+        self,
+        task: Task,
+        state: JobState,
+        first: Rerun,
+        mine1: JobState,
+        where1: str,
+        second: Rerun,
+        mine2: JobState,
+    ) -> bool:
+        """Rule by the majority of the disputed result, run 1 and run 2 if run 2 has a usable
+        result (True)."""
+        if mine2.status not in (Status.SUBMITTED, Status.RELEASED) or mine2.output_problem:
+            return False
+        theirs, ours1, ours2 = state.output_cid, mine1.output_cid, mine2.output_cid
+        if not (isinstance(theirs, str) and isinstance(ours1, str) and isinstance(ours2, str)):
+            return False
+        spec = self._specs.get(second.rerun_id)
+        parties = (state.job.provider, state.job.submitter, mine1.job.provider)
+        if (
+            spec is not None and spec.excludes(mine2.job.provider)
+        ) or mine2.job.provider in parties:
+            log.error(
+                "mediator: tie-break re-run 0x%s went to excluded provider %s: not used",
+                second.rerun_id.hex(),
+                mine2.job.provider,
+            )
+            return False
+        try:
+            with_disputed, with_first = same_cid(theirs, ours2), same_cid(ours1, ours2)
+        except CidError:
+            return False
+        if not with_disputed and not with_first:
+            verdict = verify_output(
+                self.ipfs,
+                ours2,
+                max_bytes=self._cap(state)[0],
+                timeout_s=self.config.fetch_timeout_s,
+                work_dir=self.work_dir,
+            )
+            if not verdict.ok:  # the re-run's own check rules on it; wait for another run
+                log.warning(
+                    "mediator: tie-break re-run 0x%s gave %s, which fails its integrity check "
+                    "(%s): not used",
+                    second.rerun_id.hex(),
+                    ours2,
+                    _one_line(verdict.message),
+                )
+                return False
+        where2 = f"tie-break re-run 0x{second.rerun_id.hex()} by {mine2.job.provider} gave {ours2}"
+        reason = f"{where1}: different CID; {where2}"
+        self.state.set_rerun(task.job_id, task.attempt, COMPARED, f"different: {where1}")
+        if with_disputed:  # 2 of 3: the disputed result stands and run 1 lied
+            self.counters["ties_upheld"] += 1
+            self.state.set_rerun(task.job_id, task.attempt, COMPARED, f"agrees: {where2}", run=2)
+            self._rule(task, state, True, f"{reason}: the same as the disputed result (2 of 3)")
+            self._rule_rerun_wrong(
+                first, mine1, f"{where1}; the disputed result and {where2} agree (2 of 3)"
+            )
+            self._pay_rerun(second, mine2, "it agrees with the disputed result")
+        elif with_first:  # 2 of 3: the disputed result is wrong
+            self.counters["ties_not_upheld"] += 1
+            self.state.set_rerun(task.job_id, task.attempt, COMPARED, f"agrees: {where2}", run=2)
+            self._rule(task, state, False, f"{reason}: the same as re-run 1 (2 of 3)")
+            self._pay_rerun(first, mine1, "the tie-break agrees with it")
+            self._pay_rerun(second, mine2, "it agrees with re-run 1")
+        else:  # no majority: nothing proves the provider wrong
+            self.counters["ties_no_majority"] += 1
+            self.state.set_rerun(task.job_id, task.attempt, COMPARED, f"differs: {where2}", run=2)
+            self._integrity_only(
+                task,
+                state,
+                None,
+                f"{reason}: all three outputs differ, so nothing proves the provider wrong",
+            )
+            self._pay_rerun(first, mine1, "no majority: nothing proves it wrong")
+            self._pay_rerun(second, mine2, "no majority: nothing proves it wrong")
         return True
+
+    def _current(self, rerun: Rerun, folded: JobState) -> JobState | None:
+        """This mediator's re-run job as the chain has it now: the folded state if the chain's
+        ``statusOf`` agrees (else its events since: one job's events, read back)."""
+        try:
+            on_chain = Status(int(self.client.call("statusOf", rerun.rerun_id)))
+            fresh = self.state.job(rerun.rerun_id) or folded
+            if fresh.status is on_chain:
+                return fresh
+            return self.client.job_state(rerun.rerun_id)
+        except (ChainError, ValueError) as exc:
+            log.warning("mediator: re-run 0x%s not read: %s", rerun.rerun_id.hex(), exc)
+            return None
+
+    def _hold(self, first: Rerun, mine1: JobState, closes: int) -> None:
+        """Keep run 1 unpaid until the tie-break decides: its result stays Submitted (nobody
+        but this mediator releases it) while its challenge window outlasts the dispute's ruling
+        (``closes``); else this mediator, its submitter, disputes it (the deposit comes back to
+        this mediator whichever way it rules as its mediator), which holds it for a mediation
+        window more. Idempotent: sent only while it is Submitted on chain."""
+        now1 = self._current(first, mine1)
+        if now1 is None or now1.status is not Status.SUBMITTED:
+            return
+        window = now1.job.since + self.challenge_window - self.config.window_margin_s
+        if window >= closes:
+            return  # ruled within its own challenge window
+        deposit = int(self.client.call("depositOf", now1.job.as_tuple()))
+        in_eth = now1.job.token == ZERO_ADDRESS
+        try:
+            if not in_eth:  # the deposit is pulled in the token: allow it
+                token = TokenClient(self.client.w3, now1.job.token)
+                if token.allowance(self.address, self.client.address) < deposit:
+                    token.send(self.account, "approve", self.client.address, deposit)
+                    self.client.forget_nonce(self.address)
+            _, sent = self.client.call_job(
+                self.account, "dispute", now1, value=deposit if in_eth else 0
+            )
+        except (ChainError, RuntimeError) as exc:
+            why = _one_line(getattr(exc, "reason", None) or str(exc))
+            log.warning(
+                "mediator: re-run 0x%s not held (%s): it is paid after its window %d unless "
+                "ruled before",
+                first.rerun_id.hex(),
+                why,
+                now1.job.since + self.challenge_window,
+            )
+            return
+        self.counters["reruns_held"] += 1
+        log.info(
+            "mediator: re-run 0x%s held for the tie-break: disputed by this mediator in %s",
+            first.rerun_id.hex(),
+            sent.tx_hash,
+        )
+
+    def _rule_rerun_wrong(self, rerun: Rerun, folded: JobState, reason: str) -> None:
+        """Rule this mediator's own re-run wrong (it lied: its provider's collateral pays this
+        mediator, its submitter and mediator), then cancel it (its bounty back)."""
+        mine = self._current(rerun, folded)
+        if mine is None or mine.status not in (Status.SUBMITTED, Status.DISPUTED):
+            got = "unknown" if mine is None else mine.status.name
+            log.warning(
+                "mediator: re-run 0x%s lied but is %s: not slashed (%s)",
+                rerun.rerun_id.hex(),
+                got,
+                reason,
+            )
+            return
+        kind = DISPUTE if mine.status is Status.DISPUTED else CHECK
+        own = Task(rerun.rerun_id, mine.job.attempt, kind, 0, time.time(), "")
+        self._rule(own, mine, False, f"the tie-break outvoted it: {reason}")
+        try:
+            funded = self.client.job_state(rerun.rerun_id)
+            if funded.status is Status.FUNDED:
+                self.client.call_job(self.account, "cancel", funded)
+        except ChainError as exc:
+            log.warning("mediator: re-run 0x%s not cancelled: %s", rerun.rerun_id.hex(), exc)
+
+    def _pay_rerun(self, rerun: Rerun, folded: JobState, why: str) -> None:
+        """Pay a re-run's provider now: ``release`` it (or, held by this mediator's dispute,
+        rule it upheld as its mediator)."""
+        mine = self._current(rerun, folded)
+        if mine is None or mine.status not in (Status.SUBMITTED, Status.DISPUTED):
+            return
+        try:
+            if mine.status is Status.SUBMITTED:
+                self.client.call_job(self.account, "release", mine)
+            else:
+                own = Task(rerun.rerun_id, mine.job.attempt, DISPUTE, 0, time.time(), "")
+                self._rule(own, mine, True, f"re-run paid: {why}")
+            log.info("mediator: re-run 0x%s paid: %s", rerun.rerun_id.hex(), why)
+        except ChainError as exc:
+            log.warning(
+                "mediator: re-run 0x%s not released (%s); it is paid after its window",
+                rerun.rerun_id.hex(),
+                _one_line(exc.reason or str(exc)),
+            )
 
     # ------------------------------------------------------------------ replicated ties
     def _tie(self, task: Task, first: JobState) -> None:

@@ -9,10 +9,10 @@ batch's last block (the newest :data:`KEEP_BLOCKS`), so the chain watcher can te
 :meth:`MediatorState.rollback` can undo what the reorg removed (docs/mediator.md "Reorgs").
 
 The ``rulings`` row of a job attempt is written before the transaction is sent: it is how the
-mediator never rules twice. The ``reruns`` row of a disputed job attempt is written before its
-``createJob`` is sent, with the re-run's job id (fixed in advance by a salt derived from the
-disputed job and attempt): it is how a restarted mediator never funds a second re-run for the
-same dispute.
+mediator never rules twice. The ``reruns`` rows of a disputed job attempt (run 1, and run 2: the
+tie-break funded when run 1's output differed) are written before their ``createJob`` is sent,
+with the re-run's job id (fixed in advance by a salt derived from the disputed job, attempt and
+run): it is how a restarted mediator never funds a re-run twice for the same dispute.
 """
 
 from __future__ import annotations
@@ -94,15 +94,16 @@ CREATE INDEX IF NOT EXISTS ix_spot_commit ON spot (spot_commit);
 CREATE TABLE IF NOT EXISTS reruns (
     job_id TEXT NOT NULL,          -- the disputed job
     attempt INTEGER NOT NULL,      -- its disputed attempt
+    run INTEGER NOT NULL DEFAULT 1, -- 1: the re-run; 2: the tie-break when run 1 differed
     rerun_id TEXT NOT NULL,        -- the re-run's job id (known before createJob is sent)
     spec_cid TEXT NOT NULL,        -- the re-run's spec (the job's, with exclude_providers)
     salt TEXT NOT NULL,
     bounty TEXT NOT NULL,          -- wei, as text (may exceed SQLite's integers)
     deadline INTEGER NOT NULL,
-    status TEXT NOT NULL,          -- 'funding', 'funded', 'compared' or 'abandoned'
+    status TEXT NOT NULL,          -- 'funding', 'funded', 'held', 'compared' or 'abandoned'
     note TEXT NOT NULL DEFAULT '',
     at REAL NOT NULL,
-    PRIMARY KEY (job_id, attempt)
+    PRIMARY KEY (job_id, attempt, run)
 );
 """
 
@@ -131,6 +132,8 @@ class Rerun:
     status: str
     note: str
     at: float
+    run: int = 1
+    """1: the re-run of the dispute; 2: the tie-break funded when run 1's output differed."""
 
 
 @dataclass(frozen=True)
@@ -256,6 +259,8 @@ class MediatorState:
         for column in ("pos", "created_block"):  # a state file from before reorg handling
             if column not in columns:
                 self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
+        if "run" not in {row[1] for row in self._db.execute("PRAGMA table_info(reruns)")}:
+            self._migrate_reruns()  # a state file from before the tie-break (one re-run each)
         self._depth = 0
         owner = f"{chain_id}:{escrow.lower()}"
         with self.batch():
@@ -267,6 +272,24 @@ class MediatorState:
                     f"state file {path} belongs to escrow {found}, not {owner}: "
                     "give each escrow its own state file"
                 )
+
+    def _migrate_reruns(self) -> None:
+        """Give the ``reruns`` table of an older state file its ``run`` column (each of its rows
+        is run 1) and the key ``(job_id, attempt, run)``, in one transaction."""
+        old = "job_id, attempt, rerun_id, spec_cid, salt, bounty, deadline, status, note, at"
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("ALTER TABLE reruns RENAME TO reruns_v1")
+            start = SCHEMA.index("CREATE TABLE IF NOT EXISTS reruns")
+            self._db.execute(SCHEMA[start:].split(";")[0])
+            self._db.execute(
+                f"INSERT INTO reruns ({old}, run) SELECT {old}, 1 FROM reruns_v1"  # noqa: S608
+            )
+            self._db.execute("DROP TABLE reruns_v1")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:
@@ -404,7 +427,7 @@ class MediatorState:
                         )
                     self._db.execute(  # sent again, unless the chain has such a job
                         "UPDATE reruns SET status = 'funding', note = ? "
-                        "WHERE rerun_id = ? AND status IN ('funded', 'compared')",
+                        "WHERE rerun_id = ? AND status IN ('funded', 'held', 'compared')",
                         (f"its createJob was reorged out at block {fork_block}", job_id),
                     )
                     continue
@@ -552,28 +575,39 @@ class MediatorState:
             )
 
     # ------------------------------------------------------------------ re-runs
-    def rerun(self, job_id: bytes, attempt: int) -> Rerun | None:
-        """The re-run of a disputed job attempt, if one was ever started."""
+    def rerun(self, job_id: bytes, attempt: int, run: int = 1) -> Rerun | None:
+        """The re-run of a disputed job attempt (``run`` 2: its tie-break), if one was ever
+        started."""
         with self._lock:
             row = self._db.execute(
-                f"SELECT {_RERUN_COLUMNS} FROM reruns WHERE job_id = ? AND attempt = ?",  # noqa: S608
-                (job_id.hex(), attempt),
+                f"SELECT {_RERUN_COLUMNS} FROM reruns "  # noqa: S608
+                "WHERE job_id = ? AND attempt = ? AND run = ?",
+                (job_id.hex(), attempt, run),
+            ).fetchone()
+        return None if row is None else _rerun(row)
+
+    def rerun_by_id(self, rerun_id: bytes) -> Rerun | None:
+        """The re-run whose own job id is ``rerun_id`` (a job this mediator funded)."""
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_RERUN_COLUMNS} FROM reruns WHERE rerun_id = ?",  # noqa: S608
+                (rerun_id.hex(),),
             ).fetchone()
         return None if row is None else _rerun(row)
 
     def reruns(self) -> list[Rerun]:
         with self._lock:
             rows = self._db.execute(
-                f"SELECT {_RERUN_COLUMNS} FROM reruns ORDER BY at"  # noqa: S608
+                f"SELECT {_RERUN_COLUMNS} FROM reruns ORDER BY at, run"  # noqa: S608
             ).fetchall()
         return [_rerun(r) for r in rows]
 
     def start_rerun(self, rerun: Rerun) -> None:
-        """Record a re-run before its ``createJob`` is sent (once per job attempt: a second
-        start for the same attempt raises :class:`sqlite3.IntegrityError`)."""
+        """Record a re-run before its ``createJob`` is sent (once per job attempt and run: a
+        second start for the same ones raises :class:`sqlite3.IntegrityError`)."""
         with self.batch():
             self._db.execute(
-                f"INSERT INTO reruns ({_RERUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
+                f"INSERT INTO reruns ({_RERUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
                 (
                     rerun.job_id.hex(),
                     rerun.attempt,
@@ -585,14 +619,16 @@ class MediatorState:
                     rerun.status,
                     rerun.note,
                     rerun.at,
+                    rerun.run,
                 ),
             )
 
-    def set_rerun(self, job_id: bytes, attempt: int, status: str, note: str) -> None:
+    def set_rerun(self, job_id: bytes, attempt: int, status: str, note: str, run: int = 1) -> None:
         with self.batch():
             self._db.execute(
-                "UPDATE reruns SET status = ?, note = ? WHERE job_id = ? AND attempt = ?",
-                (status, note[:2000], job_id.hex(), attempt),
+                "UPDATE reruns SET status = ?, note = ? "
+                "WHERE job_id = ? AND attempt = ? AND run = ?",
+                (status, note[:2000], job_id.hex(), attempt, run),
             )
 
     # ------------------------------------------------------------------ spot checks
@@ -657,7 +693,9 @@ def _spot(row: Any) -> SpotSeed:
     )
 
 
-_RERUN_COLUMNS = "job_id, attempt, rerun_id, spec_cid, salt, bounty, deadline, status, note, at"
+_RERUN_COLUMNS = (
+    "job_id, attempt, rerun_id, spec_cid, salt, bounty, deadline, status, note, at, run"
+)
 
 
 def _rerun(row: Any) -> Rerun:
@@ -672,6 +710,7 @@ def _rerun(row: Any) -> Rerun:
         row[7],
         row[8],
         row[9],
+        int(row[10]),
     )
 
 

@@ -98,6 +98,13 @@ def dispute_when_submitted(grid: LocalGrid, job: Funded) -> int:
 
 def rerun_of(grid: LocalGrid, spec: JobSpec) -> tuple[Event, JobSpec]:
     """The re-run the mediator funded for a job with ``spec`` (its JobCreated, its spec)."""
+    found = reruns_of(grid, spec)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def reruns_of(grid: LocalGrid, spec: JobSpec) -> list[tuple[Event, JobSpec]]:
+    """The re-runs the mediator funded for a job with ``spec``, in order (run 1, run 2)."""
     found = []
     for e in grid.escrow.events(grid.deployment.block, "latest"):
         if e.name != "JobCreated" or e.args["submitter"] != grid.mediator.address:
@@ -105,8 +112,7 @@ def rerun_of(grid: LocalGrid, spec: JobSpec) -> tuple[Event, JobSpec]:
         theirs = JobSpec.from_bytes(grid.ipfs.cat(e.args["specCid"], max_bytes=1 << 16))
         if theirs.name == f"rerun-{spec.name}":
             found.append((e, theirs))
-    assert len(found) == 1, found
-    return found[0]
+    return found
 
 
 def ruled(grid: LocalGrid, job: Funded) -> Event | None:
@@ -184,7 +190,7 @@ class TestRerun:
             cheater.close()
         view = wait_job(grid, job, {"released"}, 120)
 
-        created, rerun_spec = rerun_of(grid, spec)
+        (created, rerun_spec), (tie, tie_spec) = reruns_of(grid, spec)  # run 1 differed: run 2
         rerun_id = bytes(created.args["jobId"])
         assert rerun_spec.exclude_providers == [account.address, job.submitter.address]
         assert created.args["mediator"] == grid.mediator.address
@@ -194,6 +200,15 @@ class TestRerun:
         assert rerun.status is Status.RELEASED  # the mediator accepted it once compared
         assert rerun.job.provider not in (account.address, job.submitter.address)
         assert isinstance(rerun.output_cid, str) and not same_cid(rerun.output_cid, wrong)
+        # the tie-break excludes the first re-run's provider too and agrees with it
+        assert tie_spec.exclude_providers == [
+            account.address,
+            job.submitter.address,
+            rerun.job.provider,
+        ]
+        second = grid.escrow.job_state(bytes(tie.args["jobId"]))
+        assert second.status is Status.RELEASED
+        assert isinstance(second.output_cid, str) and same_cid(second.output_cid, rerun.output_cid)
 
         events = job_events(grid, job)
         order = [n for n in names(events) if n not in ("Credited",)]
@@ -212,7 +227,7 @@ class TestRerun:
         assert slash.args["provider"] == account.address
         assert slash.args["amount"] == collateral
         assert slash.args["toMediator"] == min(deposit, collateral)  # the cheater pays the re-run
-        assert min(deposit, collateral) == created.args["bounty"]  # the mediator is made whole
+        assert min(deposit, collateral) == created.args["bounty"]  # one re-run's worth
 
         # the submitter gets the right output: done again by an honest agent, as the re-run
         honest = agent_of(grid, view["attempts"][-1]["node_id"])

@@ -623,9 +623,13 @@ def test_a_disputed_deterministic_result_is_rerun_elsewhere_and_ruled_wrong_when
 ) -> None:
     """A plausible wrong output (intact, valid CID) of a WASM job: the dispute makes the
     mediator fund a re-run excluding the provider and the submitter; the re-run's output
-    differs (and is intact): the result is ruled wrong, the provider pays the re-run fee out of
-    its collateral, and the mediator releases the re-run."""
+    differs (and is intact), so the mediator holds it unpaid and funds the tie-break (run 2,
+    excluding the first re-run's provider too), which agrees with the first re-run: the result
+    is ruled wrong (2 of 3), the provider pays out of its collateral, and the mediator releases
+    both re-runs."""
     deployment, client = escrow
+    register_on_chain(client, devnet.providers[2])
+    second_honest = devnet.providers[2]
     spec_cid = store.add_bytes(WASM_SPEC.to_bytes())
     wrong = store.add_bytes(b"mean=41.0\n")  # plausible, intact, and not what the job computes
     right = store.add_bytes(b"mean=42.5\n")
@@ -648,10 +652,27 @@ def test_a_disputed_deterministic_result_is_rerun_elsewhere_and_ruled_wrong_when
         mediator_before = client.balance_of(devnet.mediator.address)
         honest_before = client.balance_of(honest.address)
         take_rerun(devnet, client, rerun.rerun_id, honest, right)
+        until(med, lambda: med.state.rerun(job.job_id, 1, run=2) is not None, what="run 2")
+        assert decision(med, job, "dispute") is None  # one re-run no longer decides
+        assert med.state.rerun(job.job_id, 1).status == "held"  # type: ignore[union-attr]
+        # held unpaid: the escrow's challenge window (1 h) is shorter than its mediation
+        # window (3 days), so the mediator disputed its own re-run to hold it
+        assert Status(client.call("statusOf", rerun.rerun_id)) is Status.DISPUTED
+        tie = med.state.rerun(job.job_id, 1, run=2)
+        assert tie is not None and tie.rerun_id != rerun.rerun_id
+        tie_spec = JobSpec.from_bytes(store.cat(tie.spec_cid, max_bytes=1 << 16))
+        assert tie_spec.exclude_providers == [
+            cheater.address,
+            devnet.submitter.address,
+            honest.address,
+        ]
+        take_rerun(devnet, client, tie.rerun_id, second_honest, to_base58btc(right))
         until(med, lambda: decision(med, job, "dispute") is not None, what="the ruling")
         d = decision(med, job, "dispute")
         assert d is not None and d.verdict == "not upheld", d
         assert right in d.reason and wrong in d.reason and "different CID" in d.reason
+        assert "the same as re-run 1 (2 of 3)" in d.reason
+        assert Status(client.call("statusOf", tie.rerun_id)) is Status.RELEASED
         assert status(client, job) is Status.FUNDED  # to be done again elsewhere
         receipt = client.w3.eth.get_transaction_receipt(d.tx_hash)  # type: ignore[arg-type]
         (slashed,) = [e for e in client.decode_logs(receipt["logs"]) if e.name == "ProviderSlashed"]
@@ -660,12 +681,93 @@ def test_a_disputed_deterministic_result_is_rerun_elsewhere_and_ruled_wrong_when
         assert Status(client.call("statusOf", rerun.rerun_id)) is Status.RELEASED
         paid = funded.job.bounty - funded.job.bounty * funded.job.fee_bps // 10_000
         assert client.balance_of(honest.address) - honest_before == paid
-        assert client.balance_of(devnet.mediator.address) - mediator_before == min(
+        # the cheater's collateral pays the mediator; the deposit of its hold on the first
+        # re-run comes back to it (upheld, as that job's mediator)
+        hold = int(client.call("depositOf", funded.job.as_tuple()))
+        assert client.balance_of(devnet.mediator.address) - mediator_before == hold + min(
             deposit, job.job.collateral
         )
-        # the provider who was wrong paid the re-run: the mediator is made whole
+        # the provider who was wrong paid one re-run's worth; the tie-break is the mediator's
         assert min(deposit, job.job.collateral) == funded.job.bounty
-        assert med.state.rerun(job.job_id, 1).status == "compared"  # type: ignore[union-attr]
+        assert [r.status for r in med.state.reruns()] == ["compared", "compared"]
+    assert len(jobs_funded_by(client, devnet.mediator.address)) == 2
+    events = client.events(deployment.block, "latest")
+    assert [e.args["provider"] for e in events if e.name == "ProviderSlashed"] == [cheater.address]
+
+
+@pytest.mark.parametrize("challenge_window", [400_000, 40], ids=["long-window", "short-window"])
+def test_a_lying_rerun_is_outvoted_by_the_tie_break_and_slashed_across_a_restart(
+    devnet: Devnet,
+    ipfs_daemon: IpfsDaemon,
+    store: IpfsStore,
+    tmp_path: Path,
+    challenge_window: int,
+) -> None:
+    """The disputed result is right and the first re-run lies (a plausible, intact wrong
+    output): the mediator does not rule yet, holds the first re-run unpaid and funds the
+    tie-break; it restarts between the two re-runs (it finds both rows and funds nothing
+    twice); the tie-break agrees with the disputed result: upheld, the honest provider keeps
+    its stake, and the lying re-runner is ruled wrong on its own job, its collateral to the
+    mediator. With a challenge window shorter than the dispute's mediation window the mediator
+    holds the first re-run by disputing it (as its submitter) and rules on it as its mediator."""
+    deployment, client = fresh_escrow(devnet, challenge_window=challenge_window, reassign_delay=60)
+    honest, liar, tie_breaker = devnet.providers[:3]
+    for provider in (honest, liar, tie_breaker):
+        register_on_chain(client, provider)
+    spec_cid = store.add_bytes(WASM_SPEC.to_bytes())
+    right = store.add_bytes(b"mean=42.5\n" + os.urandom(8))
+    wrong = store.add_bytes(b"mean=41.0\n" + os.urandom(8))
+    job = submitted(devnet, client, spec_cid, right, provider=honest)
+    stake_before = client.free_collateral_of(honest.address)
+    path = tmp_path / "m.db"
+    with mediator(devnet, deployment, ipfs_daemon, path) as med:
+        deposit = disputed(devnet, client, job)
+        until(med, lambda: bool(med.state.reruns()), what="the re-run")
+        (first,) = med.state.reruns()
+        take_rerun(devnet, client, first.rerun_id, liar, wrong)
+        until(med, lambda: len(med.state.reruns()) == 2, what="the tie-break")
+        for _ in range(3):
+            med.poll_once()
+        rows = med.state.reruns()
+        assert [(r.run, r.status) for r in rows] == [(1, "held"), (2, "funded")]
+        assert decision(med, job, "dispute") is None
+        held = Status(client.call("statusOf", first.rerun_id))
+        long_window = challenge_window > int(client.call("mediationWindow"))
+        assert held is (Status.SUBMITTED if long_window else Status.DISPUTED)
+    with mediator(devnet, deployment, ipfs_daemon, path) as med:
+        for _ in range(5):
+            med.poll_once()
+        assert med.state.reruns() == rows  # both rows found, nothing funded again
+        assert len(jobs_funded_by(client, devnet.mediator.address)) == 2
+        mediator_before = client.balance_of(devnet.mediator.address)
+        take_rerun(devnet, client, rows[1].rerun_id, tie_breaker, to_base58btc(right))
+        until(med, lambda: decision(med, job, "dispute") is not None, what="the ruling")
+        d = decision(med, job, "dispute")
+        assert d is not None and d.verdict == "upheld", d
+        assert "the same as the disputed result (2 of 3)" in d.reason and wrong in d.reason
+        assert status(client, job) is Status.RELEASED
+        until(
+            med,
+            lambda: Status(client.call("statusOf", first.rerun_id)) is Status.REFUNDED,
+            what="the lying re-run ruled wrong and cancelled",
+        )
+        (liar_ruling,) = [x for x in med.decisions if x.job_id == first.rerun_id]
+        assert liar_ruling.verdict == "not upheld" and "tie-break outvoted it" in liar_ruling.reason
+        assert Status(client.call("statusOf", rows[1].rerun_id)) is Status.RELEASED
+    slashes = [e for e in client.events(deployment.block, "latest") if e.name == "ProviderSlashed"]
+    (slash,) = slashes
+    assert slash.args["provider"] == liar.address
+    assert bytes(slash.args["jobId"]) == first.rerun_id
+    collateral = client.job_state(first.rerun_id).job.collateral
+    assert slash.args["amount"] == collateral
+    # the disputing submitter's deposit pays the mediator, the liar's collateral pays it too,
+    # the lying re-run's bounty comes back (cancelled), and so does the deposit of its hold
+    liar_job = client.job_state(first.rerun_id).job
+    held_deposit = 0 if long_window else int(client.call("depositOf", liar_job.as_tuple()))
+    gained = client.balance_of(devnet.mediator.address) - mediator_before
+    assert gained == deposit + collateral + first.bounty + held_deposit
+    assert client.free_collateral_of(honest.address) == stake_before + job.job.collateral
+    assert len(jobs_funded_by(client, devnet.mediator.address)) == 2
 
 
 def test_a_disputed_honest_result_is_upheld_after_the_rerun_even_across_a_restart(

@@ -111,9 +111,11 @@ def test_a_drawn_attempt_is_disputed_by_the_mediator_and_ruled_after_the_rerun(
 ) -> None:
     """The liar's plausible wrong output passes integrity; attempt 1 is drawn, so the mediator
     disputes it (sending nothing), funds a re-run excluding the liar and the submitter (no
-    spot policy on it), and rules it wrong when the re-run differs: the liar pays the
-    mediator the check deposit's worth, and the job is Funded again with its deposit kept."""
+    spot policy on it); the re-run differs, and so does the tie-break (run 2) the same way:
+    ruled wrong, the liar pays the mediator the check deposit's worth, and the job is Funded
+    again with its deposit kept."""
     deployment, client = escrow
+    register_on_chain(client, devnet.providers[2])
     seed = seed_where(attempt_drawn=True)
     wrong = store.add_bytes(b"mean=41.0\n" + os.urandom(4))
     right = store.add_bytes(b"mean=42.5\n" + os.urandom(4))
@@ -138,6 +140,10 @@ def test_a_drawn_attempt_is_disputed_by_the_mediator_and_ruled_after_the_rerun(
         assert rerun_spec.spot is None
         assert client.job_state(rerun.rerun_id).job.flags == 0
         take_rerun(devnet, client, rerun.rerun_id, honest, right)
+        until(med, lambda: len(med.state.reruns()) == 2, what="the tie-break")
+        tie = med.state.rerun(job.job_id, 1, run=2)
+        assert tie is not None and tie.status == "funded"
+        take_rerun(devnet, client, tie.rerun_id, devnet.providers[2], right)
         until(med, lambda: decision(med, job, "dispute") is not None, what="the ruling")
         ruling = decision(med, job, "dispute")
         assert ruling is not None and ruling.verdict == "not upheld", ruling
@@ -149,8 +155,10 @@ def test_a_drawn_attempt_is_disputed_by_the_mediator_and_ruled_after_the_rerun(
     (slashed,) = [e for e in client.decode_logs(receipt["logs"]) if e.name == "ProviderSlashed"]
     assert slashed.args["provider"] == liar.address
     assert slashed.args["toMediator"] == BOUNTY  # min(collateral, the check deposit)
-    # the mediator paid the re-run's bounty and got the check deposit's worth back
-    assert client.balance_of(devnet.mediator.address) - mediator_before == BOUNTY
+    # the mediator paid two re-runs' bounties and got the check deposit's worth back, and the
+    # deposit of its hold on the first re-run (upheld: 2 of 3 agree with it)
+    hold = int(client.call("depositOf", client.job_state(rerun.rerun_id).job.as_tuple()))
+    assert client.balance_of(devnet.mediator.address) - mediator_before == BOUNTY + hold
 
 
 def test_an_attempt_not_drawn_is_left_to_be_finalized_and_revealed_once_settled(
