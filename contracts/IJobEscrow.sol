@@ -180,8 +180,8 @@ interface IJobEscrow {
     /// @notice Unstaked stake in `token` was credited to the provider's balance.
     event Unstaked(address indexed provider, address indexed token, uint96 amount, uint96 totalStake);
     /// @notice A ruling took `amount` of the provider's locked collateral for `jobId` (in the
-    ///         job's token): `toMediator` pays the mediator's re-run, the rest went to the
-    ///         submitter.
+    ///         job's token): `toMediator` (at most two dispute deposits) pays the mediator's
+    ///         re-run and its tie-break, the rest went to the submitter.
     event ProviderSlashed(
         address indexed provider,
         bytes32 indexed jobId,

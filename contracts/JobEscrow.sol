@@ -600,9 +600,9 @@ contract JobEscrow is ProviderRegistry {
     ///         replicated job: at any time until it is resolved; this breaks a tie). Upheld: the
     ///         result is paid (and a dispute deposit pays the mediator). Not upheld: the provider
     ///         loses the job's collateral and the job is Funded again; the submitter gets its
-    ///         deposit back in full, the mediator (when disputed) `min(collateral, deposit)` of
-    ///         the collateral for its re-run, and the submitter the rest. The mediator is paid
-    ///         the same whichever way it rules whenever the collateral covers the deposit.
+    ///         deposit back in full (a spot job's stays locked for the next attempt), the
+    ///         mediator (when disputed) `min(collateral, 2 * deposit)` of the collateral for its
+    ///         re-run and the tie-break re-run a mismatch calls for, and the submitter the rest.
     function rule(bytes32 jobId, Job calldata job, bool upheld) external {
         Status status = _checkEither(jobId, job, Status.Submitted, Status.Disputed);
         if (msg.sender != job.mediator) revert JobEscrowNotMediator(msg.sender, job.mediator);
@@ -627,7 +627,9 @@ contract JobEscrow is ProviderRegistry {
         uint96 amount = job.collateral;
         uint96 toMediator;
         if (disputed) {
-            toMediator = amount < deposit ? amount : deposit;
+            // the liar pays the mediator's re-run and its tie-break: up to two deposits' worth
+            uint256 cap = 2 * uint256(deposit);
+            toMediator = amount < cap ? amount : uint96(cap);
             // a spot job's check deposit stays locked for its next attempt
             if (job.flags & FLAG_SPOT == 0) {
                 _creditEvent(jobId, job.submitter, job.token, deposit, "deposit returned");

@@ -153,7 +153,7 @@ def main() -> int:
         replayed = escrow.job_state(job1.job_id)
         fee = bounty * params.fee_bps // 10_000
         collateral = job2.job.collateral
-        to_mediator = min(collateral, deposit)
+        to_mediator = min(collateral, 2 * deposit)  # the re-run and its tie-break
         end = {n: w3.eth.get_balance(a.address) for n, a in accts.items()}
         table = Table(title="balances (ETH)")
         for col in ("account", "start", "end", "change"):

@@ -879,7 +879,7 @@ def test_a_ruling_on_an_eth_dispute_pays_to_the_wei_and_the_mediator_is_made_who
         assert escrow.providerOf(provider).stake == STAKE
         assert escrow.feesAccrued() == fee
     else:
-        to_mediator = min(collateral, deposit)
+        to_mediator = min(collateral, 2 * deposit)
         assert to_mediator == bounty  # the collateral (= bounty) bounds it under the floor
         slashed = next(e for e in receipt.events if e.event_name == "ProviderSlashed")
         assert (slashed.amount, slashed.toMediator) == (collateral, to_mediator)

@@ -388,9 +388,10 @@ def test_a_provider_cannot_open_a_check_nor_escape_one_by_unstaking(
         escrow.requestUnstake(1, sender=provider)  # still locked while the check is open
     receipt = escrow.rule(state.job_id, state.job.as_tuple(), False, sender=mediator)
     (slash,) = [e for e in receipt.events if e.event_name == "ProviderSlashed"]
-    assert slash.amount == 2 * BOUNTY and slash.toMediator == BOUNTY
+    # the liar pays the re-run and its tie-break: two deposits' worth, all of its collateral
+    assert slash.amount == 2 * BOUNTY and slash.toMediator == 2 * BOUNTY
     assert escrow.providerOf(provider).stake == 0 and escrow.providerOf(provider).locked == 0
-    assert escrow.balanceOf(submitter) == BOUNTY and escrow.balanceOf(mediator) == BOUNTY
+    assert escrow.balanceOf(submitter) == 0 and escrow.balanceOf(mediator) == 2 * BOUNTY
 
 
 def test_the_submitter_cannot_take_the_deposit_twice_or_check_late(

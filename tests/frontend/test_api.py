@@ -677,14 +677,14 @@ def test_dispute_through_the_api_and_the_ruling_and_slash_on_the_explorer(
     (ruling,) = view["chain"]["rulings"]
     assert ruling["upheld"] is False and ruling["mediator"] == stack.mediator.address
     assert ruling["slashed_wei"] == str(BOUNTY)
-    assert ruling["to_mediator_wei"] == str(min(BOUNTY, DEPOSIT))  # the re-run, from the collateral
+    assert ruling["to_mediator_wei"] == str(min(BOUNTY, 2 * DEPOSIT))  # re-runs, from the collateral
     (credit,) = view["chain"]["credits"]
     assert credit["account"] == stack.submitter.address and credit["reason"] == "deposit returned"
     names = [e["name"] for e in view["chain"]["events"]]
     assert names[-4:] == ["ResultDisputed", "Ruled", "Credited", "ProviderSlashed"]
     slash = view["chain"]["events"][-1]["args"]
     assert slash["submitter"] == stack.submitter.address
-    assert slash["toMediator"] == str(min(BOUNTY, DEPOSIT))
+    assert slash["toMediator"] == str(min(BOUNTY, 2 * DEPOSIT))
 
     page = stack.get(f"/jobs/{job_id}", headers={"accept": "text/html"}).text
     assert 'data-upheld="false"' in page and "not upheld" in page

@@ -281,7 +281,7 @@ def test_a_disputed_result_that_fails_is_ruled_wrong(
         assert status(client, job) is Status.FUNDED
         # the deposit (the job's bounty) back, plus the collateral less the mediator's re-run
         assert deposit == job.job.bounty
-        to_mediator = min(deposit, job.job.collateral)
+        to_mediator = min(2 * deposit, job.job.collateral)
         assert client.balance_of(devnet.submitter.address) - before == (
             deposit + job.job.collateral - to_mediator
         )
@@ -677,7 +677,7 @@ def test_a_disputed_deterministic_result_is_rerun_elsewhere_and_ruled_wrong_when
         receipt = client.w3.eth.get_transaction_receipt(d.tx_hash)  # type: ignore[arg-type]
         (slashed,) = [e for e in client.decode_logs(receipt["logs"]) if e.name == "ProviderSlashed"]
         assert slashed.args["provider"] == cheater.address
-        assert slashed.args["toMediator"] == min(deposit, job.job.collateral)
+        assert slashed.args["toMediator"] == min(2 * deposit, job.job.collateral)
         assert Status(client.call("statusOf", rerun.rerun_id)) is Status.RELEASED
         paid = funded.job.bounty - funded.job.bounty * funded.job.fee_bps // 10_000
         assert client.balance_of(honest.address) - honest_before == paid
@@ -685,10 +685,11 @@ def test_a_disputed_deterministic_result_is_rerun_elsewhere_and_ruled_wrong_when
         # re-run comes back to it (upheld, as that job's mediator)
         hold = int(client.call("depositOf", funded.job.as_tuple()))
         assert client.balance_of(devnet.mediator.address) - mediator_before == hold + min(
-            deposit, job.job.collateral
+            2 * deposit, job.job.collateral
         )
-        # the provider who was wrong paid one re-run's worth; the tie-break is the mediator's
-        assert min(deposit, job.job.collateral) == funded.job.bounty
+        # the liar's collateral pays up to two re-runs; this one's (the least: one bounty) pays
+        # one, so the tie-break is the mediator's
+        assert min(2 * deposit, job.job.collateral) == funded.job.bounty
         assert [r.status for r in med.state.reruns()] == ["compared", "compared"]
     assert len(jobs_funded_by(client, devnet.mediator.address)) == 2
     events = client.events(deployment.block, "latest")

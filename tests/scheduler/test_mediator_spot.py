@@ -154,11 +154,12 @@ def test_a_drawn_attempt_is_disputed_by_the_mediator_and_ruled_after_the_rerun(
     receipt = client.w3.eth.get_transaction_receipt(HexBytes(ruling.tx_hash or ""))
     (slashed,) = [e for e in client.decode_logs(receipt["logs"]) if e.name == "ProviderSlashed"]
     assert slashed.args["provider"] == liar.address
-    assert slashed.args["toMediator"] == BOUNTY  # min(collateral, the check deposit)
-    # the mediator paid two re-runs' bounties and got the check deposit's worth back, and the
-    # deposit of its hold on the first re-run (upheld: 2 of 3 agree with it)
+    # min(collateral, two check deposits): the liar pays the re-run and its tie-break
+    assert slashed.args["toMediator"] == 2 * BOUNTY
+    # the mediator paid two re-runs' bounties and got both back from the liar's collateral, and
+    # the deposit of its hold on the first re-run (upheld: 2 of 3 agree with it)
     hold = int(client.call("depositOf", client.job_state(rerun.rerun_id).job.as_tuple()))
-    assert client.balance_of(devnet.mediator.address) - mediator_before == BOUNTY + hold
+    assert client.balance_of(devnet.mediator.address) - mediator_before == 2 * BOUNTY + hold
 
 
 def test_an_attempt_not_drawn_is_left_to_be_finalized_and_revealed_once_settled(
