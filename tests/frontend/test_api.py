@@ -677,7 +677,9 @@ def test_dispute_through_the_api_and_the_ruling_and_slash_on_the_explorer(
     (ruling,) = view["chain"]["rulings"]
     assert ruling["upheld"] is False and ruling["mediator"] == stack.mediator.address
     assert ruling["slashed_wei"] == str(BOUNTY)
-    assert ruling["to_mediator_wei"] == str(min(BOUNTY, 2 * DEPOSIT))  # re-runs, from the collateral
+    assert ruling["to_mediator_wei"] == str(
+        min(BOUNTY, 2 * DEPOSIT)
+    )  # re-runs, from the collateral
     (credit,) = view["chain"]["credits"]
     assert credit["account"] == stack.submitter.address and credit["reason"] == "deposit returned"
     names = [e["name"] for e in view["chain"]["events"]]
