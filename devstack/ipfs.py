@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -164,17 +165,26 @@ class IpfsDaemon(Service):
         """Dial a peer: another running swarm daemon, or its multiaddr (``.../p2p/<id>``).
 
         The connection is both ways (either side's bitswap asks the other for blocks); it lasts
-        until one side stops (the daemons do not redial on their own). ServiceError on failure.
+        until one side stops (the daemons do not redial on their own). A dial js-ipfs refuses
+        (``All promises were rejected``: a peer just restarted, or a loaded machine) is tried
+        again every half second until ``timeout``. ServiceError on failure.
         """
         addr = other.swarm_addr if isinstance(other, IpfsDaemon) else other
         if not self.swarm:
             raise ServiceError(f"{self.name}: an offline daemon (swarm=False) cannot connect")
         if not addr:
             raise ServiceError(f"{self.name}: {other!r} has no swarm address (not started?)")
-        try:
-            answer = self.rpc("swarm/connect", addr, timeout=timeout)
-        except ServiceError as exc:
-            raise ServiceError(f"{self.name}: swarm connect {addr} failed: {exc}") from exc
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                answer = self.rpc(
+                    "swarm/connect", addr, timeout=max(1.0, deadline - time.monotonic())
+                )
+                break
+            except ServiceError as exc:
+                if time.monotonic() + 0.5 >= deadline or "HTTP 500" not in str(exc):
+                    raise ServiceError(f"{self.name}: swarm connect {addr} failed: {exc}") from exc
+                time.sleep(0.5)
         strings = answer.get("Strings") or []
         if not any("success" in s for s in strings):
             raise ServiceError(f"{self.name}: swarm connect {addr} answered {answer}")

@@ -233,8 +233,8 @@ def test_the_job_created_first_holds_a_commitment_whichever_spec_is_read_first(
     spec = JobSpec.model_validate(
         {"executor": "wasm", "module_cid": MODULE, "spot": policy.model_dump()}
     )
-    events = [created(1, block=10, flags=FLAG_SPOT), created(2, block=11, flags=FLAG_SPOT)]
-    events += [created(3, block=12, flags=FLAG_SPOT), created(4, block=13, flags=FLAG_SPOT)]
+    cid = bytes_cid(spec.to_bytes())  # its own CID: specs are cached by CID process-wide
+    events = [created(n, block=9 + n, flags=FLAG_SPOT, spec_cid=cid) for n in (1, 2, 3, 4)]
     store.apply_chain_events(events, through_block=13)
     assert store.set_spec(jid(2), spec) == "queued"
     assert store.set_spec(jid(1), spec) == "queued"

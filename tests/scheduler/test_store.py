@@ -51,7 +51,19 @@ MEDIATOR = "0xBcd4042DE499D14e55001CcbB24a551F3b954096"
 SIG = "0x" + "22" * 65  # the store keeps an acceptance; the API checks its signer
 
 
-def created(n: int, *, block: int = 10, deadline: int | None = None, flags: int = 0) -> Event:
+SPEC_CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
+
+
+def created(
+    n: int,
+    *,
+    block: int = 10,
+    deadline: int | None = None,
+    flags: int = 0,
+    spec_cid: str = SPEC_CID,
+) -> Event:
+    """A ``JobCreated`` of job ``n``. A test storing a spec of its own passes that spec's real
+    CID: parsed specs are cached process-wide by CID (``scheduler.store.rows.SPEC_CACHE``)."""
     return Event(
         name="JobCreated",
         args={
@@ -65,7 +77,7 @@ def created(n: int, *, block: int = 10, deadline: int | None = None, flags: int 
             "collateral": 10**17,
             "flags": flags,
             "salt": b"\x01" * 32,
-            "specCid": "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy",
+            "specCid": spec_cid,
         },
         block=block,
         tx_hash="0x" + "ab" * 32,
