@@ -27,7 +27,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
+import socket
 import subprocess
 import time
 import urllib.error
@@ -51,6 +53,41 @@ from devstack._process import (
 __all__ = ["IpfsDaemon", "IpfsSwarm", "ServiceError"]
 
 _LOCALHOST_ANY_PORT = "/ip4/127.0.0.1/tcp/0"
+_STABLE_PORTS_FROM = 20_000
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out to outgoing connections (and to ``bind(0)``)."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+def stable_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port on ``host`` below the kernel's ephemeral range. A daemon restarted on
+    the ports of its first start (``keep_ports``) must find them free again; a port the OS
+    picked (``bind(0)``) is in the ephemeral range, from which every outgoing connection on the
+    machine also takes its local port, so while the daemon is down one of them can hold it
+    (seen: ``listen EADDRINUSE`` on the restart of an agent's node). Below that range only an
+    explicit bind can take it."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(500):
+        port = rng.randrange(_STABLE_PORTS_FROM, max(_STABLE_PORTS_FROM + 1, low))
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise ServiceError(f"no free TCP port on {host} in {_STABLE_PORTS_FROM}..{low - 1}")
+
 
 # js-ipfs 0.66.1's libp2p 0.42 builds multiaddrs with @multiformats/multiaddr 11, but the locked
 # @libp2p/tcp 6.2.2 and @libp2p/websockets 5.0.10 (and their mafmt 12) resolve the hoisted
@@ -76,8 +113,10 @@ class IpfsDaemon(Service):
     nobody. ``swarm=True``: the daemon runs online with a swarm listener on 127.0.0.1 (a TCP
     port the OS picks; with ``websockets=True`` also a WebSocket one) and no way to find peers by
     itself: :meth:`connect` dials another daemon, after which bitswap moves blocks between them.
-    ``keep_ports=True``: later starts ask for the API (and swarm) ports of the first start, so
-    clients and peers configured with those addresses reach the daemon again after a restart.
+    ``keep_ports=True``: the API (and swarm) ports are picked once, below the kernel's ephemeral
+    range (:func:`stable_port`: no outgoing connection can hold them while the daemon is down),
+    and every start asks for them, so clients and peers configured with those addresses reach
+    the daemon again after a restart.
     """
 
     def __init__(
@@ -139,6 +178,12 @@ class IpfsDaemon(Service):
         env = self._env()
         if not (self.repo / "config").is_file():
             self._init(node, env)
+        if self.keep_ports and not self._ports:  # fixed now: a restart asks for them again
+            self._ports = {"api": stable_port()}
+            if self.swarm:
+                self._ports["tcp"] = stable_port(self.swarm_host)
+                if self.websockets:
+                    self._ports["ws"] = stable_port(self.swarm_host)
         self._configure()
         argv = [node, str(self.cli), "daemon", "--offline", "--enable-preload=false"]
         if self.swarm:
@@ -150,8 +195,6 @@ class IpfsDaemon(Service):
         self._launch(
             proc, self._ready, self.start_timeout, lambda pid: self._pidfile.write_text(str(pid))
         )
-        if self.keep_ports and not self._ports:
-            self._ports = self._listening_ports()
         return self
 
     def stop(self) -> None:
@@ -368,14 +411,6 @@ class IpfsDaemon(Service):
             return False
         self.swarm_addr, self.ws_addr = tcp, ws
         return True
-
-    def _listening_ports(self) -> dict[str, int]:
-        ports = {"api": int(self.api_addr.split("/")[4])}
-        if self.swarm_addr:
-            ports["tcp"] = int(self.swarm_addr.split("/")[4])
-        if self.ws_addr:
-            ports["ws"] = int(self.ws_addr.split("/")[4])
-        return ports
 
 
 class IpfsSwarm:
