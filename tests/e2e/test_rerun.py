@@ -226,7 +226,7 @@ class TestRerun:
         collateral = job_state(grid, job).job.collateral
         assert slash.args["provider"] == account.address
         assert slash.args["amount"] == collateral
-        assert slash.args["toMediator"] == min(deposit, collateral)  # the cheater pays the re-run
+        assert slash.args["toMediator"] == min(2 * deposit, collateral)  # the cheater pays re-runs
         assert min(deposit, collateral) == created.args["bounty"]  # one re-run's worth
 
         # the submitter gets the right output: done again by an honest agent, as the re-run

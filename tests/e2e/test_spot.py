@@ -184,7 +184,8 @@ def test_a_drawn_lie_is_checked_and_slashed_and_an_undrawn_job_is_paid_unchecked
     assert ruling.args["upheld"] is False and ruling.args["attempt"] == 1
     (slash,) = [e for e in events if e.name == "ProviderSlashed"]
     assert slash.args["provider"] == account.address
-    assert slash.args["toMediator"] == BOUNTY  # min(collateral, check deposit): the re-run
+    # min(collateral, 2 x the check deposit): the liar pays the re-run and its tie-break
+    assert slash.args["toMediator"] == 2 * BOUNTY
     honest = agent_of(grid, view["attempts"][-1]["node_id"])
     assert_paid_once(grid, drawn, honest.account.address)
     assert job_state(grid, drawn).job.attempt == 2
