@@ -7,16 +7,34 @@ collateral, 9 a spare (unregistered) account.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from ape_ethereum.trace import Trace
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
+from rich.errors import MarkupError
 
 from gridmarket.eip712 import sign_acceptance, sign_result
 from gridmarket.escrow import FLAG_ON_VERIFY, FLAG_SPOT, JOB_EVENTS, JobState, apply_event
+
+_show_trace = Trace.show
+
+
+def _show_trace_safely(self: Trace, *args: Any, **kwargs: Any) -> None:
+    """ape-foundry prints a reverted transaction's call trace through rich markup without
+    escaping the revert message, which holds a custom error's raw arguments: a random job id
+    whose bytes read like a closing tag (``[/...]``) makes rich raise MarkupError inside the
+    transaction, and ``ape.reverts`` then reports "did not revert" (seen once in a fresh-clone
+    CI run). The trace print is cosmetic; a rendering error is skipped, the revert stands."""
+    with contextlib.suppress(MarkupError):
+        _show_trace(self, *args, **kwargs)
+
+
+Trace.show = _show_trace_safely  # type: ignore[method-assign]
 
 SPEC = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
 OUTPUT = "bafybeigdyrzt5sfp7udm7hu76uh7y26nf3efuylqabf3oclgtqy55fbzdi"
