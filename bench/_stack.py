@@ -293,6 +293,11 @@ def fleet_capacity(i: int, slots: int, gpus: int) -> NodeCapacityIn:
     return cap.model_copy(update=update)
 
 
+_RAW = os.environ.get("BENCH_PROFILE_RAW") == "1"
+"""``BENCH_PROFILE_RAW=1``: py-spy writes collapsed stacks (``.txt``, one line per stack with
+its sample count: what ``bench/profile_shares.py`` reads) instead of a flame graph."""
+
+
 @contextlib.contextmanager
 def profiled(pids: Sequence[int | None], out_dir: Path | None, name: str) -> Iterator[None]:
     """Sample the given processes with py-spy while the block runs (when ``out_dir`` is set):
@@ -313,9 +318,9 @@ def profiled(pids: Sequence[int | None], out_dir: Path | None, name: str) -> Ite
                 "200",
                 "--nonblocking",
                 "--output",
-                str(out_dir / f"{name}-{k}.svg"),
+                str(out_dir / f"{name}-{k}.{'txt' if _RAW else 'svg'}"),
                 "--format",
-                "flamegraph",
+                "raw" if _RAW else "flamegraph",
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
