@@ -36,6 +36,13 @@ class Settings(BaseSettings):
     )
     chain_poll_s: float = Field(0.5, gt=0)
     require_stake: bool = True
+    collateral_cache_s: float = Field(
+        2.0,
+        ge=0,
+        le=60,
+        description="how long a provider's free collateral read from the chain is reused by "
+        "the acceptance check (0: read for every acceptance); scheduler/collateral.py",
+    )
     # operator transactions (scheduler.chain.FeePolicy; docs/scheduler-chain.md, "Fees")
     max_fee_per_gas_wei: int = Field(200 * 10**9, gt=0)
     priority_fee_wei: int | None = Field(None, ge=0)

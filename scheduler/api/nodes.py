@@ -282,17 +282,22 @@ async def accept(
         )
     free: int | None = None
     as_of: int | None = None
+    remembered = False
     if row.acceptance is None:
-        try:
-            free, as_of = await asyncio.to_thread(
-                grid.chain.free_collateral_at, node.wallet, chain.token
-            )
-        except ChainError as exc:
-            raise _bad(f"chain unavailable: {exc}", status.HTTP_503_SERVICE_UNAVAILABLE) from None
+        free, as_of, remembered = await _free_collateral(grid, node.wallet, chain.token)
     try:
-        await asyncio.to_thread(
-            store.accept, job_id, node.node_id, body.attempt, body.signature, free, as_of
-        )
+        try:
+            await asyncio.to_thread(
+                store.accept, job_id, node.node_id, body.attempt, body.signature, free, as_of
+            )
+        except ShortOfCollateralError:
+            if not remembered:
+                raise
+            # the remembered value may predate a release or a stake: never refuse on it
+            free, as_of, _ = await _free_collateral(grid, node.wallet, chain.token, fresh=True)
+            await asyncio.to_thread(
+                store.accept, job_id, node.node_id, body.attempt, body.signature, free, as_of
+            )
     except NotFoundError as exc:
         raise _bad(str(exc), 404) from None
     except OfferRefusedError as exc:
@@ -309,6 +314,23 @@ async def accept(
     grid.wake("outbox")
     grid.count("acceptances")
     return AcceptAck(job_id=job_id, accepted=True, message="accepted; assigning on-chain")
+
+
+async def _free_collateral(
+    grid: Replica, wallet: str, token: str, *, fresh: bool = False
+) -> tuple[int, int, bool]:
+    """``(free, block, remembered)`` of ``wallet`` in ``token`` for the acceptance check: from
+    the replica's :class:`~scheduler.collateral.CollateralView` (no thread hop when it is
+    remembered), else read from the chain in a worker thread. 503 when the chain is down."""
+    view = grid.collateral
+    if not fresh:
+        hit = view.peek(wallet, token)
+        if hit is not None:
+            return hit[0], hit[1], True
+    try:
+        return await asyncio.to_thread(view.get, wallet, token, fresh=fresh)
+    except ChainError as exc:
+        raise _bad(f"chain unavailable: {exc}", status.HTTP_503_SERVICE_UNAVAILABLE) from None
 
 
 @router.post(API.RESULT, response_model=ResultAck, status_code=202)

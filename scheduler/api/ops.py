@@ -37,13 +37,17 @@ async def info(grid: GridDep) -> SchedulerInfo:
 
 @router.get(API.HEALTH)
 async def health(grid: GridDep, dispatcher: DispatcherDep) -> dict[str, Any]:
-    """Liveness and a few numbers: database reachable, leader or not, nodes waiting."""
+    """Liveness and a few numbers: database reachable, leader or not, nodes waiting, and the
+    block the chain watcher has folded events through (``chain_cursor``, null before its first
+    pass: compare it with the chain's head to see the watcher's lag)."""
     await asyncio.to_thread(grid.store.ping)
+    cursor = await asyncio.to_thread(grid.store.chain_cursor)
     return {
         "ok": True,
         "replica": grid.settings.replica_id,
         "leader": grid.is_leader,
         "waiting_nodes": dispatcher.waiting,
+        "chain_cursor": cursor,
     }
 
 
@@ -69,6 +73,15 @@ async def metrics(grid: GridDep, dispatcher: DispatcherDep) -> Response:
     )
     Gauge("gridmarket_leader", "1 if this replica leads", registry=reg).set(int(grid.is_leader))
     Gauge("gridmarket_dispatch_rounds", "Dispatch rounds run", registry=reg).set(dispatcher.rounds)
+    view = grid.collateral
+    g_coll = Gauge(
+        "gridmarket_collateral_lookups",
+        "Acceptance checks' free-collateral lookups, by source (chain read or remembered)",
+        ["source"],
+        registry=reg,
+    )
+    g_coll.labels("chain").set(view.reads)
+    g_coll.labels("remembered").set(view.hits)
     g_events = Gauge("gridmarket_events", "Counted events since start", ["name"], registry=reg)
     for k, v in sorted(grid.counters.items()):
         g_events.labels(k).set(v)

@@ -119,12 +119,16 @@ class Watch:
         deployment: Deployment,
         settings: Settings,
         on_created: Callable[[int], None],
+        on_events: Callable[[list[Any]], None] | None = None,
     ) -> None:
         self.store = store
         self.chain = chain
         self.deployment = deployment
         self.settings = settings
         self.on_created = on_created
+        self.on_events = on_events
+        """Told every batch of events once it is folded (the collateral view forgets the
+        wallets whose stake changed: :meth:`scheduler.collateral.CollateralView.observe`)."""
         self._watcher: ChainWatcher | None = None
 
     def once(self) -> int:
@@ -148,6 +152,8 @@ class Watch:
 
     def _sink(self, events: list[Any], through_block: int, block_hash: str | None = None) -> None:
         created = self.store.apply_chain_events(events, through_block, block_hash)
+        if self.on_events is not None and events:
+            self.on_events(events)
         if created:
             self.on_created(created)
 

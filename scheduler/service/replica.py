@@ -16,6 +16,7 @@ from gridmarket.ipfs import IpfsStore
 from gridmarket.token import Token, by_address, tokens_of
 from gridmarket.wire import checksum
 from scheduler.chain import FeePolicy
+from scheduler.collateral import CollateralView
 from scheduler.settings import Settings
 from scheduler.store import Store
 
@@ -67,6 +68,9 @@ class Replica:
         self._wakes = Wakes()
         self.counters: dict[str, int] = {}
         self.specs = SpecFetcher(self.store, self.ipfs, wake=lambda: self.wake("specs"))
+        self.collateral = CollateralView(self.chain.free_collateral_at, settings.collateral_cache_s)
+        """Providers' free collateral for the acceptance check, reused a moment
+        (scheduler/collateral.py says why that is safe)."""
 
     @property
     def chain_id(self) -> int:
@@ -147,7 +151,14 @@ class Replica:
             return
 
     def _run_leader_loops(self, stop: threading.Event) -> None:
-        watch = Watch(self.store, self.chain, self.deployment, self.settings, self._created)
+        watch = Watch(
+            self.store,
+            self.chain,
+            self.deployment,
+            self.settings,
+            self._created,
+            self.collateral.observe,
+        )
         rules = OutboxRules(self.store, self.count)
         s = self.settings
         fees = FeePolicy(

@@ -8,6 +8,7 @@ take) each other's jobs.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +59,7 @@ def make_engine(url: str, *, readonly: bool = False) -> Engine:
             cur.close()
 
         if not readonly:
-
-            @event.listens_for(engine, "begin")
-            def _begin(conn: Any) -> None:
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
-
+            _serialize_writers(engine)
         return engine
     if parsed.get_backend_name() == "postgresql":
         if parsed.drivername == "postgresql":
@@ -72,6 +69,45 @@ def make_engine(url: str, *, readonly: bool = False) -> Engine:
         f"database_url {parsed.render_as_string(hide_password=True)!r}: use sqlite:///path or "
         "postgresql+psycopg://user@host/db"
     )
+
+
+_HELD = "gridmarket_write_lock"
+
+
+def _serialize_writers(engine: Engine) -> None:
+    """Every transaction of ``engine`` is ``BEGIN IMMEDIATE``, taken under one in-process lock.
+
+    SQLite lets one writer in at a time. Left to SQLite, the threads that find the write lock
+    taken wait in its busy handler, which sleeps 1, 2, 5, 10, 15, 20, 25 ... 100 ms between
+    tries, so under the claim path's load (acceptances, dispatch rounds, the outbox, the
+    heartbeat flush, all writing) a waiter slept on long after the lock was free. Threads of
+    this process now queue on a lock and enter as soon as the previous writer's connection is
+    back in the pool (right after its commit or rollback: every writer uses
+    ``engine.begin()``); ``busy_timeout`` still covers another process writing the same file.
+    A connection that begins again before it is returned keeps the lock it holds."""
+    lock = threading.Lock()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        if not conn.info.get(_HELD):
+            lock.acquire()
+            conn.info[_HELD] = True
+        try:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        except BaseException:
+            if conn.info.pop(_HELD, False):
+                lock.release()
+            raise
+
+    @event.listens_for(engine.pool, "checkin")
+    def _checkin(_dbapi: Any, record: Any) -> None:
+        if record is not None and record.info.pop(_HELD, False):
+            lock.release()
+
+    @event.listens_for(engine.pool, "invalidate")
+    def _invalidated(_dbapi: Any, record: Any, _exc: Any) -> None:
+        if record is not None and record.info.pop(_HELD, False):
+            lock.release()
 
 
 def migrate(engine: Engine) -> None:
