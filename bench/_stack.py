@@ -295,7 +295,9 @@ def fleet_capacity(i: int, slots: int, gpus: int) -> NodeCapacityIn:
 
 _RAW = os.environ.get("BENCH_PROFILE_RAW") == "1"
 """``BENCH_PROFILE_RAW=1``: py-spy writes collapsed stacks (``.txt``, one line per stack with
-its sample count: what ``bench/profile_shares.py`` reads) instead of a flame graph."""
+its sample count: what ``bench/profile_shares.py`` reads) instead of a flame graph.
+``BENCH_PROFILE_GIL=1``: only the thread holding the GIL is sampled (py-spy ``--gil``): where
+the process's Python CPU goes, without the threads waiting on locks, sockets or the GIL."""
 
 
 @contextlib.contextmanager
@@ -317,6 +319,7 @@ def profiled(pids: Sequence[int | None], out_dir: Path | None, name: str) -> Ite
                 "--rate",
                 "200",
                 "--nonblocking",
+                *(["--gil"] if os.environ.get("BENCH_PROFILE_GIL") == "1" else []),
                 "--output",
                 str(out_dir / f"{name}-{k}.{'txt' if _RAW else 'svg'}"),
                 "--format",
