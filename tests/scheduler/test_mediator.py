@@ -107,15 +107,18 @@ def submitted(
     *,
     provider: LocalAccount | None = None,
     mediator: str | None = None,
+    **changes: Any,
 ) -> JobState:
-    """A job funded by the submitter (its mediator: the listed one unless ``mediator``),
-    assigned to ``provider`` with its acceptance, and its result submitted (``output`` as raw
-    bytes goes on chain as they are)."""
+    """A job funded by the submitter (its mediator: the listed one unless ``mediator``; the
+    default terms otherwise, but for ``changes``: ``flags``, ``collateral``), assigned to
+    ``provider`` with its acceptance, and its result submitted (``output`` as raw bytes goes on
+    chain as they are)."""
     provider = provider or devnet.providers[0]
     submitter = devnet.submitter
     terms = client.default_terms(BOUNTY, submitter.address)
     if mediator is not None:
         terms = replace(terms, mediator=mediator)
+    terms = replace(terms, **changes)
     state, _ = client.create_job(
         submitter, os.urandom(32), spec_cid, chain_now(client) + 3600, BOUNTY, terms
     )
