@@ -47,10 +47,10 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gridmarket.eip712 import sign_acceptance
-from gridmarket.escrow import ZERO_ADDRESS, Job
+from gridmarket.escrow import ZERO_ADDRESS, Job, JobState
 from gridmarket.wire import (
     AcceptRequest,
     Assignment,
@@ -60,7 +60,6 @@ from gridmarket.wire import (
 )
 
 if TYPE_CHECKING:
-    from gridmarket.chain import EscrowClient
     from gridmarket.ethsig import Signer
     from gridmarket.token import Token
 
@@ -69,6 +68,7 @@ __all__ = [
     "ChainFacts",
     "Decision",
     "EscrowFacts",
+    "EscrowViews",
     "acceptance_request",
     "terms_job",
 ]
@@ -94,10 +94,23 @@ class ChainFacts(Protocol):
     def free_collateral_of(self, provider: str, token: str = ZERO_ADDRESS) -> int: ...
 
 
-class EscrowFacts:
-    """:class:`ChainFacts` from a deployed escrow (views and the job's events)."""
+class EscrowViews(Protocol):
+    """The three reads :class:`EscrowFacts` needs, which both escrow clients have:
+    :class:`gridmarket.chain.EscrowClient` (web3) and
+    :class:`gridmarket.lightchain.LightEscrowClient` (the agent's, without web3)."""
 
-    def __init__(self, client: EscrowClient) -> None:
+    def job_state(self, job_id: bytes) -> JobState: ...
+
+    def call(self, fn_name: str, *args: Any) -> Any: ...
+
+    def free_collateral_of(self, provider: str, token: str = ZERO_ADDRESS) -> int: ...
+
+
+class EscrowFacts:
+    """:class:`ChainFacts` from a deployed escrow (views and the job's events), over either
+    escrow client (:class:`EscrowViews`)."""
+
+    def __init__(self, client: EscrowViews) -> None:
         self.client = client
 
     def submitter_of(self, job_id: bytes) -> str:

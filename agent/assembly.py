@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from agent.acceptance import AcceptancePolicy
+from agent.acceptance import AcceptancePolicy, EscrowFacts
 from agent.capacity import (
     DEFAULT_DOCKER_HOST,
     CapacitySource,
@@ -27,7 +27,6 @@ from agent.runner import IpfsProbe, JobRunner, StepReporter
 from gridmarket.wire import ExecutorKind, NodeCapacityIn, RegisterResponse, ResultReport
 
 if TYPE_CHECKING:
-    from agent.acceptance import ChainFacts
     from agent.executors.base import Executor
     from agent.executors.docker import DockerExecutor
     from agent.hardware import HardwareReport
@@ -214,12 +213,6 @@ class ChainDuties:
     finalize: Callable[[], object] | None = None
 
 
-def _reads(escrow: LightEscrowClient) -> ChainFacts:
-    from agent.onchain import EscrowReads
-
-    return EscrowReads(escrow)
-
-
 def chain_duties(config: AgentConfig, account: Signer, client: NodeSession) -> ChainDuties:
     """The acceptance policy, and with ``rpc_url`` and ``deployment`` the on-chain submitter,
     the result guard and the finalizer, sharing one escrow client (one nonce cache): the light
@@ -254,7 +247,7 @@ def chain_duties(config: AgentConfig, account: Signer, client: NodeSession) -> C
         token_floors=config.token_floors,
         token_of=config.token,
         deployment_mediator=mediator if isinstance(mediator, str) else None,
-        chain=_reads(escrow) if escrow is not None else None,
+        chain=EscrowFacts(escrow) if escrow is not None else None,
         expected=expected,
     )
     duties = ChainDuties(policy, escrow)

@@ -30,7 +30,7 @@ from typing import Protocol
 
 from gridmarket.abicodec import topic
 from gridmarket.deployment import ChainError, Deployment
-from gridmarket.escrow import MAX_REPLICAS, ZERO_ADDRESS, JobState, Status
+from gridmarket.escrow import MAX_REPLICAS, JobState, Status
 from gridmarket.ethsig import Signer, keccak
 from gridmarket.lightchain import LightEscrowClient
 from gridmarket.wire import ResultReport, RunReason, checksum
@@ -38,7 +38,6 @@ from gridmarket.wire import ResultReport, RunReason, checksum
 __all__ = [
     "DEFAULT_GUARD_DELAY_S",
     "GRACE_S",
-    "EscrowReads",
     "Finalizer",
     "OnChainSubmitter",
     "ResultGuard",
@@ -96,23 +95,6 @@ def seat_ids(group_id: bytes, replicas: int) -> list[bytes]:
     if not 2 <= replicas <= MAX_REPLICAS:
         raise ValueError(f"replicas must be 2..{MAX_REPLICAS}, got {replicas}")
     return [keccak(group_id + i.to_bytes(32, "big")) for i in range(replicas)]
-
-
-class EscrowReads:
-    """:class:`agent.acceptance.ChainFacts` (what the acceptance policy reads from the chain)
-    over the light client: :class:`agent.acceptance.EscrowFacts`'s three reads."""
-
-    def __init__(self, client: LightEscrowClient) -> None:
-        self.client = client
-
-    def submitter_of(self, job_id: bytes) -> str:
-        return checksum(self.client.job_state(job_id).job.submitter)
-
-    def is_listed_mediator(self, mediator: str) -> bool:
-        return bool(self.client.call("isListedMediator", checksum(mediator)))
-
-    def free_collateral_of(self, provider: str, token: str = ZERO_ADDRESS) -> int:
-        return self.client.free_collateral_of(checksum(provider), checksum(token))
 
 
 class OnChainSubmitter:

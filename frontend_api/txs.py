@@ -321,8 +321,7 @@ class TxBuilder:
         one ``multicall([permitToken(...), createJobWith(...)])``. Dry-run from ``sender``
         (without a permit the allowance must be there); a revert names the input at fault."""
         names = fields or {}
-        create = self.escrow.encode(
-            "createJobWith",
+        args = (
             token,
             amount,
             salt,
@@ -335,19 +334,8 @@ class TxBuilder:
         )
         try:
             if permit is None:
-                return self.unsigned(
-                    sender,
-                    "createJobWith",
-                    token,
-                    amount,
-                    salt,
-                    spec_cid,
-                    deadline,
-                    terms.mediator,
-                    terms.collateral,
-                    terms.flags,
-                    replicas,
-                )
+                return self.unsigned(sender, "createJobWith", *args)
+            create = self.escrow.encode("createJobWith", *args)
             value, permit_deadline, v, r, s = permit
             allow = self.escrow.encode("permitToken", token, value, permit_deadline, v, r, s)
             return self.unsigned(sender, "multicall", [allow, create])

@@ -1044,36 +1044,49 @@ class Mediator:
         if rerun.status == FUNDING:  # recorded, createJob perhaps not sent: send (again)
             self._send_rerun(task, state, rerun)
             return
-        give_up = now >= closes - self.config.window_margin_s
         mine = self.state.job(rerun.rerun_id)
-        waiting = "its JobCreated not seen yet"
-        if mine is not None:
-            waiting = f"it is {mine.status.name} at attempt {mine.job.attempt}"
-            done = self._compare(task, state, rerun, mine, now, closes)
-            if done:
-                return
-            if mine.status is Status.REFUNDED:
-                give_up = True
+        if mine is not None and self._compare(task, state, rerun, mine, now, closes):
+            return
+        why = self._wait_or_abandon(task, rerun, mine, now, closes)
+        if why is not None:
+            self._integrity_only(task, state, None, why)
+
+    def _wait_or_abandon(
+        self, task: Task, rerun: Rerun, mine: JobState | None, now: int, closes: int
+    ) -> str | None:
+        """Re-run ``rerun`` (run 1, or run 2: the tie-break; ``mine``, its job as seen on
+        chain) has no usable result yet: wait for it (the task retried; None) while the
+        mediation window leaves time and its job can still end. Otherwise abandon it, cancel its
+        job if nobody took it (the bounty back), and return why (the caller rules without it)."""
+        name = "tie-break re-run" if rerun.run == 2 else "re-run"
+        waiting = (
+            "its JobCreated not seen yet"
+            if mine is None
+            else f"it is {mine.status.name} at attempt {mine.job.attempt}"
+        )
+        give_up = now >= closes - self.config.window_margin_s or (
+            mine is not None and mine.status is Status.REFUNDED
+        )
         if not give_up:
             self.state.retry_task(
                 task,
                 time.time() + self.config.rerun_poll_s,
-                f"waiting for re-run 0x{rerun.rerun_id.hex()}: {waiting}",
+                f"waiting for {name} 0x{rerun.rerun_id.hex()}: {waiting}",
                 tried=False,
             )
-            return
+            return None
         why = (
-            f"re-run 0x{rerun.rerun_id.hex()} gave no usable result before the mediation "
+            f"{name} 0x{rerun.rerun_id.hex()} gave no usable result before the mediation "
             f"window closes at {closes} ({waiting})"
         )
-        self.state.set_rerun(task.job_id, task.attempt, ABANDONED, why)
+        self.state.set_rerun(task.job_id, task.attempt, ABANDONED, why, run=rerun.run)
         self.counters["reruns_abandoned"] += 1
         if mine is not None and mine.status is Status.FUNDED:  # nobody took it: bounty back
             try:
                 self.client.call_job(self.account, "cancel", mine)
             except ChainError as exc:
                 log.warning("mediator: could not cancel re-run 0x%s: %s", rerun.rerun_id.hex(), exc)
-        self._integrity_only(task, state, None, why)
+        return why
 
     def _compare(
         self, task: Task, state: JobState, rerun: Rerun, mine: JobState, now: int, closes: int
@@ -1173,34 +1186,11 @@ class Mediator:
             return
         self._hold(first, mine1, closes)
         mine2 = self.state.job(second.rerun_id)
-        waiting = "its JobCreated not seen yet"
-        if mine2 is not None:
-            waiting = f"it is {mine2.status.name} at attempt {mine2.job.attempt}"
-            if self._tie_break(task, state, first, mine1, where1, second, mine2):
-                return
-        give_up = now >= closes - margin or (mine2 is not None and mine2.status is Status.REFUNDED)
-        if not give_up:
-            self.state.retry_task(
-                task,
-                time.time() + self.config.rerun_poll_s,
-                f"waiting for tie-break re-run 0x{second.rerun_id.hex()}: {waiting}",
-                tried=False,
-            )
+        if mine2 is not None and self._tie_break(task, state, first, mine1, where1, second, mine2):
             return
-        why = (
-            f"tie-break re-run 0x{second.rerun_id.hex()} gave no usable result before the "
-            f"mediation window closes at {closes} ({waiting})"
-        )
-        self.state.set_rerun(task.job_id, task.attempt, ABANDONED, why, run=2)
-        self.counters["reruns_abandoned"] += 1
-        if mine2 is not None and mine2.status is Status.FUNDED:  # nobody took it: bounty back
-            try:
-                self.client.call_job(self.account, "cancel", mine2)
-            except ChainError as exc:
-                log.warning(
-                    "mediator: could not cancel re-run 0x%s: %s", second.rerun_id.hex(), exc
-                )
-        self._by_first(task, state, first, mine1, where1, f"no tie-break: {why}")
+        abandoned = self._wait_or_abandon(task, second, mine2, now, closes)
+        if abandoned is not None:
+            self._by_first(task, state, first, mine1, where1, f"no tie-break: {abandoned}")
 
     def _by_first(
         self,

@@ -25,7 +25,6 @@ from agent.acceptance import EscrowFacts
 from agent.earnings import NothingToWithdrawError, earnings, eth, withdraw
 from agent.onchain import (
     GRACE_S,
-    EscrowReads,
     Finalizer,
     OnChainSubmitter,
     ResultGuard,
@@ -543,7 +542,7 @@ def test_the_light_client_reads_what_web3_reads(chain: Chain) -> None:
     """The daemon's client (JSON-RPC, its own ABI codec) against web3's on one chain: every
     escrow event (a result whose CID is not UTF-8 among them: decoded as the same InvalidText,
     with the same problem), each job's state, views, the free collateral, and the acceptance
-    policy's reads (EscrowReads against EscrowFacts)."""
+    policy's reads (EscrowFacts over either client)."""
     (provider,) = new_providers(chain.escrow, chain.accounts[0], 1, stake_wei=10**17)
     light, escrow = chain.light, chain.escrow
     state = chain.assign(chain.fund(), provider)
@@ -591,7 +590,7 @@ def test_the_light_client_reads_what_web3_reads(chain: Chain) -> None:
     assert light.token_balance_of(chain.token_address, chain.submitter.address) == (
         chain.erc20.balance_of(chain.submitter.address)
     )
-    reads, facts = EscrowReads(light), EscrowFacts(escrow)
+    reads, facts = EscrowFacts(light), EscrowFacts(escrow)
     for mediator in (chain.mediator.address, provider.address):
         assert reads.is_listed_mediator(mediator) == facts.is_listed_mediator(mediator)
     assert reads.submitter_of(state.job_id) == facts.submitter_of(state.job_id)
@@ -743,7 +742,8 @@ from agent.cli import main
 
 def probe():
     time.sleep(float(sys.argv[2]))
-    from agent.onchain import EscrowReads, Finalizer
+    from agent.acceptance import EscrowFacts
+    from agent.onchain import Finalizer
     from gridmarket.deployment import Deployment
     from gridmarket.ethsig import KeyAccount
     from gridmarket.lightchain import LightEscrowClient
@@ -751,7 +751,7 @@ def probe():
     signer = KeyAccount(bytes.fromhex(sys.argv[3]))  # the duties the daemon runs, run here
     light = LightEscrowClient.connect(sys.argv[4], Deployment.load(Path(sys.argv[5])))
     Finalizer(light, signer).run_once()
-    reads = EscrowReads(light)
+    reads = EscrowFacts(light)
     reads.free_collateral_of(signer.address)
     reads.is_listed_mediator(signer.address)
     light.send(signer, "stake", value=1)

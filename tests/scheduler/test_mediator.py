@@ -44,7 +44,7 @@ from scheduler.mediator import (
 from ..conftest import ROOT, Devnet
 from ..hostile import INVALID_UTF8, escrow_call
 from .chain_support import fault_proxy, make_w3
-from .harness import fresh_escrow, register_on_chain
+from .harness import advance, fresh_escrow, register_on_chain
 
 BOUNTY = 10**16
 OUTPUT_CAP = 4096
@@ -107,15 +107,18 @@ def submitted(
     *,
     provider: LocalAccount | None = None,
     mediator: str | None = None,
+    **changes: Any,
 ) -> JobState:
-    """A job funded by the submitter (its mediator: the listed one unless ``mediator``),
-    assigned to ``provider`` with its acceptance, and its result submitted (``output`` as raw
-    bytes goes on chain as they are)."""
+    """A job funded by the submitter (its mediator: the listed one unless ``mediator``; the
+    default terms otherwise, but for ``changes``: ``flags``, ``collateral``), assigned to
+    ``provider`` with its acceptance, and its result submitted (``output`` as raw bytes goes on
+    chain as they are)."""
     provider = provider or devnet.providers[0]
     submitter = devnet.submitter
     terms = client.default_terms(BOUNTY, submitter.address)
     if mediator is not None:
         terms = replace(terms, mediator=mediator)
+    terms = replace(terms, **changes)
     state, _ = client.create_job(
         submitter, os.urandom(32), spec_cid, chain_now(client) + 3600, BOUNTY, terms
     )
@@ -828,6 +831,50 @@ def test_a_dispute_with_no_time_for_a_rerun_is_ruled_on_integrity_and_says_so(
         assert "integrity only: no time for a re-run" in d.reason
         assert med.state.reruns() == []
     assert jobs_funded_by(client, devnet.mediator.address) == []
+
+
+@pytest.mark.parametrize("tie_break", [False, True], ids=["run-1", "tie-break"])
+def test_a_rerun_nobody_takes_is_cancelled_and_the_dispute_ruled_without_it(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    store: IpfsStore,
+    tmp_path: Path,
+    tie_break: bool,
+) -> None:
+    """A re-run (run 1, or the tie-break: run 2) that no provider takes before the mediation
+    window is about to close is abandoned and cancelled (its bounty back to the mediator), and
+    the dispute is ruled without it: on integrity (run 1), or as run 1 alone says (run 2)."""
+    deployment, client = escrow
+    spec_cid = store.add_bytes(WASM_SPEC.to_bytes())
+    wrong = store.add_bytes(b"mean=41.0\n")
+    job = submitted(devnet, client, spec_cid, wrong)
+    window = int(client.call("mediationWindow"))
+    with mediator(devnet, deployment, ipfs_daemon, tmp_path / "m.db") as med:
+        disputed(devnet, client, job)
+        until(med, lambda: bool(med.state.reruns()), what="the re-run")
+        (waiting,) = med.state.reruns()
+        if tie_break:
+            right = store.add_bytes(b"mean=42.5\n")
+            take_rerun(devnet, client, waiting.rerun_id, devnet.providers[1], right)
+            until(med, lambda: med.state.rerun(job.job_id, 1, run=2) is not None, what="run 2")
+            waiting = med.state.rerun(job.job_id, 1, run=2)  # type: ignore[assignment]
+        assert decision(med, job, "dispute") is None
+        assert Status(client.call("statusOf", waiting.rerun_id)) is Status.FUNDED
+        advance(client.w3, window)  # the window closes: no time left to wait for it
+        until(med, lambda: decision(med, job, "dispute") is not None, what="the ruling")
+        d = decision(med, job, "dispute")
+        assert d is not None
+        name = "tie-break re-run" if tie_break else "re-run"
+        assert f"{name} 0x{waiting.rerun_id.hex()} gave no usable result" in d.reason, d
+        if tie_break:
+            assert d.verdict == "not upheld" and "no tie-break" in d.reason, d
+        else:
+            assert d.verdict == "upheld" and "integrity only" in d.reason, d
+        gone = med.state.rerun(job.job_id, 1, run=waiting.run)
+        assert gone is not None and gone.status == "abandoned"
+        assert med.counters["reruns_abandoned"] == 1
+        assert Status(client.call("statusOf", waiting.rerun_id)) is Status.REFUNDED  # cancelled
 
 
 def test_a_token_job_is_ruled_in_its_token_across_a_restart(

@@ -8,37 +8,39 @@ the provider."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
-import pytest
 from eth_account.signers.local import LocalAccount
 from hexbytes import HexBytes
 
 from devstack.ipfs import IpfsDaemon
 from gridmarket import spot
 from gridmarket.chain import Deployment, EscrowClient
-from gridmarket.eip712 import sign_acceptance
 from gridmarket.escrow import FLAG_SPOT, JobState, Status
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import API, JobSpec, SpotCheck
 from scheduler.mediator import Mediator
 
 from ..conftest import Devnet
-from .harness import advance, fresh_escrow, register_on_chain, scheduler
+from . import test_mediator
+from .harness import advance, register_on_chain, scheduler
 from .test_mediator import (
     BOUNTY,
     WASM_SPEC,
-    chain_now,
     decision,
     mediator,
     status,
+    submitted,
     take_rerun,
     until,
 )
 
 P_BPS = 2500
+
+# test_mediator's fixtures, shared: a fresh escrow (a listed mediator, two staked providers;
+# challenge window 1 h, reassign delay 60 s) and a store on the js-ipfs daemon
+escrow = test_mediator.escrow
+store = test_mediator.store
 
 
 def seed_where(attempt_drawn: bool) -> bytes:
@@ -71,35 +73,12 @@ def spot_submitted(
 ) -> JobState:
     """A spot job (FLAG_SPOT, the least collateral p = 25 % needs) assigned to ``provider``
     with its acceptance, and ``output`` submitted."""
-    provider = provider or devnet.providers[0]
     terms = client.default_terms(BOUNTY, devnet.submitter.address)
     collateral = max(terms.collateral, spot.min_collateral(BOUNTY, P_BPS))
-    terms = replace(terms, flags=FLAG_SPOT, collateral=collateral)
     spec_cid = store.add_bytes(spec.to_bytes())
-    state, _ = client.create_job(
-        devnet.submitter, os.urandom(32), spec_cid, chain_now(client) + 3600, BOUNTY, terms
+    return submitted(
+        devnet, client, spec_cid, output, provider=provider, flags=FLAG_SPOT, collateral=collateral
     )
-    acceptance = sign_acceptance(
-        provider, client.deployment.chain_id, client.address, state.job_id, 1, state.job
-    )
-    state, _ = client.call_job(devnet.operator, "assign", state, provider.address, acceptance)
-    state, _ = client.call_job(provider, "submitResult", state, output)
-    assert state.status is Status.SUBMITTED
-    return state
-
-
-@pytest.fixture
-def escrow(devnet: Devnet) -> tuple[Deployment, EscrowClient]:
-    deployment, client = fresh_escrow(devnet, challenge_window=3600, reassign_delay=60)
-    for provider in devnet.providers[:2]:
-        register_on_chain(client, provider)
-    return deployment, client
-
-
-@pytest.fixture
-def store(ipfs_daemon: IpfsDaemon) -> Iterator[IpfsStore]:
-    with IpfsStore(ipfs_daemon.api_addr) as s:
-        yield s
 
 
 def test_a_drawn_attempt_is_disputed_by_the_mediator_and_ruled_after_the_rerun(
