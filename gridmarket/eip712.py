@@ -1,8 +1,8 @@
 """EIP-712 typed data a provider signs: its acceptance of a job's terms for one assignment
 (``assign`` needs it) and its results (a relayer submits them; no gas).
 
-Signing is :mod:`gridmarket.ethsig`'s (no eth-account in the agent's daemon, byte-identical
-signatures); recovering a signer, the scheduler's side, is eth-account's.
+Signing and recovering are :mod:`gridmarket.ethsig`'s (no eth-account in the agent's daemon,
+byte-identical signatures; a signer is recovered under the escrow's own rules).
 """
 
 from __future__ import annotations
@@ -10,15 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from gridmarket.escrow import Job
-from gridmarket.ethsig import Signer, sign_typed_data
+from gridmarket.ethsig import Signer, hash_typed_data, recover_digest, sign_typed_data
 
 
 def _recover(full_message: dict[str, Any], signature: bytes) -> str:
-    from eth_account import Account
-    from eth_account.messages import encode_typed_data
-
-    message = encode_typed_data(full_message=full_message)
-    return str(Account.recover_message(message, signature=signature))
+    """The signer of an EIP-712 message, under the escrow's rules (``v`` 27 or 28, low ``s``:
+    a signature ``assign`` or ``submitResultFor`` would refuse is refused here, ValueError)."""
+    return recover_digest(hash_typed_data(full_message), signature)
 
 
 DOMAIN_NAME = "GridMarket JobEscrow"

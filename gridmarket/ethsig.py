@@ -13,8 +13,8 @@ deterministic RFC 6979 signatures with a low ``s``, ``r || s || v`` with ``v`` 2
 ``LocalAccount.sign_message(encode_typed_data(...))`` gives; EIP-55 checksums with eth-utils'
 errors for what is not an address; transactions (:func:`sign_transaction`: EIP-1559 and
 legacy EIP-155) as ``LocalAccount.sign_transaction`` signs them, byte for byte (the daemon's
-on-chain duties, :mod:`gridmarket.lightchain`). Recovering a signer (the scheduler's side) stays
-with eth-account.
+on-chain duties, :mod:`gridmarket.lightchain`). Recovering a signer (the scheduler's side,
+:func:`recover_digest`) follows the escrow's stricter rules (``v`` 27 or 28, low ``s``).
 
 What :func:`hash_typed_data` encodes: the atomic types (``uint<N>``, ``int<N>``, ``address``,
 ``bool``, ``bytes<N>``), ``string`` and ``bytes``, and nested struct types; not arrays (no
@@ -43,6 +43,7 @@ __all__ = [
     "hash_typed_data",
     "is_hex_address",
     "keccak",
+    "recover_digest",
     "rlp_encode",
     "sign_digest",
     "sign_transaction",
@@ -266,6 +267,38 @@ def sign_digest(key: bytes, digest: bytes) -> bytes:
         raise ValueError("the digest must be 32 bytes")
     rsv = PrivateKey(bytes(key)).sign_recoverable(bytes(digest), hasher=None)
     return rsv[:64] + bytes([rsv[64] + 27])
+
+
+SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+"""The order of secp256k1's group."""
+
+
+def recover_digest(digest: bytes, signature: bytes) -> str:
+    """The checksummed address whose key made ``signature`` (65 bytes, ``r || s || v``) of the
+    32-byte ``digest``, under the escrow's rules (``JobEscrow._recover``): ``v`` 27 or 28,
+    ``s`` in the lower half of the curve order, ``r`` and ``s`` not zero. eth-account's
+    recovery is looser (``v`` 0 or 1, a high ``s``): a signature it would take and the
+    contract would not is refused here, with ValueError naming the rule."""
+    from coincurve import PublicKey
+
+    if len(digest) != 32:
+        raise ValueError("the digest must be 32 bytes")
+    if len(signature) != 65:
+        raise ValueError(f"a signature is 65 bytes (r || s || v), not {len(signature)}")
+    r = int.from_bytes(signature[:32], "big")
+    s = int.from_bytes(signature[32:64], "big")
+    v = signature[64]
+    if v not in (27, 28):
+        raise ValueError(f"v must be 27 or 28, not {v}")
+    if not 0 < r < SECP256K1_N or not 0 < s <= SECP256K1_N // 2:
+        raise ValueError("r must be in [1, n) and s in [1, n/2] (a low-s signature)")
+    try:
+        key = PublicKey.from_signature_and_message(
+            bytes(signature[:64]) + bytes([v - 27]), bytes(digest), hasher=None
+        )
+    except Exception as exc:  # libsecp256k1 found no key for it
+        raise ValueError(f"the signature recovers no key: {exc}") from None
+    return to_checksum_address(keccak(key.format(compressed=False)[1:])[-20:])
 
 
 def sign_typed_data(signer: Signer, full_message: Mapping[str, Any]) -> bytes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any
 
 import pytest
@@ -259,6 +260,63 @@ def test_the_project_signatures_recover_to_the_signer() -> None:
         )
         signed = sign_registration(account, 31337, escrow, registration)
         assert recover_registration_signer(31337, escrow, registration, signed) == account.address
+
+
+def test_recovery_matches_eth_account_on_what_the_escrow_takes() -> None:
+    rng = random.Random(7)
+    for _ in range(ROUNDS):
+        account = ethsig.KeyAccount(rand_key(rng))
+        digest = rand_bytes(rng, 32)
+        signature = ethsig.sign_digest(account.key, digest)
+        assert ethsig.recover_digest(digest, signature) == account.address
+        assert Account._recover_hash(digest, signature=signature) == account.address
+        other = rand_bytes(rng, 32)  # another digest recovers another address, as in eth-account
+        assert ethsig.recover_digest(other, signature) == Account._recover_hash(
+            other, signature=signature
+        )
+
+
+def test_recovery_refuses_what_the_escrow_refuses() -> None:
+    """``JobEscrow._recover`` takes 65 bytes, ``v`` 27 or 28 and a low ``s`` only; eth-account
+    also takes ``v`` 0 or 1 and a high ``s`` (the same signer): the scheduler must not accept
+    an acceptance that ``assign`` would refuse."""
+    account = ethsig.KeyAccount(bytes(range(1, 33)))
+    digest = bytes(32)
+    sig = ethsig.sign_digest(account.key, digest)
+    r, s, v = sig[:32], int.from_bytes(sig[32:64], "big"), sig[64]
+    high_s = r + (ethsig.SECP256K1_N - s).to_bytes(32, "big") + bytes([55 - v])
+    assert Account._recover_hash(digest, signature=high_s) == account.address  # eth-account: ok
+    cases = {
+        f"v must be 27 or 28, not {v - 27}": sig[:64] + bytes([v - 27]),
+        "v must be 27 or 28, not 29": sig[:64] + b"\x1d",
+        "a low-s signature": high_s,
+        "a signature is 65 bytes (r || s || v), not 64": sig[:64],
+        "a signature is 65 bytes (r || s || v), not 66": sig + b"\x00",
+        "r must be in [1, n)": bytes(32) + sig[32:],
+    }
+    for why, bad in cases.items():
+        with pytest.raises(ValueError, match=re.escape(why)):
+            ethsig.recover_digest(digest, bad)
+    with pytest.raises(ValueError, match="digest must be 32 bytes"):
+        ethsig.recover_digest(digest[:31], sig)
+    job = Job(
+        submitter="0x" + "1" * 40,
+        bounty=1,
+        fee_bps=0,
+        deadline=2,
+        collateral=1,
+        mediator="0x" + "2" * 40,
+        flags=0,
+        token="0x" + "0" * 40,
+    )
+    good = sign_acceptance(account, 1, "0x" + "3" * 40, digest, 1, job)
+    flipped = (
+        good[:32]
+        + (ethsig.SECP256K1_N - int.from_bytes(good[32:64], "big")).to_bytes(32, "big")
+        + bytes([55 - good[64]])
+    )
+    with pytest.raises(ValueError, match="low-s"):
+        recover_acceptance_signer(flipped, 1, "0x" + "3" * 40, digest, 1, job)
 
 
 def test_typed_data_errors() -> None:
