@@ -83,7 +83,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def _metric(text: str, name: str) -> int:
-    m = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
     return int(float(m.group(1))) if m else 0
 
 
@@ -145,10 +145,14 @@ def run_ours(
         with profiled([p.pid for p in st.replicas], profile, f"claims-{db}"):
             res = asyncio.run(go())
         cpu = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0
-        rounds = sum(
-            _metric(httpx.get(u + API.METRICS, timeout=10).text, "gridmarket_dispatch_rounds")
-            for u in urls
-        )
+        scraped = [httpx.get(u + API.METRICS, timeout=10).text for u in urls]
+        rounds = sum(_metric(t, "gridmarket_dispatch_rounds") for t in scraped)
+        lookups = {  # the acceptance check's free collateral: read on-chain or remembered
+            src: sum(
+                _metric(t, f'gridmarket_collateral_lookups{{source="{src}"}}') for t in scraped
+            )
+            for src in ("chain", "remembered")
+        }
         # the assigns the leases queued: wait for the outbox to send them all to anvil
         store = Store(st.db_url)
         t0 = time.perf_counter()
@@ -176,6 +180,7 @@ def run_ours(
         "res": res,
         "cpu": cpu,
         "rounds": rounds,
+        "lookups": lookups,
         "db_dupes": int(multi or 0),
         "outbox": out,
         "outbox_s": outbox_s,
@@ -312,7 +317,9 @@ def main() -> None:
             print(
                 f"{r['who']}: funded {args.jobs} in {r['fund_s']:.1f} s, all queued (watcher + "
                 f"IPFS spec fetch) {r['queue_s']:.1f} s later; outbox {r['outbox']}: "
-                f"{done / r['outbox_s']:.0f} assigns/s confirmed on anvil"
+                f"{done / r['outbox_s']:.0f} assigns/s confirmed on anvil; free collateral "
+                f"read on-chain {r['lookups']['chain']} times, remembered "
+                f"{r['lookups']['remembered']} (COLLATERAL_CACHE_S)"
             )
         else:
             d = r["res"]
