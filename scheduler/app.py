@@ -71,6 +71,10 @@ def create_app(
         version=__version__,
         summary="Matches on-chain funded jobs to provider nodes; verifies results; relays pay.",
         lifespan=lifespan,
+        # no OpenTelemetry here (metrics are Prometheus, /metrics): FastAPI's native telemetry
+        # looked up the global OTel providers (and the environment) on every request, 7% of the
+        # event loop under heartbeats (docs/benchmarks.md, issue 12)
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     if heartbeat_fast_path:  # innermost of the middlewares: the guard's limits apply first
         app.add_middleware(HeartbeatFastPath)
