@@ -194,6 +194,11 @@ def test_every_error_is_the_routes_own(
     assert bodies["expired token"]["detail"] == "node token expired: register again"
     assert bodies["unknown job"]["cancel"] == [JOB] and bodies["unknown job"]["leases"] == {}
     assert fast_beats(fast) == before  # none of them was answered by the fast path
+    # the route is still the documented operation
+    doc = fast.get("/openapi.json").json()["paths"][API.HEARTBEAT]["post"]
+    assert doc["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/HeartbeatRequest"
+    )
 
 
 def test_heartbeats_are_served_by_the_fast_path_with_the_routes_answer(
