@@ -24,6 +24,9 @@ exactly the jobs the node listed.
     python bench/heartbeats.py [--nodes 200] [--seconds 10] [--rate 2000]
                                [--db sqlite|postgresql|both]
 
+Each phase also prints the replica's CPU time per heartbeat (user + system, from psutil):
+unlike the rate and the percentiles, it hardly moves with other work on the machine.
+
 Goal (issue 12): >= 2,000 heartbeats/s at p99 < 50 ms.
 """
 
@@ -40,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 from _load import Client, drain
 from _stack import (
     RawHttp,
@@ -178,8 +182,11 @@ def run(
             before = leases(st.db_url, held)
             time.sleep(0.05)
             name = f"heartbeats-{db}-{'saturated' if not r else 'paced'}"
+            proc = psutil.Process(st.replicas[0].pid)
+            cpu0 = sum(proc.cpu_times()[:2])
             with profiled([st.replicas[0].pid], profile, name):
                 res = asyncio.run(beat_all(url, nodes, seconds, r))
+            res["cpu"] = sum(proc.cpu_times()[:2]) - cpu0  # the replica's, during the phase
             time.sleep(0.5)  # one flush period (0.1 s) and then some
             after = leases(st.db_url, held)
             res["extended"] = sum(1 for j in held if after.get(j, 0) > before.get(j, 0))
@@ -216,14 +223,16 @@ def main() -> None:
     rows = [row for db in dbs for row in run(db, args.nodes, args.seconds, args.rate, args.profile)]
     print(
         f"{'database':<11} {'phase':<13} {'beats':>7} {'beats/s':>8} {'p50 ms':>7} "
-        f"{'p99 ms':>7} {'errors':>6} {'leases extended':>16} {'load (1/5/15)':>15}"
+        f"{'p99 ms':>7} {'CPU ms/beat':>11} {'errors':>6} {'leases extended':>16} "
+        f"{'load (1/5/15)':>15}"
     )
     for r in rows:
         bad = r["errors"] + r["wrong"]
         print(
             f"{r['db']:<11} {r['phase']:<13} {r['count']:>7} {r['count'] / r['elapsed']:>8.0f} "
             f"{percentile(r['lat'], 50) * 1e3:>7.1f} {percentile(r['lat'], 99) * 1e3:>7.1f} "
-            f"{bad:>6} {r['extended']:>7}/{r['held']:<8} {r['load']:>15}"
+            f"{r['cpu'] * 1e3 / max(1, r['count']):>11.3f} {bad:>6} "
+            f"{r['extended']:>7}/{r['held']:<8} {r['load']:>15}"
         )
     mark = " (PROVISIONAL: load > 1)" if max(load0, os.getloadavg()[0]) > 1 else ""
     print(f"load before/after: {load0:.2f} / {load_average()}{mark}")

@@ -11,7 +11,9 @@ from fastapi.responses import JSONResponse
 
 from scheduler import __version__
 from scheduler.api import jobs, market, nodes, ops
+from scheduler.api.fastpath import HeartbeatFastPath
 from scheduler.api.guard import install_guard
+from scheduler.api.nodecache import NodeCache
 from scheduler.dispatch import Dispatcher
 from scheduler.heartbeats import HeartbeatBuffer
 from scheduler.service import Replica
@@ -21,8 +23,15 @@ from scheduler.store import ConflictError, NotFoundError
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings | None = None, *, grid: Replica | None = None) -> FastAPI:
-    """The scheduler app. ``grid`` (already built) is started with the app and stopped after."""
+def create_app(
+    settings: Settings | None = None,
+    *,
+    grid: Replica | None = None,
+    heartbeat_fast_path: bool = True,
+) -> FastAPI:
+    """The scheduler app. ``grid`` (already built) is started with the app and stopped after.
+    ``heartbeat_fast_path=False`` leaves heartbeats to the FastAPI route alone (tests compare
+    the two; production always runs it: ``scheduler/api/fastpath.py``)."""
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -41,7 +50,9 @@ def create_app(settings: Settings | None = None, *, grid: Replica | None = None)
         dispatcher.start()
         app.state.grid = g
         app.state.dispatcher = dispatcher
-        app.state.node_cache = {}  # node id -> (monotonic time, NodeRow): api/deps.py
+        node_cache = NodeCache(g.store)  # the node routes' rows: api/nodecache.py
+        node_cache.start()
+        app.state.node_cache = node_cache
         app.state.token_floors = {}  # token -> (monotonic time, floors by tier): api/market.py
         heartbeats = HeartbeatBuffer(g.store, settings.lease_ttl_s)
         heartbeats.start()
@@ -51,6 +62,7 @@ def create_app(settings: Settings | None = None, *, grid: Replica | None = None)
             yield
         finally:
             await heartbeats.stop()
+            await node_cache.stop()
             await dispatcher.stop()
             g.stop()
 
@@ -59,7 +71,13 @@ def create_app(settings: Settings | None = None, *, grid: Replica | None = None)
         version=__version__,
         summary="Matches on-chain funded jobs to provider nodes; verifies results; relays pay.",
         lifespan=lifespan,
+        # no OpenTelemetry here (metrics are Prometheus, /metrics): FastAPI's native telemetry
+        # looked up the global OTel providers (and the environment) on every request, 7% of the
+        # event loop under heartbeats (docs/benchmarks.md, issue 12)
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
+    if heartbeat_fast_path:  # innermost of the middlewares: the guard's limits apply first
+        app.add_middleware(HeartbeatFastPath)
     install_guard(app, settings)
     app.include_router(ops.router)
     app.include_router(nodes.router)

@@ -136,41 +136,68 @@ async def heartbeat(
     """Keep the node online and renew the leases of the jobs it runs (written behind, in
     batches: scheduler/heartbeats.py). ``images``, when given, replaces the images the node
     advertised (kept in this replica's memory: matching prefers a node that has a job's image;
-    a replica that has not heard it uses the registration's list)."""
-    ttl = grid.settings.lease_ttl_s
-    grid.count("heartbeats")
-    if body.images is not None:
-        dispatcher.advertise(node.node_id, body.images)
+    a replica that has not heard it uses the registration's list).
+
+    Served by the heartbeat fast path (``scheduler/api/fastpath.py``) whenever it can be
+    answered from memory: this route answers the rest (a node back from offline, jobs this
+    replica does not know leased to the node, every error) and documents the body."""
+    state = request.app.state
+    answer = beat_from_memory(state, node, body)
+    if answer is not None:
+        return Response(answer, media_type="application/json")
+    _pulse(grid, dispatcher, node, body)
     if node.status != "online":  # back from offline: written at once, so it can poll at once
-        request.app.state.node_cache.pop(node.node_id, None)
+        state.node_cache.pop(node.node_id, None)
         try:
             leases, cancel = await asyncio.to_thread(
-                store.heartbeat, node.node_id, body.running, ttl
+                store.heartbeat, node.node_id, body.running, grid.settings.lease_ttl_s
             )
         except NotFoundError as exc:
             raise _bad(str(exc), status.HTTP_404_NOT_FOUND) from None
         return HeartbeatResponse(
             leases=leases, cancel=cancel, next_heartbeat_s=grid.settings.heartbeat_interval_s
         )
+    leased, cancel = await asyncio.to_thread(store.leases_of, node.node_id, body.running)
+    return Response(_renewed(state, node.node_id, leased, cancel), media_type="application/json")
+
+
+def beat_from_memory(state: Any, node: NodeRow, body: HeartbeatRequest) -> bytes | None:
+    """The heartbeat's JSON answer when it needs no I/O (the node is online, and this replica
+    knows every job it lists leased to it: ``Store.leases_known``), with its effects (counted,
+    images advertised, the pulse buffered); None, with no effect, when the caller must read or
+    write (the route does). ``state``: the app's state (grid, dispatcher, heartbeats)."""
+    if node.status != "online":
+        return None
     leased: list[str] = []
-    cancel = []
     if body.running:
         # the jobs this replica knows leased to the node are answered from memory (no thread
         # hop, no read); the flush reconciles them with the database (scheduler/heartbeats.py)
-        known = store.leases_known(node.node_id, body.running)
-        if known is not None:
-            leased = known
-        else:
-            leased, cancel = await asyncio.to_thread(store.leases_of, node.node_id, body.running)
-    seen = request.app.state.heartbeats.beat(node.node_id, leased)
-    expires = seen + ttl
-    return _json(
-        HeartbeatResponse(
-            leases={j: expires for j in leased},
-            cancel=cancel,
-            next_heartbeat_s=grid.settings.heartbeat_interval_s,
-        )
+        known = state.grid.store.leases_known(node.node_id, body.running)
+        if known is None:
+            return None
+        leased = known
+    _pulse(state.grid, state.dispatcher, node, body)
+    return _renewed(state, node.node_id, leased, [])
+
+
+def _pulse(grid: Replica, dispatcher: Dispatcher, node: NodeRow, body: HeartbeatRequest) -> None:
+    grid.count("heartbeats")
+    if body.images is not None:
+        dispatcher.advertise(node.node_id, body.images)
+
+
+def _renewed(state: Any, node_id: str, leased: list[str], cancel: list[str]) -> bytes:
+    """Buffer the pulse (``HeartbeatBuffer.beat``) and answer: the leases run ``lease_ttl_s``
+    from it."""
+    settings = state.grid.settings
+    seen = state.heartbeats.beat(node_id, leased)
+    expires = seen + settings.lease_ttl_s
+    answer = HeartbeatResponse(
+        leases={j: expires for j in leased},
+        cancel=cancel,
+        next_heartbeat_s=settings.heartbeat_interval_s,
     )
+    return answer.__pydantic_serializer__.to_json(answer)  # model_dump_json's bytes
 
 
 def _json(model: BaseModel) -> Response:
@@ -197,7 +224,7 @@ async def next_job(
     """Long-poll for work: answered as soon as a job matches this node, else after ``wait_s``
     with 204 and a ``Retry-After`` (seconds) that grows while the grid is idle."""
     s = grid.settings
-    if node.status != "online":  # the cached row may be a second old: ask the database
+    if node.status != "online":  # the cached row may be 2 s old: ask the database
         request.app.state.node_cache.pop(node.node_id, None)
         node = await asyncio.to_thread(grid.store.node, node.node_id)
         if node.status != "online":

@@ -113,6 +113,20 @@ class NodeStore(AuditStore):
         with self.reader.connect() as conn:
             return self._node(conn, node_id)
 
+    def nodes_by_id(self, node_ids: Sequence[str]) -> dict[str, NodeRow]:
+        """The rows of ``node_ids`` that exist (one ``SELECT`` per 500 ids): the API's node-row
+        cache refreshes the rows it serves with this, many at a time
+        (``scheduler/api/nodecache.py``)."""
+        ids = list(dict.fromkeys(node_ids))
+        out: dict[str, NodeRow] = {}
+        with self.reader.connect() as conn:
+            for i in range(0, len(ids), 500):
+                q = select(nodes).where(nodes.c.node_id.in_(ids[i : i + 500]))
+                for r in conn.execute(q):
+                    row = NodeRow.of(r)
+                    out[row.node_id] = row
+        return out
+
     def nodes(
         self, *, status: str | None = None, limit: int = 1000, offset: int = 0
     ) -> list[NodeRow]:
