@@ -8,7 +8,9 @@ from scheduler.settings import Settings
 
 
 def main(argv: list[str] | None = None) -> None:
-    serve("python -m scheduler", __doc__, 8700, lambda: create_app(Settings()), argv)
+    serve(
+        "python -m scheduler", __doc__, 8700, lambda: create_app(Settings(), freeze_heap=True), argv
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -82,6 +83,11 @@ async def metrics(grid: GridDep, dispatcher: DispatcherDep) -> Response:
     )
     g_coll.labels("chain").set(view.reads)
     g_coll.labels("remembered").set(view.hits)
+    Gauge(
+        "gridmarket_gc_frozen_objects",
+        "Objects moved out of the cyclic collector's reach at start (gc.freeze)",
+        registry=reg,
+    ).set(gc.get_freeze_count())
     g_events = Gauge("gridmarket_events", "Counted events since start", ["name"], registry=reg)
     for k, v in sorted(grid.counters.items()):
         g_events.labels(k).set(v)
