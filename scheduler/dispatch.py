@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -234,10 +235,22 @@ class Dispatcher:
         return self._idle.get(node_id, 0)
 
     def advertise(self, node_id: str, images: list[str]) -> None:
-        """Record the images ``node_id`` has cached now (its heartbeat); used from its next poll."""
+        """Record the images ``node_id`` has cached now (its heartbeat): used by its next poll
+        and, if it is waiting in a long poll now, by the matches of that poll too (a node that
+        pulled an image while parked would otherwise be matched without it for up to its
+        ``wait_s``)."""
         if len(self._images) > 200_000 and node_id not in self._images:
             self._images.clear()
-        self._images[node_id] = frozenset(images)
+        cached = frozenset(images)
+        self._images[node_id] = cached
+        with self._lock:
+            if node_id not in self._waiters or node_id not in self.engine:
+                return
+            capacity = self.engine._node(node_id).capacity
+            if capacity.images == cached:
+                return
+            self.engine.remove_node(node_id)
+            self.engine.add_node(dataclasses.replace(capacity, images=cached))
 
     def images_of(self, node_id: str) -> frozenset[str] | None:
         """The images ``node_id`` last advertised in a heartbeat here (None: none yet)."""

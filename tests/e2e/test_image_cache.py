@@ -29,6 +29,18 @@ def bare_grid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGrid]:
     yield from _grid(tmp_path_factory.mktemp("image-grid"), agents=0)
 
 
+def parked(grid: LocalGrid, count: int) -> None:
+    """Until ``count`` nodes are waiting in a long poll (the scheduler's ``waiting_nodes``): a
+    job funded now is matched among them."""
+    wait_for(
+        f"{count} nodes waiting in a long poll",
+        lambda: (
+            httpx.get(grid.scheduler.url + API.HEALTH, timeout=5).json()["waiting_nodes"] >= count
+        ),
+        30,
+    )
+
+
 def start_agent_on(
     grid: LocalGrid, index: int, name: str, docker_host: str, price_floor_wei: int
 ) -> AgentProcess:
@@ -55,7 +67,9 @@ def start_agent_on(
         "work_dir": str(home / "work"),
         "cpu_cores": 2,
         "ram_mib": 2048,
-        "poll_wait_s": 5,
+        # long polls, so a node is rarely between two polls when a job is queued (the match is
+        # among the nodes waiting at that moment: a node re-polling right then would miss it)
+        "poll_wait_s": 20,
         "executors": ["docker", "wasm"],
         "docker_host": docker_host,
         "price_floor_wei_per_hour": price_floor_wei,
@@ -116,6 +130,7 @@ def test_the_node_with_the_image_is_chosen_and_a_repeat_is_served_from_its_cache
         wait_nodes(grid, 2)
         assert image not in advertised(grid, plain)
 
+        parked(grid, 2)
         repeat = fund(grid, docker_spec("repeat", script, dataset_cid=inputs.dataset_cid,
                                         image=image), on_verify=True)  # fmt: skip
         view = wait_job(grid, repeat, {"released"}, timeout=120)
@@ -124,6 +139,7 @@ def test_the_node_with_the_image_is_chosen_and_a_repeat_is_served_from_its_cache
         assert pulls(plain, image) == 0
 
         # no image (WASM): the cheaper node wins, so it was there to be chosen
+        parked(grid, 2)
         wasm = fund(grid, wasm_spec("wasm", inputs.module_cid, inputs.dataset_cid), on_verify=True)
         view = wait_job(grid, wasm, {"released"}, timeout=120)
         assert node_of(view) == plain.node_id
