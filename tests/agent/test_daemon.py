@@ -350,6 +350,10 @@ def test_result_survives_a_scheduler_crash(
     try:
         job_id = stack.submit(docker_job(test_image, "sleep 4; echo survived > /output/out.txt"))
         stack.wait_job(job_id, {"leased"}, timeout=60)
+        deadline = time.monotonic() + 60  # accepted and running (the lease alone is an offer:
+        while job_id not in agent.running:  # killed before the acceptance, nothing would run)
+            assert time.monotonic() < deadline, "the agent never started the job"
+            time.sleep(0.05)
         stack.scheduler.kill()  # mid-run: the result cannot be delivered
         time.sleep(6)  # the job finishes meanwhile; its report is retried with backoff
         assert job_id in agent.running  # kept, still in the heartbeat's running list
