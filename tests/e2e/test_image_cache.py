@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,6 +132,7 @@ def test_the_node_with_the_image_is_chosen_and_a_repeat_is_served_from_its_cache
         assert image not in advertised(grid, plain)
 
         parked(grid, 2)
+        time.sleep(2.5)  # one heartbeat (2 s on the grid): its advert reaches the parked entries
         repeat = fund(grid, docker_spec("repeat", script, dataset_cid=inputs.dataset_cid,
                                         image=image), on_verify=True)  # fmt: skip
         view = wait_job(grid, repeat, {"released"}, timeout=120)
