@@ -34,6 +34,7 @@ from .harness import (
     scheduler,
     submit_job,
 )
+from .test_service import chain_status, ipfs, wait_chain
 
 # --------------------------------------------------------------------------- the view alone
 
@@ -177,19 +178,13 @@ def test_the_view_is_safe_from_many_threads() -> None:
 
 # --------------------------------------------------------------------------- in the scheduler
 
+ipfs = ipfs  # test_service's fixture: js-ipfs client on the session daemon
 SPEC = JobSpec.model_validate(
     {"executor": "docker", "image": "busybox:1", "command": ["true"], "max_attempts": 3}
 )
 BOUNTY = 10**16
 CAP = CPU_CAP.model_copy(update={"slots": 4})
 """Room for every job of a test at once: only collateral decides."""
-
-
-@pytest.fixture
-def ipfs(ipfs_daemon: Any) -> Iterator[IpfsStore]:
-    store = IpfsStore(ipfs_daemon.api_addr)
-    yield store
-    store.close()
 
 
 @pytest.fixture
@@ -217,17 +212,6 @@ def folded(server: Server, block: int, timeout: float = 15) -> None:
     deadline = time.monotonic() + timeout
     while (server.get(API.HEALTH).json().get("chain_cursor") or 0) < block:
         assert time.monotonic() < deadline, f"the watcher did not reach block {block}"
-        time.sleep(0.05)
-
-
-def chain_status(client: EscrowClient, job_id: str) -> Status:
-    return client.job_state(bytes.fromhex(job_id[2:])).status
-
-
-def wait_chain(client: EscrowClient, job_id: str, want: Status, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while (got := chain_status(client, job_id)) is not want:
-        assert time.monotonic() < deadline, f"job {job_id} is {got.name} on-chain, not {want.name}"
         time.sleep(0.05)
 
 
