@@ -12,6 +12,8 @@ from .tables import attempts, audit
 
 __all__ = ["AuditStore"]
 
+_INSERT_AUDIT = insert(audit)  # built once: every transition writes one (values bound per call)
+
 
 class AuditStore(StoreBase):
     """Audit rows and attempts."""
@@ -20,9 +22,14 @@ class AuditStore(StoreBase):
         self, conn: Connection, entity: str, entity_id: str, event: str, **detail: Any
     ) -> None:
         conn.execute(
-            insert(audit).values(
-                ts=self.clock(), entity=entity, entity_id=entity_id, event=event, detail=detail
-            )
+            _INSERT_AUDIT,
+            {
+                "ts": self.clock(),
+                "entity": entity,
+                "entity_id": entity_id,
+                "event": event,
+                "detail": detail,
+            },
         )
 
     def _end_attempt(

@@ -28,7 +28,7 @@ from scheduler import lifecycle
 from scheduler.lifecycle import Event, State
 from scheduler.matching.reputation import Outcome
 
-from .jobs import JobStore
+from .jobs import JOB_BY_ID, UPDATE_JOB, JobStore
 from .rows import JobRow, job_to_json, pos_of
 from .tables import attempts, cursors, jobs, metadata, outbox
 
@@ -267,7 +267,7 @@ class ChainStore(JobStore):
             )
             self._audit(conn, "job", job_id, "created", tx=ev.tx_hash, block=ev.block)
             return 1
-        row = conn.execute(select(jobs).where(jobs.c.job_id == job_id)).first()
+        row = conn.execute(JOB_BY_ID, {"job_id_": job_id}).first()
         if row is None:
             return 0  # a job created before this scheduler's start block
         job = JobRow.of(row)
@@ -340,7 +340,7 @@ class ChainStore(JobStore):
             # the provider submitted on-chain itself: verify it like a relayed result
             values.update(state=to.value, reason="verifying the result submitted on-chain")
             values["output_cid"] = new.output_cid
-        conn.execute(update(jobs).where(jobs.c.job_id == job_id).values(**values))
+        conn.execute(UPDATE_JOB, {"job_id_": job_id, **values})
         self._audit(conn, "job", job_id, "chain:" + ev.name, tx=ev.tx_hash, block=ev.block)
         return 0
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, case, func, select, update
+from sqlalchemy import Connection, and_, bindparam, case, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from gridmarket.cid import CidError, same_cid
-from gridmarket.escrow import ZERO_ADDRESS, Status, seat_ids
+from gridmarket.escrow import ZERO_ADDRESS, Job, Status, seat_ids
 from gridmarket.wire import JobSpec, ResultReport
 from scheduler import lifecycle
 from scheduler.lifecycle import Event, Fault, State
@@ -29,6 +29,7 @@ from .rows import (
     SeatTakenError,
     ShortOfCollateralError,
     block_of,
+    pos_of,
 )
 from .tables import attempts, jobs, nodes, outbox
 
@@ -36,6 +37,46 @@ __all__ = ["TIMED_OUT", "JobStore"]
 
 TIMED_OUT = "timed_out"
 """An attempt that ran out of the job's time: counted against its node if the job is paid."""
+
+
+# Statements the hot paths run built once, with bound parameters (building one per call, and
+# its cache key, cost more than running it on SQLite: issue 12's claims profile)
+JOB_BY_ID = select(jobs).where(jobs.c.job_id == bindparam("job_id_"))
+JOB_BY_ID_FOR_UPDATE = JOB_BY_ID.with_for_update()
+UPDATE_JOB = update(jobs).where(jobs.c.job_id == bindparam("job_id_"))
+_PENDING_COLUMNS = (
+    select(jobs.c.chain_job, jobs.c.chain_status, jobs.c.chain_pos)
+    .select_from(jobs.join(nodes, jobs.c.node_id == nodes.c.node_id))
+    .where(
+        nodes.c.wallet == bindparam("wallet_"),
+        jobs.c.acceptance.is_not(None),
+        jobs.c.job_id != bindparam("but_"),
+        jobs.c.token == bindparam("token_"),
+    )
+)
+_HOLDING = (int(Status.ASSIGNED), int(Status.SUBMITTED), int(Status.DISPUTED))
+_PENDING_UNASSIGNED = _PENDING_COLUMNS.where(jobs.c.chain_status == int(Status.FUNDED))
+# ... and the held ones folded from a block after the free collateral was read
+_PENDING_SINCE = _PENDING_COLUMNS.where(
+    or_(
+        jobs.c.chain_status == int(Status.FUNDED),
+        and_(jobs.c.chain_status.in_(_HOLDING), jobs.c.chain_pos >= bindparam("later_")),
+    )
+)
+
+
+def _terms(job: Job) -> tuple[object, ...]:
+    """The fields of a job's struct that its EIP-712 ``Acceptance`` signs (besides its id and
+    the attempt), addresses compared case-blind."""
+    return (
+        job.bounty,
+        job.fee_bps,
+        job.deadline,
+        job.collateral,
+        job.mediator.lower(),
+        job.flags,
+        job.token.lower(),
+    )
 
 
 def _same(a: str | None, b: str | None) -> bool:
@@ -53,10 +94,8 @@ class JobStore(ReputationStore, OutboxStore):
     (``chain.py``)."""
 
     def _job(self, conn: Connection, job_id: str, *, lock: bool = False) -> JobRow:
-        q = select(jobs).where(jobs.c.job_id == job_id)
-        if lock and self.postgres:
-            q = q.with_for_update()
-        row = conn.execute(q).first()
+        q = JOB_BY_ID_FOR_UPDATE if lock and self.postgres else JOB_BY_ID
+        row = conn.execute(q, {"job_id_": job_id}).first()
         if row is None:
             raise NotFoundError(f"no job {job_id}")
         return JobRow.of(row)
@@ -577,20 +616,15 @@ class JobStore(ReputationStore, OutboxStore):
         transaction: counted nowhere else, so a fast node could promise the same stake twice).
         The second rule may count a job twice (it was locked at the block and moved on since):
         that refuses an offer too many, never lets one through that the chain would refuse."""
-        holding = (int(Status.ASSIGNED), int(Status.SUBMITTED), int(Status.DISPUTED))
-        q = (
-            select(jobs.c.chain_job, jobs.c.chain_status, jobs.c.chain_pos)
-            .select_from(jobs.join(nodes, jobs.c.node_id == nodes.c.node_id))
-            .where(
-                nodes.c.wallet == wallet,
-                jobs.c.acceptance.is_not(None),
-                jobs.c.chain_status.in_((int(Status.FUNDED), *holding)),
-                jobs.c.job_id != but,
-                jobs.c.token == token,
-            )
-        )
+        # only rows that can count are read (each one's chain struct is JSON to decode): the
+        # unassigned ones, and the held ones folded from a block after the read. A node's
+        # running jobs are the rest, and reading them made each acceptance cost O(running).
+        params: dict[str, object] = {"wallet_": wallet, "but_": but, "token_": token}
+        q = _PENDING_UNASSIGNED
+        if as_of_block is not None:
+            q, params["later_"] = _PENDING_SINCE, pos_of(as_of_block + 1, 0)
         total = 0
-        for row in conn.execute(q):
+        for row in conn.execute(q, params):
             if row.chain_status != int(Status.FUNDED):
                 later = as_of_block is not None and block_of(row.chain_pos) > as_of_block
                 mine = str(row.chain_job.get("provider", "")).lower() == wallet.lower()
@@ -630,6 +664,8 @@ class JobStore(ReputationStore, OutboxStore):
         signature: str,
         free_collateral: int | None = None,
         as_of_block: int | None = None,
+        *,
+        signed: Job | None = None,
     ) -> str:
         """The node accepted its offer: ``signature`` (checked by the caller against the job's
         on-chain struct, for attempt ``chain attempt + 1``) is stored and the outbox assigns the
@@ -643,9 +679,17 @@ class JobStore(ReputationStore, OutboxStore):
         ``assign`` is not mined yet is not in it: it is taken off here, in the same transaction
         as the acceptance, and :class:`ShortOfCollateralError` is raised when what is left does
         not cover this job (so a fast node cannot accept more than its stake covers and have
-        the chain refuse the surplus assigns)."""
+        the chain refuse the surplus assigns).
+
+        ``signed``: the job's on-chain struct the caller checked the signature against (it may
+        come from a remembered offer): :class:`ConflictError` when the row's terms differ."""
         with self.engine.begin() as conn:
             job = self._job(conn, job_id, lock=True)
+            if signed is not None and _terms(signed) != _terms(job.chain.job):
+                raise ConflictError(
+                    f"job {job_id}: the terms signed are not the job's on-chain terms: ask for "
+                    "work again"
+                )
             if job.node_id != node_id or job.state not in lifecycle.sources(Event.ACCEPTED):
                 raise ConflictError(
                     f"job {job_id} is not offered to node {node_id} (it is {job.state})"
@@ -691,14 +735,14 @@ class JobStore(ReputationStore, OutboxStore):
                 },
             )
             conn.execute(
-                update(jobs)
-                .where(jobs.c.job_id == job_id)
-                .values(
-                    state=to,
-                    acceptance=signature,
-                    reason=f"accepted by {node_id}; assigning on-chain",
-                    updated_at=self.clock(),
-                )
+                UPDATE_JOB,
+                {
+                    "job_id_": job_id,
+                    "state": to,
+                    "acceptance": signature,
+                    "reason": f"accepted by {node_id}; assigning on-chain",
+                    "updated_at": self.clock(),
+                },
             )
             self._audit(conn, "job", job_id, "accepted", node_id=node_id, attempt=attempt)
             return to

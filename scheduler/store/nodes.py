@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from gridmarket.wire import NodeCapacityIn
@@ -16,14 +16,16 @@ from .tables import nodes, wallets
 __all__ = ["NodeStore"]
 
 
+_NODE = select(nodes).where(nodes.c.node_id == bindparam("node_id_"))  # built once (hot path)
+_NODE_FOR_UPDATE = _NODE.with_for_update()
+
+
 class NodeStore(AuditStore):
     """The ``nodes`` and ``wallets`` tables."""
 
     def _node(self, conn: Connection, node_id: str, *, lock: bool = False) -> NodeRow:
-        q = select(nodes).where(nodes.c.node_id == node_id)
-        if lock and self.postgres:
-            q = q.with_for_update()
-        row = conn.execute(q).first()
+        q = _NODE_FOR_UPDATE if lock and self.postgres else _NODE
+        row = conn.execute(q, {"node_id_": node_id}).first()
         if row is None:
             raise NotFoundError(f"no node {node_id}")
         return NodeRow.of(row)

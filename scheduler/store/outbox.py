@@ -11,13 +11,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, exists, insert, or_, select, update
+from sqlalchemy import Connection, bindparam, exists, insert, or_, select, update
 
 from .base import StoreBase
 from .rows import OutboxItem
 from .tables import outbox
 
 __all__ = ["OutboxStore"]
+
+_INSERT = insert(outbox)  # built once: each step the chain must take writes one
+_TRIED = (  # a try of row ``id_`` counted; the other columns set are bound per call
+    update(outbox).where(outbox.c.id == bindparam("id_")).values(tries=outbox.c.tries + 1)
+)
 
 
 class OutboxStore(StoreBase):
@@ -34,17 +39,18 @@ class OutboxStore(StoreBase):
     ) -> None:
         now = self.clock()
         conn.execute(
-            insert(outbox).values(
-                job_id=job_id,
-                kind=kind,
-                payload=payload,
-                status="pending",
-                tries=0,
-                error="",
-                created_at=now,
-                updated_at=now,
-                not_before=not_before,
-            )
+            _INSERT,
+            {
+                "job_id": job_id,
+                "kind": kind,
+                "payload": payload,
+                "status": "pending",
+                "tries": 0,
+                "error": "",
+                "created_at": now,
+                "updated_at": now,
+                "not_before": not_before,
+            },
         )
 
     def outbox_add(
@@ -98,23 +104,20 @@ class OutboxStore(StoreBase):
     ) -> None:
         with self.engine.begin() as conn:
             conn.execute(
-                update(outbox)
-                .where(outbox.c.id == item_id)
-                .values(
-                    status=status,
-                    tx_hash=tx_hash,
-                    error=error[:2000],
-                    tries=outbox.c.tries + 1,
-                    updated_at=self.clock(),
-                )
+                _TRIED,
+                {
+                    "id_": item_id,
+                    "status": status,
+                    "tx_hash": tx_hash,
+                    "error": error[:2000],
+                    "updated_at": self.clock(),
+                },
             )
 
     def outbox_retry(self, item_id: int, error: str) -> None:
         with self.engine.begin() as conn:
             conn.execute(
-                update(outbox)
-                .where(outbox.c.id == item_id)
-                .values(tries=outbox.c.tries + 1, error=error[:2000], updated_at=self.clock())
+                _TRIED, {"id_": item_id, "error": error[:2000], "updated_at": self.clock()}
             )
 
     def outbox_defer(self, item_id: int, not_before: float, why: str) -> None:

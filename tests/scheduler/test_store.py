@@ -234,6 +234,22 @@ def test_an_offer_short_of_collateral_ends_without_a_fault(store: Store) -> None
     assert store.outbox_pending() == []
 
 
+def test_accepting_refuses_a_signature_over_other_terms(store: Store) -> None:
+    """The API may check a signature against the offer it remembers: the store compares the
+    terms signed with the row's, under its lock, and keeps the offer open when they differ."""
+    queue_jobs(store, 1)
+    a = node(store)
+    take(store, a, accept=False)
+    job = store.job(jid(1))
+    for field, value in [("bounty", job.chain.job.bounty + 1), ("collateral", 1), ("flags", 4)]:
+        other = replace(job.chain.job, **{field: value})
+        with pytest.raises(ConflictError, match="terms signed are not the job's"):
+            store.accept(jid(1), a, 1, SIG, signed=other)
+    assert store.job(jid(1)).acceptance is None and store.outbox_pending() == []
+    same = replace(job.chain.job, mediator="0x" + job.chain.job.mediator[2:].upper())
+    assert store.accept(jid(1), a, 1, SIG, signed=same) == "leased"
+
+
 def test_accepting_counts_collateral_promised_to_assigns_not_yet_mined(store: Store) -> None:
     """freeCollateralOf does not yet count jobs whose assign is still in the outbox: a node
     accepting faster than the chain mines cannot promise the same stake twice."""
@@ -271,6 +287,9 @@ def test_accepting_counts_collateral_promised_to_assigns_not_yet_mined(store: St
     # (the chain now says 1.1e17 free: job 1's collateral is locked there, job 2's promised)
     with pytest.raises(ShortOfCollateralError, match="100000000000000000 of it promised"):
         store.accept(jid(3), a, 1, SIG, 10**17 + 10**16)
+    # read at the assign's own block: the chain's figure has it, only job 2 is promised
+    with pytest.raises(ShortOfCollateralError, match="100000000000000000 of it promised"):
+        store.accept(jid(3), a, 1, SIG, 10**17 + 10**16, as_of_block=11)
     assert store.accept(jid(3), a, 1, SIG, 2 * 10**17 + 10**16) == "leased"  # staked more
 
 
