@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 
 from scheduler import __version__
 from scheduler.api import jobs, market, nodes, ops
-from scheduler.api.fastpath import HeartbeatFastPath
+from scheduler.api.fastpath import NodeFastPath
 from scheduler.api.guard import install_guard
 from scheduler.api.nodecache import NodeCache
 from scheduler.dispatch import Dispatcher
@@ -28,11 +28,12 @@ def create_app(
     settings: Settings | None = None,
     *,
     grid: Replica | None = None,
-    heartbeat_fast_path: bool = True,
+    node_fast_path: bool = True,
     freeze_heap: bool = False,
 ) -> FastAPI:
     """The scheduler app. ``grid`` (already built) is started with the app and stopped after.
-    ``heartbeat_fast_path=False`` leaves heartbeats to the FastAPI route alone (tests compare
+    ``node_fast_path=False`` leaves heartbeats, polls and acceptances to the FastAPI routes
+    (tests compare
     the two; production always runs it: ``scheduler/api/fastpath.py``).
 
     ``freeze_heap`` (``python -m scheduler`` sets it): once started, everything built so far
@@ -88,8 +89,8 @@ def create_app(
         # event loop under heartbeats (docs/benchmarks.md, issue 12)
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
-    if heartbeat_fast_path:  # innermost of the middlewares: the guard's limits apply first
-        app.add_middleware(HeartbeatFastPath)
+    if node_fast_path:  # innermost of the middlewares: the guard's limits apply first
+        app.add_middleware(NodeFastPath)
     install_guard(app, settings)
     app.include_router(ops.router)
     app.include_router(nodes.router)

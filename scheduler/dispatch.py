@@ -200,6 +200,10 @@ class Dispatcher:
         # the nodes seen waiting, by wallet (lower case): a wallet excluded for a job excludes
         # all of them (ids of nodes no longer waiting are harmless in an exclusion set)
         self._wallet_nodes: dict[str, set[str]] = {}
+        # the offers this replica delivered and not yet settled, job id -> the job as leased:
+        # the acceptance route checks a signature against these terms without reading the row
+        # first (the store checks the lease, the attempt and the terms again under its lock)
+        self._offers: dict[str, JobRow] = {}
         self.on_claimed: Callable[[], None] = lambda: None  # the app wakes the outbox
         self.rounds = 0
         self.claims = 0
@@ -255,6 +259,17 @@ class Dispatcher:
     def images_of(self, node_id: str) -> frozenset[str] | None:
         """The images ``node_id`` last advertised in a heartbeat here (None: none yet)."""
         return self._images.get(node_id)
+
+    def offered(self, job_id: str) -> JobRow | None:
+        """The job as this replica leased and offered it, if it delivered that offer and it is
+        not settled here yet (accepted or refused); None otherwise (read the store). It may be
+        stale (the lease lost, the job offered again elsewhere): whoever uses it must have the
+        store check the lease again, as :meth:`Store.accept` does."""
+        return self._offers.get(job_id)
+
+    def settle_offer(self, job_id: str) -> None:
+        """Forget the offer of ``job_id`` (accepted or refused)."""
+        self._offers.pop(job_id, None)
 
     @property
     def waiting(self) -> int:
@@ -444,6 +459,9 @@ class Dispatcher:
                 None, self._hand_back_quietly, job.job_id, claimed.node_id
             )
             return
+        if len(self._offers) > 100_000:  # offers never answered: dropped with the rest
+            self._offers.clear()
+        self._offers[job.job_id] = job
         waiter.future.set_result(assignment)
 
     def _hand_back_quietly(self, job_id: str, node_id: str) -> None:

@@ -32,7 +32,7 @@ async def dispatcher(request: Request) -> Dispatcher:
 def token_problem(grid: Replica, authorization: str, node_id: str) -> HTTPException | None:
     """Why ``authorization`` (the header's value) does not authenticate ``node_id``: a
     ``Bearer`` token issued to it (a hash, no database read); None when it does. The one check
-    of the node routes and of the heartbeat fast path (``scheduler/api/fastpath.py``)."""
+    of the node routes and of the node fast path (``scheduler/api/fastpath.py``)."""
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token:
         return HTTPException(

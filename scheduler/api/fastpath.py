@@ -1,43 +1,60 @@
-"""The heartbeat fast path: ``POST /v1/nodes/{node_id}/heartbeat`` answered in plain ASGI.
+"""The node fast path: a node's hot requests answered in plain ASGI, before FastAPI's router.
 
-Heartbeats are most of a replica's requests (every node, every few seconds, thousands a
-second in all), and FastAPI's routing, dependency solving and body handling cost more than the
-heartbeat itself (issue 12: 40% of the replica's samples were the HTTP stack). This middleware
-sits inside the request guard (``gridmarket/http_guard.py``: body size, strict JSON and the
-rest still apply first) and before FastAPI's router. It answers a heartbeat itself only when
-all of these hold, with the same code the route runs:
+Heartbeats (every node, every few seconds), ``next-job`` long polls and offer acceptances are
+most of a replica's requests, and FastAPI's routing, dependency solving and body handling cost
+more than the work itself (issue 12: 40% of the replica's samples under heartbeats, a third
+under claims, were the HTTP stack). This middleware sits inside the request guard
+(``gridmarket/http_guard.py``: body size, strict JSON and the rest still apply first) and
+before FastAPI's router. It serves
 
-* ``POST``, that exact path, a ``Content-Type`` of ``application/json``;
-* the bearer token is valid and issued to that node (``deps.token_problem``, the route's check);
+* ``POST /v1/nodes/{node_id}/heartbeat`` when ``nodes.beat_from_memory`` can answer it (the
+  node is online and every job it lists is known leased to it);
+* ``POST /v1/nodes/{node_id}/next-job[?wait_s=S]`` (``nodes.poll``, the route's own work);
+* ``POST /v1/nodes/{node_id}/jobs/{job_id}/accept`` (``nodes.accept_offer``, likewise);
+
+each only when all of these hold:
+
+* that exact path and method; for a heartbeat or an acceptance, a ``Content-Type`` of
+  ``application/json``; for a poll, no query parameter but one ``wait_s`` within the route's
+  bounds (0 to 120);
+* the bearer token is valid and issued to that node (``deps.token_problem``, the routes' check);
 * the node's row is in the node-row cache (``nodecache.py``);
-* the body parses as JSON and validates as ``HeartbeatRequest`` (the route's model, validated
-  from the parsed JSON as FastAPI does);
-* ``nodes.beat_from_memory`` can answer it (the node is online and every job it lists is known
-  leased to it): the route's own answer, effects and JSON.
+* the body parses as JSON and validates as the route's model (``HeartbeatRequest``,
+  ``AcceptRequest``), validated from the parsed JSON as FastAPI does.
 
-Anything else (an error of any kind, a node back from offline, a job this replica must read, a
-cache miss) goes to the FastAPI route with the body replayed, so every error, status code and
-message is the route's. The route stays the documented operation in OpenAPI. Each heartbeat
-answered here counts ``heartbeats_fast_path`` (``/metrics``).
+Anything else (a cache miss, a bad token, a body the model refuses, a node back from offline
+for a heartbeat) goes to the FastAPI route with the body replayed, before any effect, so those
+errors, status codes and messages are the route's. Once the work has started, an
+``HTTPException`` it raises is answered here as FastAPI's handler answers it
+(``{"detail": ...}``, its status and headers), and the store's ``NotFoundError`` and
+``ConflictError`` as the app's handlers do (404, 409). The routes stay the documented
+operations in OpenAPI. Requests answered here count ``heartbeats_fast_path``,
+``polls_fast_path`` and ``acceptances_fast_path`` (``/metrics``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
+from urllib.parse import parse_qsl
+
+from fastapi import HTTPException
 
 from gridmarket.http_guard import ASGIApp, Message, Receive, Scope, Send
-from gridmarket.wire import HeartbeatRequest
+from gridmarket.wire import AcceptRequest, HeartbeatRequest
+from scheduler.store import ConflictError, NotFoundError
 
 from .deps import token_problem
-from .nodes import beat_from_memory
+from .nodes import accept_offer, beat_from_memory, poll
 
 PREFIX = "/v1/nodes/"
-SUFFIX = "/heartbeat"
-_HEADERS = [(b"content-type", b"application/json")]
+_JSON = [(b"content-type", b"application/json")]
+_WAIT_S_DEFAULT = 20.0  # the route's default and bounds (nodes.next_job's Query)
+_WAIT_S_MAX = 120.0
 
 
-class HeartbeatFastPath:
+class NodeFastPath:
     """The ASGI middleware (see the module's docstring)."""
 
     def __init__(self, app: ASGIApp) -> None:
@@ -48,13 +65,20 @@ class HeartbeatFastPath:
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
-        node_id = path[len(PREFIX) : -len(SUFFIX)]
-        if (
-            not path.startswith(PREFIX)
-            or not path.endswith(SUFFIX)
-            or not node_id
-            or "/" in node_id
+        parts = path[len(PREFIX) :].split("/") if path.startswith(PREFIX) else []
+        if len(parts) == 2 and parts[0] and parts[1] == "heartbeat":
+            kind = "heartbeat"
+        elif len(parts) == 2 and parts[0] and parts[1] == "next-job":
+            kind = "poll"
+        elif (
+            len(parts) == 4
+            and parts[0]
+            and parts[1] == "jobs"
+            and parts[2]
+            and parts[3] == ("accept")
         ):
+            kind = "accept"
+        else:
             await self.app(scope, receive, send)
             return
         authorization = content_type = None
@@ -63,36 +87,55 @@ class HeartbeatFastPath:
                 authorization = value
             elif name == b"content-type" and content_type is None:
                 content_type = value
-        if (
-            authorization is None
-            or content_type is None
-            or content_type.split(b";", 1)[0].strip().lower() != b"application/json"
+        if authorization is None or (
+            kind != "poll"
+            and (
+                content_type is None
+                or content_type.split(b";", 1)[0].strip().lower() != b"application/json"
+            )
         ):
             await self.app(scope, receive, send)
             return
+        state = scope["app"].state
+        node_id = parts[0]
+        node = _node(state, node_id, authorization)
         body, rest = await _body(receive)
-        answer = None if rest is not None else _answer(scope, node_id, authorization, body)
-        if answer is None:
+        if node is None or rest is not None:
             await self.app(scope, _replay(body, rest, receive), send)
             return
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-length", str(len(answer)).encode()), *_HEADERS],
-            }
-        )
-        await send({"type": "http.response.body", "body": answer})
+        if kind == "heartbeat":
+            answer = _heartbeat(state, node, body)
+            if answer is None:
+                await self.app(scope, _replay(body, rest, receive), send)
+                return
+            await _send(send, 200, answer)
+            return
+        if kind == "poll":
+            wait_s = _wait_s(scope.get("query_string", b""))
+            if wait_s is None:
+                await self.app(scope, _replay(body, rest, receive), send)
+                return
+            state.grid.count("polls_fast_path")
+            await _answer(send, _polled(state, node, wait_s))
+            return
+        try:  # as FastAPI: the parsed JSON validated in Python mode
+            accepted = AcceptRequest.model_validate(json.loads(body))
+        except Exception:  # every bad body is the route's to answer
+            await self.app(scope, _replay(body, rest, receive), send)
+            return
+        state.grid.count("acceptances_fast_path")
+        await _answer(send, _accepted(state, parts[2], accepted, node))
 
 
-def _answer(scope: Scope, node_id: str, authorization: bytes, body: bytes) -> bytes | None:
-    """The heartbeat's answer if it can be given here, else None (the route answers)."""
-    state = scope["app"].state
+def _node(state: Any, node_id: str, authorization: bytes) -> Any:
+    """The node's cached row when the token is its own, else None (the route answers)."""
     if token_problem(state.grid, authorization.decode("latin-1"), node_id) is not None:
         return None
-    node = state.node_cache.get(node_id)
-    if node is None:
-        return None
+    return state.node_cache.get(node_id)
+
+
+def _heartbeat(state: Any, node: Any, body: bytes) -> bytes | None:
+    """The heartbeat's answer if it can be given here, else None (the route answers)."""
     try:  # as FastAPI: the parsed JSON validated in Python mode
         beat = HeartbeatRequest.model_validate(json.loads(body))
     except Exception:  # every bad body is the route's to answer
@@ -101,6 +144,66 @@ def _answer(scope: Scope, node_id: str, authorization: bytes, body: bytes) -> by
     if answer is not None:
         state.grid.count("heartbeats_fast_path")
     return answer
+
+
+def _wait_s(query: bytes) -> float | None:
+    """``wait_s`` of a poll's query string (the route's default when absent), or None when
+    the route must answer (another parameter, a repeated one, a value it would refuse)."""
+    if not query:
+        return _WAIT_S_DEFAULT
+    try:
+        pairs = parse_qsl(query.decode("ascii"), keep_blank_values=True, strict_parsing=True)
+        if len(pairs) != 1 or pairs[0][0] != "wait_s":
+            return None
+        wait_s = float(pairs[0][1])
+    except ValueError:
+        return None
+    return wait_s if math.isfinite(wait_s) and 0 <= wait_s <= _WAIT_S_MAX else None
+
+
+async def _polled(state: Any, node: Any, wait_s: float) -> tuple[int, bytes, list[Any]]:
+    got = await poll(state, node, wait_s)
+    if isinstance(got, float):
+        return 204, b"", [(b"retry-after", f"{got:.2f}".encode())]
+    return 200, got, _JSON
+
+
+async def _accepted(
+    state: Any, job_id: str, body: AcceptRequest, node: Any
+) -> tuple[int, bytes, list[Any]]:
+    ack = await accept_offer(job_id, body, node, state.grid, state.dispatcher)
+    return 200, ack.__pydantic_serializer__.to_json(ack), _JSON
+
+
+async def _answer(send: Send, work: Any) -> None:
+    """Run the route's ``work`` (a coroutine giving status, body, headers) and send what it
+    gives, or its error as FastAPI and the app's handlers would."""
+    try:
+        code, body, headers = await work
+    except HTTPException as exc:
+        extra = [
+            (k.lower().encode("latin-1"), v.encode("latin-1"))
+            for k, v in (exc.headers or {}).items()
+        ]
+        code, body, headers = exc.status_code, _detail(exc.detail), [*_JSON, *extra]
+    except NotFoundError as exc:
+        code, body, headers = 404, _detail(str(exc)), _JSON
+    except ConflictError as exc:
+        code, body, headers = 409, _detail(str(exc)), _JSON
+    await _send(send, code, body, headers)
+
+
+def _detail(detail: Any) -> bytes:
+    """An error's body as Starlette's ``JSONResponse`` renders ``{"detail": detail}``."""
+    return json.dumps(
+        {"detail": detail}, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+    ).encode("utf-8")
+
+
+async def _send(send: Send, code: int, body: bytes, headers: list[Any] = _JSON) -> None:
+    head = headers if code == 204 else [(b"content-length", str(len(body)).encode()), *headers]
+    await send({"type": "http.response.start", "status": code, "headers": head})
+    await send({"type": "http.response.body", "body": b"" if code == 204 else body})
 
 
 async def _body(receive: Receive) -> tuple[bytes, Message | None]:

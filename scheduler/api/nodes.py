@@ -9,7 +9,6 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
-from pydantic import BaseModel
 
 from gridmarket.chain import ChainError
 from gridmarket.eip712 import recover_acceptance_signer, recover_result_signer
@@ -138,7 +137,7 @@ async def heartbeat(
     advertised (kept in this replica's memory: matching prefers a node that has a job's image;
     a replica that has not heard it uses the registration's list).
 
-    Served by the heartbeat fast path (``scheduler/api/fastpath.py``) whenever it can be
+    Served by the node fast path (``scheduler/api/fastpath.py``) whenever it can be
     answered from memory: this route answers the rest (a node back from offline, jobs this
     replica does not know leased to the node, every error) and documents the body."""
     state = request.app.state
@@ -200,14 +199,6 @@ def _renewed(state: Any, node_id: str, leased: list[str], cancel: list[str]) -> 
     return answer.__pydantic_serializer__.to_json(answer)  # model_dump_json's bytes
 
 
-def _json(model: BaseModel) -> Response:
-    """``model`` as the JSON body: built and validated once here, where FastAPI's
-    ``response_model`` handling would dump it, validate the dump again (an assignment's spec:
-    every CID re-parsed) and serialise it (the hot routes' share of the profile). The route's
-    ``response_model`` still documents the body."""
-    return Response(model.model_dump_json(), media_type="application/json")
-
-
 @router.post(
     API.NEXT_JOB,
     response_model=Assignment,
@@ -215,26 +206,40 @@ def _json(model: BaseModel) -> Response:
 )
 async def next_job(
     node: NodeDep,
-    grid: GridDep,
-    dispatcher: DispatcherDep,
     request: Request,
-    response: Response,
     wait_s: float = Query(20.0, ge=0, le=120, description="hold the request open this long"),
 ) -> Any:
     """Long-poll for work: answered as soon as a job matches this node, else after ``wait_s``
-    with 204 and a ``Retry-After`` (seconds) that grows while the grid is idle."""
+    with 204 and a ``Retry-After`` (seconds) that grows while the grid is idle.
+
+    Served by the node fast path (``scheduler/api/fastpath.py``) when the node's row is cached
+    and its token valid; both run :func:`poll`."""
+    got = await poll(request.app.state, node, wait_s)
+    if isinstance(got, float):
+        return Response(status_code=204, headers={"Retry-After": f"{got:.2f}"})
+    return Response(got, media_type="application/json")
+
+
+async def poll(state: Any, node: NodeRow, wait_s: float) -> bytes | float:
+    """A ``next-job`` long poll of the authenticated ``node``: the offer's JSON, or the
+    seconds to wait before asking again (no job within ``wait_s``). Raises ``HTTPException``
+    (409) when the node is not online. ``state``: the app's state (grid, dispatcher, the
+    node-row cache)."""
+    grid: Replica = state.grid
+    dispatcher: Dispatcher = state.dispatcher
     s = grid.settings
     if node.status != "online":  # the cached row may be 2 s old: ask the database
-        request.app.state.node_cache.pop(node.node_id, None)
+        state.node_cache.pop(node.node_id, None)
         node = await asyncio.to_thread(grid.store.node, node.node_id)
         if node.status != "online":
             raise _bad(f"node {node.node_id} is {node.status}: heartbeat first", 409)
     got = await dispatcher.next_job(node, min(wait_s, s.long_poll_max_s))
     if got is None:
-        retry = _idle_advice(grid, dispatcher, node, min(wait_s, s.long_poll_max_s))
-        return Response(status_code=204, headers={"Retry-After": f"{retry:.2f}"})
+        return _idle_advice(grid, dispatcher, node, min(wait_s, s.long_poll_max_s))
     grid.count("claims")
-    return _json(got)
+    # built and validated once here, where FastAPI's response_model handling would dump it,
+    # validate the dump again (the spec: every CID re-parsed) and serialise it
+    return got.__pydantic_serializer__.to_json(got)
 
 
 LONG_POLL_S = 5.0
@@ -256,9 +261,16 @@ def _idle_advice(grid: Replica, dispatcher: Dispatcher, node: NodeRow, waited_s:
 
 @router.post(API.ACCEPT, response_model=AcceptAck)
 async def accept(
-    job_id: str, body: AcceptRequest, node: NodeDep, grid: GridDep, store: StoreDep
+    job_id: str,
+    body: AcceptRequest,
+    node: NodeDep,
+    grid: GridDep,
+    dispatcher: DispatcherDep,
 ) -> AcceptAck:
-    """Accept an offer: ``body.signature`` is the node's EIP-712 ``Acceptance`` of attempt
+    """Accept an offer (:func:`accept_offer`; the node fast path, ``scheduler/api/fastpath.py``,
+    serves it the same way when the node's row is cached, its token valid and the body valid).
+
+    ``body.signature`` is the node's EIP-712 ``Acceptance`` of attempt
     ``body.attempt`` of the job on its on-chain terms (the Assignment's ``terms``). The
     scheduler checks that the lease is the node's current one with that attempt and that the
     wallet signed it, that the wallet has the job's collateral free on-chain, stores the
@@ -268,11 +280,25 @@ async def accept(
     A signature that is not the wallet's (or not over these terms) is refused with 401 and
     the offer kept until its lease TTL (the node may post a correct one); a stale attempt or a
     lease that is not the node's is 409. Free collateral below the job's ends the offer
-    (``accepted: false``; the job goes to another wallet, no fault of the node)."""
-    try:
-        row = await asyncio.to_thread(store.job, job_id)
-    except NotFoundError as exc:
-        raise _bad(str(exc), 404) from None
+    (``accepted: false``; the job goes to another wallet, no fault of the node).
+
+    The offer this replica delivered is checked from memory (the dispatcher's
+    :meth:`~scheduler.dispatch.Dispatcher.offered`); ``store.accept`` checks the lease, the
+    attempt and the signed terms again under the row's lock."""
+    return await accept_offer(job_id, body, node, grid, dispatcher)
+
+
+async def accept_offer(
+    job_id: str, body: AcceptRequest, node: NodeRow, grid: Replica, dispatcher: Dispatcher
+) -> AcceptAck:
+    """The acceptance route's work (see :func:`accept`); errors raise ``HTTPException``."""
+    store = grid.store
+    row = dispatcher.offered(job_id)
+    if row is None or row.node_id != node.node_id or row.attempt != body.attempt:
+        try:
+            row = await asyncio.to_thread(store.job, job_id)
+        except NotFoundError as exc:
+            raise _bad(str(exc), 404) from None
     if row.node_id != node.node_id or row.state != "leased":
         raise _bad(f"job {job_id} is not offered to node {node.node_id} (it is {row.state})", 409)
     if body.attempt != row.attempt:
@@ -315,7 +341,14 @@ async def accept(
     try:
         try:
             await asyncio.to_thread(
-                store.accept, job_id, node.node_id, body.attempt, body.signature, free, as_of
+                store.accept,
+                job_id,
+                node.node_id,
+                body.attempt,
+                body.signature,
+                free,
+                as_of,
+                signed=chain,
             )
         except ShortOfCollateralError:
             if not remembered:
@@ -323,11 +356,19 @@ async def accept(
             # the remembered value may predate a release or a stake: never refuse on it
             free, as_of, _ = await _free_collateral(grid, node.wallet, chain.token, fresh=True)
             await asyncio.to_thread(
-                store.accept, job_id, node.node_id, body.attempt, body.signature, free, as_of
+                store.accept,
+                job_id,
+                node.node_id,
+                body.attempt,
+                body.signature,
+                free,
+                as_of,
+                signed=chain,
             )
     except NotFoundError as exc:
         raise _bad(str(exc), 404) from None
     except OfferRefusedError as exc:
+        dispatcher.settle_offer(job_id)
         why = str(exc)
         await asyncio.to_thread(store.offer_refused, job_id, node.node_id, body.attempt, why)
         grid.count(
@@ -338,6 +379,7 @@ async def accept(
         return AcceptAck(job_id=job_id, accepted=False, message=why)
     except ConflictError as exc:
         raise _bad(str(exc), 409) from None
+    dispatcher.settle_offer(job_id)
     grid.wake("outbox")
     grid.count("acceptances")
     return AcceptAck(job_id=job_id, accepted=True, message="accepted; assigning on-chain")

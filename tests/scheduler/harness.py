@@ -96,11 +96,11 @@ def scheduler(
     devnet: Devnet,
     ipfs_api: str,
     *,
-    heartbeat_fast_path: bool = True,
+    node_fast_path: bool = True,
     **overrides: Any,
 ) -> Iterator[Server]:
     """Run the scheduler app under uvicorn in a thread until the block ends
-    (``heartbeat_fast_path``: as ``create_app``'s; production's is on)."""
+    (``node_fast_path``: as ``create_app``'s; production's is on)."""
     dep_file = tmp / f"deployment-{secrets.token_hex(3)}.json"
     deployment.save(dep_file)
     values: dict[str, Any] = {
@@ -123,7 +123,7 @@ def scheduler(
     settings = Settings(**values)
     port = free_port()
     config = uvicorn.Config(
-        create_app(settings, heartbeat_fast_path=heartbeat_fast_path),
+        create_app(settings, node_fast_path=node_fast_path),
         host="127.0.0.1",
         port=port,
         log_level="warning",

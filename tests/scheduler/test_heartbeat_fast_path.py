@@ -1,9 +1,9 @@
-"""The heartbeat fast path (``scheduler/api/fastpath.py``) and the node-row cache
-(``scheduler/api/nodecache.py``).
+"""The node fast path (``scheduler/api/fastpath.py``: heartbeats, ``next-job`` polls and
+acceptances) and the node-row cache (``scheduler/api/nodecache.py``).
 
 Two real schedulers on the same escrow and token secret, one with the fast path (production's
-app) and one without (FastAPI's route alone): every error case gets the same status, message
-and headers from both, the answers agree, and heartbeats are counted as served by the fast path
+app) and one without (FastAPI's routes alone): every error case gets the same status, message
+and headers from both, the answers agree, and requests are counted as served by the fast path
 only where it runs. The node-row cache is checked against a real store."""
 
 from __future__ import annotations
@@ -18,24 +18,46 @@ from typing import Any
 import httpx
 import pytest
 
-from gridmarket.wire import API
+from gridmarket.chain import EscrowClient
+from gridmarket.ipfs import IpfsStore
+from gridmarket.wire import API, JobSpec
 from scheduler.api.nodecache import NodeCache
 from scheduler.auth import issue
 from scheduler.store import Store
 
 from ..conftest import Devnet
-from .harness import CPU_CAP, Provider, Server, fresh_escrow, register_on_chain, scheduler
+from .harness import (
+    CPU_CAP,
+    Provider,
+    Server,
+    fresh_escrow,
+    register_on_chain,
+    scheduler,
+    submit_job,
+)
 
 SECRET = "fast-path-test-secret-0123456789abcdef"
 JSON = {"content-type": "application/json"}
 JOB = "0x" + "ab" * 32
+SPEC = JobSpec.model_validate(
+    {"executor": "docker", "image": "busybox:1", "command": ["true"], "max_attempts": 3}
+)
+
+
+Pair = tuple[Server, Server, list[Provider], list[Provider]]
 
 
 @pytest.fixture
-def pair(
-    tmp_path: Path, devnet: Devnet, ipfs_daemon: Any
-) -> Iterator[tuple[Server, Server, list[Provider], list[Provider]]]:
+def pair(chain_pair: tuple[Pair, EscrowClient]) -> Pair:
     """(fast, slow) schedulers and providers 0 and 1 registered with each."""
+    return chain_pair[0]
+
+
+@pytest.fixture
+def chain_pair(
+    tmp_path: Path, devnet: Devnet, ipfs_daemon: Any
+) -> Iterator[tuple[Pair, EscrowClient]]:
+    """:func:`pair` and the escrow's client."""
     deployment, client = fresh_escrow(devnet)
     for p in devnet.providers[:2]:
         register_on_chain(client, p)
@@ -43,7 +65,7 @@ def pair(
     common: dict[str, Any] = {"token_secret": SECRET, "rate_limit_per_s": 0}
     with (
         scheduler(tmp_path, deployment, devnet, addr, **common) as fast,
-        scheduler(tmp_path, deployment, devnet, addr, heartbeat_fast_path=False, **common) as slow,
+        scheduler(tmp_path, deployment, devnet, addr, node_fast_path=False, **common) as slow,
     ):
         nodes: list[list[Provider]] = []
         for server in (fast, slow):
@@ -52,15 +74,20 @@ def pair(
                 assert p.register().status_code == 200
             nodes.append(ps)
         assert [p.node_id for p in nodes[0]] == [p.node_id for p in nodes[1]]
-        yield fast, slow, nodes[0], nodes[1]
+        yield (fast, slow, nodes[0], nodes[1]), client
 
 
-def fast_beats(server: Server) -> int:
+def fast_beats(server: Server, name: str = "heartbeats_fast_path") -> int:
     text = server.get(API.METRICS).text
     for line in text.splitlines():
-        if line.startswith('gridmarket_events{name="heartbeats_fast_path"}'):
+        if line.startswith(f'gridmarket_events{{name="{name}"}}'):
             return int(float(line.split()[-1]))
     return 0
+
+
+def fast_counts(server: Server) -> tuple[int, int]:
+    """(polls, acceptances) served by the fast path."""
+    return fast_beats(server, "polls_fast_path"), fast_beats(server, "acceptances_fast_path")
 
 
 def cases(node: Provider, other: Provider) -> list[tuple[str, dict[str, Any]]]:
@@ -234,6 +261,128 @@ def test_heartbeats_are_served_by_the_fast_path_with_the_routes_answer(
     time.sleep(0.3)
     again = {n["node_id"]: n["last_seen"] for n in fast.get(API.NODES).json()["nodes"]}
     assert again[node.node_id] > seen[node.node_id]
+
+
+def poll_and_accept_cases(node: Provider, other: Provider) -> list[tuple[str, dict[str, Any]]]:
+    """(name, httpx request arguments) of polls and acceptances that end in an error or an
+    empty poll, on no job: the fast path leaves the first kind to the route and answers the
+    rest itself, exactly as the route would."""
+    poll = API.NEXT_JOB.format(node_id=node.node_id)
+    accept = API.ACCEPT.format(node_id=node.node_id, job_id=JOB)
+    good = {"authorization": f"Bearer {node.token}", **JSON}
+    body = json.dumps({"attempt": 1, "signature": "0x" + "11" * 65})
+    return [
+        ("poll, no token", {"url": poll, "params": {"wait_s": 0}}),
+        ("poll, bad token", {"url": poll, "headers": {"authorization": "Bearer x"}}),
+        ("poll, other node's token", {"url": poll, "params": {"wait_s": 0}, "headers": other.auth}),
+        ("poll, wait_s < 0", {"url": poll, "params": {"wait_s": -1}, "headers": node.auth}),
+        ("poll, wait_s > 120", {"url": poll, "params": {"wait_s": 121}, "headers": node.auth}),
+        ("poll, wait_s nan", {"url": poll, "params": {"wait_s": "nan"}, "headers": node.auth}),
+        ("poll, wait_s text", {"url": poll, "params": {"wait_s": "x"}, "headers": node.auth}),
+        ("poll, GET", {"method": "GET", "url": poll, "headers": node.auth}),
+        ("poll, empty", {"url": poll, "params": {"wait_s": 0}, "headers": node.auth}),
+        (
+            "poll, other parameter too",
+            {"url": poll, "params": {"wait_s": 0, "x": 1}, "headers": node.auth},
+        ),
+        ("accept, no token", {"url": accept, "content": body, "headers": JSON}),
+        (
+            "accept, other node's token",
+            {"url": accept, "content": body, "headers": {**JSON, **other.auth}},
+        ),
+        ("accept, malformed JSON", {"url": accept, "content": "{", "headers": good}),
+        (
+            "accept, attempt 0",
+            {"url": accept, "content": body.replace(": 1,", ": 0,"), "headers": good},
+        ),
+        (
+            "accept, short signature",
+            {"url": accept, "content": '{"attempt": 1, "signature": "0x11"}', "headers": good},
+        ),
+        ("accept, no content type", {"url": accept, "content": body, "headers": node.auth}),
+        ("accept, unknown job", {"url": accept, "content": body, "headers": good}),
+    ]
+
+
+def test_poll_and_accept_errors_are_the_routes_own(
+    pair: Pair,
+) -> None:
+    fast, slow, fast_nodes, slow_nodes = pair
+    assert fast_nodes[0].heartbeat().status_code == 200  # the node rows are cached
+    assert slow_nodes[0].heartbeat().status_code == 200
+    before = fast_counts(fast)
+    got_fast = [(n, answer(fast, r)) for n, r in poll_and_accept_cases(*fast_nodes)]
+    got_slow = [(n, answer(slow, r)) for n, r in poll_and_accept_cases(*slow_nodes)]
+    for (name, a), (_, b) in zip(got_fast, got_slow, strict=True):
+        assert a == b, name
+    codes = {name: a[0] for name, a in got_fast}
+    assert codes == {
+        "poll, no token": 401,
+        "poll, bad token": 401,
+        "poll, other node's token": 403,
+        "poll, wait_s < 0": 422,
+        "poll, wait_s > 120": 422,
+        "poll, wait_s nan": 422,
+        "poll, wait_s text": 422,
+        "poll, GET": 405,
+        "poll, empty": 204,
+        "poll, other parameter too": 204,
+        "accept, no token": 401,
+        "accept, other node's token": 403,
+        "accept, malformed JSON": 422,
+        "accept, attempt 0": 422,
+        "accept, short signature": 422,
+        "accept, no content type": 422,
+        "accept, unknown job": 404,
+    }
+    assert {n: a[1] for n, a in got_fast}["accept, unknown job"] == {"detail": f"no job {JOB}"}
+    # the empty poll and the unknown job were served by the fast path, the rest by the routes
+    assert fast_counts(fast) == (before[0] + 1, before[1] + 1)
+    assert fast_counts(slow) == (0, 0)
+
+
+def test_a_claim_through_the_fast_path_is_the_routes_claim(
+    chain_pair: tuple[Pair, EscrowClient], devnet: Devnet, ipfs_daemon: Any
+) -> None:
+    """A job funded on the shared escrow is offered by both schedulers: the offer, a wrong
+    signer's and a stale attempt's refusals and the acceptance are the same from the fast path
+    as from the routes, byte for byte (the job id aside, nothing differs between them)."""
+    (fast, slow, fast_nodes, slow_nodes), client = chain_pair
+    ipfs = IpfsStore(ipfs_daemon.api_addr)
+    try:
+        job_id = submit_job(client, ipfs, devnet.submitters[0], SPEC)
+    finally:
+        ipfs.close()
+    for node in (fast_nodes[0], slow_nodes[0]):
+        assert node.heartbeat().status_code == 200  # the node rows are cached
+    before = fast_counts(fast)
+    offers = [node.next_job(wait_s=20) for node in (fast_nodes[0], slow_nodes[0])]
+    for r in offers:
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"] == "application/json"
+        assert r.headers["content-length"] == str(len(r.content))
+    a, b = (r.json() for r in offers)
+    assert a["job_id"] == job_id
+    assert {**a, "lease_expires_at": 0} == {**b, "lease_expires_at": 0}
+    intruder = devnet.providers[2]
+    refusals = []
+    for node, offer in ((fast_nodes[0], a), (slow_nodes[0], b)):
+        wrong = node.accept(offer, signer=intruder)
+        stale = node.accept(offer, attempt=offer["attempt"] + 1)
+        refusals.append(
+            [(r.status_code, r.headers.get("www-authenticate"), r.json()) for r in (wrong, stale)]
+        )
+    assert refusals[0] == refusals[1]
+    (wrong_code, _, wrong_body), (stale_code, _, stale_body) = refusals[0]
+    assert wrong_code == 401 and intruder.address in wrong_body["detail"]
+    assert stale_code == 409 and "stale" in stale_body["detail"]
+    # accepted by one scheduler only: both would race to assign it on the one escrow
+    right = fast_nodes[0].accept(a)
+    again = fast_nodes[0].accept(a)  # the same signature again: a no-op
+    ack = {"job_id": job_id, "accepted": True, "message": "accepted; assigning on-chain"}
+    assert (right.status_code, right.json()) == (again.status_code, again.json()) == (200, ack)
+    assert fast_counts(fast) == (before[0] + 1, before[1] + 4)
+    assert fast_counts(slow) == (0, 0)
 
 
 # ---------------------------------------------------------------------- the node-row cache
