@@ -21,7 +21,7 @@ from scheduler.lifecycle import Event
 
 from .jobs import JobStore
 from .rows import Claim, ClaimedJob, JobRow
-from .tables import attempts, audit, jobs, nodes
+from .tables import attempts, audit, job_columns, jobs, nodes
 
 __all__ = ["ClaimStore"]
 
@@ -31,7 +31,7 @@ _TO = lifecycle.step(_FROM, Event.LEASE_GRANTED).value  # leased
 # A round's statements, built once with bound parameters (issue 12's claims profile: building
 # them per job cost more than running them)
 _QUEUED = (
-    select(jobs)
+    select(*job_columns)
     .where(jobs.c.state == _FROM)
     .order_by(jobs.c.queued_at, jobs.c.job_id)
     .limit(bindparam("window_"))

@@ -31,7 +31,7 @@ from .rows import (
     block_of,
     pos_of,
 )
-from .tables import attempts, jobs, nodes, outbox
+from .tables import attempts, job_columns, jobs, nodes, outbox
 
 __all__ = ["TIMED_OUT", "JobStore"]
 
@@ -41,7 +41,7 @@ TIMED_OUT = "timed_out"
 
 # Statements the hot paths run built once, with bound parameters (building one per call, and
 # its cache key, cost more than running it on SQLite: issue 12's claims profile)
-JOB_BY_ID = select(jobs).where(jobs.c.job_id == bindparam("job_id_"))
+JOB_BY_ID = select(*job_columns).where(jobs.c.job_id == bindparam("job_id_"))
 JOB_BY_ID_FOR_UPDATE = JOB_BY_ID.with_for_update()
 UPDATE_JOB = update(jobs).where(jobs.c.job_id == bindparam("job_id_"))
 _PENDING_COLUMNS = (
@@ -168,7 +168,7 @@ class JobStore(ReputationStore, OutboxStore):
         now = self.clock()
         due = func.coalesce(jobs.c.spec_retry_at, jobs.c.created_at)
         with self.reader.connect() as conn:
-            q = select(jobs).where(
+            q = select(*job_columns).where(
                 jobs.c.state == State.PENDING_SPEC.value,
                 (jobs.c.spec_retry_at.is_(None)) | (jobs.c.spec_retry_at <= now),
             )
@@ -325,7 +325,7 @@ class JobStore(ReputationStore, OutboxStore):
         limit: int = 100,
         offset: int = 0,
     ) -> list[JobRow]:
-        q = select(jobs).order_by(jobs.c.created_at.desc()).limit(limit).offset(offset)
+        q = select(*job_columns).order_by(jobs.c.created_at.desc()).limit(limit).offset(offset)
         if state is not None:
             q = q.where(jobs.c.state == state)
         if submitter is not None:
@@ -451,7 +451,7 @@ class JobStore(ReputationStore, OutboxStore):
     def verifying(self, limit: int = 16) -> list[JobRow]:
         with self.reader.connect() as conn:
             q = (
-                select(jobs)
+                select(*job_columns)
                 .where(jobs.c.state == "verifying")
                 .order_by(jobs.c.updated_at)
                 .limit(limit)
@@ -750,7 +750,7 @@ class JobStore(ReputationStore, OutboxStore):
     def _siblings(self, conn: Connection, job: JobRow) -> list[JobRow]:
         """The other seats of the replicated job ``job`` is a seat of (its ``salt`` is the
         group id; only seats carry replica flags, and a group id hashes in its submitter)."""
-        q = select(jobs).where(jobs.c.salt == job.salt, jobs.c.job_id != job.job_id)
+        q = select(*job_columns).where(jobs.c.salt == job.salt, jobs.c.job_id != job.job_id)
         return [
             row
             for row in map(JobRow.of, conn.execute(q))
@@ -786,7 +786,9 @@ class JobStore(ReputationStore, OutboxStore):
         with self.reader.connect() as conn:
             rows = {
                 r.job_id: r
-                for r in map(JobRow.of, conn.execute(select(jobs).where(jobs.c.salt == group)))
+                for r in map(
+                    JobRow.of, conn.execute(select(*job_columns).where(jobs.c.salt == group))
+                )
                 if r.chain.job.replicas
             }
         if not rows:

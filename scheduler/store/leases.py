@@ -15,7 +15,7 @@ from scheduler.matching.reputation import Outcome
 
 from .jobs import JobStore
 from .rows import SPEC_CACHE, ConflictError, JobRow, NotFoundError, cached_spec
-from .tables import jobs, nodes
+from .tables import job_columns, jobs, nodes
 
 __all__ = ["LeaseStore"]
 
@@ -173,7 +173,7 @@ class LeaseStore(JobStore):
                 self._audit(conn, "node", node_id, "offline", silent_for=timeout)
                 gone.append(node_id)
                 for r in conn.execute(
-                    select(jobs).where(jobs.c.node_id == node_id, jobs.c.state == LEASED)
+                    select(*job_columns).where(jobs.c.node_id == node_id, jobs.c.state == LEASED)
                 ).all():
                     self._lose_lease(conn, JobRow.of(r), "node went offline")
             queued = conn.info.pop("queued", 0)
@@ -197,7 +197,7 @@ class LeaseStore(JobStore):
         now = self.clock()
         lost: list[str] = []
         with self.engine.begin() as conn:
-            q = select(jobs).where(jobs.c.state == LEASED, jobs.c.lease_expires < now)
+            q = select(*job_columns).where(jobs.c.state == LEASED, jobs.c.lease_expires < now)
             if self.postgres:
                 q = q.with_for_update(skip_locked=True)
             for r in conn.execute(q).all():
@@ -279,7 +279,7 @@ class LeaseStore(JobStore):
 
     def running_jobs(self, node_id: str) -> list[JobRow]:
         with self.reader.connect() as conn:
-            q = select(jobs).where(jobs.c.node_id == node_id, jobs.c.state == LEASED)
+            q = select(*job_columns).where(jobs.c.node_id == node_id, jobs.c.state == LEASED)
             return [JobRow.of(r) for r in conn.execute(q)]
 
     def hand_back(self, job_id: str, node_id: str, *, delivered: bool = True) -> str:

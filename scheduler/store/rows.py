@@ -4,6 +4,7 @@ dataclasses read from the tables), the dispatcher's claims, and the store's erro
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,12 +159,15 @@ SPEC_CACHE: dict[str, JobSpec] = {}
 
 
 def cached_spec(cid: str, data: Any) -> JobSpec:
-    """Parsed job specs by CID: a CID's content never changes, so each is validated once."""
+    """Parsed job specs by CID: a CID's content never changes, so each is validated once.
+    ``data``: the stored spec, parsed or as its JSON text (``tables.job_columns``; a spec
+    never stored reads as SQL NULL or as JSON ``null``: the caller's to tell apart)."""
     spec = SPEC_CACHE.get(cid)
     if spec is None:
         if len(SPEC_CACHE) > 50_000:
             SPEC_CACHE.clear()
-        spec = SPEC_CACHE[cid] = JobSpec.model_validate(data)
+        parsed = json.loads(data) if isinstance(data, str | bytes) else data
+        spec = SPEC_CACHE[cid] = JobSpec.model_validate(parsed)
     return spec
 
 
@@ -234,7 +238,7 @@ class JobRow:
             fee_bps=r.fee_bps,
             salt=r.salt,
             spec_cid=r.spec_cid,
-            spec=None if r.spec is None else cached_spec(r.spec_cid, r.spec),
+            spec=None if r.spec is None or r.spec == "null" else cached_spec(r.spec_cid, r.spec),
             state=r.state,
             reason=r.reason,
             created_block=r.created_block,
