@@ -1121,12 +1121,15 @@ def test_set_mediator(
 def test_eip712_domain_matches_python(escrow: Any, chain: Any) -> None:
     from eth_account.messages import encode_typed_data
 
+    from gridmarket.eip712 import domain_separator
+
     signer = Account.create()
     jid = os.urandom(32)
     typed = result_typed_data(chain.chain_id, escrow.address, jid, 7, OUTPUT)
     message = encode_typed_data(full_message=typed)
     # the domain separator Python signs under is the contract's
     assert bytes(escrow.domainSeparator()) == bytes(message.header)
+    assert domain_separator(chain.chain_id, escrow.address.lower()) == bytes(message.header)
     sig = sign_result(signer, chain.chain_id, escrow.address, jid, 7, OUTPUT)
     assert recover_result_signer(sig, chain.chain_id, escrow.address, jid, 7, OUTPUT) == (
         signer.address

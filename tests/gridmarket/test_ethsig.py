@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from eth_utils.address import to_checksum_address as ref_checksum
 
 from gridmarket import ethsig
 from gridmarket.eip712 import (
+    acceptance_digest,
     acceptance_typed_data,
     recover_acceptance_signer,
     recover_result_signer,
@@ -233,6 +235,54 @@ def test_signatures_are_byte_identical_to_eth_account() -> None:
             )
             assert ethsig.sign_typed_data(mine, message) == expected
             assert ethsig.sign_typed_data(reference, message) == expected  # a LocalAccount too
+
+
+def test_the_acceptance_digest_is_the_typed_data_hash() -> None:
+    """The acceptance digest built from precomputed type and domain hashes (what the agent signs
+    and the scheduler recovers, once per claim) equals eth-account's EIP-712 hash of the full
+    message, over random and edge-case terms, escrows and chains; a value its type cannot hold
+    is refused as the full encoder refuses it."""
+    rng = random.Random(12)
+    edge = Job(
+        submitter="0x" + "0" * 40,
+        bounty=2**96 - 1,
+        deadline=2**40 - 1,
+        fee_bps=0,
+        collateral=0,
+        mediator="0x" + "f" * 40,
+        flags=255,
+        token="0x" + "F" * 40,
+    )
+    cases = [
+        (1, "0x" + "1" * 40, bytes(32), 1, edge),
+        (2**64, "0x" + "a" * 40, b"\xff" * 32, 2**16 - 1, edge),
+    ]
+    for _ in range(ROUNDS):
+        chain_id = rng.choice([1, 31337, rng.randrange(1, 2**256)])
+        escrow = rng.choice([ref_checksum(rand_address(rng)), rand_address(rng).lower()])
+        cases.append(
+            (chain_id, escrow, rand_bytes(rng, 32), rng.randrange(1, 2**16), random_job(rng))
+        )
+    for chain_id, escrow, job_id, attempt, job in cases:
+        message = acceptance_typed_data(chain_id, escrow, job_id, attempt, job)
+        expected = eth_account_digest(message)
+        assert acceptance_digest(chain_id, escrow, job_id, attempt, job) == expected
+        assert ethsig.hash_typed_data(message) == expected
+    job = random_job(rng)
+    for bad in (
+        {"bounty": 2**96},
+        {"deadline": -1},
+        {"collateral": 2**96},
+        {"flags": 256},
+        {"mediator": "0x1234"},
+        {"token": "not an address"},
+    ):
+        with pytest.raises(ValueError):
+            acceptance_digest(1, "0x" + "1" * 40, bytes(32), 1, replace(job, **bad))
+    with pytest.raises(ValueError):
+        acceptance_digest(1, "0x" + "1" * 40, bytes(31), 1, job)
+    with pytest.raises(ValueError):
+        acceptance_digest(1, "0x" + "1" * 40, bytes(32), 2**16, job)
 
 
 def test_the_project_signatures_recover_to_the_signer() -> None:
