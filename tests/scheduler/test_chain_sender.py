@@ -898,7 +898,8 @@ def _assigns(sender: TxSender, states: list[JobState], providers: list[LocalAcco
 
 def test_ready_calls_go_in_one_transaction(devnet: Devnet, sender: TxSender) -> None:
     """Three jobs' assigns, then their settles: two transactions (one nonce each), each job's
-    events folded from the batch to what the chain stored, every provider paid."""
+    events folded from the batch to what the chain stored, every provider paid. A batch that
+    passes as a whole is estimated once, as the multicall, not call by call."""
     _, client = fresh_escrow(devnet)
     sender = TxSender(client, devnet.operator, retry=FAST)
     providers = devnet.providers[:3]
@@ -907,8 +908,16 @@ def test_ready_calls_go_in_one_transaction(devnet: Devnet, sender: TxSender) -> 
     states = [create_job(client, devnet.submitters[0], on_verify=True) for _ in providers]
     nonce = nonce_of(client, devnet.operator)
     batched_before = metric("gridmarket_tx_batched_calls_total")
+    estimated: list[str] = []
+    prepare = client.prepare
 
+    def counted(account: Any, fn_name: str, *args: Any, **kw: Any) -> Any:
+        estimated.append(fn_name)  # a spy: the real estimate runs
+        return prepare(account, fn_name, *args, **kw)
+
+    client.prepare = counted  # type: ignore[method-assign]
     outcomes = sender.send_many(_assigns(sender, states, providers))
+    assert estimated == ["multicall"]
     assert all(isinstance(o, Sent) for o in outcomes), outcomes
     assert len({o.tx_hash for o in outcomes if isinstance(o, Sent)}) == 1  # one transaction
     assert nonce_of(client, devnet.operator) == nonce + 1
