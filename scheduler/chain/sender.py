@@ -330,26 +330,33 @@ class TxSender:
         pool and settles it before any preflight (steps it made are then refused by their
         estimates: ``JobEscrowJobMismatch``), and nothing is sent twice.
 
-        Calls that fit one batch are first estimated together, as the ``multicall`` itself:
-        when that passes (the usual case) it is sent as estimated, one estimate for the batch
-        instead of one per call (the preflights were 5% of a scheduler's CPU under claims,
-        issue 12); when it would revert or exceed ``max_gas``, the calls are preflighted one by
-        one as above. Either way a call that would revert never goes out in a batch.
+        The calls are first taken ``max_calls`` at a time and each group estimated as the
+        ``multicall`` itself: when that passes (the usual case) it is sent as estimated, one
+        estimate for the batch instead of one per call (the preflights were 5% of a
+        scheduler's CPU under claims, issue 12); the calls of a group that would revert or
+        exceed ``max_gas`` are preflighted one by one as above. Either way a call that would
+        revert never goes out in a batch.
         """
         if max_calls < 1 or max_gas < 1:
             raise ValueError(f"max_calls and max_gas must be >= 1, got {max_calls}, {max_gas}")
         if len(calls) <= 1 or max_calls == 1:
             return [self._one(call) for call in calls]
         self._settle_in_flight("multicall")
-        if len(calls) <= max_calls:
-            whole = self._whole(calls, max_gas)
-            if whole is not None:
-                metrics.BATCHED.inc(len(calls))
-                return [whole] * len(calls)
         out: list[Sent | ChainError | None] = [None] * len(calls)
+        each: list[int] = []  # the calls to preflight one by one
+        for start in range(0, len(calls), max_calls):
+            chunk = list(range(start, min(start + max_calls, len(calls))))
+            whole = self._whole([calls[i] for i in chunk], max_gas) if len(chunk) > 1 else None
+            if whole is None:
+                each.extend(chunk)
+                continue
+            metrics.BATCHED.inc(len(chunk))
+            for i in chunk:
+                out[i] = whole
         ready: list[tuple[int, int]] = []  # (index, estimated gas) of calls that pass alone
         deadline = Deadline(self.retry.deadline_s)
-        for i, call in enumerate(calls):
+        for i in each:
+            call = calls[i]
             try:
                 params = self._retrying(
                     f"{call.fn_name}: preflight",

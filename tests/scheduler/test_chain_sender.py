@@ -942,6 +942,32 @@ def test_ready_calls_go_in_one_transaction(devnet: Devnet, sender: TxSender) -> 
     assert metric("gridmarket_tx_batched_calls_total") - batched_before == 6
 
 
+def test_more_calls_than_a_batch_holds_are_estimated_a_batch_at_a_time(devnet: Devnet) -> None:
+    """Three assigns with room for two a batch: the first two are estimated and sent as one
+    multicall, the last alone (preflighted, then sent as itself): two transactions."""
+    _, client = fresh_escrow(devnet)
+    sender = TxSender(client, devnet.operator, retry=FAST)
+    providers = devnet.providers[:3]
+    for p in providers:
+        ensure_provider(client, p, stake(devnet))
+    states = [create_job(client, devnet.submitters[0]) for _ in providers]
+    nonce = nonce_of(client, devnet.operator)
+    estimated: list[str] = []
+    prepare = client.prepare
+
+    def counted(account: Any, fn_name: str, *args: Any, **kw: Any) -> Any:
+        estimated.append(fn_name)  # a spy: the real estimate runs
+        return prepare(account, fn_name, *args, **kw)
+
+    client.prepare = counted  # type: ignore[method-assign]
+    first, second, third = sender.send_many(_assigns(sender, states, providers), max_calls=2)
+    assert estimated == ["multicall", "assign", "assign"]
+    assert isinstance(first, Sent) and isinstance(third, Sent) and first == second
+    assert third.tx_hash != first.tx_hash and nonce_of(client, devnet.operator) == nonce + 2
+    for st in states:
+        assert client.job_state(st.job_id).status is Status.ASSIGNED
+
+
 def test_a_call_that_would_revert_is_refused_alone_and_the_others_go(
     devnet: Devnet, sender: TxSender
 ) -> None:
