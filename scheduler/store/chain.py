@@ -21,7 +21,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, Connection, String, Table, delete, insert, select, update
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    String,
+    Table,
+    bindparam,
+    delete,
+    insert,
+    select,
+    update,
+)
 
 from gridmarket.escrow import JOB_EVENTS, JobState, Status, apply_event, seat_ids
 from scheduler import lifecycle
@@ -33,6 +44,8 @@ from .rows import JobRow, job_to_json, pos_of
 from .tables import attempts, cursors, jobs, metadata, outbox
 
 __all__ = ["CHAIN_CURSOR", "KEEP_BLOCKS", "ChainStore", "chain_blocks"]
+
+_CHAIN_POS = select(jobs.c.chain_pos).where(jobs.c.job_id == bindparam("job_id_"))
 
 CHAIN_CURSOR = "escrow"
 KEEP_BLOCKS = 128
@@ -267,9 +280,16 @@ class ChainStore(JobStore):
             )
             self._audit(conn, "job", job_id, "created", tx=ev.tx_hash, block=ev.block)
             return 1
+        # most events the watcher sees were folded already from our own receipt (apply_sent):
+        # their position alone says so, without reading and decoding the row
+        known = conn.execute(_CHAIN_POS, {"job_id_": job_id}).scalar()
+        if known is None:
+            return 0  # a job created before this scheduler's start block
+        if pos <= known:
+            return 0
         row = conn.execute(JOB_BY_ID, {"job_id_": job_id}).first()
         if row is None:
-            return 0  # a job created before this scheduler's start block
+            return 0
         job = JobRow.of(row)
         if pos <= job.chain_pos:
             return 0
