@@ -203,7 +203,8 @@ class Dispatcher:
         # the offers this replica delivered and not yet settled, job id -> the job as leased:
         # the acceptance route checks a signature against these terms without reading the row
         # first (the store checks the lease, the attempt and the terms again under its lock)
-        self._offers: dict[str, JobRow] = {}
+        # (kept for one lease TTL at most: an offer not accepted by then has lost its lease)
+        self._offers: dict[str, tuple[float, JobRow]] = {}
         self.on_claimed: Callable[[], None] = lambda: None  # the app wakes the outbox
         self.rounds = 0
         self.claims = 0
@@ -265,7 +266,10 @@ class Dispatcher:
         not settled here yet (accepted or refused); None otherwise (read the store). It may be
         stale (the lease lost, the job offered again elsewhere): whoever uses it must have the
         store check the lease again, as :meth:`Store.accept` does."""
-        return self._offers.get(job_id)
+        got = self._offers.get(job_id)
+        if got is None or time.monotonic() - got[0] > self.settings.lease_ttl_s:
+            return None
+        return got[1]
 
     def settle_offer(self, job_id: str) -> None:
         """Forget the offer of ``job_id`` (accepted or refused)."""
@@ -459,10 +463,22 @@ class Dispatcher:
                 None, self._hand_back_quietly, job.job_id, claimed.node_id
             )
             return
-        if len(self._offers) > 100_000:  # offers never answered: dropped with the rest
-            self._offers.clear()
-        self._offers[job.job_id] = job
+        self._remember_offer(job)
         waiter.future.set_result(assignment)
+
+    def _remember_offer(self, job: JobRow) -> None:
+        """Keep ``job`` (as leased) for :meth:`offered`, forgetting offers older than a lease
+        TTL (never answered: their leases ran out), oldest first, so the memory holds at most
+        one TTL of offers."""
+        now = time.monotonic()
+        self._offers.pop(job.job_id, None)  # re-inserted at the end: the dict stays in age order
+        self._offers[job.job_id] = (now, job)
+        ttl = self.settings.lease_ttl_s
+        while self._offers:
+            oldest = next(iter(self._offers))
+            if now - self._offers[oldest][0] <= ttl:
+                break
+            del self._offers[oldest]
 
     def _hand_back_quietly(self, job_id: str, node_id: str) -> None:
         try:

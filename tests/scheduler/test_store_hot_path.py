@@ -14,7 +14,7 @@ from sqlalchemy import update
 
 from scheduler.dispatch import Dispatcher
 from scheduler.settings import Settings
-from scheduler.store import Store
+from scheduler.store import Claim, Store
 from scheduler.store.tables import jobs
 
 from .test_store import SPEC, WALLETS, jid, node, ok_report, queue_jobs, take
@@ -138,3 +138,30 @@ def test_a_full_nodes_poll_is_held_within_its_wait(store: Store) -> None:
     assert got is None and 0.2 <= took < 1.0
     got, took = asyncio.run(poll(0.0))
     assert got is None and took < 0.1
+
+
+def test_delivered_offers_are_remembered_for_one_lease_ttl(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The acceptance route checks a signature against the offer the dispatcher delivered
+    (``Dispatcher.offered``): kept until accepted or refused, and for one lease TTL at most,
+    so offers never answered cannot pile up in memory."""
+    queue_jobs(store, 3)
+    n = node(store, WALLETS[3], slots=3)
+    won = store.dispatch(lambda rows: [Claim(r.job_id, n) for r in rows], limit=8, lease_ttl=30.0)
+    assert len(won) == 3
+    settings = Settings.model_validate({"lease_ttl_s": 30.0})
+    d = Dispatcher(store, settings, chain_id=1, escrow="0x" + "22" * 20)
+    clock = [1000.0]
+    monkeypatch.setattr("scheduler.dispatch.time.monotonic", lambda: clock[0])
+    d._remember_offer(won[0].job)
+    clock[0] += 20
+    d._remember_offer(won[1].job)
+    offered = d.offered(won[0].job.job_id)
+    assert offered is not None and offered.node_id == n and offered.state == "leased"
+    d.settle_offer(won[1].job.job_id)  # accepted
+    assert d.offered(won[1].job.job_id) is None
+    clock[0] += 11  # the first is past its TTL: not used, and dropped at the next delivery
+    assert d.offered(won[0].job.job_id) is None
+    d._remember_offer(won[2].job)
+    assert list(d._offers) == [won[2].job.job_id]
