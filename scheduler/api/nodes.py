@@ -338,33 +338,21 @@ async def accept_offer(
     remembered = False
     if row.acceptance is None:
         free, as_of, remembered = await _free_collateral(grid, node.wallet, chain.token)
+
+    def accept_with(free: int | None, as_of: int | None) -> str:
+        return store.accept(
+            job_id, node.node_id, body.attempt, body.signature, free, as_of, signed=chain
+        )
+
     try:
         try:
-            await asyncio.to_thread(
-                store.accept,
-                job_id,
-                node.node_id,
-                body.attempt,
-                body.signature,
-                free,
-                as_of,
-                signed=chain,
-            )
+            await asyncio.to_thread(accept_with, free, as_of)
         except ShortOfCollateralError:
             if not remembered:
                 raise
             # the remembered value may predate a release or a stake: never refuse on it
             free, as_of, _ = await _free_collateral(grid, node.wallet, chain.token, fresh=True)
-            await asyncio.to_thread(
-                store.accept,
-                job_id,
-                node.node_id,
-                body.attempt,
-                body.signature,
-                free,
-                as_of,
-                signed=chain,
-            )
+            await asyncio.to_thread(accept_with, free, as_of)
     except NotFoundError as exc:
         raise _bad(str(exc), 404) from None
     except OfferRefusedError as exc:

@@ -889,6 +889,20 @@ def test_stuck_transaction_at_the_cap_waits_instead_of_overpaying(
 # --------------------------------------------------------------------------- batches (multicall)
 
 
+def count_estimates(client: Any) -> list[str]:
+    """The functions ``client.prepare`` estimates from now on, in order (a spy: the real
+    estimate runs)."""
+    estimated: list[str] = []
+    prepare = client.prepare
+
+    def counted(account: Any, fn_name: str, *args: Any, **kw: Any) -> Any:
+        estimated.append(fn_name)
+        return prepare(account, fn_name, *args, **kw)
+
+    client.prepare = counted
+    return estimated
+
+
 def _assigns(sender: TxSender, states: list[JobState], providers: list[LocalAccount]) -> list[Call]:
     return [
         Call.job("assign", st, p.address, acceptance(sender, st, p))
@@ -908,14 +922,7 @@ def test_ready_calls_go_in_one_transaction(devnet: Devnet, sender: TxSender) -> 
     states = [create_job(client, devnet.submitters[0], on_verify=True) for _ in providers]
     nonce = nonce_of(client, devnet.operator)
     batched_before = metric("gridmarket_tx_batched_calls_total")
-    estimated: list[str] = []
-    prepare = client.prepare
-
-    def counted(account: Any, fn_name: str, *args: Any, **kw: Any) -> Any:
-        estimated.append(fn_name)  # a spy: the real estimate runs
-        return prepare(account, fn_name, *args, **kw)
-
-    client.prepare = counted  # type: ignore[method-assign]
+    estimated = count_estimates(client)
     outcomes = sender.send_many(_assigns(sender, states, providers))
     assert estimated == ["multicall"]
     assert all(isinstance(o, Sent) for o in outcomes), outcomes
@@ -952,14 +959,7 @@ def test_more_calls_than_a_batch_holds_are_estimated_a_batch_at_a_time(devnet: D
         ensure_provider(client, p, stake(devnet))
     states = [create_job(client, devnet.submitters[0]) for _ in providers]
     nonce = nonce_of(client, devnet.operator)
-    estimated: list[str] = []
-    prepare = client.prepare
-
-    def counted(account: Any, fn_name: str, *args: Any, **kw: Any) -> Any:
-        estimated.append(fn_name)  # a spy: the real estimate runs
-        return prepare(account, fn_name, *args, **kw)
-
-    client.prepare = counted  # type: ignore[method-assign]
+    estimated = count_estimates(client)
     first, second, third = sender.send_many(_assigns(sender, states, providers), max_calls=2)
     assert estimated == ["multicall", "assign", "assign"]
     assert isinstance(first, Sent) and isinstance(third, Sent) and first == second
