@@ -31,6 +31,9 @@ class Client:
     accept: Callable[[RawHttp, bytes], Awaitable[bool]] | None = None
     """What the node does with an offer before it counts as claimed (our scheduler: sign the
     acceptance of the job's terms and post it on the same connection); None: nothing."""
+    finish: Callable[[RawHttp, bytes], Awaitable[bool]] | None = None
+    """What the node does with a claimed job before it asks again (our scheduler: report the
+    run ended, with its signed result); True frees the slot. None: the node keeps the job."""
 
 
 @dataclass
@@ -49,6 +52,10 @@ class Drained:
     by_client: list[list[str]] = field(default_factory=list)
     """the jobs each client received, in the order of ``clients``"""
     stalled: bool = False
+    finished: int = 0
+    """claimed jobs the node reported done (the server took the result: the slot is free)"""
+    unfinished: int = 0
+    """results the server refused (the node keeps that job, its slot stays taken)"""
 
 
 async def drain(
@@ -60,9 +67,9 @@ async def drain(
     stall_s: float = 15.0,
 ) -> Drained:
     """Every client polls until it holds ``slots`` jobs or ``n_jobs`` distinct jobs were
-    handed out in all (or, with
-    ``empty_means_done``, until the server says it has none), or nothing new came for
-    ``stall_s`` seconds (reported as ``stalled``)."""
+    handed out in all (or, with ``empty_means_done``, until the server says it has none), or
+    nothing new came for ``stall_s`` seconds (reported as ``stalled``). A client with a
+    ``finish`` reports each job done before it asks again, so its slots are used again."""
     out = Drained()
     seen: set[str] = set()
     done = asyncio.Event()
@@ -88,7 +95,13 @@ async def drain(
                     jid = job_id(body)
                     out.got.append(jid)
                     out.by_client[k].append(jid)
-                    taken += 1
+                    if c.finish is None:
+                        taken += 1
+                    elif await c.finish(conn, body):
+                        out.finished += 1
+                    else:
+                        out.unfinished += 1
+                        taken += 1
                     if jid not in seen:
                         seen.add(jid)
                         last_new[0] = time.perf_counter()

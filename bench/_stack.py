@@ -23,6 +23,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ from devstack.providers import new_providers
 from devstack.scheduler import SchedulerProcess
 from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.deploy import EscrowParams, deploy_escrow
-from gridmarket.eip712 import sign_acceptance
+from gridmarket.eip712 import sign_acceptance, sign_result
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import (
     API,
@@ -87,6 +88,7 @@ def stack(
     replicas: int = 1,
     escrow: dict[str, int] | None = None,
     mediator: bool = False,
+    stake_jobs: int = 64,
     **settings: str,
 ) -> Iterator[Stack]:
     """Everything up; torn down when the block ends. ``db``: ``sqlite`` or ``postgresql``.
@@ -95,7 +97,8 @@ def stack(
     key, the IPFS daemon, ``chain_poll_s=0.1`` (as ``run_grid``) and ``settings``. ``escrow``
     overrides deployment parameters (:class:`EscrowParams` fields, e.g. ``challenge_window``);
     ``mediator`` also runs the real mediator (``python -m scheduler.mediator run``,
-    :class:`devstack.mediator.MediatorProcess`) with the listed mediator's key."""
+    :class:`devstack.mediator.MediatorProcess`) with the listed mediator's key. Each provider
+    stakes the minimum plus the collateral of ``stake_jobs`` jobs of 0.001 ETH."""
     work.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as es:
         anvil = es.enter_context(Anvil(log_file=work / "anvil.log"))
@@ -115,14 +118,15 @@ def stack(
         dep_file = work / "deployment.json"
         deployment.save(dep_file)
         client = EscrowClient(w3, deployment)
-        # each node stakes enough collateral for the most jobs it may hold (64 slots of 0.001
-        # ETH bounties, collateral 100 % of the bounty) on top of the minimum stake
+        # each node stakes enough collateral for the most jobs it may hold at once (by default
+        # 64 slots of 0.001 ETH bounties, collateral 100 % of the bounty) on top of the minimum
         accounts = new_providers(
             client,
             keys[0],
             providers,
             metadata_cid="bafkreibenchnode",
-            stake_wei=params.min_stake + 64 * 10**15,
+            stake_wei=params.min_stake + stake_jobs * 10**15,
+            fund_wei=10**18 + params.min_stake + stake_jobs * 10**15,  # the stake, and gas
         )
         if db == "sqlite":
             db_url = f"sqlite:///{work / ('bench-' + secrets.token_hex(3) + '.db')}"
@@ -220,40 +224,64 @@ def fund_jobs(
     spec_cids: Sequence[str],
     n: int,
     on_verify: bool = True,
+    funders: int = 1,
 ) -> float:
-    """Fund ``n`` jobs with ``createJob`` (a 0.001 ETH bounty each) from the submitter dev
-    account, spec CIDs taken in turn; returns the seconds it took. One transaction at a time
-    with anvil's ``eth_sendTransactionSync`` (anvil holds the dev keys and signs; the receipt
-    comes back in the same round trip); a job that fails to fund stops the bench. (Batched
+    """Fund ``n`` jobs with ``createJob`` (a 0.001 ETH bounty each), spec CIDs taken in turn;
+    returns the seconds it took. ``funders`` submitters (dev accounts 3, 4, ... at most 7) send
+    at once, each from a thread of its own, one transaction at a time with anvil's
+    ``eth_sendTransactionSync`` (anvil holds the dev keys and signs; the receipt comes back in
+    the same round trip); a job that fails to fund stops the bench. (Batched
     ``eth_sendTransaction`` lost transactions in anvil's pool and left nonce gaps.)"""
-    submitter = Account.from_key(dev_accounts(SUBMITTER + 1)[SUBMITTER]).address
+    if not 1 <= funders <= 7:
+        raise ValueError(f"funders {funders}: dev accounts 3 to 9 are the submitters (1 to 7)")
+    keys = dev_accounts(SUBMITTER + funders)[SUBMITTER:]
     deadline = int(time.time()) + 6 * 3600
-    terms = escrow.default_terms(10**15, submitter, on_verify=on_verify)
+    failed: list[BaseException] = []
+
+    def fund(k: int) -> None:
+        submitter = Account.from_key(keys[k]).address
+        terms = escrow.default_terms(10**15, submitter, on_verify=on_verify)
+        with httpx.Client(timeout=120) as http:
+            for i in range(k, n, funders):
+                if failed:
+                    return
+                data = escrow.encode(
+                    "createJob",
+                    os.urandom(32),
+                    spec_cids[i % len(spec_cids)],
+                    deadline,
+                    terms.mediator,
+                    terms.collateral,
+                    terms.flags,
+                )
+                tx = {
+                    "from": submitter,
+                    "to": escrow.address,
+                    "data": "0x" + data.hex(),
+                    "value": hex(10**15),
+                    "gas": hex(200_000),
+                }
+                body = {"jsonrpc": "2.0", "id": i, "method": "eth_sendTransactionSync"}
+                answer = http.post(anvil_url, json={**body, "params": [tx]}).json()
+                if "error" in answer:
+                    raise RuntimeError(f"createJob {i} refused: {answer['error']}")
+                if int(answer["result"]["status"], 16) != 1:
+                    raise RuntimeError(f"createJob {i} reverted: {answer['result']}")
+
+    def guarded(k: int) -> None:
+        try:
+            fund(k)
+        except BaseException as exc:  # re-raised by the caller's thread below
+            failed.append(exc)
+
     t0 = time.perf_counter()
-    with httpx.Client(timeout=120) as http:
-        for i in range(n):
-            data = escrow.encode(
-                "createJob",
-                os.urandom(32),
-                spec_cids[i % len(spec_cids)],
-                deadline,
-                terms.mediator,
-                terms.collateral,
-                terms.flags,
-            )
-            tx = {
-                "from": submitter,
-                "to": escrow.address,
-                "data": "0x" + data.hex(),
-                "value": hex(10**15),
-                "gas": hex(200_000),
-            }
-            body = {"jsonrpc": "2.0", "id": i, "method": "eth_sendTransactionSync", "params": [tx]}
-            answer = http.post(anvil_url, json=body).json()
-            if "error" in answer:
-                raise RuntimeError(f"createJob {i} refused: {answer['error']}")
-            if int(answer["result"]["status"], 16) != 1:
-                raise RuntimeError(f"createJob {i} reverted: {answer['result']}")
+    threads = [threading.Thread(target=guarded, args=(k,), daemon=True) for k in range(funders)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failed:
+        raise failed[0]
     return time.perf_counter() - t0
 
 
@@ -445,6 +473,35 @@ def acceptor(
         return status == 200 and bool(json.loads(answer).get("accepted"))
 
     return accept
+
+
+def finisher(
+    account: LocalAccount, node_id: str, token: str, output_cid: str
+) -> Callable[[RawHttp, bytes], Awaitable[bool]]:
+    """A node's report that its run of an accepted job ended, as the agent sends it: the
+    output ``output_cid`` (already on IPFS) signed with the node's wallet for this job and
+    attempt, posted to ``API.RESULT``. The scheduler checks the signature, moves the job to
+    ``verifying`` (its verifier then fetches the output from IPFS and checks its CID, and the
+    outbox relays the result to the escrow with ``settle``) and the node's slot is free."""
+    headers = {"Authorization": f"Bearer {token}"}
+
+    async def finish(conn: RawHttp, body: bytes) -> bool:
+        a = json.loads(body)
+        job_id = bytes.fromhex(a["job_id"][2:])
+        sig = sign_result(account, a["chain_id"], a["escrow"], job_id, a["attempt"], output_cid)
+        report = {
+            "attempt": a["attempt"],
+            "reason": "succeeded",
+            "exit_code": 0,
+            "duration_s": 0.0,
+            "output_cid": output_cid,
+            "signature": "0x" + sig.hex(),
+        }
+        path = API.RESULT.format(node_id=node_id, job_id=a["job_id"])
+        status, _, _ = await conn.request("POST", path, headers, json.dumps(report).encode())
+        return status == 202
+
+    return finish
 
 
 # --------------------------------------------------------------------------- raw chain access

@@ -33,7 +33,21 @@ The peer, Sarva's dispatcher (``bench/peers/sarva.py``: FastAPI + SQLAlchemy + S
 table. Jobs are held by the node that claimed them (no node finishes a job), so ``--jobs`` is at
 most 64 (the most slots a node may offer) per client.
 
+``--finish`` is the soak (issue 12's 100,000 claims without a double): each node, once its
+acceptance is taken, reports the run done as the agent does (``POST
+/v1/nodes/{id}/jobs/{job}/result``, the output CID signed by its wallet for that job and
+attempt; the output is one small file the bench put on IPFS) and asks again, so a node's slot
+is used again and ``--jobs`` may be any number. The jobs are funded while the nodes claim
+(``--funders`` submitters at once), so the rate is bounded by the funding too. Behind the
+claims the leader verifies each output (fetched from IPFS, hashed back to its CID) and queues
+its ``settle``; anvil takes far fewer assigns and settles a second than the nodes claim, so the
+outbox is counted at the end, not awaited. Each node stakes the collateral of all the jobs it
+may take (the settles that unlock it trail the claims). Doubles are counted as above: a job
+received twice by the clients, a job with two or more attempts in the database, an ``assign``
+the chain refused.
+
     python bench/claims.py [--jobs 2000] [--clients 64] [--db sqlite|postgresql|both] [--no-peer]
+    python bench/claims.py --finish --jobs 100000 --db postgresql --no-peer --funders 4
 
 Goal (issue 12): >= 1,000 claims/s with 64 long-polling nodes, 0 double assignments.
 """
@@ -50,6 +64,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -59,6 +74,7 @@ import psutil
 from _load import Client, Drained, drain
 from _stack import (
     acceptor,
+    finisher,
     fleet_capacity,
     fund_jobs,
     load_average,
@@ -76,7 +92,7 @@ from sqlalchemy import create_engine, func, select
 from devstack.anvil import free_port
 from gridmarket.wire import API
 from scheduler.store import Store
-from scheduler.store.tables import attempts
+from scheduler.store.tables import attempts, jobs
 
 WASM_CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
 HERE = Path(__file__).resolve().parent
@@ -88,10 +104,20 @@ def _metric(text: str, name: str) -> int:
 
 
 def run_ours(
-    db: str, n_jobs: int, n_clients: int, n_specs: int, gpus: int, profile: Path | None
+    db: str,
+    n_jobs: int,
+    n_clients: int,
+    n_specs: int,
+    gpus: int,
+    profile: Path | None,
+    finish: bool = False,
+    funders: int = 1,
 ) -> dict[str, Any]:
     replicas = 1 if db == "sqlite" else 2
     slots = min(64, math.ceil(n_jobs / n_clients) + 8)
+    # finishing nodes take jobs one after another: each stakes the collateral of all the jobs
+    # it may take, since the settles that unlock it trail the claims in the outbox
+    stake_jobs = 2 * math.ceil(n_jobs / n_clients) + 64 if finish else 64
     with (
         tempfile.TemporaryDirectory(prefix="gm-bench-claims-") as tmp,
         stack(
@@ -99,14 +125,27 @@ def run_ours(
             providers=n_clients,
             db=db,
             replicas=replicas,
+            stake_jobs=stake_jobs,
             lease_ttl_s="900",
             node_timeout_s="900",
         ) as st,
     ):
         specs = spec_mix(random.Random(7), n_specs, WASM_CID)
         cids = publish_specs(st.ipfs, specs)
-        fund_s = fund_jobs(st.anvil.url, st.escrow, cids, n_jobs)
-        queue_s = wait_queued(st.db_url, n_jobs)
+        output_cid = st.ipfs.add_bytes(b"the bench's run output\n")
+        funded: dict[str, float] = {}
+        feeder = None
+        if finish:  # jobs are funded while the nodes claim and finish them
+            fund_s, queue_s = 0.0, 0.0
+
+            def feed() -> None:
+                funded["s"] = fund_jobs(st.anvil.url, st.escrow, cids, n_jobs, funders=funders)
+
+            feeder = threading.Thread(target=feed, daemon=True)
+            feeder.start()
+        else:
+            fund_s = fund_jobs(st.anvil.url, st.escrow, cids, n_jobs, funders=funders)
+            queue_s = wait_queued(st.db_url, n_jobs)
         urls = [p.url for p in st.replicas]
 
         async def go() -> Drained:
@@ -136,9 +175,15 @@ def run_ours(
                         {"Authorization": f"Bearer {token}"},
                         slots,
                         acceptor(st.providers[i], node_id, token),
+                        finisher(st.providers[i], node_id, token, output_cid) if finish else None,
                     )
                 )
-            return await drain(clients, n_jobs, lambda b: str(json.loads(b)["job_id"]))
+            return await drain(
+                clients,
+                n_jobs,
+                lambda b: str(json.loads(b)["job_id"]),
+                stall_s=120 if finish else 15,  # the first jobs come after set-up, then funding
+            )
 
         procs = [psutil.Process(p.pid) for p in st.replicas if p.pid is not None]
         cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
@@ -153,16 +198,20 @@ def run_ours(
             )
             for src in ("chain", "remembered")
         }
-        # the assigns the leases queued: wait for the outbox to send them all to anvil
+        # the assigns the leases queued: wait for the outbox to send them all to anvil (finishing
+        # nodes: their settles too, far more than anvil takes in the run: counted, not awaited)
         store = Store(st.db_url)
         t0 = time.perf_counter()
         while True:
             out = store.outbox_counts()
-            if not out.get("pending", 0) or time.perf_counter() - t0 > 600:
+            if finish or not out.get("pending", 0) or time.perf_counter() - t0 > 600:
                 break
             time.sleep(0.5)
         outbox_s = res.elapsed + time.perf_counter() - t0
         store.close()
+        if feeder is not None:
+            feeder.join(timeout=60)
+            fund_s = funded.get("s", float("nan"))
         engine = create_engine(st.db_url)
         with engine.connect() as conn:
             multi = conn.execute(
@@ -173,7 +222,28 @@ def run_ours(
                     .subquery()
                 )
             ).scalar()
+            states: dict[str, int] = dict(
+                conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all()
+            )
+            again = select(attempts.c.job_id).group_by(attempts.c.job_id).having(func.count() > 1)
+            tried = conn.execute(
+                select(
+                    attempts.c.job_id,
+                    attempts.c.attempt,
+                    attempts.c.node_id,
+                    attempts.c.started_at,
+                    attempts.c.ended_at,
+                    attempts.c.outcome,
+                    attempts.c.detail,
+                )
+                .where(attempts.c.job_id.in_(again))
+                .order_by(attempts.c.job_id, attempts.c.started_at)
+            ).all()
         engine.dispose()
+        if tried:
+            print("    jobs with two or more attempts (attempt, node, outcome, detail):")
+            for row in tried[:12]:
+                print(f"      {row.job_id} {row.attempt} {row.node_id} {row.outcome} {row.detail}")
     return {
         "who": f"ours, {db}",
         "replicas": replicas,
@@ -186,6 +256,8 @@ def run_ours(
         "outbox_s": outbox_s,
         "fund_s": fund_s,
         "queue_s": queue_s,
+        "states": states,
+        "finish": finish,
     }
 
 
@@ -273,14 +345,25 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=16, help="cards per GPU node (its tier's)")
     ap.add_argument("--no-peer", action="store_true", help="skip the Sarva peer")
     ap.add_argument(
+        "--finish",
+        action="store_true",
+        help="each node reports each job done (a signed result) before it asks again, and the "
+        "jobs are funded while the nodes claim: any --jobs (the 100,000-claim soak)",
+    )
+    ap.add_argument(
+        "--funders", type=int, default=1, help="submitters funding jobs at once (1 to 7)"
+    )
+    ap.add_argument(
         "--profile",
         type=Path,
         default=None,
         help="py-spy flame graphs of the replicas while the claims run, into this folder",
     )
     args = ap.parse_args()
-    if args.jobs > 64 * args.clients:
-        raise SystemExit(f"--jobs {args.jobs}: at most 64 per client ({64 * args.clients})")
+    if args.jobs > 64 * args.clients and not args.finish:
+        raise SystemExit(
+            f"--jobs {args.jobs}: at most 64 per client ({64 * args.clients}) unless --finish"
+        )
     dbs = {"both": ["sqlite", "postgresql"], "none": []}.get(args.db, [args.db])
     load0 = os.getloadavg()[0]
     print(f"{uptime()}")
@@ -290,7 +373,18 @@ def main() -> None:
     )
     rows = []
     for db in dbs:
-        rows.append(run_ours(db, args.jobs, args.clients, args.specs, args.gpus, args.profile))
+        rows.append(
+            run_ours(
+                db,
+                args.jobs,
+                args.clients,
+                args.specs,
+                args.gpus,
+                args.profile,
+                args.finish,
+                args.funders,
+            )
+        )
         print(f"  done: {_line(rows[-1])}", flush=True)
     if not args.no_peer:
         rows.append(run_sarva(args.jobs, args.clients))
@@ -312,7 +406,15 @@ def main() -> None:
             f"{r['cpu'] * 1e3 / max(1, d.claims):>13.2f}" + ("  STALLED" if d.stalled else "")
         )
     for r in rows:
-        if "outbox" in r:
+        if r.get("finish"):
+            d = r["res"]
+            print(
+                f"{r['who']}: funded {args.jobs} in {r['fund_s']:.1f} s while the nodes claimed; "
+                f"{d.finished} results taken, {d.unfinished} refused; jobs by state at the end "
+                f"{r['states']}; outbox at the end {r['outbox']} (the settles and assigns not "
+                "yet sent are not awaited)"
+            )
+        elif "outbox" in r:
             done = r["outbox"].get("done", 0)
             print(
                 f"{r['who']}: funded {args.jobs} in {r['fund_s']:.1f} s, all queued (watcher + "

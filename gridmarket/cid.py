@@ -16,6 +16,7 @@ directories (js-ipfs never shards unless told to; Kubo shards directory nodes ov
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -224,6 +225,12 @@ def _dir_node(path: Path, params: CidParams) -> _Node:
 
 # ------------------------------------------------------------------ public API
 
+_PARSED = 16_384
+"""How many distinct CID texts :func:`normalize_cid` and :func:`_parse` remember. multiformats
+checks every argument's type at run time (``typing_validation``): a parse and its re-encoding
+cost ~0.2 ms, and the scheduler parses the same CIDs again and again (a spec CID per job, an
+output CID per result, each once per check). A CID is immutable, and so is its text's parse."""
+
 
 def _encode(cid: bytes, params: CidParams) -> str:
     if params.version == 0:
@@ -251,8 +258,12 @@ def path_cid(path: str | os.PathLike[str], params: CidParams = V1) -> str:
     return _encode(_path_node(Path(path), params).cid, params)
 
 
+@functools.lru_cache(maxsize=_PARSED)
 def normalize_cid(cid: str) -> str:
     """The canonical text of ``cid``: CIDv0 in base58btc, CIDv1 in base32 (``bafy...``).
+
+    Remembered for the last ``_PARSED`` distinct texts (a pure function of its argument; a
+    refusal is not remembered).
 
     Raises:
         CidError: ``cid`` is not a CID.
@@ -263,6 +274,7 @@ def normalize_cid(cid: str) -> str:
     return str(parsed.set(base="base32"))
 
 
+@functools.lru_cache(maxsize=_PARSED)
 def _parse(cid: str) -> CID:
     try:
         return CID.decode(cid.strip())

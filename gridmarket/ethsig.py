@@ -23,6 +23,7 @@ message of this project has one: ValueError).
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import re
@@ -99,7 +100,21 @@ def _normalized(value: str | bytes) -> str:
 
 def to_checksum_address(value: str | bytes) -> str:
     """The EIP-55 form of an address given as hex (any case, ``0x`` optional) or 20 bytes;
-    ValueError (TypeError for another type) as eth-utils' ``to_checksum_address`` raises."""
+    ValueError (TypeError for another type) as eth-utils' ``to_checksum_address`` raises.
+
+    Text is remembered for the last 16,384 distinct addresses (a keccak in Python each: the
+    chain watcher checksums the same few wallets in every event); a refusal is not."""
+    if isinstance(value, str):
+        return _checksum_text(value)
+    return _checksum(value)
+
+
+@functools.lru_cache(maxsize=16_384)
+def _checksum_text(value: str) -> str:
+    return _checksum(value)
+
+
+def _checksum(value: str | bytes) -> str:
     normalized = _normalized(value)[2:]
     digest = keccak(normalized.encode("ascii")).hex()
     return "0x" + "".join(

@@ -14,6 +14,7 @@ import logging
 import random
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -269,7 +270,13 @@ class SpecFetcher:
 
     :meth:`once` only hands jobs to the pool and returns; a finished fetch wakes it (``wake``)
     to fill the freed worker.
+
+    A spec read whole, hashed back to its CID and parsed is remembered by that CID (the last
+    ``SPECS_KEPT``): the bytes of a CID cannot change, and jobs funded from one template share
+    a spec, so only the first of them waits on IPFS. Refusals are not remembered.
     """
+
+    SPECS_KEPT = 4096
 
     def __init__(
         self,
@@ -294,6 +301,8 @@ class SpecFetcher:
         self._in_flight: dict[str, bool] = {}  # job id -> is a retry
         self._local = threading.local()
         self._clients: list[IpfsStore] = []
+        self._specs: OrderedDict[str, JobSpec] = OrderedDict()  # CID -> spec, oldest first
+        self.specs_remembered = 0  # fetches answered from ``_specs``
 
     def once(self) -> int:
         with self._lock:
@@ -372,6 +381,12 @@ class SpecFetcher:
         self, cid: str, *, timeout_s: float = 5.0, client: IpfsStore | None = None
     ) -> tuple[JobSpec | None, str]:
         """The job spec at ``cid``, or None and why (``retry:`` prefix: try again later)."""
+        with self._lock:
+            known = self._specs.get(cid)
+            if known is not None:
+                self._specs.move_to_end(cid)
+                self.specs_remembered += 1
+                return known, ""
         try:
             data = (client or self.ipfs).cat(cid, max_bytes=MAX_SPEC_BYTES, timeout_s=timeout_s)
         except ValueError as exc:
@@ -384,9 +399,14 @@ class SpecFetcher:
         except CidError as exc:
             return None, f"job spec CID {cid} is invalid: {exc}"
         try:
-            return JobSpec.from_bytes(data), ""
+            spec = JobSpec.from_bytes(data)
         except ValueError as exc:
             return None, f"job spec {cid} is invalid: {line(exc)}"
+        with self._lock:
+            self._specs[cid] = spec
+            while len(self._specs) > self.SPECS_KEPT:
+                self._specs.popitem(last=False)
+        return spec, ""
 
 
 class Verifier:

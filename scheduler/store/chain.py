@@ -46,6 +46,7 @@ from .tables import attempts, cursors, jobs, metadata, outbox
 __all__ = ["CHAIN_CURSOR", "KEEP_BLOCKS", "ChainStore", "chain_blocks"]
 
 _CHAIN_POS = select(jobs.c.chain_pos).where(jobs.c.job_id == bindparam("job_id_"))
+_INSERT_JOB = insert(jobs)  # executed with a row's values: compiled once, no per-call cache key
 
 CHAIN_CURSOR = "escrow"
 KEEP_BLOCKS = 128
@@ -229,7 +230,7 @@ class ChainStore(JobStore):
         pos = pos_of(ev.block, ev.log_index)
         now = self.clock()
         if ev.name == "JobCreated":
-            known = conn.execute(select(jobs.c.chain_pos).where(jobs.c.job_id == job_id)).scalar()
+            known = conn.execute(_CHAIN_POS, {"job_id_": job_id}).scalar()
             if known == 0:  # its creation was reorged out after the scheduler leased it
                 state = apply_event(None, ev.name, args)
                 conn.execute(
@@ -250,33 +251,34 @@ class ChainStore(JobStore):
             state = apply_event(None, ev.name, args)
             start = lifecycle.step(None, Event.CREATED).value
             conn.execute(
-                insert(jobs).values(
-                    job_id=job_id,
-                    submitter=state.job.submitter,
-                    bounty_wei=str(state.job.bounty),
-                    deadline=state.job.deadline,
-                    fee_bps=state.job.fee_bps,
-                    salt="0x" + state.salt.hex(),
-                    spec_cid=state.spec_cid,
-                    spec=None,
-                    state=start,
-                    reason="fetching the job spec from IPFS",
-                    created_block=ev.block,
-                    created_at=now,
-                    updated_at=now,
-                    queued_at=None,
-                    chain_status=int(state.status),
-                    chain_job=job_to_json(state),
-                    token=state.job.token,
-                    chain_pos=pos,
-                    output_cid=None,
-                    node_id=None,
-                    attempt=0,
-                    lease_expires=None,
-                    excluded=[],
-                    failures=0,
-                    result=None,
-                )
+                _INSERT_JOB,
+                {
+                    "job_id": job_id,
+                    "submitter": state.job.submitter,
+                    "bounty_wei": str(state.job.bounty),
+                    "deadline": state.job.deadline,
+                    "fee_bps": state.job.fee_bps,
+                    "salt": "0x" + state.salt.hex(),
+                    "spec_cid": state.spec_cid,
+                    "spec": None,
+                    "state": start,
+                    "reason": "fetching the job spec from IPFS",
+                    "created_block": ev.block,
+                    "created_at": now,
+                    "updated_at": now,
+                    "queued_at": None,
+                    "chain_status": int(state.status),
+                    "chain_job": job_to_json(state),
+                    "token": state.job.token,
+                    "chain_pos": pos,
+                    "output_cid": None,
+                    "node_id": None,
+                    "attempt": 0,
+                    "lease_expires": None,
+                    "excluded": [],
+                    "failures": 0,
+                    "result": None,
+                },
             )
             self._audit(conn, "job", job_id, "created", tx=ev.tx_hash, block=ev.block)
             return 1

@@ -44,6 +44,9 @@ TIMED_OUT = "timed_out"
 JOB_BY_ID = select(*job_columns).where(jobs.c.job_id == bindparam("job_id_"))
 JOB_BY_ID_FOR_UPDATE = JOB_BY_ID.with_for_update()
 UPDATE_JOB = update(jobs).where(jobs.c.job_id == bindparam("job_id_"))
+_UPDATE_JOB_IN_STATE = update(jobs).where(
+    jobs.c.job_id == bindparam("job_id_"), jobs.c.state == bindparam("state_")
+)
 _WALLET = select(nodes.c.wallet).where(nodes.c.node_id == bindparam("node_id_"))
 _WALLET_FOR_UPDATE = _WALLET.with_for_update()
 _PENDING_COLUMNS = (
@@ -231,9 +234,13 @@ class JobStore(ReputationStore, OutboxStore):
             if queued:
                 values.update(reason="waiting for a node", queued_at=now, spot_commit=commit)
             n = conn.execute(
-                update(jobs)
-                .where(jobs.c.job_id == job_id, jobs.c.state == State.PENDING_SPEC.value)
-                .values(updated_at=now, **values)
+                _UPDATE_JOB_IN_STATE,
+                {
+                    "job_id_": job_id,
+                    "state_": State.PENDING_SPEC.value,
+                    "updated_at": now,
+                    **values,
+                },
             ).rowcount
             if n:
                 self._audit(conn, "job", job_id, str(values["state"]), reason=refusal or reason)
@@ -385,16 +392,16 @@ class JobStore(ReputationStore, OutboxStore):
             if report.output_cid is not None and report.reason.value == "succeeded":
                 to = lifecycle.step(job.state, Event.RESULT_REPORTED).value
                 conn.execute(
-                    update(jobs)
-                    .where(jobs.c.job_id == job_id)
-                    .values(
-                        state=to,
-                        reason="verifying the output",
-                        result=result,
-                        output_cid=report.output_cid,
-                        lease_expires=None,
-                        updated_at=self.clock(),
-                    )
+                    UPDATE_JOB,
+                    {
+                        "job_id_": job_id,
+                        "state": to,
+                        "reason": "verifying the output",
+                        "result": result,
+                        "output_cid": report.output_cid,
+                        "lease_expires": None,
+                        "updated_at": self.clock(),
+                    },
                 )
                 self._audit(conn, "job", job_id, to, output_cid=report.output_cid)
                 return to

@@ -70,6 +70,18 @@ def test_normalize_and_params() -> None:
         CidParams(version=0, raw_leaves=True)
 
 
+def test_parses_are_remembered_and_refusals_are_not() -> None:
+    v1_b58 = "zb2rhmy65F3REf8SZp7De11gxtECBGgUKaLdiDj7MCGCHxbDW"
+    normalize_cid(v1_b58)
+    hits = normalize_cid.cache_info().hits
+    assert normalize_cid(v1_b58) == "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
+    assert normalize_cid.cache_info().hits == hits + 1
+    for _ in range(2):  # refused both times: an exception is never remembered
+        with pytest.raises(CidError, match="not a CID"):
+            normalize_cid("still-not-a-cid")
+    assert normalize_cid.cache_info().maxsize == 16_384
+
+
 def test_symlinks_have_no_cid(tmp_path: Path) -> None:
     (tmp_path / "link").symlink_to("/etc/hostname")
     with pytest.raises(CidError, match="symlink"):

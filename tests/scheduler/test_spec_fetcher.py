@@ -153,3 +153,41 @@ def test_a_new_job_is_fetched_before_due_retries(
         assert {store.job(j).state for j in missing} == {"pending_spec"}
     finally:
         fetcher.close()
+
+
+def test_a_spec_is_remembered_by_its_cid_and_refusals_are_not(
+    store: Store, ipfs: IpfsStore
+) -> None:
+    """Jobs funded from one template share a spec: the first fetch reads IPFS, the next ones
+    are answered from the remembered spec (proved with an IPFS client that cannot connect),
+    bounded to SPECS_KEPT CIDs; a bad spec is read again each time."""
+    fetcher = SpecFetcher(store, ipfs, workers=2, first_timeout_s=1.0, timeout_s=1.0)
+    dead = IpfsStore("/ip4/127.0.0.1/tcp/9", timeout=1.0)  # the discard port: nothing listens
+    try:
+        good = ipfs.add_bytes(SPEC.to_bytes())
+        other = ipfs.add_bytes(SPEC.model_copy(update={"command": ["false"]}).to_bytes())
+        junk = ipfs.add_bytes(b"{not a spec")
+        first = [fund(store, i, good) for i in range(1, 4)]
+        settle(fetcher)
+        assert {store.job(j).state for j in first} == {"queued"}
+        # two workers: the first two may both read IPFS, the third comes after one has ended
+        remembered = fetcher.specs_remembered
+        assert remembered >= 1
+        spec, why = fetcher.fetch(good, client=dead)
+        assert (spec, why) == (SPEC, "")
+        assert fetcher.specs_remembered == remembered + 1
+        # never fetched: the dead client is asked, and fails
+        spec, why = fetcher.fetch(other, client=dead)
+        assert spec is None and why.startswith("retry:")
+        # a refusal is not remembered: read (and refused) again
+        assert fetcher.fetch(junk)[0] is None
+        spec, why = fetcher.fetch(junk, client=dead)
+        assert spec is None and why.startswith("retry:")
+        # bounded: the oldest CID is forgotten first
+        fetcher.SPECS_KEPT = 1
+        assert fetcher.fetch(other)[0] is not None
+        assert fetcher.fetch(other, client=dead)[0] is not None
+        assert fetcher.fetch(good, client=dead)[0] is None
+    finally:
+        dead.close()
+        fetcher.close()
