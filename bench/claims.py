@@ -23,9 +23,11 @@ Ours (the production path, end to end):
 Counted: claims/s (distinct jobs handed out, first poll to the last job leased), claim latency
 p50/p99, empty polls while jobs waited (retried), refused polls (error status), dispatch rounds
 (each one transaction that locks rows ``FOR UPDATE SKIP LOCKED`` on PostgreSQL), double
-assignments as ``clients/db/chain``: jobs received by two or more clients, jobs with two or
-more attempts (ours) or audit rows (the peer) in the database, ``assign`` transactions the chain
-refused; and assigns confirmed on-chain per second.
+assignments as ``clients/db/chain``: jobs received by two or more clients, jobs two of whose
+attempts were open at once (ours: an attempt started before the one before it ended; an offer
+handed back undelivered and offered again is counted apart, as re-offered) or with two or more
+audit rows (the peer) in the database, ``assign`` transactions the chain refused; and assigns
+confirmed on-chain per second.
 
 The peer, Sarva's dispatcher (``bench/peers/sarva.py``: FastAPI + SQLAlchemy + SQLite, a plain
 ``def`` endpoint, no locking), is served the same way and driven by the same load generator
@@ -66,6 +68,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -214,14 +218,6 @@ def run_ours(
             fund_s = funded.get("s", float("nan"))
         engine = create_engine(st.db_url)
         with engine.connect() as conn:
-            multi = conn.execute(
-                select(func.count()).select_from(
-                    select(attempts.c.job_id)
-                    .group_by(attempts.c.job_id)
-                    .having(func.count() > 1)
-                    .subquery()
-                )
-            ).scalar()
             states: dict[str, int] = dict(
                 conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all()
             )
@@ -240,10 +236,14 @@ def run_ours(
                 .order_by(attempts.c.job_id, attempts.c.started_at)
             ).all()
         engine.dispose()
-        if tried:
-            print("    jobs with two or more attempts (attempt, node, outcome, detail):")
-            for row in tried[:12]:
-                print(f"      {row.job_id} {row.attempt} {row.node_id} {row.outcome} {row.detail}")
+        overlapping, reoffered = _attempt_overlaps(tried)
+        for job_id in overlapping[:12]:
+            print(f"    DOUBLE: job {job_id} was held by two attempts at once:")
+            for row in (r for r in tried if r.job_id == job_id):
+                print(
+                    f"      attempt {row.attempt} node {row.node_id} {row.started_at:.3f} -> "
+                    f"{row.ended_at} {row.outcome} {row.detail}"
+                )
     return {
         "who": f"ours, {db}",
         "replicas": replicas,
@@ -251,7 +251,8 @@ def run_ours(
         "cpu": cpu,
         "rounds": rounds,
         "lookups": lookups,
-        "db_dupes": int(multi or 0),
+        "db_dupes": len(overlapping),
+        "reoffered": reoffered,
         "outbox": out,
         "outbox_s": outbox_s,
         "fund_s": fund_s,
@@ -259,6 +260,25 @@ def run_ours(
         "states": states,
         "finish": finish,
     }
+
+
+def _attempt_overlaps(rows: Sequence[Any]) -> tuple[list[str], Counter[str]]:
+    """From the attempts of the jobs tried more than once (ordered by job, then start): the
+    jobs two of whose attempts were open at once (one started before the one before it ended:
+    a double assignment), and how the earlier attempts of the others ended (an offer whose
+    long poll had already gone is handed back undelivered, ``declined``, and offered again)."""
+    overlapping: list[str] = []
+    reoffered: Counter[str] = Counter()
+    by_job: dict[str, list[Any]] = {}
+    for row in rows:
+        by_job.setdefault(row.job_id, []).append(row)
+    for job_id, tries in by_job.items():
+        ends = [math.inf if r.ended_at is None else r.ended_at for r in tries]
+        if any(later.started_at < end for later, end in zip(tries[1:], ends, strict=False)):
+            overlapping.append(job_id)
+        else:
+            reoffered.update(str(r.outcome) for r in tries[:-1])
+    return overlapping, reoffered
 
 
 def run_sarva(n_jobs: int, n_clients: int) -> dict[str, Any]:
@@ -318,6 +338,10 @@ def run_sarva(n_jobs: int, n_clients: int) -> dict[str, Any]:
         "db_dupes": db_dupes,
         "audit_rows": rows,
     }
+
+
+def _counts(r: dict[str, Any]) -> str:
+    return ", ".join(f"{n} {k}" for k, n in r["reoffered"].most_common()) or "none"
 
 
 def _line(r: dict[str, Any]) -> str:
@@ -412,7 +436,7 @@ def main() -> None:
                 f"{r['who']}: funded {args.jobs} in {r['fund_s']:.1f} s while the nodes claimed; "
                 f"{d.finished} results taken, {d.unfinished} refused; jobs by state at the end "
                 f"{r['states']}; outbox at the end {r['outbox']} (the settles and assigns not "
-                "yet sent are not awaited)"
+                f"yet sent are not awaited); re-offered jobs' earlier attempts {_counts(r)}"
             )
         elif "outbox" in r:
             done = r["outbox"].get("done", 0)
@@ -421,7 +445,8 @@ def main() -> None:
                 f"IPFS spec fetch) {r['queue_s']:.1f} s later; outbox {r['outbox']}: "
                 f"{done / r['outbox_s']:.0f} assigns/s confirmed on anvil; free collateral "
                 f"read on-chain {r['lookups']['chain']} times, remembered "
-                f"{r['lookups']['remembered']} (COLLATERAL_CACHE_S)"
+                f"{r['lookups']['remembered']} (COLLATERAL_CACHE_S); re-offered jobs' earlier "
+                f"attempts {_counts(r)}"
             )
         else:
             d = r["res"]

@@ -11,16 +11,18 @@ before FastAPI's router. It serves
   node is online and every job it lists is known leased to it);
 * ``POST /v1/nodes/{node_id}/next-job[?wait_s=S]`` (``nodes.poll``, the route's own work);
 * ``POST /v1/nodes/{node_id}/jobs/{job_id}/accept`` (``nodes.accept_offer``, likewise);
+* ``POST /v1/nodes/{node_id}/jobs/{job_id}/result`` (``nodes.record_run``, likewise: the end
+  of every run, so one per job);
 
 each only when all of these hold:
 
-* that exact path and method; for a heartbeat or an acceptance, a ``Content-Type`` of
+* that exact path and method; for a heartbeat, an acceptance or a result, a ``Content-Type`` of
   ``application/json``; for a poll, no query parameter but one ``wait_s`` within the route's
   bounds (0 to 120);
 * the bearer token is valid and issued to that node (``deps.token_problem``, the routes' check);
 * the node's row is in the node-row cache (``nodecache.py``);
 * the body parses as JSON and validates as the route's model (``HeartbeatRequest``,
-  ``AcceptRequest``), validated from the parsed JSON as FastAPI does.
+  ``AcceptRequest``, ``ResultReport``), validated from the parsed JSON as FastAPI does.
 
 Anything else (a cache miss, a bad token, a body the model refuses, a node back from offline
 for a heartbeat) goes to the FastAPI route with the body replayed, before any effect, so those
@@ -29,7 +31,7 @@ errors, status codes and messages are the route's. Once the work has started, an
 (``{"detail": ...}``, its status and headers), and the store's ``NotFoundError`` and
 ``ConflictError`` as the app's handlers do (404, 409). The routes stay the documented
 operations in OpenAPI. Requests answered here count ``heartbeats_fast_path``,
-``polls_fast_path`` and ``acceptances_fast_path`` (``/metrics``).
+``polls_fast_path``, ``acceptances_fast_path`` and ``results_fast_path`` (``/metrics``).
 """
 
 from __future__ import annotations
@@ -42,11 +44,11 @@ from urllib.parse import parse_qsl
 from fastapi import HTTPException
 
 from gridmarket.http_guard import ASGIApp, Message, Receive, Scope, Send
-from gridmarket.wire import AcceptRequest, HeartbeatRequest
+from gridmarket.wire import AcceptRequest, HeartbeatRequest, ResultReport
 from scheduler.store import ConflictError, NotFoundError
 
 from .deps import token_problem
-from .nodes import accept_offer, beat_from_memory, poll
+from .nodes import accept_offer, beat_from_memory, poll, record_run
 
 PREFIX = "/v1/nodes/"
 _JSON = [(b"content-type", b"application/json")]
@@ -75,9 +77,9 @@ class NodeFastPath:
             and parts[0]
             and parts[1] == "jobs"
             and parts[2]
-            and parts[3] == ("accept")
+            and parts[3] in ("accept", "result")
         ):
-            kind = "accept"
+            kind = parts[3]
         else:
             await self.app(scope, receive, send)
             return
@@ -118,13 +120,18 @@ class NodeFastPath:
             state.grid.count("polls_fast_path")
             await _answer(send, _polled(state, node, wait_s))
             return
+        model = AcceptRequest if kind == "accept" else ResultReport
         try:  # as FastAPI: the parsed JSON validated in Python mode
-            accepted = AcceptRequest.model_validate(json.loads(body))
+            parsed: Any = model.model_validate(json.loads(body))
         except Exception:  # every bad body is the route's to answer
             await self.app(scope, _replay(body, rest, receive), send)
             return
-        state.grid.count("acceptances_fast_path")
-        await _answer(send, _accepted(state, parts[2], accepted, node))
+        if kind == "accept":
+            state.grid.count("acceptances_fast_path")
+            await _answer(send, _accepted(state, parts[2], parsed, node))
+        else:
+            state.grid.count("results_fast_path")
+            await _answer(send, _reported(state, parts[2], parsed, node))
 
 
 def _node(state: Any, node_id: str, authorization: bytes) -> Any:
@@ -173,6 +180,13 @@ async def _accepted(
 ) -> tuple[int, bytes, list[Any]]:
     ack = await accept_offer(job_id, body, node, state.grid, state.dispatcher)
     return 200, ack.__pydantic_serializer__.to_json(ack), _JSON
+
+
+async def _reported(
+    state: Any, job_id: str, body: ResultReport, node: Any
+) -> tuple[int, bytes, list[Any]]:
+    ack = await record_run(job_id, body, node, state.grid, state.grid.store)
+    return 202, ack.__pydantic_serializer__.to_json(ack), _JSON
 
 
 async def _answer(send: Send, work: Any) -> None:

@@ -38,6 +38,7 @@ from scheduler.store import (
     OfferRefusedError,
     ReplayError,
     ShortOfCollateralError,
+    Store,
 )
 
 from .deps import DispatcherDep, GridDep, NodeDep, StoreDep
@@ -396,6 +397,13 @@ async def result(
 ) -> ResultAck:
     """A run ended. A success must carry the output CID signed by the node's wallet for this
     job and attempt; it is verified (IPFS, CID, size) before the escrow pays."""
+    return await record_run(job_id, body, node, grid, store)
+
+
+async def record_run(
+    job_id: str, body: ResultReport, node: NodeRow, grid: Replica, store: Store
+) -> ResultAck:
+    """The result route's work (see :func:`result`); errors raise ``HTTPException``."""
     if body.reason is RunReason.SUCCEEDED:
         assert body.output_cid is not None and body.signature is not None
         try:

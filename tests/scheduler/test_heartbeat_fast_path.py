@@ -39,6 +39,7 @@ from .harness import (
 SECRET = "fast-path-test-secret-0123456789abcdef"
 JSON = {"content-type": "application/json"}
 JOB = "0x" + "ab" * 32
+OUTPUT = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"  # a run's output CID
 SPEC = JobSpec.model_validate(
     {"executor": "docker", "image": "busybox:1", "command": ["true"], "max_attempts": 3}
 )
@@ -85,9 +86,13 @@ def fast_beats(server: Server, name: str = "heartbeats_fast_path") -> int:
     return 0
 
 
-def fast_counts(server: Server) -> tuple[int, int]:
-    """(polls, acceptances) served by the fast path."""
-    return fast_beats(server, "polls_fast_path"), fast_beats(server, "acceptances_fast_path")
+def fast_counts(server: Server) -> tuple[int, int, int]:
+    """(polls, acceptances, results) served by the fast path."""
+    return (
+        fast_beats(server, "polls_fast_path"),
+        fast_beats(server, "acceptances_fast_path"),
+        fast_beats(server, "results_fast_path"),
+    )
 
 
 def cases(node: Provider, other: Provider) -> list[tuple[str, dict[str, Any]]]:
@@ -271,6 +276,11 @@ def poll_and_accept_cases(node: Provider, other: Provider) -> list[tuple[str, di
     accept = API.ACCEPT.format(node_id=node.node_id, job_id=JOB)
     good = {"authorization": f"Bearer {node.token}", **JSON}
     body = json.dumps({"attempt": 1, "signature": "0x" + "11" * 65})
+    result = API.RESULT.format(node_id=node.node_id, job_id=JOB)
+    failed = json.dumps({"attempt": 1, "reason": "exit_code", "exit_code": 3, "duration_s": 1})
+    success = {"attempt": 1, "reason": "succeeded", "duration_s": 1, "output_cid": OUTPUT}
+    unsigned = json.dumps(success)
+    forged = json.dumps({**success, "signature": "0x" + "11" * 65})
     return [
         ("poll, no token", {"url": poll, "params": {"wait_s": 0}}),
         ("poll, bad token", {"url": poll, "headers": {"authorization": "Bearer x"}}),
@@ -301,6 +311,16 @@ def poll_and_accept_cases(node: Provider, other: Provider) -> list[tuple[str, di
         ),
         ("accept, no content type", {"url": accept, "content": body, "headers": node.auth}),
         ("accept, unknown job", {"url": accept, "content": body, "headers": good}),
+        ("result, no token", {"url": result, "content": failed, "headers": JSON}),
+        (
+            "result, other node's token",
+            {"url": result, "content": failed, "headers": {**JSON, **other.auth}},
+        ),
+        ("result, malformed JSON", {"url": result, "content": "{", "headers": good}),
+        ("result, success unsigned", {"url": result, "content": unsigned, "headers": good}),
+        ("result, no content type", {"url": result, "content": failed, "headers": node.auth}),
+        ("result, unknown job", {"url": result, "content": failed, "headers": good}),
+        ("result, success badly signed", {"url": result, "content": forged, "headers": good}),
     ]
 
 
@@ -334,11 +354,19 @@ def test_poll_and_accept_errors_are_the_routes_own(
         "accept, short signature": 422,
         "accept, no content type": 422,
         "accept, unknown job": 404,
+        "result, no token": 401,
+        "result, other node's token": 403,
+        "result, malformed JSON": 422,
+        "result, success unsigned": 422,
+        "result, no content type": 422,
+        "result, unknown job": 404,
+        "result, success badly signed": 401,
     }
     assert {n: a[1] for n, a in got_fast}["accept, unknown job"] == {"detail": f"no job {JOB}"}
-    # the empty poll and the unknown job were served by the fast path, the rest by the routes
-    assert fast_counts(fast) == (before[0] + 1, before[1] + 1)
-    assert fast_counts(slow) == (0, 0)
+    # the empty poll, the unknown jobs and the bad signature were served by the fast path, the
+    # rest by the routes
+    assert fast_counts(fast) == (before[0] + 1, before[1] + 1, before[2] + 2)
+    assert fast_counts(slow) == (0, 0, 0)
 
 
 def test_a_claim_through_the_fast_path_is_the_routes_claim(
@@ -381,8 +409,28 @@ def test_a_claim_through_the_fast_path_is_the_routes_claim(
     again = fast_nodes[0].accept(a)  # the same signature again: a no-op
     ack = {"job_id": job_id, "accepted": True, "message": "accepted; assigning on-chain"}
     assert (right.status_code, right.json()) == (again.status_code, again.json()) == (200, ack)
-    assert fast_counts(fast) == (before[0] + 1, before[1] + 4)
-    assert fast_counts(slow) == (0, 0)
+    # the run's end: a result signed by another wallet is refused alike by both, the node's
+    # own is taken (the job goes to verifying), and the same report again is a conflict
+    forged = [
+        Provider(intruder, server, "n", CPU_CAP, node.node_id, node.token).succeed(offer, OUTPUT)
+        for server, node, offer in ((fast, fast_nodes[0], a), (slow, slow_nodes[0], b))
+    ]
+    (fast_code, fast_body), (slow_code, slow_body) = ((r.status_code, r.json()) for r in forged)
+    assert (fast_code, fast_body) == (slow_code, slow_body)
+    assert forged[0].status_code == 401 and intruder.address in forged[0].json()["detail"]
+    done = fast_nodes[0].succeed(a, OUTPUT)
+    assert (done.status_code, done.json()) == (
+        202,
+        {
+            "job_id": job_id,
+            "accepted": True,
+            "status": "verifying",
+            "message": "verifying the output",
+        },
+    )
+    assert fast_nodes[0].succeed(a, OUTPUT).status_code == 409
+    assert fast_counts(fast) == (before[0] + 1, before[1] + 4, before[2] + 3)
+    assert fast_counts(slow) == (0, 0, 0)
 
 
 # ---------------------------------------------------------------------- the node-row cache
