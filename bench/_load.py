@@ -65,11 +65,13 @@ async def drain(
     *,
     empty_means_done: bool = False,
     stall_s: float = 15.0,
+    progress_s: float = 0.0,
 ) -> Drained:
     """Every client polls until it holds ``slots`` jobs or ``n_jobs`` distinct jobs were
     handed out in all (or, with ``empty_means_done``, until the server says it has none), or
     nothing new came for ``stall_s`` seconds (reported as ``stalled``). A client with a
-    ``finish`` reports each job done before it asks again, so its slots are used again."""
+    ``finish`` reports each job done before it asks again, so its slots are used again. With
+    ``progress_s``, a line of progress (jobs, rate, doubles so far) every ``progress_s``."""
     out = Drained()
     seen: set[str] = set()
     done = asyncio.Event()
@@ -119,8 +121,19 @@ async def drain(
             conn.close()
 
     async def watchdog() -> None:
+        shown = time.perf_counter()
         while not done.is_set():
             await asyncio.sleep(0.5)
+            now = time.perf_counter()
+            if progress_s and now - shown >= progress_s:
+                shown = now
+                took = now - t0
+                print(
+                    f"    {time.strftime('%H:%M:%S')} {len(seen)}/{n_jobs} jobs in {took:.0f} s "
+                    f"({len(seen) / took:.0f}/s), {len(out.got) - len(seen)} received twice, "
+                    f"{out.finished} finished, {out.empty} empty polls, {out.refused} refused",
+                    flush=True,
+                )
             if time.perf_counter() - last_new[0] > stall_s:
                 out.stalled = True
                 done.set()

@@ -39,8 +39,10 @@ most 64 (the most slots a node may offer) per client.
 acceptance is taken, reports the run done as the agent does (``POST
 /v1/nodes/{id}/jobs/{job}/result``, the output CID signed by its wallet for that job and
 attempt; the output is one small file the bench put on IPFS) and asks again, so a node's slot
-is used again and ``--jobs`` may be any number. The jobs are funded while the nodes claim
-(``--funders`` submitters at once), so the rate is bounded by the funding too. Behind the
+is used again and ``--jobs`` may be any number; progress is printed every 30 s. With
+``--feed`` the jobs are funded while the nodes claim (``--funders`` submitters at once), so the
+rate is bounded by the funding too (on this machine anvil then mines 12-50 ``createJob``/s
+beside the scheduler's assigns and settles). Behind the
 claims the leader verifies each output (fetched from IPFS, hashed back to its CID) and queues
 its ``settle``; anvil takes far fewer assigns and settles a second than the nodes claim, so the
 outbox is counted at the end, not awaited. Each node stakes the collateral of all the jobs it
@@ -49,7 +51,7 @@ received twice by the clients, a job with two or more attempts in the database, 
 the chain refused.
 
     python bench/claims.py [--jobs 2000] [--clients 64] [--db sqlite|postgresql|both] [--no-peer]
-    python bench/claims.py --finish --jobs 100000 --db postgresql --no-peer --funders 4
+    python bench/claims.py --finish --jobs 100000 --db postgresql --no-peer --funders 4 [--feed]
 
 Goal (issue 12): >= 1,000 claims/s with 64 long-polling nodes, 0 double assignments.
 """
@@ -116,6 +118,7 @@ def run_ours(
     profile: Path | None,
     finish: bool = False,
     funders: int = 1,
+    feed: bool = False,
 ) -> dict[str, Any]:
     replicas = 1 if db == "sqlite" else 2
     slots = min(64, math.ceil(n_jobs / n_clients) + 8)
@@ -139,17 +142,17 @@ def run_ours(
         output_cid = st.ipfs.add_bytes(b"the bench's run output\n")
         funded: dict[str, float] = {}
         feeder = None
-        if finish:  # jobs are funded while the nodes claim and finish them
+        if feed:  # jobs are funded while the nodes claim
             fund_s, queue_s = 0.0, 0.0
 
-            def feed() -> None:
+            def fund_behind() -> None:
                 funded["s"] = fund_jobs(st.anvil.url, st.escrow, cids, n_jobs, funders=funders)
 
-            feeder = threading.Thread(target=feed, daemon=True)
+            feeder = threading.Thread(target=fund_behind, daemon=True)
             feeder.start()
         else:
             fund_s = fund_jobs(st.anvil.url, st.escrow, cids, n_jobs, funders=funders)
-            queue_s = wait_queued(st.db_url, n_jobs)
+            queue_s = wait_queued(st.db_url, n_jobs, timeout=max(60.0, n_jobs / 20))
         urls = [p.url for p in st.replicas]
 
         async def go() -> Drained:
@@ -186,7 +189,8 @@ def run_ours(
                 clients,
                 n_jobs,
                 lambda b: str(json.loads(b)["job_id"]),
-                stall_s=120 if finish else 15,  # the first jobs come after set-up, then funding
+                stall_s=120 if feed else 15,  # fed: the first jobs come after set-up, then funding
+                progress_s=30 if finish else 0,
             )
 
         procs = [psutil.Process(p.pid) for p in st.replicas if p.pid is not None]
@@ -259,6 +263,7 @@ def run_ours(
         "queue_s": queue_s,
         "states": states,
         "finish": finish,
+        "feed": feed,
     }
 
 
@@ -371,8 +376,11 @@ def main() -> None:
     ap.add_argument(
         "--finish",
         action="store_true",
-        help="each node reports each job done (a signed result) before it asks again, and the "
-        "jobs are funded while the nodes claim: any --jobs (the 100,000-claim soak)",
+        help="each node reports each job done (a signed result) before it asks again: any --jobs "
+        "(the 100,000-claim soak)",
+    )
+    ap.add_argument(
+        "--feed", action="store_true", help="fund the jobs while the nodes claim, not before"
     )
     ap.add_argument(
         "--funders", type=int, default=1, help="submitters funding jobs at once (1 to 7)"
@@ -407,6 +415,7 @@ def main() -> None:
                 args.profile,
                 args.finish,
                 args.funders,
+                args.feed,
             )
         )
         print(f"  done: {_line(rows[-1])}", flush=True)
@@ -433,7 +442,13 @@ def main() -> None:
         if r.get("finish"):
             d = r["res"]
             print(
-                f"{r['who']}: funded {args.jobs} in {r['fund_s']:.1f} s while the nodes claimed; "
+                f"{r['who']}: funded {args.jobs} in {r['fund_s']:.1f} s"
+                + (
+                    " while the nodes claimed"
+                    if r["feed"]
+                    else f", queued {r['queue_s']:.1f} s later"
+                )
+                + "; "
                 f"{d.finished} results taken, {d.unfinished} refused; jobs by state at the end "
                 f"{r['states']}; outbox at the end {r['outbox']} (the settles and assigns not "
                 f"yet sent are not awaited); re-offered jobs' earlier attempts {_counts(r)}"
