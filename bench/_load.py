@@ -97,6 +97,9 @@ async def drain(
                     jid = job_id(body)
                     out.got.append(jid)
                     out.by_client[k].append(jid)
+                    if jid not in seen:  # before the finish: len(got) - len(seen) stays exact
+                        seen.add(jid)
+                        last_new[0] = time.perf_counter()
                     if c.finish is None:
                         taken += 1
                     elif await c.finish(conn, body):
@@ -104,9 +107,6 @@ async def drain(
                     else:
                         out.unfinished += 1
                         taken += 1
-                    if jid not in seen:
-                        seen.add(jid)
-                        last_new[0] = time.perf_counter()
                     if len(seen) >= n_jobs:
                         done.set()
                 elif status == 204:

@@ -65,6 +65,7 @@ import math
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -359,6 +360,9 @@ def _line(r: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    # `timeout` and `kill` send SIGTERM: leave through the context managers, which stop
+    # anvil, IPFS, the replicas and drop the database (Python's default leaves them running)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
