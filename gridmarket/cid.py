@@ -228,7 +228,7 @@ def _dir_node(path: Path, params: CidParams) -> _Node:
 _PARSED = 16_384
 """How many distinct CID texts :func:`normalize_cid` and :func:`_parse` remember. multiformats
 checks every argument's type at run time (``typing_validation``): a parse and its re-encoding
-cost ~0.2 ms, and the scheduler parses the same CIDs again and again (a spec CID per job, an
+cost ~0.5 ms, and the scheduler parses the same CIDs again and again (a spec CID per job, an
 output CID per result, each once per check). A CID is immutable, and so is its text's parse."""
 
 
