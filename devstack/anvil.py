@@ -64,8 +64,9 @@ class Anvil(Service):
     ``port`` 0 picks a free port at the first start; later starts reuse it. Without
     ``log_file`` the log goes to a temporary file, removed by :meth:`stop` (kept when a start
     fails: the error names it). ``prune_history``
-    keeps no past states: calls at old blocks fail, but long runs (many thousand blocks) stay
-    as fast as the first block instead of slowing down as the history grows. ``idle_block_s``
+    keeps no past states (True) or only the last N (an int: 128 is what a geth node that is not
+    an archive keeps): calls at older blocks fail, but long runs (many thousand blocks) stay as
+    fast as the first block instead of slowing down as the history grows. ``idle_block_s``
     mines an empty block whenever the chain has been idle that long (transactions are still
     mined at once): the escrow judges its windows by block time, and an idle automine chain's
     clock would otherwise stand still, as no public chain's does.
@@ -78,7 +79,7 @@ class Anvil(Service):
     block_time: float | None = None
     state_file: Path | None = None
     log_file: Path | None = None
-    prune_history: bool = False
+    prune_history: bool | int = False
     idle_block_s: float | None = None
     _proc: ManagedProcess | None = field(default=None, init=False, repr=False)
     _ticker: threading.Thread | None = field(default=None, init=False, repr=False)
@@ -184,8 +185,10 @@ class Anvil(Service):
             cmd += ["--block-time", str(self.block_time)]
         if self.state_file is not None:
             cmd += ["--state", str(self.state_file)]
-        if self.prune_history:
+        if self.prune_history is True:
             cmd += ["--prune-history"]
+        elif self.prune_history:
+            cmd += ["--prune-history", str(self.prune_history)]
         return cmd
 
     def _log_path(self) -> Path:

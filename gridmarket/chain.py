@@ -44,7 +44,7 @@ from gridmarket.escrow import (
 from gridmarket.lightchain import Event as Event  # re-exported
 from gridmarket.lightchain import Sent as Sent  # re-exported
 from gridmarket.lightchain import UndecodableLogError as UndecodableLogError  # re-exported
-from gridmarket.lightchain import decode_event
+from gridmarket.lightchain import decode_event, is_state_unavailable
 from gridmarket.lightchain import is_already_known as is_already_known  # re-exported
 from gridmarket.lightchain import is_nonce_too_low as is_nonce_too_low  # re-exported
 from gridmarket.token import TokenClient
@@ -230,7 +230,16 @@ class EscrowClient:
         """
         tx_hash = "0x" + bytes(HexBytes(receipt["transactionHash"])).hex()
         if receipt["status"] != 1:
-            reason = self.replay_revert(params, int(receipt["blockNumber"]))
+            block = int(receipt["blockNumber"])
+            try:
+                reason = self.replay_revert(params, block)
+            except Web3RPCError as exc:
+                if not is_state_unavailable(str(exc)):
+                    raise
+                raise ChainError(
+                    f"{fn_name} reverted in tx {tx_hash} (why is unknown: the node keeps no "
+                    f"state at block {block} to replay it on: {exc})"
+                ) from None
             raise ChainError(
                 f"{fn_name} reverted in tx {tx_hash}" + (f": {reason}" if reason else ""), reason
             )

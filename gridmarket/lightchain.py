@@ -31,6 +31,7 @@ The scheduler, the mediator, the CLIs and the tests keep :mod:`gridmarket.chain`
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -199,6 +200,22 @@ def revert_reason(errors: Mapping[bytes, Mapping[str, Any]], data: object) -> st
 def _is_revert(exc: RpcError) -> bool:
     """Whether a JSON-RPC error is the call reverting (code 3, or a node that says so)."""
     return exc.code == 3 or "revert" in exc.message.lower()
+
+
+NO_STATE = re.compile(
+    r"BlockOutOfRange|out of range|missing trie node|header not found|historical state|"
+    r"pruned|state (?:is )?not available|state unavailable|unknown block",
+    re.IGNORECASE,
+)
+"""How nodes say they keep no state at a past block: anvil ``--prune-history``
+(``BlockOutOfRangeError``), geth and its forks past their 128 recent states (``missing trie
+node``, ``header not found``), Erigon, Reth and hosted RPCs (``historical state ... not
+available``, ``pruned``)."""
+
+
+def is_state_unavailable(message: str) -> bool:
+    """Whether a node's error says it keeps no state at the block asked for (:data:`NO_STATE`)."""
+    return NO_STATE.search(message) is not None
 
 
 class LightEscrowClient:
@@ -511,7 +528,15 @@ class LightEscrowClient:
         tx_hash = "0x" + _hex_bytes(receipt["transactionHash"]).hex()
         block = _int(receipt["blockNumber"])
         if _int(receipt["status"]) != 1:
-            reason = self.replay_revert(params, block)
+            try:
+                reason = self.replay_revert(params, block)
+            except RpcError as exc:
+                if not is_state_unavailable(exc.message):
+                    raise  # an error of the read itself: the caller's retry reads again
+                raise ChainError(
+                    f"{fn_name} reverted in tx {tx_hash} (why is unknown: the node keeps no "
+                    f"state at block {block} to replay it on: {exc.message})"
+                ) from None
             raise ChainError(
                 f"{fn_name} reverted in tx {tx_hash}" + (f": {reason}" if reason else ""), reason
             )

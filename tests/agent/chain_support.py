@@ -138,10 +138,11 @@ def job_terms(state: JobState) -> JobTerms:
 
 
 @contextmanager
-def own_chain(tmp: Path, **params: Any) -> Iterator[Chain]:
+def own_chain(tmp: Path, *, prune_history: bool = False, **params: Any) -> Iterator[Chain]:
     """Anvil with the escrow deployed, the mediator (account 10) listed, TestUSD listed and
-    :data:`TOKEN_GRANT` of it minted to accounts 3..9."""
-    anvil = Anvil(log_file=tmp / "anvil.log").start()
+    :data:`TOKEN_GRANT` of it minted to accounts 3..9 (``prune_history``: anvil keeps no past
+    states, as a node that is not an archive keeps few)."""
+    anvil = Anvil(log_file=tmp / "anvil.log", prune_history=prune_history).start()
     try:
         w3 = Web3(Web3.HTTPProvider(anvil.url))
         accounts = [Account.from_key(k) for k in dev_accounts(11)]

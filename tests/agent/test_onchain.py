@@ -643,6 +643,44 @@ def test_the_light_client_names_a_revert_as_web3_does(chain: Chain) -> None:
     assert mined.value.reason.startswith("JobEscrowWrongStatus(jobId=")
 
 
+def test_a_mined_revert_on_a_node_without_past_states_is_named_unknown(tmp_path: Path) -> None:
+    """A node that keeps no state at the reverted transaction's block (anvil
+    ``--prune-history``; geth past its 128 recent states) cannot replay it: both clients say
+    the transaction reverted and that why is unknown, instead of retrying a read that cannot
+    succeed."""
+    with own_chain(tmp_path, prune_history=True) as chain:
+        (provider,) = new_providers(chain.escrow, chain.accounts[0], 1, stake_wei=10**17)
+        light, escrow = chain.light, chain.escrow
+        state = chain.assign(chain.fund(), provider)
+        params = light.prepare(provider, "submitResult", state.job_id, state.job.as_tuple(), CID_A)
+        chain.escrow.call_job(provider, "submitResult", state, CID_B)  # first, after the estimate
+        signed = sign_transaction(
+            provider,
+            {
+                "chainId": escrow.deployment.chain_id,
+                "nonce": chain.w3.eth.get_transaction_count(provider.address, "pending"),
+                "gas": int(params["gas"], 16),
+                "to": escrow.address,
+                "data": params["data"],
+                **light.fees(),
+            },
+        )
+        tx = light.rpc.request("eth_sendRawTransaction", ["0x" + signed.raw_transaction.hex()])
+        receipt = light.wait_for_receipt(bytes.fromhex(tx[2:]), 30)
+        chain.rpc("evm_mine")  # the block after: the reverted one's state is gone
+        unknown = (
+            r"submitResult reverted in tx 0x[0-9a-f]{64} \(why is unknown: the node keeps no state"
+        )
+        with pytest.raises(ChainError, match=unknown) as mined:
+            light.sent_from_receipt("submitResult", params, receipt)
+        assert mined.value.reason is None
+        assert "BlockOutOfRange" in str(mined.value)
+        web3_receipt = chain.w3.eth.get_transaction_receipt(tx)
+        with pytest.raises(ChainError, match=unknown) as mined_web3:
+            escrow.sent_from_receipt("submitResult", params, web3_receipt)  # type: ignore[arg-type]
+        assert mined_web3.value.reason is None
+
+
 def test_the_light_client_recovers_a_stale_nonce(chain: Chain) -> None:
     """Another sender of the same key (here the web3 client) makes the light client's cached
     nonce stale: 'nonce too low' reads it again and re-signs once. The transaction is EIP-1559
