@@ -73,6 +73,13 @@ class Settings(BaseSettings):
 
     # verification
     verify_timeout_s: float = Field(60.0, gt=0)
+    verify_workers: int = Field(
+        16,
+        ge=1,
+        le=256,
+        description="outputs the leader's verifier fetches from IPFS at once (each check waits "
+        "on the provider's IPFS node; one slow output holds up no other)",
+    )
     verify_patience_s: float = Field(
         300.0,
         ge=0,

@@ -176,7 +176,12 @@ class Replica:
             receipt_timeout_s=s.tx_receipt_timeout_s,
         )
         verifier = Verifier(
-            self.store, self.ipfs, self.settings, self.count, lambda: self.wake("outbox")
+            self.store,
+            self.ipfs,
+            self.settings,
+            self.count,
+            lambda: self.wake("outbox"),
+            wake=lambda: self.wake("verifier"),
         )
         loops: list[tuple[str, Callable[[], int], float]] = [
             ("watcher", watch.once, self.settings.chain_poll_s),
@@ -192,8 +197,11 @@ class Replica:
         ]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.join()
+        finally:
+            verifier.close()
 
     def _created(self, n: int) -> None:
         self.count("jobs_seen", n)

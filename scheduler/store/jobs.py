@@ -464,14 +464,14 @@ class JobStore(ReputationStore, OutboxStore):
         )
         return to
 
-    def verifying(self, limit: int = 16) -> list[JobRow]:
+    def verifying(self, limit: int = 16, *, skip: Sequence[str] = ()) -> list[JobRow]:
+        """``verifying`` jobs, the longest waiting first, but not those in ``skip`` (being
+        checked, or backing off)."""
         with self.reader.connect() as conn:
-            q = (
-                select(*job_columns)
-                .where(jobs.c.state == "verifying")
-                .order_by(jobs.c.updated_at)
-                .limit(limit)
-            )
+            q = select(*job_columns).where(jobs.c.state == "verifying")
+            if skip:
+                q = q.where(jobs.c.job_id.not_in(list(skip)))
+            q = q.order_by(jobs.c.updated_at).limit(limit)
             return [JobRow.of(r) for r in conn.execute(q)]
 
     def verify_retry(self, job_id: str, attempt: int, reason: str) -> bool:
@@ -490,8 +490,17 @@ class JobStore(ReputationStore, OutboxStore):
             ).rowcount
         return bool(n)
 
-    def verified(self, job_id: str, ok: bool, detail: str) -> str:
-        """Verification done.
+    def verified(
+        self,
+        job_id: str,
+        ok: bool,
+        detail: str,
+        *,
+        attempt: int | None = None,
+        output_cid: str | None = None,
+    ) -> str:
+        """Verification done (of ``attempt`` and its ``output_cid`` when given: a verdict on
+        an attempt or an output the job no longer holds changes nothing).
 
         Good: an on-verify job is paid at once (``settle`` a relayed result, ``release`` one the
         provider posted); any other is relayed (``relay``: ``submitResultFor``) and finalized
@@ -503,6 +512,10 @@ class JobStore(ReputationStore, OutboxStore):
         The node's slot is free from the verdict on (its work is done)."""
         with self.engine.begin() as conn:
             job = self._job(conn, job_id, lock=True)
+            if attempt is not None and job.attempt != attempt:
+                return job.state
+            if output_cid is not None and (job.output_cid or job.chain.output_cid) != output_cid:
+                return job.state
             posted = job.chain.status is Status.SUBMITTED
             if ok:
                 event = Event.VERDICT_OK

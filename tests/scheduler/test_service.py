@@ -343,6 +343,48 @@ def test_an_output_unreachable_for_a_while_is_tried_again_not_charged_to_the_nod
     assert (state.job.provider, state.output_cid) == (devnet.providers[0].address, cid)
 
 
+def test_one_unreachable_output_holds_up_no_other_verdict(
+    tmp_path: Path, devnet: Devnet, ipfs_daemon: Any, ipfs: IpfsStore, db_url: str
+) -> None:
+    """Outputs are fetched concurrently: while the verifier waits on an output nobody serves
+    (given ``verify_timeout_s`` = 30 s), another node's result is verified and paid within
+    seconds, and the first job is still on its first fetch (not rejected, not retried)."""
+    deployment, client = fresh_escrow(devnet, challenge_window=WINDOW, reassign_delay=DELAY)
+    for p in devnet.providers[:2]:
+        register_on_chain(client, p)
+    with scheduler(
+        tmp_path,
+        deployment,
+        devnet,
+        ipfs_daemon.api_addr,
+        database_url=db_url,
+        verify_timeout_s=30.0,
+        verify_patience_s=120.0,
+    ) as server:
+        slow = Provider(devnet.providers[0], server, name="slow")
+        fast = Provider(devnet.providers[1], server, name="fast")
+        assert slow.register().status_code == 200
+        job_a = submit_job(client, ipfs, devnet.submitters[0], SPEC, on_verify=True)
+        a = slow.take()
+        assert fast.register().status_code == 200
+        job_b = submit_job(client, ipfs, devnet.submitters[0], SPEC, on_verify=True)
+        b = fast.take()
+        assert {a["job_id"], b["job_id"]} == {job_a, job_b}
+        wait_chain(client, a["job_id"], Status.ASSIGNED)
+        wait_chain(client, b["job_id"], Status.ASSIGNED)
+        missing = bytes_cid(b"an output nobody serves " + job_a.encode())
+        assert slow.succeed(a, missing).status_code == 202
+        time.sleep(1.0)  # the verifier is now waiting on the missing output
+        t0 = time.monotonic()
+        assert fast.succeed(b, output(ipfs, tmp_path, "served")).status_code == 202
+        server.wait_job(b["job_id"], {"released"}, timeout=25)
+        took = time.monotonic() - t0
+        assert took < 15, f"the served output waited {took:.1f} s behind the missing one"
+        view = server.get(f"/v1/jobs/{a['job_id']}").json()
+        assert view["state"] == "verifying" and "trying again" not in view["reason"], view
+        wait_chain(client, b["job_id"], Status.RELEASED)
+
+
 def test_lease_loss_reassigns_to_another_node(
     grid: tuple[Server, EscrowClient], devnet: Devnet, ipfs: IpfsStore, tmp_path: Path
 ) -> None:

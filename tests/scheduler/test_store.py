@@ -330,6 +330,22 @@ def test_offline_node_loses_its_jobs(store: Store) -> None:
     assert store.job(jid(1)).state == "queued"
 
 
+def test_a_verdict_on_another_attempt_or_output_changes_nothing(store: Store) -> None:
+    """The verifier's checks run concurrently and take time: a verdict names the attempt and
+    the output it checked, and one that no longer matches the job is dropped."""
+    queue_jobs(store, 1)
+    a = node(store)
+    take(store, a)
+    report = ok_report(attempt=1)
+    assert store.record_result(jid(1), a, report) == "verifying"
+    assert store.verified(jid(1), False, "stale", attempt=2) == "verifying"
+    other = "bafkreie7q3iidccmpvszul7kudcvvuavuo7u6gzlbobczuk5nqk3b4akba"
+    assert store.verified(jid(1), False, "stale", attempt=1, output_cid=other) == "verifying"
+    assert store.node(a).running == 1
+    ok = store.verified(jid(1), True, "ok", attempt=1, output_cid=report.output_cid)
+    assert ok == "settling"
+
+
 def test_results_success_failure_and_attempts(store: Store) -> None:
     queue_jobs(store, 2)
     a, b, c = (node(store, w) for w in WALLETS[:3])
