@@ -44,6 +44,8 @@ class Drained:
     lat: list[float] = field(default_factory=list)
     empty: int = 0
     """polls answered "no job" while jobs were still waiting: retried"""
+    empty_by_client: list[int] = field(default_factory=list)
+    """the empty polls of each client, in the order of ``clients``"""
     refused: int = 0
     """polls answered with an error status, or dropped by the server (then retried)"""
     dupes: int = 0
@@ -66,17 +68,20 @@ async def drain(
     empty_means_done: bool = False,
     stall_s: float = 15.0,
     progress_s: float = 0.0,
+    progress_note: Callable[[], Awaitable[str]] | None = None,
 ) -> Drained:
     """Every client polls until it holds ``slots`` jobs or ``n_jobs`` distinct jobs were
     handed out in all (or, with ``empty_means_done``, until the server says it has none), or
     nothing new came for ``stall_s`` seconds (reported as ``stalled``). A client with a
     ``finish`` reports each job done before it asks again, so its slots are used again. With
-    ``progress_s``, a line of progress (jobs, rate, doubles so far) every ``progress_s``."""
+    ``progress_s``, a line of progress (jobs, rate, doubles so far) every ``progress_s``, and
+    under it what ``progress_note`` says (the claims bench: the jobs still queued, by kind)."""
     out = Drained()
     seen: set[str] = set()
     done = asyncio.Event()
     last_new = [time.perf_counter()]
     out.by_client = [[] for _ in clients]
+    out.empty_by_client = [0 for _ in clients]
 
     async def one(k: int, c: Client) -> None:
         conn = RawHttp(c.host, c.port)
@@ -114,6 +119,7 @@ async def drain(
                         done.set()
                     elif len(seen) < n_jobs:
                         out.empty += 1
+                        out.empty_by_client[k] += 1
                 else:
                     out.refused += 1
                     await asyncio.sleep(0.05)
@@ -134,6 +140,8 @@ async def drain(
                     f"{out.finished} finished, {out.empty} empty polls, {out.refused} refused",
                     flush=True,
                 )
+                if progress_note is not None:
+                    print(f"      {await progress_note()}", flush=True)
             if time.perf_counter() - last_new[0] > stall_s:
                 out.stalled = True
                 done.set()

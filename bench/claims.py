@@ -97,12 +97,43 @@ from _stack import (
 from sqlalchemy import create_engine, func, select
 
 from devstack.anvil import free_port
-from gridmarket.wire import API
+from gridmarket.wire import API, JobSpec
 from scheduler.store import Store
 from scheduler.store.tables import attempts, jobs
 
 WASM_CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
 HERE = Path(__file__).resolve().parent
+
+
+def spec_kind(spec: JobSpec) -> str:
+    """A job's kind as the tail of a soak is read by: ``cpu``, ``wasm`` or ``gpu<VRAM>G``
+    (``/4090`` when pinned to the RTX 4090)."""
+    res = spec.resources
+    if not res.gpu_count:
+        return str(spec.executor.value)
+    return f"gpu{res.min_vram_mib // 1024}G" + ("/4090" if res.gpu_models else "")
+
+
+def queued_kinds(db_url: str, kinds: dict[str, str]) -> Counter[str]:
+    """The jobs still queued, counted by kind (``kinds``: spec CID -> kind)."""
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                select(jobs.c.spec_cid, func.count())
+                .where(jobs.c.state == "queued")
+                .group_by(jobs.c.spec_cid)
+            ).all()
+    finally:
+        engine.dispose()
+    out: Counter[str] = Counter()
+    for cid, n in rows:
+        out[kinds.get(cid, "other")] += n
+    return out
+
+
+def _kinds_line(counts: Counter[str]) -> str:
+    return ", ".join(f"{k} {n}" for k, n in sorted(counts.items())) or "none"
 
 
 def _metric(text: str, name: str) -> int:
@@ -140,6 +171,7 @@ def run_ours(
     ):
         specs = spec_mix(random.Random(7), n_specs, WASM_CID)
         cids = publish_specs(st.ipfs, specs)
+        kinds = {cid: spec_kind(spec) for cid, spec in zip(cids, specs, strict=True)}
         output_cid = st.ipfs.add_bytes(b"the bench's run output\n")
         funded: dict[str, float] = {}
         feeder = None
@@ -190,10 +222,18 @@ def run_ours(
                 clients,
                 n_jobs,
                 lambda b: str(json.loads(b)["job_id"]),
-                stall_s=120 if feed else 15,  # fed: the first jobs come after set-up, then funding
+                # fed: the first jobs come after set-up, then funding; finishing: a node's slots
+                # wait for the verdicts on its results (a long soak has pauses of its own)
+                stall_s=120 if feed or finish else 15,
                 progress_s=30 if finish else 0,
+                progress_note=queued_note,
             )
 
+        async def queued_note() -> str:
+            left = await asyncio.to_thread(queued_kinds, st.db_url, kinds)
+            return f"queued by kind: {_kinds_line(left)}"
+
+        tiers = [fleet_capacity(i, slots, gpus) for i in range(n_clients)]
         procs = [psutil.Process(p.pid) for p in st.replicas if p.pid is not None]
         cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
         with profiled([p.pid for p in st.replicas], profile, f"claims-{db}"):
@@ -242,6 +282,13 @@ def run_ours(
             ).all()
         engine.dispose()
         overlapping, reoffered = _attempt_overlaps(tried)
+        left = queued_kinds(st.db_url, kinds)
+        by_tier: Counter[str] = Counter()
+        empty_by_tier: Counter[str] = Counter()
+        for cap, got, empty in zip(tiers, res.by_client, res.empty_by_client, strict=True):
+            tier = cap.gpu.model if cap.gpu is not None else "cpu"
+            by_tier[tier] += len(got)
+            empty_by_tier[tier] += empty
         for job_id in overlapping[:12]:
             print(f"    DOUBLE: job {job_id} was held by two attempts at once:")
             for row in (r for r in tried if r.job_id == job_id):
@@ -263,6 +310,9 @@ def run_ours(
         "fund_s": fund_s,
         "queue_s": queue_s,
         "states": states,
+        "left": left,
+        "by_tier": by_tier,
+        "empty_by_tier": empty_by_tier,
         "finish": finish,
         "feed": feed,
     }
@@ -443,6 +493,14 @@ def main() -> None:
             f"{r['cpu'] * 1e3 / max(1, d.claims):>13.2f}" + ("  STALLED" if d.stalled else "")
         )
     for r in rows:
+        if "by_tier" in r:
+            print(
+                f"{r['who']}: claims by node tier "
+                + ", ".join(f"{t} {n}" for t, n in sorted(r["by_tier"].items()))
+                + "; empty polls by tier "
+                + ", ".join(f"{t} {n}" for t, n in sorted(r["empty_by_tier"].items()))
+                + f"; queued at the end by kind: {_kinds_line(r['left'])}"
+            )
         if r.get("finish"):
             d = r["res"]
             print(
