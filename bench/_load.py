@@ -54,6 +54,8 @@ class Drained:
     by_client: list[list[str]] = field(default_factory=list)
     """the jobs each client received, in the order of ``clients``"""
     stalled: bool = False
+    stopped: bool = False
+    """the run reached its time limit (``max_s``) before every job was handed out"""
     finished: int = 0
     """claimed jobs the node reported done (the server took the result: the slot is free)"""
     unfinished: int = 0
@@ -69,13 +71,15 @@ async def drain(
     stall_s: float = 15.0,
     progress_s: float = 0.0,
     progress_note: Callable[[], Awaitable[str]] | None = None,
+    max_s: float = 0.0,
 ) -> Drained:
     """Every client polls until it holds ``slots`` jobs or ``n_jobs`` distinct jobs were
     handed out in all (or, with ``empty_means_done``, until the server says it has none), or
     nothing new came for ``stall_s`` seconds (reported as ``stalled``). A client with a
     ``finish`` reports each job done before it asks again, so its slots are used again. With
     ``progress_s``, a line of progress (jobs, rate, doubles so far) every ``progress_s``, and
-    under it what ``progress_note`` says (the claims bench: the jobs still queued, by kind)."""
+    under it what ``progress_note`` says (the claims bench: the jobs still queued, by kind).
+    With ``max_s``, the run stops after that many seconds (reported as ``stopped``)."""
     out = Drained()
     seen: set[str] = set()
     done = asyncio.Event()
@@ -144,6 +148,9 @@ async def drain(
                     print(f"      {await progress_note()}", flush=True)
             if time.perf_counter() - last_new[0] > stall_s:
                 out.stalled = True
+                done.set()
+            if max_s and now - t0 >= max_s:
+                out.stopped = True
                 done.set()
 
     t0 = time.perf_counter()

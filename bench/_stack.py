@@ -288,6 +288,109 @@ def fund_jobs(
     return time.perf_counter() - t0
 
 
+def fund_jobs_in_blocks(
+    anvil_url: str,
+    escrow: EscrowClient,
+    spec_cids: Sequence[str],
+    n: int,
+    on_verify: bool = True,
+    funders: int = 1,
+    per_block: int = 150,
+    progress_s: float = 30.0,
+) -> float:
+    """Fund ``n`` jobs as :func:`fund_jobs` does, but ``per_block`` to a block: automining is
+    off meanwhile, each round's ``createJob`` transactions (submitters in turn, explicit
+    nonces, anvil signs) go in one JSON-RPC batch, ``evm_mine`` mines them, and every receipt
+    is checked (a job that fails to fund stops the bench). Returns the seconds it took.
+
+    Why: anvil 1.7.1 rebuilds its whole account and storage tries for every block it mines
+    (foundry-rs/foundry#15715, fixed upstream after the last npm release), so a block's cost
+    grows with the escrow's storage: one ``createJob`` a block ran at 364/s for the first
+    2,000 jobs and 48/s by 12,000 (``--prune-history 128``; docs/platform.md). A busy public
+    chain carries many transactions a block too. Nothing else may send transactions while
+    this runs (they would wait for its blocks)."""
+    if not 1 <= funders <= 7:
+        raise ValueError(f"funders {funders}: dev accounts 3 to 9 are the submitters (1 to 7)")
+    keys = dev_accounts(SUBMITTER + funders)[SUBMITTER:]
+    submitters = [Account.from_key(k).address for k in keys]
+    deadline = int(time.time()) + 6 * 3600
+    terms = [escrow.default_terms(10**15, a, on_verify=on_verify) for a in submitters]
+    t0 = shown = time.perf_counter()
+    with httpx.Client(timeout=120) as http:
+        ids = iter(range(1, 1 << 62))
+
+        def call(method: str, params: list[Any]) -> Any:
+            body = {"jsonrpc": "2.0", "id": next(ids), "method": method, "params": params}
+            answer = http.post(anvil_url, json=body).json()
+            if "error" in answer:
+                raise RuntimeError(f"{method}: {answer['error']}")
+            return answer["result"]
+
+        def batch(method: str, params: list[list[Any]]) -> list[dict[str, Any]]:
+            body = [
+                {"jsonrpc": "2.0", "id": next(ids), "method": method, "params": p} for p in params
+            ]
+            answers = http.post(anvil_url, json=body).json()
+            by_id = {a["id"]: a for a in answers}
+            return [by_id[b["id"]] for b in body]
+
+        nonces = [int(call("eth_getTransactionCount", [a, "pending"]), 16) for a in submitters]
+        call("evm_setAutomine", [False])
+        try:
+            done = 0
+            while done < n:
+                txs = []
+                for i in range(done, min(n, done + per_block)):
+                    k = i % funders
+                    data = escrow.encode(
+                        "createJob",
+                        os.urandom(32),
+                        spec_cids[i % len(spec_cids)],
+                        deadline,
+                        terms[k].mediator,
+                        terms[k].collateral,
+                        terms[k].flags,
+                    )
+                    txs.append(
+                        {
+                            "from": submitters[k],
+                            "to": escrow.address,
+                            "data": "0x" + data.hex(),
+                            "value": hex(10**15),
+                            "gas": hex(200_000),
+                            "nonce": hex(nonces[k]),
+                        }
+                    )
+                    nonces[k] += 1
+                sent = batch("eth_sendTransaction", [[tx] for tx in txs])
+                refused = [a["error"] for a in sent if "error" in a]
+                if refused:
+                    raise RuntimeError(f"createJob {done}+: {len(refused)} refused: {refused[0]}")
+                hashes = [a["result"] for a in sent]
+                for _ in range(20):  # a block holds what its gas limit lets in: mine till all are
+                    call("evm_mine", [])
+                    receipts = batch("eth_getTransactionReceipt", [[h] for h in hashes])
+                    if all(r.get("result") for r in receipts):
+                        break
+                else:
+                    raise RuntimeError(f"createJob {done}+: not all mined in 20 blocks")
+                bad = [r["result"] for r in receipts if int(r["result"]["status"], 16) != 1]
+                if bad:
+                    raise RuntimeError(f"createJob {done}+: {len(bad)} reverted: {bad[0]}")
+                done += len(txs)
+                now = time.perf_counter()
+                if progress_s and now - shown >= progress_s:
+                    shown = now
+                    print(
+                        f"    {time.strftime('%H:%M:%S')} funded {done}/{n} "
+                        f"({done / (now - t0):.0f}/s)",
+                        flush=True,
+                    )
+        finally:
+            call("evm_setAutomine", [True])
+    return time.perf_counter() - t0
+
+
 def wait_queued(db_url: str, n: int, timeout: float = 600) -> float:
     """Wait until ``n`` jobs are ``queued`` (seen by the watcher, spec fetched from IPFS and
     parsed); seconds waited. Raises with the job counts if that does not happen in time."""

@@ -84,6 +84,7 @@ from _stack import (
     finisher,
     fleet_capacity,
     fund_jobs,
+    fund_jobs_in_blocks,
     load_average,
     percentile,
     profiled,
@@ -151,6 +152,7 @@ def run_ours(
     finish: bool = False,
     funders: int = 1,
     feed: bool = False,
+    max_minutes: float = 0.0,
 ) -> dict[str, Any]:
     replicas = 1 if db == "sqlite" else 2
     slots = min(64, math.ceil(n_jobs / n_clients) + 8)
@@ -184,7 +186,7 @@ def run_ours(
             feeder = threading.Thread(target=fund_behind, daemon=True)
             feeder.start()
         else:
-            fund_s = fund_jobs(st.anvil.url, st.escrow, cids, n_jobs, funders=funders)
+            fund_s = fund_jobs_in_blocks(st.anvil.url, st.escrow, cids, n_jobs, funders=funders)
             queue_s = wait_queued(st.db_url, n_jobs, timeout=max(60.0, n_jobs / 20))
         urls = [p.url for p in st.replicas]
 
@@ -227,6 +229,7 @@ def run_ours(
                 stall_s=120 if feed or finish else 15,
                 progress_s=30 if finish else 0,
                 progress_note=queued_note,
+                max_s=60 * max_minutes,
             )
 
         async def queued_note() -> str:
@@ -440,6 +443,12 @@ def main() -> None:
         "--funders", type=int, default=1, help="submitters funding jobs at once (1 to 7)"
     )
     ap.add_argument(
+        "--max-minutes",
+        type=float,
+        default=0.0,
+        help="stop the claims after this long and report what was done (0: no limit)",
+    )
+    ap.add_argument(
         "--profile",
         type=Path,
         default=None,
@@ -470,6 +479,7 @@ def main() -> None:
                 args.finish,
                 args.funders,
                 args.feed,
+                args.max_minutes,
             )
         )
         print(f"  done: {_line(rows[-1])}", flush=True)
@@ -490,7 +500,9 @@ def main() -> None:
             f"{r['who']:<22} {r['replicas']:>4} {d.unique:>7} {rate:>9.0f} "
             f"{percentile(d.lat, 50) * 1e3:>7.1f} {percentile(d.lat, 99) * 1e3:>7.1f} "
             f"{d.empty:>8} {d.refused:>8} {r['rounds']:>7} {doubles:>18} "
-            f"{r['cpu'] * 1e3 / max(1, d.claims):>13.2f}" + ("  STALLED" if d.stalled else "")
+            f"{r['cpu'] * 1e3 / max(1, d.claims):>13.2f}"
+            + ("  STALLED" if d.stalled else "")
+            + ("  STOPPED (--max-minutes)" if d.stopped else "")
         )
     for r in rows:
         if "by_tier" in r:
