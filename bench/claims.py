@@ -4,7 +4,9 @@ Ours (the production path, end to end):
 
 * anvil + the escrow; the js-ipfs daemon; ``--specs`` distinct job specs (Docker CPU, WASM and
   one-GPU jobs of varied resources, ``_stack.spec_mix``) added to IPFS;
-* ``--jobs`` jobs funded on anvil with ``createJob`` (a bounty each, spec CIDs in turn);
+* ``--jobs`` jobs funded on anvil with ``createJob`` (a bounty each, spec CIDs in turn), 150 to
+  a block (``_stack.fund_jobs_in_blocks``: anvil 1.7.1's per-block cost grows with the
+  escrow's storage, docs/platform.md);
 * scheduler replicas under uvicorn: one on SQLite, then two sharing a PostgreSQL database,
   ``require_stake`` on, the operator key set. The leader's chain watcher sees each
   ``JobCreated``, its spec fetcher reads the spec from IPFS and checks its CID; the bench
