@@ -254,6 +254,36 @@ class OutboxLoop:
         return bool(self.chain.call("isCurrent", state.job_id, state.job.as_tuple()))
 
 
+class ThreadClients:
+    """One IPFS client per worker thread, like ``ipfs`` (no HTTP session shared between
+    threads); :meth:`close` closes them all."""
+
+    def __init__(self, ipfs: IpfsStore) -> None:
+        self.ipfs = ipfs
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._all: list[IpfsStore] = []
+
+    def get(self) -> IpfsStore:
+        client: IpfsStore | None = getattr(self._local, "client", None)
+        if client is None:
+            client = IpfsStore(
+                self.ipfs.api_addr,
+                timeout=self.ipfs.timeout,
+                resolve_timeout=self.ipfs.resolve_timeout,
+            )
+            self._local.client = client
+            with self._lock:
+                self._all.append(client)
+        return client
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._all = self._all, []
+        for client in clients:
+            client.close()
+
+
 class SpecFetcher:
     """The spec fetcher: each ``pending_spec`` job's spec from IPFS, queued or invalid.
 
@@ -299,8 +329,7 @@ class SpecFetcher:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="spec-fetch")
         self._lock = threading.Lock()
         self._in_flight: dict[str, bool] = {}  # job id -> is a retry
-        self._local = threading.local()
-        self._clients: list[IpfsStore] = []
+        self._clients = ThreadClients(ipfs)
         self._specs: OrderedDict[str, JobSpec] = OrderedDict()  # CID -> spec, oldest first
         self.specs_remembered = 0  # fetches answered from ``_specs``
 
@@ -330,21 +359,10 @@ class SpecFetcher:
     def close(self) -> None:
         """Stop the pool (fetches in flight end within their time limit) and its clients."""
         self._pool.shutdown(wait=True, cancel_futures=True)
-        for client in self._clients:
-            client.close()
+        self._clients.close()
 
     def _client(self) -> IpfsStore:
-        client: IpfsStore | None = getattr(self._local, "client", None)
-        if client is None:  # one client per worker thread: no HTTP session shared
-            client = IpfsStore(
-                self.ipfs.api_addr,
-                timeout=self.ipfs.timeout,
-                resolve_timeout=self.ipfs.resolve_timeout,
-            )
-            self._local.client = client
-            with self._lock:
-                self._clients.append(client)
-        return client
+        return self._clients.get()
 
     def _work(self, job: JobRow) -> None:
         try:
@@ -452,8 +470,7 @@ class Verifier:
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="verify")
         self._lock = threading.Lock()
         self._in_flight: dict[str, bool] = {}  # job id -> is a try again
-        self._local = threading.local()
-        self._clients: list[IpfsStore] = []
+        self._clients = ThreadClients(ipfs)
         # (job, attempt, output CID) -> (first miss started, misses, next try), monotonic
         self._misses: dict[tuple[str, int, str], tuple[float, int, float]] = {}
 
@@ -519,21 +536,10 @@ class Verifier:
     def close(self) -> None:
         """Stop the pool (checks in flight end within ``verify_timeout_s``) and its clients."""
         self._pool.shutdown(wait=True, cancel_futures=True)
-        for client in self._clients:
-            client.close()
+        self._clients.close()
 
     def _client(self) -> IpfsStore:
-        client: IpfsStore | None = getattr(self._local, "client", None)
-        if client is None:  # one client per worker thread: no HTTP session shared
-            client = IpfsStore(
-                self.ipfs.api_addr,
-                timeout=self.ipfs.timeout,
-                resolve_timeout=self.ipfs.resolve_timeout,
-            )
-            self._local.client = client
-            with self._lock:
-                self._clients.append(client)
-        return client
+        return self._clients.get()
 
     def _work(self, job: JobRow, cid: str) -> None:
         try:
