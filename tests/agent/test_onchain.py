@@ -602,6 +602,28 @@ def test_the_light_client_reads_what_web3_reads(chain: Chain) -> None:
     assert light.timestamp() == chain.now()
 
 
+def mined_revert(chain: Chain, provider: LocalAccount) -> tuple[Any, str, Any]:
+    """A ``submitResult`` estimated, then beaten by another one and mined anyway (status 0):
+    its params, transaction hash and receipt (as the light client reads it)."""
+    light, escrow = chain.light, chain.escrow
+    state = chain.assign(chain.fund(), provider)
+    params = light.prepare(provider, "submitResult", state.job_id, state.job.as_tuple(), CID_A)
+    escrow.call_job(provider, "submitResult", state, CID_B)  # first, after the estimate
+    signed = sign_transaction(
+        provider,
+        {
+            "chainId": escrow.deployment.chain_id,
+            "nonce": chain.w3.eth.get_transaction_count(provider.address, "pending"),
+            "gas": int(params["gas"], 16),
+            "to": escrow.address,
+            "data": params["data"],
+            **light.fees(),
+        },
+    )
+    tx = light.rpc.request("eth_sendRawTransaction", ["0x" + signed.raw_transaction.hex()])
+    return params, tx, light.wait_for_receipt(bytes.fromhex(tx[2:]), 30)
+
+
 def test_the_light_client_names_a_revert_as_web3_does(chain: Chain) -> None:
     """A transaction that would revert is refused before it is sent, with the contract's custom
     error decoded by name and arguments, word for word as the web3 client says it; one that
@@ -621,22 +643,7 @@ def test_the_light_client_names_a_revert_as_web3_does(chain: Chain) -> None:
         f"submitResult would revert: JobEscrowWrongStatus(jobId=0x{funded.job_id.hex()}, "
     )
 
-    state = chain.assign(chain.fund(), provider)
-    params = light.prepare(provider, "submitResult", state.job_id, state.job.as_tuple(), CID_A)
-    chain.escrow.call_job(provider, "submitResult", state, CID_B)  # first, after the estimate
-    signed = sign_transaction(
-        provider,
-        {
-            "chainId": escrow.deployment.chain_id,
-            "nonce": chain.w3.eth.get_transaction_count(provider.address, "pending"),
-            "gas": int(params["gas"], 16),
-            "to": escrow.address,
-            "data": params["data"],
-            **light.fees(),
-        },
-    )
-    tx = light.rpc.request("eth_sendRawTransaction", ["0x" + signed.raw_transaction.hex()])
-    receipt = light.wait_for_receipt(bytes.fromhex(tx[2:]), 30)
+    params, _tx, receipt = mined_revert(chain, provider)
     with pytest.raises(ChainError, match=r"submitResult reverted in tx 0x[0-9a-f]{64}: ") as mined:
         light.sent_from_receipt("submitResult", params, receipt)
     assert mined.value.reason is not None
@@ -651,22 +658,7 @@ def test_a_mined_revert_on_a_node_without_past_states_is_named_unknown(tmp_path:
     with own_chain(tmp_path, prune_history=True) as chain:
         (provider,) = new_providers(chain.escrow, chain.accounts[0], 1, stake_wei=10**17)
         light, escrow = chain.light, chain.escrow
-        state = chain.assign(chain.fund(), provider)
-        params = light.prepare(provider, "submitResult", state.job_id, state.job.as_tuple(), CID_A)
-        chain.escrow.call_job(provider, "submitResult", state, CID_B)  # first, after the estimate
-        signed = sign_transaction(
-            provider,
-            {
-                "chainId": escrow.deployment.chain_id,
-                "nonce": chain.w3.eth.get_transaction_count(provider.address, "pending"),
-                "gas": int(params["gas"], 16),
-                "to": escrow.address,
-                "data": params["data"],
-                **light.fees(),
-            },
-        )
-        tx = light.rpc.request("eth_sendRawTransaction", ["0x" + signed.raw_transaction.hex()])
-        receipt = light.wait_for_receipt(bytes.fromhex(tx[2:]), 30)
+        params, tx, receipt = mined_revert(chain, provider)
         chain.rpc("evm_mine")  # the block after: the reverted one's state is gone
         unknown = (
             r"submitResult reverted in tx 0x[0-9a-f]{64} \(why is unknown: the node keeps no state"
