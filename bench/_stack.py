@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,9 @@ class Stack:
     mediator_key: str
     """The private key (hex) of the mediator the deployment lists (dev account 10)."""
     mediator: MediatorProcess | None = None
+    duty_procs: list[SchedulerProcess] = field(default_factory=list)
+    """With ``duties_apart``: the replicas that hold the chain duty and the verify duty, and
+    serve no node (``replicas`` then hold none)."""
 
 
 @contextlib.contextmanager
@@ -89,6 +92,7 @@ def stack(
     escrow: dict[str, int] | None = None,
     mediator: bool = False,
     stake_jobs: int = 64,
+    duties_apart: bool = False,
     **settings: str,
 ) -> Iterator[Stack]:
     """Everything up; torn down when the block ends. ``db``: ``sqlite`` or ``postgresql``.
@@ -98,7 +102,13 @@ def stack(
     overrides deployment parameters (:class:`EscrowParams` fields, e.g. ``challenge_window``);
     ``mediator`` also runs the real mediator (``python -m scheduler.mediator run``,
     :class:`devstack.mediator.MediatorProcess`) with the listed mediator's key. Each provider
-    stakes the minimum plus the collateral of ``stake_jobs`` jobs of 0.001 ETH."""
+    stakes the minimum plus the collateral of ``stake_jobs`` jobs of 0.001 ETH.
+
+    ``duties_apart`` (PostgreSQL): the ``replicas`` serving the nodes take no leader duty; two
+    more replicas run the chain duty (watcher, outbox, specs) and the verify duty, each in a
+    process (and GIL) of its own, as ``Settings.duties`` lets a deployment do."""
+    if duties_apart and db == "sqlite":
+        raise ValueError("duties_apart needs PostgreSQL (SQLite has one replica)")
     work.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as es:
         # the last 128 states, as a geth node that is not an archive: with all of them anvil's
@@ -149,9 +159,24 @@ def stack(
         }
         common.update(settings)
         procs = []
+        duty_procs = []
+        if duties_apart:  # the duty holders first: the serving replicas then find them held
+            for duty in ("chain", "verify"):
+                proc = SchedulerProcess(
+                    work,
+                    free_port(),
+                    {**common, "replica_id": duty, "duties": f'["{duty}"]'},
+                    name=f"scheduler-{duty}",
+                )
+                es.enter_context(proc)
+                duty_procs.append(proc)
         for i in range(replicas):
+            serving = {"duties": "[]"} if duties_apart else {}
             proc = SchedulerProcess(
-                work, free_port(), {**common, "replica_id": f"r{i}"}, name=f"scheduler-{i}"
+                work,
+                free_port(),
+                {**common, "replica_id": f"r{i}", **serving},
+                name=f"scheduler-{i}",
             )
             es.enter_context(proc)
             procs.append(proc)
@@ -167,7 +192,17 @@ def stack(
                 )
             )
         yield Stack(
-            anvil, deployment, dep_file, accounts, db_url, procs, client, ipfs, dev_keys[10], med
+            anvil,
+            deployment,
+            dep_file,
+            accounts,
+            db_url,
+            procs,
+            client,
+            ipfs,
+            dev_keys[10],
+            med,
+            duty_procs,
         )
 
 

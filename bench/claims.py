@@ -155,8 +155,10 @@ def run_ours(
     funders: int = 1,
     feed: bool = False,
     max_minutes: float = 0.0,
+    duties_apart: bool = False,
 ) -> dict[str, Any]:
     replicas = 1 if db == "sqlite" else 2
+    duties_apart = duties_apart and db != "sqlite"
     slots = min(64, math.ceil(n_jobs / n_clients) + 8)
     # finishing nodes take jobs one after another: each stakes the collateral of all the jobs
     # it may take, since the settles that unlock it trail the claims in the outbox
@@ -171,6 +173,7 @@ def run_ours(
             stake_jobs=stake_jobs,
             lease_ttl_s="900",
             node_timeout_s="900",
+            duties_apart=duties_apart,
         ) as st,
     ):
         specs = spec_mix(random.Random(7), n_specs, WASM_CID)
@@ -239,12 +242,13 @@ def run_ours(
             return f"queued by kind: {_kinds_line(left)}"
 
         tiers = [fleet_capacity(i, slots, gpus) for i in range(n_clients)]
-        procs = [psutil.Process(p.pid) for p in st.replicas if p.pid is not None]
+        everyone = [*st.replicas, *st.duty_procs]  # the duty holders' CPU counts too
+        procs = [psutil.Process(p.pid) for p in everyone if p.pid is not None]
         cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
-        with profiled([p.pid for p in st.replicas], profile, f"claims-{db}"):
+        with profiled([p.pid for p in everyone], profile, f"claims-{db}"):
             res = asyncio.run(go())
         cpu = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0
-        scraped = [httpx.get(u + API.METRICS, timeout=10).text for u in urls]
+        scraped = [httpx.get(p.url + API.METRICS, timeout=10).text for p in everyone]
         rounds = sum(_metric(t, "gridmarket_dispatch_rounds") for t in scraped)
         lookups = {  # the acceptance check's free collateral: read on-chain or remembered
             src: sum(
@@ -302,7 +306,7 @@ def run_ours(
                     f"{row.ended_at} {row.outcome} {row.detail}"
                 )
     return {
-        "who": f"ours, {db}",
+        "who": f"ours, {db}" + (", duties apart" if duties_apart else ""),
         "replicas": replicas,
         "res": res,
         "cpu": cpu,
@@ -451,6 +455,12 @@ def main() -> None:
         help="stop the claims after this long and report what was done (0: no limit)",
     )
     ap.add_argument(
+        "--duties-apart",
+        action="store_true",
+        help="PostgreSQL: the chain duty (watcher, outbox, specs) and the verify duty each in a "
+        "replica of its own that serves no node (GRIDMARKET_SCHEDULER_DUTIES)",
+    )
+    ap.add_argument(
         "--profile",
         type=Path,
         default=None,
@@ -482,6 +492,7 @@ def main() -> None:
                 args.funders,
                 args.feed,
                 args.max_minutes,
+                args.duties_apart,
             )
         )
         print(f"  done: {_line(rows[-1])}", flush=True)
@@ -489,7 +500,7 @@ def main() -> None:
         rows.append(run_sarva(args.jobs, args.clients))
         print(f"  done: {_line(rows[-1])}", flush=True)
     print(
-        f"{'who':<22} {'repl':>4} {'claims':>7} {'claims/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'who':<30} {'repl':>4} {'claims':>7} {'claims/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
         f"{'retried':>8} {'refused':>8} {'rounds':>7} {'double c/db/chain':>18} "
         f"{'CPU ms/claim':>13}"
     )
@@ -499,7 +510,7 @@ def main() -> None:
         chain = r["outbox"].get("failed", 0) if "outbox" in r else "-"
         doubles = f"{d.dupes}/{r['db_dupes']}/{chain}"
         print(
-            f"{r['who']:<22} {r['replicas']:>4} {d.unique:>7} {rate:>9.0f} "
+            f"{r['who']:<30} {r['replicas']:>4} {d.unique:>7} {rate:>9.0f} "
             f"{percentile(d.lat, 50) * 1e3:>7.1f} {percentile(d.lat, 99) * 1e3:>7.1f} "
             f"{d.empty:>8} {d.refused:>8} {r['rounds']:>7} {doubles:>18} "
             f"{r['cpu'] * 1e3 / max(1, d.claims):>13.2f}"

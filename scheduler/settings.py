@@ -9,6 +9,10 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+Duty = Literal["chain", "verify"]
+DUTIES: tuple[Duty, ...] = ("chain", "verify")
+"""The leader duties (scheduler/service/leader.py): chain (watcher, outbox, specs), verify."""
+
 
 class Settings(BaseSettings):
     """Everything an operator can set. Defaults run one replica on SQLite against the devnet.
@@ -86,6 +90,13 @@ class Settings(BaseSettings):
         description="how long an output the verifier's IPFS node cannot fetch is tried again "
         "(backing off) before the attempt is rejected: a network blip between the verifier and "
         "the provider's node is not the provider's fault; 0 rejects at the first miss",
+    )
+    duties: list[Duty] = Field(
+        default_factory=lambda: list(DUTIES),
+        description="the leader duties this replica takes when no other replica holds them: "
+        "chain (the chain watcher, the outbox, the spec fetcher) and verify (the verifier); "
+        "each has its own lock on PostgreSQL, so a busy grid runs them in processes of their "
+        "own ([] : a replica that only serves the API). SQLite: both (one replica)",
     )
     work_dir: Path = Path(".run/scheduler-work")
 

@@ -38,7 +38,8 @@ async def info(grid: GridDep) -> SchedulerInfo:
 
 @router.get(API.HEALTH)
 async def health(grid: GridDep, dispatcher: DispatcherDep) -> dict[str, Any]:
-    """Liveness and a few numbers: database reachable, leader or not, nodes waiting, and the
+    """Liveness and a few numbers: database reachable, leader (the chain duty) or not, the
+    leader duties held (``chain``, ``verify``), nodes waiting, and the
     block the chain watcher has folded events through (``chain_cursor``, null before its first
     pass: compare it with the chain's head to see the watcher's lag)."""
     await asyncio.to_thread(grid.store.ping)
@@ -47,6 +48,7 @@ async def health(grid: GridDep, dispatcher: DispatcherDep) -> dict[str, Any]:
         "ok": True,
         "replica": grid.settings.replica_id,
         "leader": grid.is_leader,
+        "duties": sorted(grid.duties_held),
         "waiting_nodes": dispatcher.waiting,
         "chain_cursor": cursor,
     }
@@ -73,6 +75,9 @@ async def metrics(grid: GridDep, dispatcher: DispatcherDep) -> Response:
         dispatcher.waiting
     )
     Gauge("gridmarket_leader", "1 if this replica leads", registry=reg).set(int(grid.is_leader))
+    g_duty = Gauge("gridmarket_duty", "1 if this replica holds the duty", ["duty"], registry=reg)
+    for duty in grid.duties:
+        g_duty.labels(duty).set(int(duty in grid.duties_held))
     Gauge("gridmarket_dispatch_rounds", "Dispatch rounds run", registry=reg).set(dispatcher.rounds)
     view = grid.collateral
     g_coll = Gauge(

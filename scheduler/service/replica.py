@@ -6,6 +6,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from eth_account import Account
@@ -17,10 +18,10 @@ from gridmarket.token import Token, by_address, tokens_of
 from gridmarket.wire import checksum
 from scheduler.chain import FeePolicy
 from scheduler.collateral import CollateralView
-from scheduler.settings import Settings
+from scheduler.settings import Duty, Settings
 from scheduler.store import Store
 
-from .leader import LeaderLock
+from .leader import DUTY_LOCK_KEYS, LeaderLock
 from .loops import OutboxLoop, SpecFetcher, Verifier, Wakes, Watch, run_loop, sweep
 from .outbox_rules import OutboxRules
 
@@ -62,9 +63,19 @@ class Replica:
             resolve_timeout=settings.verify_timeout_s,
         )
         self.is_leader = False
+        """Whether this replica holds the chain duty (watcher, outbox, spec fetcher)."""
+        self.duties_held: set[str] = set()
+        """The leader duties this replica holds now (``chain``, ``verify``)."""
         self._stop = threading.Event()
         self._workers: list[Worker] = []
-        self._leader = LeaderLock(self.store)
+        self.duties = tuple(dict.fromkeys(settings.duties))
+        if not self.store.postgres and set(self.duties) != set(DUTY_LOCK_KEYS):
+            raise ValueError(
+                f"duties {list(self.duties)}: on SQLite the one replica takes every duty "
+                "(chain and verify); split them only on PostgreSQL"
+            )
+        self._locks = {d: LeaderLock(self.store, DUTY_LOCK_KEYS[d]) for d in self.duties}
+        self._verifier: Verifier | None = None
         self._wakes = Wakes()
         self.counters: dict[str, int] = {}
         self.specs = SpecFetcher(self.store, self.ipfs, wake=lambda: self.wake("specs"))
@@ -112,7 +123,7 @@ class Replica:
             )
         self._workers = [
             Worker("sweeper", lambda stop: sweep(self.store, self.settings, stop)),
-            Worker("leader", self._lead),
+            *(Worker(f"lead-{d}", partial(self._lead, d)) for d in self.duties),
         ]
         for w in self._workers:
             w.thread = threading.Thread(target=self._guard, args=(w,), name=w.name, daemon=True)
@@ -123,7 +134,10 @@ class Replica:
         for w in self._workers:
             if w.thread is not None:
                 w.thread.join(timeout=10)
-        self._leader.close()
+        for lock in self._locks.values():
+            lock.close()
+        if self._verifier is not None:
+            self._verifier.close()
         self.specs.close()
         self.ipfs.close()
         self.store.close()
@@ -137,20 +151,26 @@ class Replica:
                 log.exception("worker %s crashed; restarting in 1 s", worker.name)
                 self._stop.wait(1.0)
 
-    def _lead(self, stop: threading.Event) -> None:
-        """Wait for the leader's lock, then run the leader's loops until stopped."""
+    def _lead(self, duty: Duty, stop: threading.Event) -> None:
+        """Wait for ``duty``'s lock, then run its loops until stopped."""
+        lock = self._locks[duty]
         while not stop.is_set():
-            if not self._leader.try_lead():
+            if not lock.try_lead():
                 stop.wait(2.0)
                 continue
-            self.is_leader = True
+            self.duties_held.add(duty)
+            if duty == "chain":
+                self.is_leader = True
             log.info(
-                "replica %s leads: chain watcher, outbox, specs, verifier", self.settings.replica_id
+                "replica %s holds the %s duty: %s",
+                self.settings.replica_id,
+                duty,
+                "chain watcher, outbox, specs" if duty == "chain" else "verifier",
             )
-            self._run_leader_loops(stop)
+            self._run_loops(self._chain_loops() if duty == "chain" else self._verify_loops(), stop)
             return
 
-    def _run_leader_loops(self, stop: threading.Event) -> None:
+    def _chain_loops(self) -> list[tuple[str, Callable[[], int], float]]:
         watch = Watch(
             self.store,
             self.chain,
@@ -175,20 +195,27 @@ class Replica:
             fees=fees,
             receipt_timeout_s=s.tx_receipt_timeout_s,
         )
-        verifier = Verifier(
+        return [
+            ("watcher", watch.once, self.settings.chain_poll_s),
+            ("outbox", outbox.once, 0.25),
+            ("specs", self.specs.once, 0.5),
+        ]
+
+    def _verify_loops(self) -> list[tuple[str, Callable[[], int], float]]:
+        self._verifier = Verifier(
             self.store,
             self.ipfs,
             self.settings,
             self.count,
+            # the outbox may run in another process: then its next period sends the settle
             lambda: self.wake("outbox"),
             wake=lambda: self.wake("verifier"),
         )
-        loops: list[tuple[str, Callable[[], int], float]] = [
-            ("watcher", watch.once, self.settings.chain_poll_s),
-            ("outbox", outbox.once, 0.25),
-            ("specs", self.specs.once, 0.5),
-            ("verifier", verifier.once, 0.5),
-        ]
+        return [("verifier", self._verifier.once, 0.5)]
+
+    def _run_loops(
+        self, loops: list[tuple[str, Callable[[], int], float]], stop: threading.Event
+    ) -> None:
         threads = [
             threading.Thread(
                 target=run_loop, args=(name, fn, period, stop, self._wakes), name=name, daemon=True
@@ -197,11 +224,8 @@ class Replica:
         ]
         for t in threads:
             t.start()
-        try:
-            for t in threads:
-                t.join()
-        finally:
-            verifier.close()
+        for t in threads:
+            t.join()
 
     def _created(self, n: int) -> None:
         self.count("jobs_seen", n)

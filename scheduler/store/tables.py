@@ -117,7 +117,9 @@ jobs = Table(
     Column("spot_revealed_at", Float, nullable=True),
     Index("ix_jobs_spot_commit", "spot_commit", unique=True),
     Index("ix_jobs_state_queued_at", "state", "queued_at"),
-    Index("ix_jobs_node_id", "node_id"),
+    # the collateral check's pending jobs of a wallet's nodes (migration 0007)
+    Index("ix_jobs_node_id", "node_id", "chain_status", "chain_pos"),
+    Index("ix_jobs_state_updated_at", "state", "updated_at"),
     Index("ix_jobs_state_lease_expires", "state", "lease_expires"),
 )
 
@@ -158,6 +160,7 @@ outbox = Table(
     Column("not_before", Float, nullable=True),  # chain time before which it is not sent
     Index("ix_outbox_status_id", "status", "id"),
     Index("ix_outbox_job_id", "job_id"),
+    Index("ix_outbox_status_not_before", "status", "not_before"),
 )
 
 cursors = Table(

@@ -447,7 +447,7 @@ def test_two_scheduler_replicas_on_postgresql(pg_grid: LocalGrid) -> None:
     leaders = [
         p.name
         for p in (grid.scheduler.log_path, replica.log_path)
-        if "leads: chain watcher" in p.read_text(errors="replace")
+        if "holds the chain duty" in p.read_text(errors="replace")
     ]
     assert len(leaders) == 1, f"leaders: {leaders}"
     # both replicas serve the same state

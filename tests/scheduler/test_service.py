@@ -16,6 +16,8 @@ from gridmarket.cid import bytes_cid
 from gridmarket.escrow import ZERO_ADDRESS, Status
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import API, JobSpec
+from scheduler.service import Replica
+from scheduler.settings import Settings
 
 from ..conftest import Devnet
 from .harness import (
@@ -383,6 +385,74 @@ def test_one_unreachable_output_holds_up_no_other_verdict(
         view = server.get(f"/v1/jobs/{a['job_id']}").json()
         assert view["state"] == "verifying" and "trying again" not in view["reason"], view
         wait_chain(client, b["job_id"], Status.RELEASED)
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_the_duties_run_in_replicas_of_their_own_and_move_when_one_stops(
+    tmp_path: Path, devnet: Devnet, ipfs_daemon: Any, ipfs: IpfsStore, db_url: str
+) -> None:
+    """``duties``: one replica holds the chain duty (watcher, outbox, specs), another the
+    verify duty, a third takes neither while both are held; when the verifier's replica stops,
+    the third takes its duty and the next output is verified and paid."""
+    deployment, client = fresh_escrow(devnet, challenge_window=WINDOW, reassign_delay=DELAY)
+    register_on_chain(client, devnet.providers[0])
+    addr = ipfs_daemon.api_addr
+
+    def held(server: Server) -> list[str]:
+        return list(server.get(API.HEALTH).json()["duties"])
+
+    def run_one(node: Provider, submitter: Any, text: str) -> None:
+        job_id = submit_job(client, ipfs, submitter, SPEC, on_verify=True)
+        r = node.next_job(wait_s=20)
+        assert r.status_code == 200, r.text
+        a = r.json()
+        assert a["job_id"] == job_id
+        accept(server_chain, node, a)
+        wait_chain(client, job_id, Status.ASSIGNED)
+        assert node.succeed(a, output(ipfs, tmp_path, text)).status_code == 202
+        server_chain.wait_job(job_id, {"released"}, timeout=30)
+
+    with (
+        scheduler(
+            tmp_path, deployment, devnet, addr, database_url=db_url, duties=["chain"]
+        ) as server_chain,
+        scheduler(
+            tmp_path, deployment, devnet, addr, database_url=db_url, duties=["verify"]
+        ) as server_verify,
+        scheduler(tmp_path, deployment, devnet, addr, database_url=db_url) as spare,
+    ):
+        deadline = time.monotonic() + 10
+        while (held(server_chain), held(server_verify)) != (["chain"], ["verify"]):
+            assert time.monotonic() < deadline, (held(server_chain), held(server_verify))
+            time.sleep(0.1)
+        assert held(spare) == []  # both duties are held elsewhere
+        metrics = server_verify.get(API.METRICS).text
+        assert 'gridmarket_duty{duty="verify"} 1.0' in metrics
+        node = Provider(devnet.providers[0], server_chain)
+        assert node.register().status_code == 200
+        run_one(node, devnet.submitters[0], "verified by the verify replica")
+        # the verify replica stops: the spare takes the duty (tried every 2 s)
+        server_verify.server.should_exit = True
+        server_verify.thread.join(timeout=15)
+        deadline = time.monotonic() + 15
+        while held(spare) != ["verify"]:
+            assert time.monotonic() < deadline, held(spare)
+            time.sleep(0.2)
+        assert held(server_chain) == ["chain"]
+        run_one(node, devnet.submitters[1], "verified by the spare")
+
+
+def test_split_duties_are_refused_on_sqlite(tmp_path: Path, devnet: Devnet) -> None:
+    deployment, _ = fresh_escrow(devnet, challenge_window=WINDOW, reassign_delay=DELAY)
+    deployment.save(tmp_path / "deployment.json")
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'one.db'}",
+        rpc_url=devnet.url,
+        deployment_file=tmp_path / "deployment.json",
+        duties=["verify"],
+    )
+    with pytest.raises(ValueError, match="on SQLite the one replica takes every duty"):
+        Replica(settings)
 
 
 def test_lease_loss_reassigns_to_another_node(
