@@ -39,6 +39,7 @@ from gridmarket.escrow import (
     JobState,
     Terms,
     apply_event,
+    fold_events,
     min_collateral,
 )
 from gridmarket.lightchain import Event as Event  # re-exported
@@ -408,23 +409,14 @@ class EscrowClient:
     ) -> tuple[list[JobState], Sent]:
         """Resolve a replicated job's seats (given in seat order); fold the seats' events."""
         sent = self.send(account, "resolve", group_id, [s.job.as_tuple() for s in seats])
-        out = []
-        for state in seats:
-            for event in sent.events:
-                if event.name in JOB_EVENTS and bytes(event.args["jobId"]) == state.job_id:
-                    state = apply_event(state, event.name, event.args)
-            out.append(state)
-        return out, sent
+        return [fold_events(state, sent.events) for state in seats], sent
 
     def call_job(
         self, account: LocalAccount, fn_name: str, state: JobState, *extra: Any, value: int = 0
     ) -> tuple[JobState, Sent]:
         """Call a job transition (``assign``, ``settle``, ``dispute``...); fold its events."""
         sent = self.send(account, fn_name, state.job_id, state.job.as_tuple(), *extra, value=value)
-        for event in sent.events:
-            if event.name in JOB_EVENTS and bytes(event.args["jobId"]) == state.job_id:
-                state = apply_event(state, event.name, event.args)
-        return state, sent
+        return fold_events(state, sent.events), sent
 
     def default_terms(
         self, bounty: int, submitter: str, on_verify: bool = False, token: str = ZERO_ADDRESS

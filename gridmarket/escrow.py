@@ -7,10 +7,10 @@ the scheduler's chain watcher, the payouts explorer and the tests, so they canno
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import IntEnum
-from typing import Any
+from typing import Any, Protocol
 
 from gridmarket.ethsig import keccak, to_checksum_address
 
@@ -424,6 +424,26 @@ def apply_event(state: JobState | None, name: str, args: Mapping[str, Any]) -> J
             _expect(state, name, Status.FUNDED, Status.ASSIGNED)
         return replace(state, status=Status.REFUNDED)
     raise ValueError(f"not a job event: {name}")
+
+
+class _JobEvent(Protocol):
+    """A decoded escrow event as both chain clients give it (name and decoded args)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def args(self) -> Mapping[str, Any]: ...
+
+
+def fold_events(state: JobState, events: Iterable[_JobEvent]) -> JobState:
+    """``state`` after ``events``, in the order given: the events of this job folded with
+    :func:`apply_event`, those of other jobs and the registry's skipped (a transaction may
+    carry several jobs' events: a ``multicall``, a replicated job's ``resolve``)."""
+    for event in events:
+        if event.name in JOB_EVENTS and bytes(event.args["jobId"]) == state.job_id:
+            state = apply_event(state, event.name, event.args)
+    return state
 
 
 def _expect(state: JobState, name: str, *allowed: Status) -> None:

@@ -49,6 +49,7 @@ from gridmarket.escrow import (
     apply_event,
     decode_prose,
     decode_text,
+    fold_events,
 )
 from gridmarket.ethsig import Signer, keccak, sign_digest, sign_transaction, to_checksum_address
 from gridmarket.jsonrpc import BadAnswerError, JsonRpc, RpcError
@@ -565,23 +566,14 @@ class LightEscrowClient:
     ) -> tuple[JobState, Sent]:
         """Call a job transition (``submitResult``, ``finalize``...); fold its events."""
         sent = self.send(account, fn_name, state.job_id, state.job.as_tuple(), *extra, value=value)
-        for event in sent.events:
-            if event.name in JOB_EVENTS and bytes(event.args["jobId"]) == state.job_id:
-                state = apply_event(state, event.name, event.args)
-        return state, sent
+        return fold_events(state, sent.events), sent
 
     def resolve(
         self, account: Signer, group_id: bytes, seats: Sequence[JobState]
     ) -> tuple[list[JobState], Sent]:
         """Resolve a replicated job's seats (given in seat order); fold the seats' events."""
         sent = self.send(account, "resolve", group_id, [s.job.as_tuple() for s in seats])
-        out = []
-        for state in seats:
-            for event in sent.events:
-                if event.name in JOB_EVENTS and bytes(event.args["jobId"]) == state.job_id:
-                    state = apply_event(state, event.name, event.args)
-            out.append(state)
-        return out, sent
+        return [fold_events(state, sent.events) for state in seats], sent
 
     def stake_token(self, provider: Signer, token: str, amount: int) -> Sent:
         """Add ``amount`` of ``token`` to the provider's stake in it (the EIP-2612 permit and

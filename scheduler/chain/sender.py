@@ -59,7 +59,7 @@ from gridmarket.chain import (
     is_nonce_too_low,
     rpc_error_message,
 )
-from gridmarket.escrow import JOB_EVENTS, JobState, apply_event
+from gridmarket.escrow import JobState, fold_events
 from scheduler.chain import tx_metrics as metrics
 from scheduler.chain.fees import (
     FeeCapExceededError,
@@ -164,10 +164,8 @@ def apply_sent(state: JobState, sent: Sent) -> JobState:
     Events of other jobs in the same transaction are ignored. Raises
     :class:`gridmarket.escrow.EventOrderError` if ``state`` was not the job's state before.
     """
-    for event in sorted(sent.events, key=lambda e: e.log_index):
-        if event.name in JOB_EVENTS and bytes(event.args["jobId"]) == state.job_id:
-            state = apply_event(state, event.name, event.args)
-    return state
+    in_order = sorted(sent.events, key=lambda e: e.log_index)
+    return fold_events(state, in_order)
 
 
 class TxSender:
