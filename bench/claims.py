@@ -52,8 +52,14 @@ may take (the settles that unlock it trail the claims). Doubles are counted as a
 received twice by the clients, a job with two or more attempts in the database, an ``assign``
 the chain refused.
 
+``--duties-apart`` (PostgreSQL): the two replicas that serve the nodes hold no leader duty; the
+chain duty (watcher, outbox, spec fetcher) and the verify duty each run in a third and fourth
+replica of their own (``GRIDMARKET_SCHEDULER_DUTIES``), as a busy deployment would; their CPU
+is counted with the serving replicas'.
+
     python bench/claims.py [--jobs 2000] [--clients 64] [--db sqlite|postgresql|both] [--no-peer]
     python bench/claims.py --finish --jobs 100000 --db postgresql --no-peer --funders 4 [--feed]
+        [--duties-apart]
 
 Goal (issue 12): >= 1,000 claims/s with 64 long-polling nodes, 0 double assignments.
 """

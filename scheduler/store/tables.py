@@ -120,6 +120,7 @@ jobs = Table(
     # the collateral check's pending jobs of a wallet's nodes (migration 0007)
     Index("ix_jobs_node_id", "node_id", "chain_status", "chain_pos"),
     Index("ix_jobs_state_updated_at", "state", "updated_at"),
+    Index("ix_jobs_state_deadline", "state", "deadline"),
     Index("ix_jobs_state_lease_expires", "state", "lease_expires"),
 )
 
