@@ -117,7 +117,9 @@ class ClaimStore(JobStore):
         new_attempts: list[dict[str, Any]],
         new_audit: list[dict[str, Any]],
     ) -> None:
-        for claim in claims:
+        # the nodes' rows in id order (stable: a node's own claims keep their priority): two
+        # replicas' rounds taking the same nodes' slots in other orders deadlocked
+        for claim in sorted(claims, key=lambda c: c.node_id):
             job = by_id[claim.job_id]
             slot = conn.execute(_TAKE_SLOT, {"node_id_": claim.node_id}).first()
             if slot is None:

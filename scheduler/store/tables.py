@@ -121,6 +121,7 @@ jobs = Table(
     Index("ix_jobs_node_id", "node_id", "chain_status", "chain_pos"),
     Index("ix_jobs_state_updated_at", "state", "updated_at"),
     Index("ix_jobs_state_deadline", "state", "deadline"),
+    Index("ix_jobs_node_id_state", "node_id", "state"),  # a node's leased jobs (polls)
     Index("ix_jobs_state_lease_expires", "state", "lease_expires"),
 )
 

@@ -11,6 +11,9 @@ Create Date: 2026-11-28 13:00:00.000000
 * ``ix_jobs_state_deadline``: every replica's sweeper asks each second for the open jobs past
   their deadline; without it that read went through every queued job (92,000 rows a second
   per replica early in a 100,000-job soak: most of PostgreSQL's CPU).
+* ``ix_jobs_node_id_state``: a poll reads the jobs leased to its node; by ``node_id`` alone that
+  went through every job the node still held (its results' settles queued behind the chain:
+  1,000 and more a node late in the soak).
 * ``ix_jobs_node_id`` becomes ``(node_id, chain_status, chain_pos)``: an acceptance's collateral
   check reads the wallet's accepted jobs not yet assigned on-chain (and those held since a
   block), and went through every job its nodes held (the settles' backlog included).
@@ -32,6 +35,7 @@ def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
         batch.create_index("ix_jobs_state_updated_at", ["state", "updated_at"])
         batch.create_index("ix_jobs_state_deadline", ["state", "deadline"])
+        batch.create_index("ix_jobs_node_id_state", ["node_id", "state"])
         batch.drop_index("ix_jobs_node_id")
         batch.create_index("ix_jobs_node_id", ["node_id", "chain_status", "chain_pos"])
 
@@ -40,6 +44,7 @@ def downgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
         batch.drop_index("ix_jobs_node_id")
         batch.create_index("ix_jobs_node_id", ["node_id"])
+        batch.drop_index("ix_jobs_node_id_state")
         batch.drop_index("ix_jobs_state_deadline")
         batch.drop_index("ix_jobs_state_updated_at")
     with op.batch_alter_table("outbox") as batch:
