@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from _stack import RawHttp
+from _stack import NodeAuth, RawHttp
 
 
 @dataclass
@@ -34,6 +34,8 @@ class Client:
     finish: Callable[[RawHttp, bytes], Awaitable[bool]] | None = None
     """What the node does with a claimed job before it asks again (our scheduler: report the
     run ended, with its signed result); True frees the slot. None: the node keeps the job."""
+    auth: NodeAuth | None = None
+    """Our scheduler's nodes: the token sent instead of ``headers``, renewed on a 401."""
 
 
 @dataclass
@@ -94,7 +96,10 @@ async def drain(
             while not done.is_set() and taken < c.slots:
                 t0 = time.perf_counter()
                 try:
-                    status, _, body = await conn.request(c.method, c.path, c.headers)
+                    if c.auth is not None:
+                        status, _, body = await c.auth.request(conn, c.method, c.path)
+                    else:
+                        status, _, body = await conn.request(c.method, c.path, c.headers)
                 except (ConnectionError, asyncio.IncompleteReadError):
                     conn.close()  # the server dropped the request: count it, reconnect
                     status, body = 599, b""

@@ -595,12 +595,50 @@ class RawHttp:
         self._reader = self._writer = None
 
 
+class NodeAuth:
+    """A bench node's bearer token, renewed as the agent renews it (``agent/client.py``): a
+    request answered 401 (the token expired: ``TOKEN_TTL_S``, an hour by default, so a long
+    soak outlives its tokens) signs a fresh registration of the same node (same wallet and
+    name: same node id) and is sent once more."""
+
+    def __init__(self, token: str, renew: Callable[[], Awaitable[str]] | None = None) -> None:
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self._renew = renew
+        self.renewals = 0
+
+    async def request(
+        self, conn: RawHttp, method: str, path: str, body: bytes = b""
+    ) -> tuple[int, dict[str, str], bytes]:
+        status, got, data = await conn.request(method, path, self.headers, body)
+        if status == 401 and self._renew is not None:
+            self.headers["Authorization"] = f"Bearer {await self._renew()}"
+            self.renewals += 1
+            status, got, data = await conn.request(method, path, self.headers, body)
+        return status, got, data
+
+
+def renewer(
+    base: str, account: LocalAccount, chain_id: int, escrow: str, cap: NodeCapacityIn
+) -> Callable[[], Awaitable[str]]:
+    """A fresh token for the node of ``account`` registered with ``cap`` at ``base``."""
+
+    async def renew() -> str:
+        async with httpx.AsyncClient(timeout=60) as http:
+            return (await register(http, base, account, chain_id, escrow, cap))[1]
+
+    return renew
+
+
+def _auth(token: str | NodeAuth) -> NodeAuth:
+    return token if isinstance(token, NodeAuth) else NodeAuth(token)
+
+
 def acceptor(
-    account: LocalAccount, node_id: str, token: str
+    account: LocalAccount, node_id: str, token: str | NodeAuth
 ) -> Callable[[RawHttp, bytes], Awaitable[bool]]:
     """A node's answer to an offer, as the agent gives it: sign the EIP-712 acceptance of the
     offered job's terms with the node's wallet and post it to ``API.ACCEPT``."""
-    headers = {"Authorization": f"Bearer {token}"}
+    auth = _auth(token)
 
     async def accept(conn: RawHttp, body: bytes) -> bool:
         a = json.loads(body)
@@ -610,21 +648,21 @@ def acceptor(
         sig = sign_acceptance(account, a["chain_id"], a["escrow"], job_id, a["attempt"], terms)
         payload = json.dumps({"attempt": a["attempt"], "signature": "0x" + sig.hex()}).encode()
         path = API.ACCEPT.format(node_id=node_id, job_id=a["job_id"])
-        status, _, answer = await conn.request("POST", path, headers, payload)
+        status, _, answer = await auth.request(conn, "POST", path, payload)
         return status == 200 and bool(json.loads(answer).get("accepted"))
 
     return accept
 
 
 def finisher(
-    account: LocalAccount, node_id: str, token: str, output_cid: str
+    account: LocalAccount, node_id: str, token: str | NodeAuth, output_cid: str
 ) -> Callable[[RawHttp, bytes], Awaitable[bool]]:
     """A node's report that its run of an accepted job ended, as the agent sends it: the
     output ``output_cid`` (already on IPFS) signed with the node's wallet for this job and
     attempt, posted to ``API.RESULT``. The scheduler checks the signature, moves the job to
     ``verifying`` (its verifier then fetches the output from IPFS and checks its CID, and the
     outbox relays the result to the escrow with ``settle``) and the node's slot is free."""
-    headers = {"Authorization": f"Bearer {token}"}
+    auth = _auth(token)
 
     async def finish(conn: RawHttp, body: bytes) -> bool:
         a = json.loads(body)
@@ -639,7 +677,7 @@ def finisher(
             "signature": "0x" + sig.hex(),
         }
         path = API.RESULT.format(node_id=node_id, job_id=a["job_id"])
-        status, _, _ = await conn.request("POST", path, headers, json.dumps(report).encode())
+        status, _, _ = await auth.request(conn, "POST", path, json.dumps(report).encode())
         return status == 202
 
     return finish

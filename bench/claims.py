@@ -52,6 +52,11 @@ may take (the settles that unlock it trail the claims). Doubles are counted as a
 received twice by the clients, a job with two or more attempts in the database, an ``assign``
 the chain refused.
 
+The nodes renew their bearer tokens as the agent does: a request answered 401 (the token
+expired after ``TOKEN_TTL_S``, an hour by default; ``--token-ttl-s`` sets it) signs a fresh
+registration of the same node and is sent again (``_stack.NodeAuth``). Until 2026-11-28 they
+did not, and the first 100,000-job soak stopped at the hour with every poll refused.
+
 ``--duties-apart`` (PostgreSQL): the two replicas that serve the nodes hold no leader duty; the
 chain duty (watcher, outbox, spec fetcher) and the verify duty each run in a third and fourth
 replica of their own (``GRIDMARKET_SCHEDULER_DUTIES``), as a busy deployment would; their CPU
@@ -88,6 +93,7 @@ import httpx
 import psutil
 from _load import Client, Drained, drain
 from _stack import (
+    NodeAuth,
     acceptor,
     finisher,
     fleet_capacity,
@@ -98,6 +104,7 @@ from _stack import (
     profiled,
     publish_specs,
     register,
+    renewer,
     spec_mix,
     stack,
     uptime,
@@ -162,6 +169,7 @@ def run_ours(
     feed: bool = False,
     max_minutes: float = 0.0,
     duties_apart: bool = False,
+    token_ttl_s: float = 0.0,
 ) -> dict[str, Any]:
     replicas = 1 if db == "sqlite" else 2
     duties_apart = duties_apart and db != "sqlite"
@@ -180,6 +188,7 @@ def run_ours(
             lease_ttl_s="900",
             node_timeout_s="900",
             duties_apart=duties_apart,
+            token_ttl_s=str(token_ttl_s or 3600.0),  # the scheduler's default: an hour
         ) as st,
     ):
         specs = spec_mix(random.Random(7), n_specs, WASM_CID)
@@ -200,6 +209,7 @@ def run_ours(
             fund_s = fund_jobs_in_blocks(st.anvil.url, st.escrow, cids, n_jobs, funders=funders)
             queue_s = wait_queued(st.db_url, n_jobs, timeout=max(60.0, n_jobs / 20))
         urls = [p.url for p in st.replicas]
+        auths: list[NodeAuth] = []  # the nodes' tokens, renewed on a 401 as the agent does
 
         async def go() -> Drained:
             async with httpx.AsyncClient(timeout=60) as http:
@@ -219,16 +229,28 @@ def run_ours(
             clients = []
             for i, (node_id, token) in enumerate(nodes):
                 url = httpx.URL(urls[i % len(urls)])
+                auth = NodeAuth(
+                    token,
+                    renewer(
+                        urls[i % len(urls)],
+                        st.providers[i],
+                        st.deployment.chain_id,
+                        st.deployment.escrow,
+                        fleet_capacity(i, slots, gpus),
+                    ),
+                )
+                auths.append(auth)
                 clients.append(
                     Client(
                         url.host,
                         url.port or 80,
                         "POST",
                         API.NEXT_JOB.format(node_id=node_id) + "?wait_s=1.0",
-                        {"Authorization": f"Bearer {token}"},
+                        auth.headers,
                         slots,
-                        acceptor(st.providers[i], node_id, token),
-                        finisher(st.providers[i], node_id, token, output_cid) if finish else None,
+                        acceptor(st.providers[i], node_id, auth),
+                        finisher(st.providers[i], node_id, auth, output_cid) if finish else None,
+                        auth,
                     )
                 )
             return await drain(
@@ -330,6 +352,7 @@ def run_ours(
         "empty_by_tier": empty_by_tier,
         "finish": finish,
         "feed": feed,
+        "renewals": sum(a.renewals for a in auths),
     }
 
 
@@ -461,6 +484,13 @@ def main() -> None:
         help="stop the claims after this long and report what was done (0: no limit)",
     )
     ap.add_argument(
+        "--token-ttl-s",
+        type=float,
+        default=0.0,
+        help="the node tokens' lifetime (TOKEN_TTL_S; 0: the scheduler's default, an hour); "
+        "the nodes renew an expired one as the agent does",
+    )
+    ap.add_argument(
         "--duties-apart",
         action="store_true",
         help="PostgreSQL: the chain duty (watcher, outbox, specs) and the verify duty each in a "
@@ -499,6 +529,7 @@ def main() -> None:
                 args.feed,
                 args.max_minutes,
                 args.duties_apart,
+                args.token_ttl_s,
             )
         )
         print(f"  done: {_line(rows[-1])}", flush=True)
@@ -544,7 +575,8 @@ def main() -> None:
                 + "; "
                 f"{d.finished} results taken, {d.unfinished} refused; jobs by state at the end "
                 f"{r['states']}; outbox at the end {r['outbox']} (the settles and assigns not "
-                f"yet sent are not awaited); re-offered jobs' earlier attempts {_counts(r)}"
+                f"yet sent are not awaited); re-offered jobs' earlier attempts {_counts(r)}; "
+                f"node tokens renewed after a 401 {r['renewals']}"
             )
         elif "outbox" in r:
             done = r["outbox"].get("done", 0)
