@@ -14,6 +14,7 @@ import pytest
 
 from devstack._process import ServiceError
 from devstack.postgres import fresh_database
+from scheduler.store import Store
 
 
 def _pg_database() -> Iterator[str]:
@@ -31,3 +32,12 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'scheduler.db'}"
     else:
         yield from _pg_database()
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    """A migrated store on a fresh database of each kind (``db_url``)."""
+    s = Store(db_url)
+    s.migrate()
+    yield s
+    s.close()

@@ -13,10 +13,10 @@ from gridmarket.wire import JobSpec
 from scheduler.dispatch import refused_wallets, requirements
 from scheduler.store import Store
 
-from .test_store import SPEC, WALLETS, created, jid, store  # noqa: F401 - the store fixture
+from .test_store import SPEC, WALLETS, created, jid
 
 
-def test_the_wallets_a_spec_excludes_are_never_matched(store: Store) -> None:  # noqa: F811
+def test_the_wallets_a_spec_excludes_are_never_matched(store: Store) -> None:
     excluded = to_checksum_address(WALLETS[0])  # any letter case in the spec
     spec = JobSpec.model_validate({**SPEC.model_dump(mode="json"), "exclude_providers": [excluded]})
     # its own spec CID: specs are cached by CID for the whole process, and the other store

@@ -27,7 +27,7 @@ from scheduler.store import Store
 
 from ..conftest import Devnet
 from .harness import Server, fresh_escrow, scheduler
-from .test_store import created, jid, node, offer, store  # noqa: F401 - the store fixture
+from .test_store import created, jid, node, offer
 
 BOUNTY = 10**16
 P_BPS = 2500
@@ -219,7 +219,7 @@ def test_a_quote_for_a_spot_policy_names_the_check_deposit_and_the_least_collate
 
 
 def test_the_job_created_first_holds_a_commitment_whichever_spec_is_read_first(
-    store: Store,  # noqa: F811
+    store: Store,
 ) -> None:
     """In the store (SQLite and PostgreSQL): the later job's spec, read first, is queued; the
     earlier one's, read next, takes the commitment and the later one goes ``invalid`` unoffered.

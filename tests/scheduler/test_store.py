@@ -7,7 +7,6 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -36,14 +35,6 @@ SPEC = JobSpec.model_validate(
 CAP = NodeCapacityIn(
     cpu_cores=8, ram_mib=16384, disk_mib=100_000, region="us", executors=["docker"]
 )
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    s = Store(db_url)
-    s.migrate()
-    yield s
-    s.close()
 
 
 OPERATOR = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"

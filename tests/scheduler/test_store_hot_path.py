@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import update
@@ -18,14 +17,6 @@ from scheduler.store import Claim, Store
 from scheduler.store.tables import jobs
 
 from .test_store import SPEC, WALLETS, jid, node, ok_report, queue_jobs, take
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    s = Store(db_url)
-    s.migrate()
-    yield s
-    s.close()
 
 
 def _reads(store: Store) -> list[str]:

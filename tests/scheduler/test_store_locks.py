@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import create_engine, select, text, update
@@ -16,14 +15,6 @@ from scheduler.store import Store
 from scheduler.store.tables import jobs, nodes
 
 from .test_store import node, queue_jobs, take
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    s = Store(db_url)
-    s.migrate()
-    yield s
-    s.close()
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)

@@ -4,7 +4,7 @@ read of its node's leased jobs through every job the node still held)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from sqlalchemy import event, text, update
@@ -13,14 +13,6 @@ from scheduler.store import Store
 from scheduler.store.tables import jobs
 
 from .test_store import SPEC, created, jid, node, take
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    s = Store(db_url)
-    s.migrate()
-    yield s
-    s.close()
 
 
 def queue_with_deadlines(store: Store, deadlines: list[int]) -> list[str]:

@@ -6,7 +6,6 @@ address for the jobs stored before) and goes back down."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,14 +25,6 @@ from .test_store import take as take_oldest
 
 TUSD = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
 COLLATERAL = 10**17
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    s = Store(db_url)
-    s.migrate()
-    yield s
-    s.close()
 
 
 def created(n: int, token: str | None, *, block: int = 10) -> Event:
