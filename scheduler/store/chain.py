@@ -84,7 +84,7 @@ class ChainStore(JobStore):
         jobs.
         """
         created = 0
-        with self.engine.begin() as conn:
+        with self._begin_jobs_first() as conn:
             for ev in events:
                 created += self._apply_event(conn, ev)
             self._set_cursor(conn, through_block)
@@ -213,7 +213,7 @@ class ChainStore(JobStore):
 
     def apply_sent(self, job_id: str, events: Sequence[Any]) -> None:
         """Fold the events of our own mined transaction (before the watcher sees them)."""
-        with self.engine.begin() as conn:
+        with self._begin_jobs_first() as conn:
             for ev in events:
                 self._apply_event(conn, ev)
             queued = conn.info.pop("queued", 0)

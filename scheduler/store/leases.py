@@ -4,7 +4,7 @@ lost leases (silent nodes, expired leases), deadlines, hand-backs, and what a no
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import BigInteger, Connection, bindparam, select, update
@@ -46,24 +46,19 @@ class LeaseStore(JobStore):
         now = self.clock()
         expires = now + lease_ttl
         with self.engine.begin() as conn:
-            n = conn.execute(
-                update(nodes)
-                .where(nodes.c.node_id == node_id)
-                .values(last_seen=now, status="online")
-            ).rowcount
-            if n != 1:
-                raise NotFoundError(f"no node {node_id}")
-            if not running:
-                return {}, []
-            mine = {
-                r.job_id: r.state
-                for r in conn.execute(
-                    select(jobs.c.job_id, jobs.c.state).where(
-                        jobs.c.job_id.in_(list(running)), jobs.c.node_id == node_id
+            # jobs before the node (the store's lock order): the leases are extended first
+            leased: list[str] = []
+            mine: dict[str, str] = {}
+            if running:
+                mine = {
+                    r.job_id: r.state
+                    for r in conn.execute(
+                        select(jobs.c.job_id, jobs.c.state).where(
+                            jobs.c.job_id.in_(list(running)), jobs.c.node_id == node_id
+                        )
                     )
-                )
-            }
-            leased = [j for j, s in mine.items() if s == LEASED]
+                }
+                leased = sorted(j for j, s in mine.items() if s == LEASED)
             if leased:
                 # an offer is not renewed: it must be accepted within the lease TTL
                 conn.execute(
@@ -75,6 +70,13 @@ class LeaseStore(JobStore):
                     )
                     .values(lease_expires=expires)
                 )
+            n = conn.execute(
+                update(nodes)
+                .where(nodes.c.node_id == node_id)
+                .values(last_seen=now, status="online")
+            ).rowcount
+            if n != 1:
+                raise NotFoundError(f"no node {node_id}")
             keep = set(mine)  # verifying/settling: the node may still be uploading its result
             cancel = [j for j in running if j not in keep]
             return {j: expires for j in leased}, cancel
@@ -176,16 +178,14 @@ class LeaseStore(JobStore):
         """Nodes silent for ``timeout``: offline, and their leased jobs back to the queue."""
         now = self.clock()
         gone: list[str] = []
-        with self.engine.begin() as conn:
+        with self._begin_jobs_first() as conn:
             rows = conn.execute(
                 select(nodes.c.node_id)
                 .where(nodes.c.status == "online", nodes.c.last_seen < now - timeout)
                 .order_by(nodes.c.node_id)
             ).all()
             for (node_id,) in rows:
-                conn.execute(
-                    update(nodes).where(nodes.c.node_id == node_id).values(status="offline")
-                )
+                self._node_write(conn, node_id, self._offline_write(conn, node_id))
                 self._audit(conn, "node", node_id, "offline", silent_for=timeout)
                 gone.append(node_id)
                 for r in conn.execute(
@@ -196,6 +196,12 @@ class LeaseStore(JobStore):
         if queued:
             self.on_queued(queued)
         return gone
+
+    @staticmethod
+    def _offline_write(conn: Connection, node_id: str) -> Callable[[], object]:
+        return lambda: conn.execute(
+            update(nodes).where(nodes.c.node_id == node_id).values(status="offline")
+        )
 
     def _lose_lease(self, conn: Connection, job: JobRow, why: str) -> None:
         assert job.node_id is not None
@@ -212,7 +218,7 @@ class LeaseStore(JobStore):
         """Leased jobs whose lease ran out go back to the queue (never to the same node)."""
         now = self.clock()
         lost: list[str] = []
-        with self.engine.begin() as conn:
+        with self._begin_jobs_first() as conn:
             q = select(*job_columns).where(jobs.c.state == LEASED, jobs.c.lease_expires < now)
             if self.postgres:
                 q = q.with_for_update(skip_locked=True)
@@ -228,7 +234,7 @@ class LeaseStore(JobStore):
     def expire_deadlines(self) -> list[str]:
         """Open jobs past their deadline stop being offered (the submitter can refund)."""
         now = self.clock()
-        with self.engine.begin() as conn:
+        with self._begin_jobs_first() as conn:
             rows = conn.execute(PAST_DEADLINE, {"now_": math.ceil(now)}).all()
             for job_id, node_id, attempt, state in rows:
                 to = lifecycle.step(state, Event.DEADLINE_PASSED).value

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from sqlalchemy import Connection, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -18,6 +19,9 @@ __all__ = ["NodeStore"]
 
 _NODE = select(nodes).where(nodes.c.node_id == bindparam("node_id_"))  # built once (hot path)
 _NODE_FOR_UPDATE = _NODE.with_for_update()
+# the writes to node rows put off to the end of a transaction of many jobs (``conn.info`` lives
+# with the pooled DB-API connection, so it is always removed when the transaction ends)
+_NODE_WRITES = "node_writes"
 
 
 class NodeStore(AuditStore):
@@ -30,11 +34,43 @@ class NodeStore(AuditStore):
             raise NotFoundError(f"no node {node_id}")
         return NodeRow.of(row)
 
+    @contextmanager
+    def _begin_jobs_first(self) -> Iterator[Connection]:
+        """A transaction over many jobs that also writes their nodes (a fold of chain events,
+        the sweeper's expiries, a node going offline): each node write (``_node_write``) waits
+        until the body is done, then they all run in node-id order, each node's in the order
+        they were asked. So such a transaction keeps the store's lock order, every job row
+        before any node row and nodes by id: written as they came (job A, its node X, job B)
+        it held X while it waited for B, and deadlocked with a dispatch round or a verdict that
+        held B and waited for X (PostgreSQL, the 100,000-job soak)."""
+        with self.engine.begin() as conn:
+            conn.info[_NODE_WRITES] = []
+            try:
+                yield conn
+                writes: list[tuple[str, Callable[[], object]]] = conn.info.pop(_NODE_WRITES)
+                for _, write in sorted(writes, key=lambda w: w[0]):  # stable: per node, in order
+                    write()
+            finally:
+                conn.info.pop(_NODE_WRITES, None)
+
+    def _node_write(self, conn: Connection, node_id: str, write: Callable[[], object]) -> None:
+        """Run ``write`` (an update of ``node_id``'s row) now, or at the end of the enclosing
+        :meth:`_begin_jobs_first` transaction."""
+        pending = conn.info.get(_NODE_WRITES)
+        if pending is None:
+            write()
+        else:
+            pending.append((node_id, write))
+
     def _free_slot(self, conn: Connection, node_id: str) -> None:
-        conn.execute(
-            update(nodes)
-            .where(nodes.c.node_id == node_id, nodes.c.running > 0)
-            .values(running=nodes.c.running - 1)
+        self._node_write(
+            conn,
+            node_id,
+            lambda: conn.execute(
+                update(nodes)
+                .where(nodes.c.node_id == node_id, nodes.c.running > 0)
+                .values(running=nodes.c.running - 1)
+            ),
         )
 
     def register_node(

@@ -19,8 +19,12 @@ class ReputationStore(NodeStore):
     """Outcomes recorded against nodes."""
 
     def _reputation(self, conn: Connection, node_id: str, outcome: Outcome) -> None:
+        at = self.clock()
+        self._node_write(conn, node_id, lambda: self._record(conn, node_id, outcome, at))
+
+    def _record(self, conn: Connection, node_id: str, outcome: Outcome, at: float) -> None:
         node = self._node(conn, node_id)
-        rep = record(node.reputation, outcome, self.clock(), self.policy)
+        rep = record(node.reputation, outcome, at, self.policy)
         values: dict[str, Any] = {
             "rep_good": rep.good,
             "rep_bad": rep.bad,
