@@ -114,6 +114,7 @@ from sqlalchemy import create_engine, func, select
 
 from devstack.anvil import free_port
 from gridmarket.wire import API, JobSpec
+from scheduler.chain import BATCH_MAX_CALLS
 from scheduler.store import Store
 from scheduler.store.tables import attempts, jobs
 
@@ -170,6 +171,7 @@ def run_ours(
     max_minutes: float = 0.0,
     duties_apart: bool = False,
     token_ttl_s: float = 0.0,
+    outbox_batch: int = 0,
 ) -> dict[str, Any]:
     replicas = 1 if db == "sqlite" else 2
     duties_apart = duties_apart and db != "sqlite"
@@ -189,6 +191,7 @@ def run_ours(
             node_timeout_s="900",
             duties_apart=duties_apart,
             token_ttl_s=str(token_ttl_s or 3600.0),  # the scheduler's default: an hour
+            outbox_batch_calls=str(outbox_batch or BATCH_MAX_CALLS),
         ) as st,
     ):
         specs = spec_mix(random.Random(7), n_specs, WASM_CID)
@@ -344,6 +347,7 @@ def run_ours(
         "reoffered": reoffered,
         "outbox": out,
         "outbox_s": outbox_s,
+        "batch": outbox_batch or BATCH_MAX_CALLS,
         "fund_s": fund_s,
         "queue_s": queue_s,
         "states": states,
@@ -491,6 +495,13 @@ def main() -> None:
         "the nodes renew an expired one as the agent does",
     )
     ap.add_argument(
+        "--outbox-batch",
+        type=int,
+        default=0,
+        help="operator calls per multicall transaction (OUTBOX_BATCH_CALLS; 0: the "
+        "scheduler's default)",
+    )
+    ap.add_argument(
         "--duties-apart",
         action="store_true",
         help="PostgreSQL: the chain duty (watcher, outbox, specs) and the verify duty each in a "
@@ -530,6 +541,7 @@ def main() -> None:
                 args.max_minutes,
                 args.duties_apart,
                 args.token_ttl_s,
+                args.outbox_batch,
             )
         )
         print(f"  done: {_line(rows[-1])}", flush=True)
@@ -575,8 +587,10 @@ def main() -> None:
                 + "; "
                 f"{d.finished} results taken, {d.unfinished} refused; jobs by state at the end "
                 f"{r['states']}; outbox at the end {r['outbox']} (the settles and assigns not "
-                f"yet sent are not awaited); re-offered jobs' earlier attempts {_counts(r)}; "
-                f"node tokens renewed after a 401 {r['renewals']}"
+                f"yet sent are not awaited), {r['outbox'].get('done', 0) / r['outbox_s']:.1f} "
+                f"rows/s confirmed on anvil, at most {r['batch']} calls a multicall; re-offered "
+                f"jobs' earlier attempts {_counts(r)}; node tokens renewed after a 401 "
+                f"{r['renewals']}"
             )
         elif "outbox" in r:
             done = r["outbox"].get("done", 0)

@@ -9,6 +9,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from scheduler.chain.sender import BATCH_MAX_CALLS, BATCH_MAX_GAS
+
 Duty = Literal["chain", "verify"]
 DUTIES: tuple[Duty, ...] = ("chain", "verify")
 """The leader duties (scheduler/service/leader.py): chain (watcher, outbox, specs), verify."""
@@ -53,6 +55,19 @@ class Settings(BaseSettings):
     base_fee_multiplier: float = Field(2.0, ge=1)
     tx_replace_after_s: float = Field(90.0, gt=0)
     tx_receipt_timeout_s: float = Field(600.0, gt=0)
+    outbox_batch_calls: int = Field(
+        BATCH_MAX_CALLS,
+        ge=1,
+        le=512,
+        description="the most operator calls the outbox sends in one multicall transaction "
+        "(rows of different jobs ready together; 1: every row a transaction of its own)",
+    )
+    outbox_batch_gas: int = Field(
+        BATCH_MAX_GAS,
+        ge=100_000,
+        description="the most summed gas estimates of one multicall batch (keep it well under "
+        "the chain's block gas limit)",
+    )
 
     # IPFS
     ipfs_api: str = "/ip4/127.0.0.1/tcp/5001/http"

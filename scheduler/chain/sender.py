@@ -124,10 +124,13 @@ class _NonceTooLowError(Exception):
     """Internal: the node refused our nonce and does not know our transaction."""
 
 
-BATCH_MAX_CALLS = 16
-"""The outbox's default bound on calls per ``multicall`` transaction (``send_many``)."""
-BATCH_MAX_GAS = 3_000_000
-"""The outbox's default bound on the summed gas estimates of one batch (a tenth of a 30M block)."""
+BATCH_MAX_CALLS = 64
+"""The outbox's default bound on calls per ``multicall`` transaction (``send_many``;
+``OUTBOX_BATCH_CALLS``). 16 mined 8.5 rows a second at 100,000 jobs on anvil, where each block
+costs about a second whatever it holds (docs/benchmarks.md, 2026-11-28 fifth session)."""
+BATCH_MAX_GAS = 8_000_000
+"""The outbox's default bound on the summed gas estimates of one batch (``OUTBOX_BATCH_GAS``;
+about a quarter of a 30M block: 64 settles, the dearest step, estimate under it)."""
 
 
 @dataclass(frozen=True)

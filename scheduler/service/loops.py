@@ -28,6 +28,8 @@ from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import MAX_SPEC_BYTES, JobSpec, RunReason
 from scheduler import lifecycle
 from scheduler.chain import (
+    BATCH_MAX_CALLS,
+    BATCH_MAX_GAS,
     ChainWatcher,
     FeePolicy,
     TxSender,
@@ -175,6 +177,8 @@ class OutboxLoop:
         *,
         fees: FeePolicy | None = None,
         receipt_timeout_s: float = 600.0,
+        batch_calls: int = BATCH_MAX_CALLS,
+        batch_gas: int = BATCH_MAX_GAS,
     ) -> None:
         self.store = store
         self.chain = chain
@@ -182,12 +186,15 @@ class OutboxLoop:
         self.rules = rules
         self.fees = fees
         self.receipt_timeout_s = receipt_timeout_s
+        self.batch_calls = batch_calls
+        self.batch_gas = batch_gas
         self._sender: TxSender | None = None
 
     def once(self) -> int:
         # rows that wait for a time wait for the chain's clock (the escrow decides by it)
         now = self._chain_time() if self.store.outbox_waiting() else None
-        items = self.store.outbox_pending(limit=32, now=now)
+        # two batches a pass: a job's next row (a settle after its assign) goes in the second
+        items = self.store.outbox_pending(limit=2 * self.batch_calls, now=now)
         if not items:
             return 0
         if self.operator is None:
@@ -215,7 +222,9 @@ class OutboxLoop:
             if not now_round:
                 break
             try:
-                outcomes = self.rules.send_many(self._sender, now_round)
+                outcomes = self.rules.send_many(
+                    self._sender, now_round, max_calls=self.batch_calls, max_gas=self.batch_gas
+                )
             except Exception as exc:  # transient: RPC down, timeout, outcome unknown
                 for item in now_round:
                     self.store.outbox_retry(item.id, line(exc))

@@ -38,7 +38,7 @@ from typing import NoReturn
 
 from gridmarket.chain import ChainError, Event, Sent
 from gridmarket.escrow import JOB_EVENTS, Status
-from scheduler.chain import Call, TxSender
+from scheduler.chain import BATCH_MAX_CALLS, BATCH_MAX_GAS, Call, TxSender
 from scheduler.store import OutboxItem, Store
 
 __all__ = ["NotYetError", "OutboxRules", "not_yet"]
@@ -128,7 +128,14 @@ class OutboxRules:
         if outcome is not None:
             raise outcome
 
-    def send_many(self, sender: TxSender, items: Sequence[OutboxItem]) -> list[ChainError | None]:
+    def send_many(
+        self,
+        sender: TxSender,
+        items: Sequence[OutboxItem],
+        *,
+        max_calls: int = BATCH_MAX_CALLS,
+        max_gas: int = BATCH_MAX_GAS,
+    ) -> list[ChainError | None]:
         """Send ``items`` (at most one row per job: a job's rows go in order) together, and
         mark each one that went through done. Returns each row's outcome, in order: None
         (done), a :class:`NotYetError` (wait for its time), or the :class:`ChainError` that
@@ -154,7 +161,9 @@ class OutboxRules:
         results = dict(
             zip(
                 (i for i, _ in calls),
-                sender.send_many([c for _, c in calls]) if calls else [],
+                sender.send_many([c for _, c in calls], max_calls=max_calls, max_gas=max_gas)
+                if calls
+                else [],
                 strict=True,
             )
         )

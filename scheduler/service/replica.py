@@ -194,6 +194,8 @@ class Replica:
             rules,
             fees=fees,
             receipt_timeout_s=s.tx_receipt_timeout_s,
+            batch_calls=s.outbox_batch_calls,
+            batch_gas=s.outbox_batch_gas,
         )
         return [
             ("watcher", watch.once, self.settings.chain_poll_s),

@@ -1143,6 +1143,31 @@ def test_the_outbox_sends_ready_rows_in_one_transaction(own_chain: OwnChain, sto
     assert nonce_of(client, own_chain.operator) == nonce + 1
 
 
+def test_the_outbox_keeps_its_batches_within_outbox_batch_calls(
+    own_chain: OwnChain, store: Store
+) -> None:
+    """OUTBOX_BATCH_CALLS=2 and four ready assigns (the second would revert): no transaction
+    carries more than two calls. Jobs 3 and 4 pass whole as one multicall; jobs 1 and 2 do
+    not, so each is preflighted, and job 1 goes alone, as a plain ``assign``."""
+    client = own_chain.client()
+    watcher = ChainWatcher(client, _Cursor(store), store.apply_chain_events, reorgs=store)
+    jobs = _accepted(store, client, watcher, own_chain, 4)
+    nonce = nonce_of(client, own_chain.operator)
+    rules = OutboxRules(store, lambda _: None)
+    loop = OutboxLoop(store, client, own_chain.operator, rules, batch_calls=2)
+    assert loop.once() == 4
+    assert nonce_of(client, own_chain.operator) == nonce + 2
+    rows = [store.outbox_of(job_id)[0] for job_id, _ in jobs]
+    assert [r["status"] for r in rows] == ["done", "failed", "done", "done"]
+    assert rows[2]["tx_hash"] == rows[3]["tx_hash"] != rows[0]["tx_hash"]
+    multicall = bytes(client.encode("multicall", []))[:4]
+
+    def selector(row: dict[str, Any]) -> bytes:
+        return bytes(client.w3.eth.get_transaction(HexBytes(row["tx_hash"]))["input"])[:4]
+
+    assert selector(rows[2]) == multicall != selector(rows[0])
+
+
 class _Cursor:
     def __init__(self, store: Store) -> None:
         self.store = store
