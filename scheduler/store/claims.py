@@ -86,6 +86,8 @@ class ClaimStore(JobStore):
         window = min(window or limit, limit)
         with self.engine.begin() as conn:
             offset = 0
+            claims: list[Claim] = []
+            by_id: dict[str, JobRow] = {}
             while offset < limit:
                 q = _QUEUED_SKIP_LOCKED if self.postgres else _QUEUED
                 rows = [
@@ -93,12 +95,16 @@ class ClaimStore(JobStore):
                 ]
                 if not rows:
                     break
-                batch = (new_attempts, new_audit)
-                by_id = {j.job_id: j for j in rows}
-                self._lease(conn, decide(rows), by_id, now, lease_ttl, won, *batch)
+                by_id.update((j.job_id, j) for j in rows)
+                claims.extend(decide(rows))
                 if len(rows) < window or not wants_more():
                     break
                 offset += window
+            # every window's jobs are locked before any node's slot is taken, and the slots in
+            # one node order for the whole round: a slot taken per window let a later window's
+            # lower node id wait behind a fold holding it while the fold waited for a node the
+            # earlier window held (a deadlock left in the 100,000-job soak)
+            self._lease(conn, claims, by_id, now, lease_ttl, won, new_attempts, new_audit)
             if won:  # one multi-row statement each (executemany)
                 conn.execute(insert(attempts), new_attempts)
                 conn.execute(insert(audit), new_audit)

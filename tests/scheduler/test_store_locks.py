@@ -13,7 +13,7 @@ from functools import partial
 import pytest
 from sqlalchemy import create_engine, select, text, update
 
-from scheduler.store import Store
+from scheduler.store import Claim, ClaimedJob, JobRow, Store
 from scheduler.store.tables import jobs, nodes
 
 from .test_store import WALLETS, jid, node, offer, queue_jobs, refunded, take
@@ -128,3 +128,47 @@ def test_node_writes_of_one_node_keep_their_order_and_nodes_go_in_id_order(store
     with store.engine.begin() as conn:  # outside such a transaction a write runs at once
         store._node_write(conn, "a", partial(seen.append, "now"))
         assert seen[-1] == "now"
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_dispatch_round_takes_its_nodes_in_id_order_across_its_windows(store: Store) -> None:
+    """A round read in windows of one job: the first window's job goes to the node with the
+    higher id, the second's to the lower. Had each window taken its slots at once, the round
+    would hold the higher node while it waited for the lower one, held by a transaction (a
+    fold writing its nodes in order) that then waits for the higher one."""
+    queue_jobs(store, 2)
+    lo, hi = sorted([node(store, WALLETS[0], slots=2), node(store, WALLETS[1], slots=2)])
+    windows: list[list[str]] = []
+
+    def decide(rows: list[JobRow]) -> list[Claim]:
+        windows.append([r.job_id for r in rows])
+        return [Claim(rows[0].job_id, hi if len(windows) == 1 else lo)]
+
+    other = create_engine(store.url)
+    errors: list[BaseException] = []
+    won: list[ClaimedJob] = []
+
+    def round_() -> None:
+        try:
+            won.extend(
+                store.dispatch(decide, limit=2, window=1, wants_more=lambda: True, lease_ttl=30)
+            )
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        with other.connect() as conn:
+            tx = conn.begin()
+            conn.execute(select(nodes.c.node_id).where(nodes.c.node_id == lo).with_for_update())
+            rounder = threading.Thread(target=round_, daemon=True)
+            rounder.start()
+            wait_for_a_lock_wait(store.url, "the round")
+            conn.execute(update(nodes).where(nodes.c.node_id == hi).values(running=nodes.c.running))
+            tx.commit()
+        rounder.join(timeout=10)
+        assert not rounder.is_alive() and errors == []
+    finally:
+        other.dispose()
+    assert windows == [[jid(1)], [jid(2)]]
+    assert sorted((c.job.job_id, c.node_id) for c in won) == [(jid(1), hi), (jid(2), lo)]
+    assert (store.node(lo).running, store.node(hi).running) == (1, 1)
