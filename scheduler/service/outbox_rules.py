@@ -167,6 +167,15 @@ class OutboxRules:
                 strict=True,
             )
         )
+        # the mined calls' events, every job's, folded in one transaction (one commit a batch)
+        mined = [
+            (i, _events_of(r, items[i].job_id, step.also))
+            for i, step in steps
+            if step.call is not None and not isinstance(r := results[i], ChainError)
+        ]
+        self.store.apply_sent_many([events for _, events in mined])
+        folded = {i for i, _ in mined}
+        done: list[tuple[int, str | None]] = []
         for i, step in steps:
             item = items[i]
             try:
@@ -177,8 +186,7 @@ class OutboxRules:
                         if step.refusal is not None:
                             step.refusal(result)
                         raise result
-                    events = _events_of(result, item.job_id, step.also)
-                    self.store.apply_sent(item.job_id, events)
+                    assert i in folded
                     tx = result.tx_hash
                 tx = step.after(tx)
             except NotYetError as exc:
@@ -187,7 +195,10 @@ class OutboxRules:
             except ChainError as exc:
                 outcomes[i] = not_yet(exc) or exc
                 continue
-            self.store.outbox_finish(item.id, status="done", tx_hash=tx)
+            done.append((item.id, tx))
+        # a pass that dies before this leaves its rows pending: each rule then finds the chain
+        # has the step already and sends nothing (as after an unknown outcome)
+        self.store.outbox_done_many(done)
         return outcomes
 
     def refused(self, item: OutboxItem, reason: str) -> None:

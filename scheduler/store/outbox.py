@@ -9,6 +9,7 @@ back (and no other job's).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, exists, insert, or_, select, update
@@ -112,6 +113,20 @@ class OutboxStore(StoreBase):
                     "error": error[:2000],
                     "updated_at": self.clock(),
                 },
+            )
+
+    def outbox_done_many(self, done: Sequence[tuple[int, str | None]]) -> None:
+        """Rows ``(id, tx_hash)`` done, in one statement (an outbox pass's rows)."""
+        if not done:
+            return
+        now = self.clock()
+        with self.engine.begin() as conn:
+            conn.execute(
+                _TRIED,
+                [
+                    {"id_": i, "status": "done", "tx_hash": tx, "error": "", "updated_at": now}
+                    for i, tx in sorted(done)
+                ],
             )
 
     def outbox_retry(self, item_id: int, error: str) -> None:
