@@ -181,9 +181,20 @@ class NodeStore(AuditStore):
         """Nodes seen alive now (long-polling): ``last_seen`` moves, nothing else."""
         if not node_ids:
             return
+        ids = sorted(set(node_ids))
         with self.engine.begin() as conn:
+            if self.postgres:
+                # one UPDATE ... IN locks its rows in the order it finds them: take them in id
+                # order first, as every other transaction does (it deadlocked with the chain
+                # folds' node writes in the 100,000-job soak)
+                conn.execute(
+                    select(nodes.c.node_id)
+                    .where(nodes.c.node_id.in_(ids))
+                    .order_by(nodes.c.node_id)
+                    .with_for_update()
+                )
             conn.execute(
                 update(nodes)
-                .where(nodes.c.node_id.in_(list(node_ids)), nodes.c.status == "online")
+                .where(nodes.c.node_id.in_(ids), nodes.c.status == "online")
                 .values(last_seen=self.clock())
             )

@@ -172,3 +172,41 @@ def test_a_dispatch_round_takes_its_nodes_in_id_order_across_its_windows(store: 
     assert windows == [[jid(1)], [jid(2)]]
     assert sorted((c.job.job_id, c.node_id) for c in won) == [(jid(1), hi), (jid(2), lo)]
     assert (store.node(lo).running, store.node(hi).running) == (1, 1)
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_touching_nodes_takes_them_in_id_order(store: Store) -> None:
+    """Long-polling nodes seen alive (one statement for many nodes). The lower node's row is
+    moved after the higher one in the table, so an ``UPDATE ... IN`` finds the higher first;
+    another transaction holds the lower and then wants the higher (id order, as a fold's node
+    writes): the touch must not hold the higher while it waits."""
+    lo, hi = sorted([node(store, WALLETS[0]), node(store, WALLETS[1])])
+    with store.engine.begin() as conn:  # a new row version: after `hi` in the heap
+        conn.execute(update(nodes).where(nodes.c.node_id == lo).values(running=nodes.c.running))
+        # and the table read in heap order, as PostgreSQL does once it is past a few pages
+        db = conn.execute(text("SELECT current_database()")).scalar()
+        for knob in ("enable_indexscan", "enable_bitmapscan", "enable_indexonlyscan"):
+            conn.execute(text(f'ALTER DATABASE "{db}" SET {knob} = off'))
+    store.engine.dispose()  # the store's next connections take the settings
+    other = create_engine(store.url)
+    errors: list[BaseException] = []
+
+    def touch() -> None:
+        try:
+            store.touch_nodes([hi, lo])
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        with other.connect() as conn:
+            tx = conn.begin()
+            conn.execute(update(nodes).where(nodes.c.node_id == lo).values(running=nodes.c.running))
+            toucher = threading.Thread(target=touch, daemon=True)
+            toucher.start()
+            wait_for_a_lock_wait(store.url, "the touch")
+            conn.execute(update(nodes).where(nodes.c.node_id == hi).values(running=nodes.c.running))
+            tx.commit()
+        toucher.join(timeout=10)
+        assert not toucher.is_alive() and errors == []
+    finally:
+        other.dispose()
