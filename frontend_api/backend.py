@@ -27,13 +27,13 @@ from gridmarket.escrow import (
     dispute_value,
 )
 from gridmarket.ipfs import IpfsStore
-from gridmarket.wire import MAX_SPEC_BYTES
 
 from .currency import Currencies, Currency
 from .index import ChainIndex
 from .records import ChainEvent, NotFoundError, hexstr, jsonable
 from .scheduler import SchedulerClient, SchedulerError
 from .settings import Settings
+from .specdoc import SpecReader, job_spec
 from .txs import TxBuilder
 from .waits import Waits
 
@@ -59,9 +59,6 @@ TERMINAL_STATES = frozenset({"released", "refunded", "failed", "invalid", "expir
 SPEC_CACHE_MAX = 512
 log = logging.getLogger(__name__)
 
-SPEC_MISS_RETRY_S = 30.0
-"""A spec that could not be fetched is not asked for again for this long."""
-
 
 class Backend:
     """Everything a request handler needs; one per app, made at start-up."""
@@ -81,14 +78,14 @@ class Backend:
         self.currencies = Currencies(self.deployment.tokens)
         """ETH and the tokens the deployment file lists: every amount is shown in its own."""
         self.scheduler = SchedulerClient(settings.scheduler_url, settings.request_timeout_s)
-        self._spec_cache: dict[str, dict[str, Any]] = {}
+        self.specs = SpecReader(self.ipfs)
+        """Job specs from IPFS, decoded defensively (:mod:`frontend_api.specdoc`)."""
         self.cache_dir = Path(tempfile.mkdtemp(prefix="gridmarket-frontend-"))
         self._fetch_locks: dict[str, threading.Lock] = {}
         self._fetch_lock = threading.Lock()
         self.waits = Waits(settings.wait_threads, settings.waits_per_client)
         # the IPFS proxy's cache: CID -> (bytes on disk, last use), least recently used first
         self._cached: OrderedDict[str, tuple[int, float]] = OrderedDict()
-        self._spec_misses: dict[str, float] = {}  # spec CID -> monotonic time to retry after
         self._constants: dict[str, int] | None = None
         self._senders: dict[str, str] = {}  # tx hash -> sender (a spot job's disputes)
 
@@ -223,28 +220,10 @@ class Backend:
 
     # ------------------------------------------------------------------ IPFS
     def spec_of(self, spec_cid: str) -> dict[str, Any] | None:
-        """The job spec document at ``spec_cid`` (integrity-checked against its CID, capped at
-        64 KiB), cached by CID; None if IPFS does not have it or it is not JSON."""
-        cached = self._spec_cache.get(spec_cid)
-        if cached is not None:
-            return cached
-        if self._spec_misses.get(spec_cid, 0.0) > time.monotonic():
-            return None  # failed a moment ago: do not make every page view wait again
-        try:
-            with self.ipfs() as store:
-                data = store.cat(spec_cid, max_bytes=MAX_SPEC_BYTES, timeout_s=5)
-            spec = json.loads(data)
-        except (OSError, ValueError):
-            spec = None
-        if not isinstance(spec, dict):
-            if len(self._spec_misses) >= SPEC_CACHE_MAX:
-                self._spec_misses.clear()
-            self._spec_misses[spec_cid] = time.monotonic() + SPEC_MISS_RETRY_S
-            return None
-        if len(self._spec_cache) >= SPEC_CACHE_MAX:
-            self._spec_cache.clear()
-        self._spec_cache[spec_cid] = spec
-        return spec
+        """The job spec at ``spec_cid`` as a valid ``JobSpec``'s JSON (integrity-checked against
+        its CID, capped, decoded by :func:`frontend_api.specdoc.decode_spec`), cached by CID;
+        None if IPFS does not have it or it is invalid."""
+        return self.specs.read(spec_cid).spec
 
     def fetch_tree(self, cid: str) -> Path:
         """``cid`` fetched (integrity-checked against its CID, capped) into the cache; its path:
@@ -423,6 +402,14 @@ class Backend:
         view["chain_status"] = (chain or {}).get("status")
         view["output_cid"] = (chain or {}).get("output_cid") or (sched or {}).get("output_cid")
         view["spec_cid"] = (chain or {}).get("spec_cid") or (sched or {}).get("spec_cid")
+        view["spec_problem"] = None  # a spec the scheduler has not taken: why (specdoc)
+        if (
+            view["spec_cid"]
+            and not (chain or {}).get("problem")
+            and view["state"] != "pending_spec"
+        ):
+            doc = await asyncio.to_thread(job_spec, self.specs, view["spec_cid"], sched)
+            view["spec_problem"] = doc.problem
         view["actions"] = actions
         view["chain_time"] = now
         view["final"] = (chain or {}).get("status") in ("released", "refunded") or (
@@ -457,7 +444,7 @@ class Backend:
         flagged = bool(state.job.flags & FLAG_SPOT)
         if not flagged:  # (a spec's `spot` without the flag was funded as a plain job)
             return None
-        spec = await asyncio.to_thread(self.spec_of, state.spec_cid) if state.spec_cid else None
+        doc = await asyncio.to_thread(self.specs.read, state.spec_cid) if state.spec_cid else None
         senders: dict[str, str] = {}
         for e in events:
             if e.name == "ResultDisputed":
@@ -476,7 +463,7 @@ class Backend:
             if status is not None and not isinstance(status, dict):
                 status, status_error = None, "scheduler: unreadable answer"
         return spot_view(
-            spec,
+            doc.spec if doc else None,
             flagged,
             state.job.attempt,
             events,
@@ -484,6 +471,7 @@ class Backend:
             senders,
             status,
             status_error,
+            doc.problem if doc else None,
         )
 
     def group_view(self, group_id: str) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from .currency import Currency
 from .forms import SPOT_OFFERED, FieldError
 from .records import NotFoundError, Payout, hexstr
 from .scheduler import SchedulerError
+from .specdoc import job_spec
 from .values import parse_bytes32
 from .waits import client_of
 from .web import templates
@@ -170,12 +171,12 @@ async def job_page(job_id: str, request: Request, b: BackendDep) -> Response:
     except NotFoundError:
         # Just sent: the page waits for JobCreated (the stream picks it up).
         view = {"job_id": jid, "missing": "waiting for the job to appear on-chain"}
-    spec = None
+    spec = None  # a valid JobSpec's JSON only: a hostile spec is the notice's (specdoc)
     if view.get("spec_cid") and not (view.get("chain") or {}).get("problem"):
-        sched = view.get("scheduler") or {}
-        spec = sched.get("spec") or await b.waits.run(
-            client_of(request), b.spec_of, view["spec_cid"]
+        doc = await b.waits.run(
+            client_of(request), job_spec, b.specs, view["spec_cid"], view.get("scheduler")
         )
+        spec = doc.spec
     return render(request, b, "job.html", view=view, spec=spec)
 
 

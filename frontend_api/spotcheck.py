@@ -177,9 +177,11 @@ def spot_view(
     senders: dict[str, str],
     status: dict[str, Any] | None,
     status_error: str | None,
+    spec_problem: str | None = None,
 ) -> dict[str, Any] | None:
     """A spot job's section of its page; None for a job that is not one (neither the on-chain
-    flag nor the spec says so)."""
+    flag nor the spec says so). ``spec_problem``: why the spec (None) is invalid
+    (:mod:`frontend_api.specdoc`)."""
     check, problem = parse_spot(spec)
     if check is None and not flags_spot and problem is None:
         return None
@@ -197,6 +199,8 @@ def spot_view(
         or (
             None
             if check
+            else f"{spec_problem}: its commitment cannot be shown"
+            if spec is None and spec_problem
             else "the spec could not be read: its commitment cannot be shown"
             if spec is None
             else "flagged FLAG_SPOT on-chain, but its spec carries no spot commitment"
