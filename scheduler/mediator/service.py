@@ -750,7 +750,8 @@ class Mediator:
     def _open_seed(self, state: JobState) -> tuple[SpotSeed | None, str]:
         """Read the spot job's spec and open its seed; the kept row, or None and why the spec
         could not be read (try again later). A seed that does not open, does not match the
-        commitment, or is shared with another job is kept as "no seed", with why."""
+        commitment, or whose commitment another job's opened seed already has (the same
+        submitter's reuse: :meth:`MediatorState.spot_sharing`) is kept as "no seed", with why."""
         spec, why = self._spec(state)
         if spec is None:
             return None, f"spot draw not made yet: {why}"

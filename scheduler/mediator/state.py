@@ -661,12 +661,17 @@ class MediatorState:
         return kept
 
     def spot_sharing(self, job_id: bytes, commit: bytes) -> list[bytes]:
-        """Other jobs whose spec carries the same commitment (a reused seed)."""
+        """Other jobs whose seed opened under the same commitment (a reused seed). Only opened
+        seeds count: one opens only for its submitter and matches a commitment that hashes that
+        submitter in, so these are the same submitter's jobs. A copy of the commitment in
+        another wallet's spec never opens, and neither leaves the original unchecked nor holds
+        back its reveal."""
         if not commit:
             return []
         with self._lock:
             rows = self._db.execute(
-                "SELECT job_id FROM spot WHERE spot_commit = ? AND job_id != ? ORDER BY at",
+                "SELECT job_id FROM spot WHERE spot_commit = ? AND job_id != ? "
+                "AND seed IS NOT NULL ORDER BY at",
                 (commit.hex(), job_id.hex()),
             ).fetchall()
         return [bytes.fromhex(r[0]) for r in rows]

@@ -212,8 +212,11 @@ class JobStore(ReputationStore, OutboxStore):
     ) -> str:
         """The job's spec was fetched: queue it, or mark it invalid with ``reason`` (no spec) or
         ``refusal`` (a valid spec the job's on-chain terms do not fit: kept, not offered). A
-        spot job whose commitment another job already holds is refused (``jobs.spot_commit`` is
-        unique: a seed revealed for one would open the other's draws)."""
+        spot job whose commitment another job of the same submitter already holds is refused
+        (``(submitter, spot_commit)`` is unique: a seed revealed for one would open the other's
+        draws). Another submitter's job never holds it: the commitment hashes its submitter in
+        (:func:`gridmarket.spot.commit_of`), so a copy in another wallet's job is not the
+        victim's seed and must not block the victim's job."""
         try:
             return self._set_spec(job_id, spec, reason, refusal)
         except IntegrityError:  # another job took the commitment meanwhile: refused now
@@ -249,15 +252,21 @@ class JobStore(ReputationStore, OutboxStore):
         return str(values["state"]) if n else "unchanged"
 
     def _claim_commit(self, conn: Connection, job_id: str, commit: str, now: float) -> str:
-        """Give the spot commitment ``commit`` to ``job_id`` if no job created before it on
-        chain holds it (chain order, not the order the specs were read: a copy of another job's
-        commitment must not win by a faster spec); the refusal otherwise. A later holder that was
-        never offered loses it (``queued`` -> ``invalid``); one already offered keeps it."""
-        me = conn.execute(select(jobs.c.created_block).where(jobs.c.job_id == job_id)).scalar()
-        mine = (int(me or 0), job_id)
+        """Give the spot commitment ``commit`` to ``job_id`` if no job of the same submitter
+        created before it on chain holds it (chain order, not the order the specs were read);
+        the refusal otherwise. A later holder that was never offered loses it (``queued`` ->
+        ``invalid``); one already offered keeps it. Other submitters' jobs are not looked at: a
+        copy of a victim's commitment in an attacker's job (even funded first) opens nothing
+        (the seed is sealed for the victim's address) and blocks nothing."""
+        me = conn.execute(
+            select(jobs.c.created_block, jobs.c.submitter).where(jobs.c.job_id == job_id)
+        ).first()
+        mine = (int(me[0] or 0) if me else 0, job_id)
         holders = conn.execute(
             select(jobs.c.job_id, jobs.c.created_block, jobs.c.state, jobs.c.attempt).where(
-                jobs.c.spot_commit == commit, jobs.c.job_id != job_id
+                jobs.c.spot_commit == commit,
+                jobs.c.submitter == (me[1] if me else ""),
+                jobs.c.job_id != job_id,
             )
         ).all()
         for other, block, state, attempt in holders:
@@ -284,11 +293,15 @@ class JobStore(ReputationStore, OutboxStore):
         return ""
 
     def spot_sharing(self, job_id: str, commit: str) -> list[tuple[str, int]]:
-        """Other jobs holding the spot commitment ``commit``: ``(job id, chain status)``."""
+        """Other jobs of ``job_id``'s submitter holding the spot commitment ``commit``: ``(job
+        id, chain status)`` (another submitter's copy is no reuse of this seed)."""
+        submitter = select(jobs.c.submitter).where(jobs.c.job_id == job_id).scalar_subquery()
         with self.reader.connect() as conn:
             rows = conn.execute(
                 select(jobs.c.job_id, jobs.c.chain_status).where(
-                    jobs.c.spot_commit == commit.lower(), jobs.c.job_id != job_id
+                    jobs.c.spot_commit == commit.lower(),
+                    jobs.c.submitter == submitter,
+                    jobs.c.job_id != job_id,
                 )
             ).all()
         return [(str(r[0]), int(r[1])) for r in rows]

@@ -110,12 +110,14 @@ jobs = Table(
     Column("result", JSON, nullable=True),  # wire.ResultReport of the last attempt
     # the node's EIP-712 Acceptance (0x hex) of the current lease; NULL while only offered
     Column("acceptance", String(132), nullable=True),
-    # a spot job (JobSpec.spot): its commitment (unique: a seed is never shared by two jobs),
-    # and the seed revealed once the job is settled (POST /v1/jobs/{job_id}/spot)
+    # a spot job (JobSpec.spot): its commitment (unique per submitter: a seed is never shared
+    # by two of its jobs; the commitment hashes the submitter in, so another wallet's copy is
+    # no reuse: migration 0008), and the seed revealed once the job is settled
+    # (POST /v1/jobs/{job_id}/spot)
     Column("spot_commit", String(66), nullable=True),
     Column("spot_seed", String(66), nullable=True),
     Column("spot_revealed_at", Float, nullable=True),
-    Index("ix_jobs_spot_commit", "spot_commit", unique=True),
+    Index("ix_jobs_submitter_spot_commit", "submitter", "spot_commit", unique=True),
     Index("ix_jobs_state_queued_at", "state", "queued_at"),
     # the collateral check's pending jobs of a wallet's nodes (migration 0007)
     Index("ix_jobs_node_id", "node_id", "chain_status", "chain_pos"),

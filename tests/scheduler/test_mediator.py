@@ -107,14 +107,15 @@ def submitted(
     *,
     provider: LocalAccount | None = None,
     mediator: str | None = None,
+    submitter: LocalAccount | None = None,
     **changes: Any,
 ) -> JobState:
-    """A job funded by the submitter (its mediator: the listed one unless ``mediator``; the
-    default terms otherwise, but for ``changes``: ``flags``, ``collateral``), assigned to
-    ``provider`` with its acceptance, and its result submitted (``output`` as raw bytes goes on
-    chain as they are)."""
+    """A job funded by ``submitter`` (default: the devnet's; its mediator: the listed one unless
+    ``mediator``; the default terms otherwise, but for ``changes``: ``flags``, ``collateral``),
+    assigned to ``provider`` with its acceptance, and its result submitted (``output`` as raw
+    bytes goes on chain as they are)."""
     provider = provider or devnet.providers[0]
-    submitter = devnet.submitter
+    submitter = submitter or devnet.submitter
     terms = client.default_terms(BOUNTY, submitter.address)
     if mediator is not None:
         terms = replace(terms, mediator=mediator)

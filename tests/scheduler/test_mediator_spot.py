@@ -70,14 +70,23 @@ def spot_submitted(
     spec: JobSpec,
     output: str,
     provider: LocalAccount | None = None,
+    submitter: LocalAccount | None = None,
 ) -> JobState:
-    """A spot job (FLAG_SPOT, the least collateral p = 25 % needs) assigned to ``provider``
-    with its acceptance, and ``output`` submitted."""
+    """A spot job (FLAG_SPOT, the least collateral p = 25 % needs) funded by ``submitter``
+    (default: the devnet's), assigned to ``provider`` with its acceptance, and ``output``
+    submitted."""
     terms = client.default_terms(BOUNTY, devnet.submitter.address)
     collateral = max(terms.collateral, spot.min_collateral(BOUNTY, P_BPS))
     spec_cid = store.add_bytes(spec.to_bytes())
     return submitted(
-        devnet, client, spec_cid, output, provider=provider, flags=FLAG_SPOT, collateral=collateral
+        devnet,
+        client,
+        spec_cid,
+        output,
+        provider=provider,
+        submitter=submitter,
+        flags=FLAG_SPOT,
+        collateral=collateral,
     )
 
 
@@ -236,3 +245,42 @@ def test_a_sealed_seed_that_does_not_open_or_match_is_never_charged_to_the_provi
         events = client.events(deployment.block, "latest", [None, "0x" + job.job_id.hex()])
         assert "ProviderSlashed" not in [e.name for e in events]
         assert "ResultDisputed" not in [e.name for e in events]
+
+
+def test_a_copied_commitment_neither_opens_nor_leaves_the_original_unchecked(
+    devnet: Devnet,
+    escrow: tuple[Deployment, EscrowClient],
+    ipfs_daemon: IpfsDaemon,
+    store: IpfsStore,
+    tmp_path: Path,
+) -> None:
+    """Issue 32, item 7, at the mediator: an attacker copies a victim's spot policy (commitment
+    and sealed seed, from the mempool) into a job of its own, whose result the mediator reads
+    first. The copy's seed does not open (it was sealed for the victim's address); the victim's
+    job is still drawn on (the copy's commitment used to count as a reuse: the victim's job went
+    unchecked); the victim reusing its own commitment in a later job is still not drawn on."""
+    deployment, client = escrow
+    victim, attacker = devnet.submitters
+    seed = seed_where(attempt_drawn=False)
+    spec = spot_spec(devnet, seed)
+    output = store.add_bytes(b"mean=42.5\n" + os.urandom(4))
+    copied = spec.model_copy(update={"name": "copied"})
+    copy = spot_submitted(devnet, client, store, copied, output, submitter=attacker)
+    with mediator(devnet, deployment, ipfs_daemon, tmp_path / "m.db") as med:
+        until(med, lambda: decision(med, copy) is not None, what="the copy's draw")
+        d = decision(med, copy)
+        assert d is not None and "does not open with this key for submitter" in d.reason, d
+        job = spot_submitted(devnet, client, store, spec, output, submitter=victim)
+        until(med, lambda: decision(med, job) is not None, what="the victim's draw")
+        d = decision(med, job)
+        assert d is not None, d
+        assert f"spot check not drawn (p={P_BPS} bps, attempt 1)" in d.reason, d.reason
+        kept = med.state.spot(job.job_id)
+        assert kept is not None and kept.seed == seed
+        assert med.state.spot_sharing(job.job_id, kept.commit) == []
+        reused = spec.model_copy(update={"name": "reused"})
+        again = spot_submitted(devnet, client, store, reused, output, submitter=victim)
+        until(med, lambda: decision(med, again) is not None, what="the reuse's draw")
+        d = decision(med, again)
+        assert d is not None, d
+        assert f"is also job 0x{job.job_id.hex()}'s: a reused seed is never drawn on" in d.reason

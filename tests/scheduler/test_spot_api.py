@@ -1,10 +1,10 @@
 """Spot checks at the scheduler (issue 10, ``spot: p``) on real services: anvil (a fresh escrow),
 the js-ipfs daemon, the scheduler under uvicorn. A job whose spot policy and on-chain terms
 disagree is not offered (``invalid``, the reason says why), nor one whose commitment another job
-already holds; ``GET API.SPOT`` shows the policy; a reveal is refused while the job (or another
-job holding its commitment) is not settled, refused when the seed does not hash to the
-commitment, and kept once it does; a quote for a spot policy names the check deposit and the
-least collateral."""
+of its submitter already holds (another wallet's copy blocks nothing); ``GET API.SPOT`` shows
+the policy; a reveal is refused while the job (or another job holding its commitment) is not
+settled, refused when the seed does not hash to the commitment, and kept once it does; a quote
+for a spot policy names the check deposit and the least collateral."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from scheduler.store import Store
 
 from ..conftest import Devnet
 from .harness import Server, fresh_escrow, scheduler
-from .test_store import created, jid, node, offer
+from .test_store import SUBMITTER, created, jid, node, offer
 
 BOUNTY = 10**16
 P_BPS = 2500
@@ -245,3 +245,41 @@ def test_the_job_created_first_holds_a_commitment_whichever_spec_is_read_first(
     assert store.set_spec(jid(4), spec) == "invalid"
     assert f"already job {jid(1)}'s" in store.job(jid(4)).reason
     assert store.spot_sharing(jid(4), policy.commit) == [(jid(1), int(Status.FUNDED))]
+
+
+def test_a_copy_of_a_commitment_in_another_wallets_earlier_job_blocks_nothing(
+    store: Store,
+) -> None:
+    """Issue 32, item 7, in the store (SQLite and PostgreSQL): an attacker copies a victim's
+    spot commitment and sealed seed from the mempool into a job of its own created first on
+    chain. The commitment hashes the victim's address in, so the copy is no reuse: the victim's
+    job is still queued (it was ``invalid``, "already job X's"), and the copy holds back none of
+    its reveals. The victim reusing its own commitment in a later job is still refused."""
+    attacker = "0x15d34AAf54267DB7D7c367839AAf71A00a2C6A65"
+    seed = spot.new_seed()
+    policy = SpotCheck(
+        p_bps=P_BPS, commit="0x" + spot.commit_of(seed, SUBMITTER).hex(), sealed="0x" + "11" * 93
+    )
+    specs = [
+        JobSpec.model_validate(
+            {"name": name, "executor": "wasm", "module_cid": MODULE, "spot": policy.model_dump()}
+        )
+        for name in ("copy", "victim", "reuse")
+    ]
+    events = [
+        created(20 + n, block=20 + n, flags=FLAG_SPOT, spec_cid=bytes_cid(s.to_bytes()))
+        for n, s in enumerate(specs)
+    ]
+    events[0].args["submitter"] = attacker  # the copy: the attacker's job, mined first
+    store.apply_chain_events(events, through_block=22)
+    copy, victim, reuse = jid(20), jid(21), jid(22)
+    assert store.job(copy).chain.job.submitter == attacker
+    assert store.set_spec(copy, specs[0]) == "queued"
+    assert store.set_spec(victim, specs[1]) == "queued", store.job(victim).reason
+    assert store.job(copy).state == "queued"  # (its seed never opens: the mediator's matter)
+    assert store.spot_sharing(victim, policy.commit) == []
+    assert store.spot_sharing(copy, policy.commit) == []
+    # the same submitter reusing its own commitment: refused as before
+    assert store.set_spec(reuse, specs[2]) == "invalid"
+    assert f"already job {victim}'s" in store.job(reuse).reason
+    assert store.spot_sharing(reuse, policy.commit) == [(victim, int(Status.FUNDED))]
