@@ -100,7 +100,7 @@ def stack(
     The replicas run with the scheduler's defaults (``require_stake`` true) plus the operator
     key, the IPFS daemon, ``chain_poll_s=0.1`` (as ``run_grid``) and ``settings``. ``escrow``
     overrides deployment parameters (:class:`EscrowParams` fields, e.g. ``challenge_window``);
-    ``mediator`` also runs the real mediator (``python -m scheduler.mediator run``,
+    ``mediator`` also runs the real mediator (``python -m mediator run``,
     :class:`devstack.mediator.MediatorProcess`) with the listed mediator's key. Each provider
     stakes the minimum plus the collateral of ``stake_jobs`` jobs of 0.001 ETH.
 

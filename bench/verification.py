@@ -65,7 +65,7 @@ to the deployment's mediator key (``spot.seal`` to ``spot.public_key_of`` of dev
 checked against the listed mediator's address with ``spot.check_public_key``). The spec is a
 deterministic Docker job (image pinned by digest), as a spot job must be. The nodes stake
 ``minStake`` + 64 such collaterals. The stack runs the **real mediator** (``python -m
-scheduler.mediator run``, :class:`devstack.mediator.MediatorProcess`, the listed mediator's
+mediator run``, :class:`devstack.mediator.MediatorProcess`, the listed mediator's
 key), and everything about a check is the real mediator's: on each ``ResultSubmitted`` of a
 spot job it reads the spec from IPFS, opens the sealed seed with its key against the commitment
 (``spot.unseal``), and when ``spot.checked(seed, attempt, p_bps)`` sends its own ``dispute`` (no
@@ -147,7 +147,7 @@ from gridmarket.escrow import (
     seat_ids,
 )
 from gridmarket.wire import API, JobSpec
-from scheduler.mediator.service import RERUN_SALT_TAG
+from mediator.service import RERUN_SALT_TAG
 from scheduler.store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))

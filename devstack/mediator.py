@@ -1,4 +1,4 @@
-"""The devnet's mediator as a child process (``python -m scheduler.mediator run``): the key the
+"""The devnet's mediator as a child process (``python -m mediator run``): the key the
 submitters name by default (the deployment lists it), ruling on the integrity of results of the
 jobs that name it and re-running disputed deterministic jobs on another provider of the grid
 (docs/mediator.md)."""
@@ -17,7 +17,7 @@ KEY_ENV = "GRIDMARKET_MEDIATOR_KEY"
 
 
 class MediatorProcess(Service):
-    """``python -m scheduler.mediator run`` following the devnet's escrow."""
+    """``python -m mediator run`` following the devnet's escrow."""
 
     def __init__(
         self,
@@ -46,7 +46,7 @@ class MediatorProcess(Service):
         self._argv = [
             sys.executable,
             "-m",
-            "scheduler.mediator",
+            "mediator",
             "run",
             "--rpc-url",
             rpc_url,

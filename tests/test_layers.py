@@ -1,8 +1,9 @@
 """The import rules between the top-level packages, read from the source (no import runs).
 
 ``gridmarket`` is the ground floor: it imports none of the apps. The apps (``scheduler``,
-``agent``, ``frontend_api``) never import each other. ``devstack`` (the local grid for
-development and tests) sits above them all: no runtime package imports it.
+``mediator``, ``agent``, ``frontend_api``) never import each other: what two of them share (the
+chain watcher, the RPC retry rules, the output check) lives in ``gridmarket``. ``devstack`` (the
+local grid for development and tests) sits above them all: no runtime package imports it.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNTIME = ("gridmarket", "scheduler", "agent", "frontend_api")
-APPS = ("scheduler", "agent", "frontend_api")
+RUNTIME = ("gridmarket", "scheduler", "mediator", "agent", "frontend_api")
+APPS = ("scheduler", "mediator", "agent", "frontend_api")
 
 
 def imported_packages(path: Path) -> set[tuple[int, str]]:

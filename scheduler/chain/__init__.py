@@ -1,9 +1,19 @@
-"""The scheduler's side of the chain: a transaction sender for the operator key and an event
-watcher feeding the store. Neither touches the database: the store implements the small
-protocols taken here (docs/scheduler-chain.md)."""
+"""The scheduler's side of the chain: a transaction sender for the operator key and the event
+watcher feeding the store (:mod:`gridmarket.watcher`, shared with the mediator, re-exported
+here with the RPC retry rules of :mod:`gridmarket.retry`). Neither touches the database: the
+store implements the small protocols taken here (docs/scheduler-chain.md)."""
 
 from gridmarket.chain import ChainError, Event, Sent
-from scheduler.chain.retry import ChainUnavailableError, RetryPolicy, is_transient
+from gridmarket.retry import ChainUnavailableError, RetryPolicy, is_transient
+from gridmarket.watcher import (
+    ChainWatcher,
+    CursorStore,
+    EventSink,
+    HeadTag,
+    ReorgStore,
+    ReorgTooDeepError,
+    WatcherStatus,
+)
 from scheduler.chain.sender import (
     BATCH_MAX_CALLS,
     BATCH_MAX_GAS,
@@ -13,15 +23,6 @@ from scheduler.chain.sender import (
     TxOutcomeUnknownError,
     TxSender,
     apply_sent,
-)
-from scheduler.chain.watcher import (
-    ChainWatcher,
-    CursorStore,
-    EventSink,
-    HeadTag,
-    ReorgStore,
-    ReorgTooDeepError,
-    WatcherStatus,
 )
 
 __all__ = [

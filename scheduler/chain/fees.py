@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from gridmarket.retry import ChainUnavailableError
 from scheduler.chain import tx_metrics as metrics
-from scheduler.chain.retry import ChainUnavailableError
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from hexbytes import HexBytes
 from web3 import Web3
 from web3.types import TxParams
 
+from gridmarket.retry import is_transient
 from scheduler.chain.nonces import Broadcast
-from scheduler.chain.retry import is_transient
 
 log = logging.getLogger(__name__)
 

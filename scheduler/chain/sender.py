@@ -31,7 +31,7 @@ Guarantees (docs/scheduler-chain.md):
 
 Around it: the fee policy in :mod:`scheduler.chain.fees`, the nonce sequence in
 :mod:`scheduler.chain.nonces`, the pool read of a restart in :mod:`scheduler.chain.in_flight`,
-the retry loop in :mod:`scheduler.chain.retry`, the counters in :mod:`scheduler.chain.tx_metrics`.
+the retry loop in :mod:`gridmarket.retry`, the counters in :mod:`scheduler.chain.tx_metrics`.
 This module stays long (~680 lines) because what is left is one thing: :class:`TxSender`'s
 send -> broadcast -> await -> replace cycle, whose steps share the nonce lock, the in-flight
 count and the versions of one nonce; cut apart, each half would need the other's state.
@@ -60,6 +60,15 @@ from gridmarket.chain import (
     rpc_error_message,
 )
 from gridmarket.escrow import JobState, fold_events
+from gridmarket.retry import (
+    ChainUnavailableError,
+    Deadline,
+    RetryPolicy,
+    Throttle,
+    describe,
+    is_transient,
+    retrying,
+)
 from scheduler.chain import tx_metrics as metrics
 from scheduler.chain.fees import (
     FeeCapExceededError,
@@ -70,15 +79,6 @@ from scheduler.chain.fees import (
 )
 from scheduler.chain.in_flight import adopted, pool_of
 from scheduler.chain.nonces import Broadcast, sequence_for
-from scheduler.chain.retry import (
-    ChainUnavailableError,
-    Deadline,
-    RetryPolicy,
-    Throttle,
-    describe,
-    is_transient,
-    retrying,
-)
 from scheduler.chain.tx_metrics import REGISTRY
 
 __all__ = [

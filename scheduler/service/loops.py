@@ -25,6 +25,7 @@ from eth_account.signers.local import LocalAccount
 from gridmarket.chain import ChainError, Deployment, EscrowClient
 from gridmarket.cid import CidError, cid_matches
 from gridmarket.ipfs import IpfsStore
+from gridmarket.verify import Verdict, VerdictCode, verify_output
 from gridmarket.wire import MAX_SPEC_BYTES, JobSpec, RunReason
 from scheduler import lifecycle
 from scheduler.chain import (
@@ -37,7 +38,6 @@ from scheduler.chain import (
 from scheduler.settings import Settings
 from scheduler.spot import intake_refusal
 from scheduler.store import JobRow, OutboxItem, Store
-from scheduler.verify import Verdict, VerdictCode, verify_output
 
 from .outbox_rules import NotYetError, OutboxRules
 
@@ -437,7 +437,7 @@ class SpecFetcher:
 
 
 class Verifier:
-    """The verifier: each ``verifying`` job's output checked (``scheduler/verify.py``), the
+    """The verifier: each ``verifying`` job's output checked (``gridmarket/verify.py``), the
     verdict handed to the store, the outbox woken to send it.
 
     Outputs are fetched concurrently in a bounded pool (``settings.verify_workers`` threads,

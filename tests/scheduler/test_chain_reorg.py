@@ -17,9 +17,9 @@ from hexbytes import HexBytes
 from gridmarket.chain import EscrowClient
 from gridmarket.eip712 import sign_result
 from gridmarket.escrow import Status
+from gridmarket.watcher import ChainWatcher, ReorgTooDeepError
 from gridmarket.wire import JobSpec, NodeCapacityIn
 from scheduler.chain import TxSender
-from scheduler.chain.watcher import ChainWatcher, ReorgTooDeepError
 from scheduler.service.outbox_rules import OutboxRules
 from scheduler.store import Claim, NotFoundError, Store
 from scheduler.store.rows import job_to_json
@@ -101,7 +101,7 @@ def test_funding_assignment_and_payment_reorged_out_and_back(
     watcher.poll_once()
     assert matches_chain(store, client, job_id) is Status.FUNDED
 
-    with caplog.at_level(logging.WARNING, logger="scheduler.chain.watcher"):
+    with caplog.at_level(logging.WARNING, logger="gridmarket.watcher"):
         assert rpc(w3, "evm_revert", before_funding)
         rpc(w3, "anvil_mine", "0x3")  # a longer chain without the funding
         watcher.poll_once()

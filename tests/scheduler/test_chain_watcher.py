@@ -203,7 +203,7 @@ def test_confirmations_hold_back_recent_blocks(own_chain: OwnChain, tmp_path: Pa
 def test_run_survives_an_rpc_outage_and_node_restart(
     own_chain: OwnChain, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="scheduler.chain.watcher")
+    caplog.set_level(logging.INFO, logger="gridmarket.watcher")
     client = own_chain.client(timeout=1)
     store = SqliteStore(tmp_path / "store.db")
     watcher = ChainWatcher(

@@ -1,4 +1,4 @@
-"""The mediator (scheduler/mediator, docs/mediator.md) on a real anvil and the real js-ipfs
+"""The mediator (mediator/, docs/mediator.md) on a real anvil and the real js-ipfs
 daemon: it rules wrong a result it cannot fetch or whose CID does not decode, leaves a good one
 to be paid and upholds it when disputed (on integrity alone for a job that is not
 deterministic; after a re-run on another provider, which it funds itself, for one that is),
@@ -29,10 +29,10 @@ from gridmarket.deploy import list_token
 from gridmarket.eip712 import sign_acceptance
 from gridmarket.escrow import JobState, Status
 from gridmarket.ipfs import IpfsStore
+from gridmarket.retry import RetryPolicy
 from gridmarket.token import TokenClient
 from gridmarket.wire import JobLimits, JobSpec
-from scheduler.chain.retry import RetryPolicy
-from scheduler.mediator import (
+from mediator import (
     Decision,
     Mediator,
     MediatorConfig,
@@ -43,8 +43,8 @@ from scheduler.mediator import (
 
 from ..conftest import ROOT, Devnet
 from ..hostile import INVALID_UTF8, escrow_call
-from .chain_support import fault_proxy, make_w3
-from .harness import advance, fresh_escrow, register_on_chain
+from ..scheduler.chain_support import fault_proxy, make_w3
+from ..scheduler.harness import advance, fresh_escrow, register_on_chain
 
 BOUNTY = 10**16
 OUTPUT_CAP = 4096
@@ -530,7 +530,7 @@ def test_the_command_line_runs_until_terminated(
     args = [
         sys.executable,
         "-m",
-        "scheduler.mediator",
+        "mediator",
         "run",
         "--rpc-url",
         devnet.url,

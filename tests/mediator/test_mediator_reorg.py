@@ -24,10 +24,10 @@ from gridmarket.chain import EscrowClient
 from gridmarket.escrow import JobState, Status
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import JobSpec
-from scheduler.mediator import Mediator, MediatorConfig, MediatorState
-from scheduler.mediator.state import state_to_json
+from mediator import Mediator, MediatorConfig, MediatorState
+from mediator.state import state_to_json
 
-from .chain_support import (
+from ..scheduler.chain_support import (
     OwnChain,
     acceptance,
     chain_now,

@@ -1,4 +1,4 @@
-"""Output verification (scheduler/verify.py) against the real js-ipfs daemon.
+"""Output verification (gridmarket/verify.py) against the real js-ipfs daemon.
 
 Every case checks the verdict's code, that its message names the CID and what failed, that the
 fetched copy is gone from ``work_dir`` afterwards, and that the shared store is left as it was.
@@ -21,7 +21,7 @@ from multiformats import CID, multihash
 from devstack.ipfs import IpfsDaemon
 from gridmarket.cid import V0, bytes_cid, normalize_cid, path_cid
 from gridmarket.ipfs import IpfsStore
-from scheduler.verify import Verdict, VerdictCode, verify_output
+from gridmarket.verify import Verdict, VerdictCode, verify_output
 
 TIMEOUT_S = 2.0
 SLACK_S = 2.0  # scheduling noise on a loaded 2-core machine

@@ -19,11 +19,11 @@ from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.escrow import FLAG_SPOT, JobState, Status
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import API, JobSpec, SpotCheck
-from scheduler.mediator import Mediator
+from mediator import Mediator
 
 from ..conftest import Devnet
+from ..scheduler.harness import advance, register_on_chain, scheduler
 from . import test_mediator
-from .harness import advance, register_on_chain, scheduler
 from .test_mediator import (
     BOUNTY,
     WASM_SPEC,

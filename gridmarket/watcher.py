@@ -39,7 +39,7 @@ from typing import Any, Literal, Protocol
 from web3.exceptions import BlockNotFound
 
 from gridmarket.chain import EscrowClient, Event
-from scheduler.chain.retry import RetryPolicy, describe, is_transient
+from gridmarket.retry import RetryPolicy, describe, is_transient
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from types import FrameType
 
 from gridmarket.chain import ChainError
-from scheduler.mediator.service import Mediator, MediatorConfig, MediatorError
-from scheduler.mediator.state import StateError
+from mediator.service import Mediator, MediatorConfig, MediatorError
+from mediator.state import StateError
 
 KEY_ENV = "GRIDMARKET_MEDIATOR_KEY"
 

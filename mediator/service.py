@@ -1,10 +1,10 @@
-"""The mediator: a mode of the scheduler with its own key that rules on results of the jobs
-naming it (docs/mediator.md).
+"""The mediator: an app beside the scheduler, with its own key, that rules on results of the
+jobs naming it (docs/mediator.md).
 
-It follows the escrow's events from the deployment block (:class:`scheduler.chain.ChainWatcher`
-over a cursor kept in its own SQLite file, :mod:`scheduler.mediator.state`), folds the jobs
+It follows the escrow's events from the deployment block (:class:`gridmarket.watcher.ChainWatcher`
+over a cursor kept in its own SQLite file, :mod:`mediator.state`), folds the jobs
 whose ``job.mediator`` is its address with :func:`gridmarket.escrow.apply_event`, and owes each
-of their results one integrity check (:func:`scheduler.verify.verify_output`):
+of their results one integrity check (:func:`gridmarket.verify.verify_output`):
 
 - a result just submitted (``check``): if the output fails for a reason that is the provider's
   (the CID does not decode or is not a UnixFS CID, its bytes hash to another CID, it is over the
@@ -70,12 +70,12 @@ from gridmarket.escrow import (
 )
 from gridmarket.escrow import job_id as escrow_job_id
 from gridmarket.ipfs import IpfsStore
+from gridmarket.retry import RetryPolicy, describe, is_transient
 from gridmarket.token import TokenClient
+from gridmarket.verify import VerdictCode, verify_output
+from gridmarket.watcher import ChainWatcher
 from gridmarket.wire import API, MAX_EXCLUDED, MAX_SPEC_BYTES, JobLimits, JobSpec, SpotReveal
-from scheduler.chain.retry import RetryPolicy, describe, is_transient
-from scheduler.chain.watcher import ChainWatcher
-from scheduler.mediator.state import MediatorState, Rerun, SpotSeed, Task, pos_of
-from scheduler.verify import VerdictCode, verify_output
+from mediator.state import MediatorState, Rerun, SpotSeed, Task, pos_of
 
 __all__ = [
     "CHECK",

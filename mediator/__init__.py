@@ -1,0 +1,28 @@
+"""The mediator, an app beside the scheduler with its own key, ruling on the results of the jobs
+that name it (docs/mediator.md). ``gridmarket-mediator run ...`` or
+``Mediator.connect(...).run_forever(stop)``. It imports only :mod:`gridmarket`."""
+
+from mediator.service import (
+    CHECK,
+    DISPUTE,
+    REVEAL,
+    Decision,
+    Mediator,
+    MediatorConfig,
+    MediatorError,
+)
+from mediator.state import MediatorState, Ruling, SpotSeed, StateError
+
+__all__ = [
+    "CHECK",
+    "DISPUTE",
+    "REVEAL",
+    "Decision",
+    "Mediator",
+    "MediatorConfig",
+    "MediatorError",
+    "MediatorState",
+    "Ruling",
+    "SpotSeed",
+    "StateError",
+]
