@@ -324,13 +324,12 @@ class AgentConfig(BaseSettings):
         ):
             for key, amount in getattr(self, field_name).items():
                 token = _resolve_token(self._tokens, field_name, key)
-                text = format(amount, "f")
                 try:
-                    units = token.to_units(text)
+                    units = token.to_units(amount)
                 except ValueError as exc:
                     raise ValueError(f"{field_name}.{key}: {exc}") from None
                 if units >= 2**96:
-                    raise ValueError(f"{field_name}.{key}: {text} {token.symbol} is too large")
+                    raise ValueError(f"{field_name}.{key}: {amount} {token.symbol} is too large")
                 if token.address in out:
                     raise ValueError(f"{field_name}.{key}: {token.symbol} is named twice")
                 out[token.address] = units

@@ -11,12 +11,12 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.config import AgentConfig
 from agent.errors import AgentError, CliError
+from gridmarket.amounts import AmountError, parse_units
 from gridmarket.cmdline import one_line
 
 if TYPE_CHECKING:
@@ -48,13 +48,11 @@ def save_node(config: AgentConfig, registration: RegisterResponse, wallet: str) 
 
 
 def stake_wei(eth: str) -> int:
+    """``--stake`` in wei: a bounded decimal amount of ETH (:mod:`gridmarket.amounts`)."""
     try:
-        value = Decimal(eth) * 10**18
-    except InvalidOperation:
-        raise CliError(f"--stake {eth!r} is not a number of ETH") from None
-    if value < 0 or value != value.to_integral_value():
-        raise CliError(f"--stake {eth!r} must be >= 0 with at most 18 decimals")
-    return int(value)
+        return parse_units(eth, 18, field="--stake", unit="ETH")
+    except AmountError as exc:
+        raise CliError(str(exc)) from None
 
 
 def stake_on_chain(config: AgentConfig, account: LocalAccount, wei: int, metadata: bytes) -> str:

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
+from gridmarket.amounts import AmountError, parse_whole
 from gridmarket.escrow import FLAG_SPOT, MAX_REPLICAS, ZERO_ADDRESS, Terms, seat_ids
 from gridmarket.escrow import job_id as compute_job_id
 from gridmarket.tiers import REGIONS, TIERS
@@ -472,13 +473,11 @@ async def terms(
     bounty: int | None = None
     try:
         if bounty_wei not in (None, ""):
-            bounty = int(str(bounty_wei).strip())
+            bounty = parse_whole(str(bounty_wei), field="bounty_wei")
         elif bounty_eth not in (None, ""):
             bounty = parse_eth(str(bounty_eth), "bounty_eth")
-    except ValueError as exc:
-        raise field_error(exc, "bounty_wei" if bounty_wei else "bounty_eth") from None
-    if bounty is not None and bounty < 0:
-        raise FieldError("bounty_wei", "the bounty cannot be negative")
+    except AmountError as exc:
+        raise FieldError(str(exc.field), exc.message) from None
     await b.refresh()
     params = b.params
     return terms_body(b, params, bounty, sub, policy.replicas, policy.spot_bps)
@@ -924,8 +923,8 @@ async def prepare_provider(req: ProviderSignup, b: BackendDep) -> dict[str, Any]
     sender = _required_address(req.sender, "from")
     try:
         stake = parse_eth(str(req.stake_eth), "stake_eth")
-    except ValueError as exc:
-        raise field_error(exc, "stake_eth") from None
+    except AmountError as exc:
+        raise FieldError("stake_eth", exc.message) from None
     if req.region is not None and req.region not in REGIONS:
         raise FieldError("region", f"{req.region!r} is unknown; use one of {sorted(REGIONS)}")
     metadata = json.dumps(

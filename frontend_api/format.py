@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from decimal import ROUND_DOWN, Decimal, InvalidOperation
+from decimal import ROUND_DOWN, Decimal
+
+from gridmarket.amounts import parse_units
 
 WEI_PER_ETH = 10**18
 
@@ -25,17 +27,11 @@ def eth(wei: int | str | None, places: int = 6) -> str:
 
 
 def parse_eth(text: str, field_name: str = "amount") -> int:
-    """Wei from a decimal ETH amount (``"0.01"``, ``"1e-3"``); ValueError naming the field."""
-    try:
-        amount = Decimal(str(text).strip().removesuffix("ETH").removesuffix("eth").strip())
-    except InvalidOperation:
-        raise ValueError(f"{field_name}: {text!r} is not a decimal amount of ETH") from None
-    if not amount.is_finite() or amount < 0:
-        raise ValueError(f"{field_name}: {text!r} must be a positive amount of ETH")
-    wei = amount * WEI_PER_ETH
-    if wei != wei.to_integral_value():
-        raise ValueError(f"{field_name}: {text!r} has more than 18 decimals")
-    return int(wei)
+    """Wei from a decimal ETH amount (``"0.01"``, ``"1e-3"``, ``"0.5 ETH"``), bounded
+    (:func:`gridmarket.amounts.parse_units`); an ``AmountError`` (a ValueError) naming the
+    field."""
+    text = str(text).strip().removesuffix("ETH").removesuffix("eth")
+    return parse_units(text, 18, field=field_name, unit="ETH", smallest="wei")
 
 
 def short(value: str | None, head: int = 6, tail: int = 4) -> str:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gridmarket import spot
+from gridmarket.amounts import AmountError, parse_whole
 from gridmarket.escrow import (
     FLAG_ON_VERIFY,
     FLAG_SPOT,
@@ -307,10 +308,11 @@ def parse_amount(
         return None, f"{name}_eth" if currency.is_eth else name
     field, value = given[0]
     if field.endswith("_wei"):
+        smallest = "wei" if currency.is_eth else f"units of {currency.symbol}"
         try:
-            return int(str(value).strip()), field
-        except ValueError:
-            raise FieldError(field, f"{value!r} is not a whole number") from None
+            return parse_whole(value, field=field, smallest=smallest), field
+        except AmountError as exc:
+            raise FieldError(field, exc.message) from None
     if field.endswith("_eth") or currency.is_eth:
         if not currency.is_eth:
             raise FieldError(
@@ -320,10 +322,10 @@ def parse_amount(
             )
         try:
             return parse_eth(str(value), field), field
-        except ValueError as exc:
-            raise field_error(exc, field) from None
+        except AmountError as exc:
+            raise FieldError(field, exc.message) from None
     try:
-        return currency.token.to_units(str(value).strip()), field
+        return currency.token.to_units(str(value)), field
     except ValueError as exc:
         raise FieldError(field, str(exc)) from None
 

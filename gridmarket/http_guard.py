@@ -1,4 +1,5 @@
-"""Limits every HTTP request meets before an app sees it: body size, strict JSON, a rate per client.
+"""Limits every HTTP request meets before an app sees it: body size, bounded strict JSON, bounded
+numbers in queries and forms, a rate per client.
 
 Requests are hostile input. :class:`RequestGuard` is a pure ASGI middleware both apps (the
 scheduler and the front end) install with their own :class:`GuardLimits`:
@@ -7,12 +8,18 @@ scheduler and the front end) install with their own :class:`GuardLimits`:
   limit is answered 413 before a byte of the body is read; a body without one (chunked) is
   counted as it streams and refused with 413 the moment it passes the limit. Nothing larger
   than the limit is ever held in memory.
-* **Strict JSON**: a body the app will parse as JSON (``application/json``, ``*+json`` or no
-  content type) is read whole (within its limit) and checked: ``NaN``, ``Infinity``, numbers
-  that overflow to infinity, lone UTF-16 surrogates and bytes that are not UTF-8 are answered
-  400 naming the problem (Python's ``json`` accepts all of them, and they came back as 500s or
-  were stored as null). Bodies over ``thread_over_bytes`` are checked in a worker thread, so a
-  large body never holds the event loop. Other syntax errors are left to the app (422).
+* **Bounded, strict JSON**: a body the app will parse as JSON (``application/json``,
+  ``*+json`` or no content type) is read whole (within its limit) and checked before anything
+  parses it (:func:`gridmarket.input_checks.check_json`): nesting deeper than
+  ``max_json_depth``, numbers over 100 characters or with an exponent over 999, ``NaN``,
+  ``Infinity``, numbers that overflow to infinity, lone UTF-16 surrogates and bytes that are
+  not UTF-8 are answered 400 with ``detail`` and ``field`` (where in the body: ``nodes[0]``).
+  Python's ``json`` recurses per level and accepts the rest; they came back as 500s or were
+  stored as null. Bodies over ``thread_over_bytes`` are checked in a worker thread, so a large
+  body never holds the event loop. Other syntax errors are left to the app (422).
+* **Bounded numbers in queries and forms**: a query parameter's value (or an urlencoded form
+  field's) that is a number over 100 characters or with an exponent over 999 is answered 400
+  naming the parameter (``?bounty_eth=1e300000``); other values are the app's to check.
 * **Rate per client**: a token bucket per client address (``rate_per_s`` refill, ``burst``
   capacity) on every path ``rate_limited`` says is unauthenticated; over it, 429 with
   ``Retry-After``. Addresses in ``exempt_clients`` are never limited.
@@ -30,10 +37,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio.to_thread
 from starlette.exceptions import HTTPException
+
+from gridmarket.input_checks import MAX_JSON_DEPTH, Problem, check_json, check_query
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -59,6 +69,8 @@ class GuardLimits:
     exempt_clients: frozenset[str] = frozenset()
     rate_limited: Callable[[str], bool] = lambda path: True
     thread_over_bytes: int = 64 * 1024
+    max_json_depth: int = MAX_JSON_DEPTH
+    """Arrays and objects nested at most this deep in a JSON body."""
     settings_hint: str = ""
 
     def body_limit(self, path: str) -> int:
@@ -96,47 +108,6 @@ class TokenBuckets:
             return wait
 
 
-class JsonProblemError(ValueError):
-    """A JSON body that the app must not see (names what is wrong)."""
-
-
-def _bad_constant(name: str) -> Any:
-    raise JsonProblemError(f"{name} is not a JSON number (use a finite number or null)")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise JsonProblemError(f"the number {text[:40]} is out of range")
-    return value
-
-
-_STRICT = json.JSONDecoder(parse_constant=_bad_constant, parse_float=_finite)
-"""``json.loads(text, parse_constant=..., parse_float=...)`` built once: ``json.loads`` with
-those arguments builds a decoder (and its scanner) per call, most of the check's cost."""
-
-
-def check_json(body: bytes) -> str | None:
-    """What makes ``body`` unacceptable as strict JSON; None if it is fine or not JSON at all
-    (syntax errors are the app's to report)."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return f"request body is not UTF-8 (byte 0x{body[exc.start]:02x} at offset {exc.start})"
-    try:
-        value = _STRICT.decode(text)
-    except JsonProblemError as exc:
-        return f"request body: {exc}"
-    except ValueError:
-        return None
-    try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as exc:
-        point = ord(exc.object[exc.start])
-        return f"request body holds a lone UTF-16 surrogate (\\u{point:04x}) in a string"
-    return None
-
-
 class RequestGuard:
     """The ASGI middleware (see the module's docstring)."""
 
@@ -168,6 +139,10 @@ class RequestGuard:
                     [(b"retry-after", str(retry).encode())],
                 )
                 return
+        query = check_query(scope.get("query_string") or b"")
+        if query is not None:
+            await answer(send, 400, query.detail, field=query.field)
+            return
         limit = limits.body_limit(path)
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
         length = headers.get(b"content-length")
@@ -183,22 +158,32 @@ class RequestGuard:
         if scope.get("method") in ("GET", "HEAD", "OPTIONS", "DELETE") and length is None:
             await self.app(scope, receive, send)
             return
-        if _is_json(headers.get(b"content-type")):
+        kind = _body_kind(headers.get(b"content-type"))
+        if kind is not None:
             body = await _read_body(receive, limit)
             if body is None:
                 await answer(send, 413, self._too_large(path, limit, None))
                 return
             if body:
-                if len(body) > limits.thread_over_bytes:
-                    problem = await anyio.to_thread.run_sync(check_json, body)
-                else:
-                    problem = check_json(body)
+                problem = await self._check(kind, body)
                 if problem is not None:
-                    await answer(send, 400, problem)
+                    await answer(send, 400, problem.detail, field=problem.field)
                     return
             await self.app(scope, _replay(body, receive), send)
             return
         await self._counted(scope, receive, send, path, limit)
+
+    async def _check(self, kind: str, body: bytes) -> Problem | None:
+        """:func:`check_json` (or :func:`check_query` for a form) of ``body``; in a worker
+        thread when it is over ``thread_over_bytes``."""
+        check = (
+            partial(check_query, body, "form field")
+            if kind == "form"
+            else partial(check_json, body, self.limits.max_json_depth)
+        )
+        if len(body) > self.limits.thread_over_bytes:
+            return await anyio.to_thread.run_sync(check)
+        return check()
 
     async def _counted(
         self, scope: Scope, receive: Receive, send: Send, path: str, limit: int
@@ -243,11 +228,15 @@ class BodyTooLargeError(HTTPException):
         super().__init__(413, detail)
 
 
-def _is_json(content_type: bytes | None) -> bool:
+def _body_kind(content_type: bytes | None) -> str | None:
+    """``json`` for a body the app parses as JSON, ``form`` for an urlencoded form, else None
+    (counted as it streams, not checked)."""
     if not content_type:
-        return True  # FastAPI parses a body without a content type as JSON
+        return "json"  # FastAPI parses a body without a content type as JSON
     main = content_type.split(b";", 1)[0].strip().lower()
-    return main == b"application/json" or main.endswith(b"+json")
+    if main == b"application/json" or main.endswith(b"+json"):
+        return "json"
+    return "form" if main == b"application/x-www-form-urlencoded" else None
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:
@@ -282,9 +271,18 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 async def answer(
-    send: Send, status: int, detail: str, headers: Sequence[tuple[bytes, bytes]] = ()
+    send: Send,
+    status: int,
+    detail: str,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+    *,
+    field: str | None = None,
 ) -> None:
-    body = json.dumps({"detail": detail}).encode()
+    """A JSON answer: ``{"detail": ...}``, with ``"field"`` when one is named."""
+    content: dict[str, str] = {"detail": detail}
+    if field is not None:
+        content["field"] = field
+    body = json.dumps(content).encode()
     await send(
         {
             "type": "http.response.start",

@@ -11,9 +11,10 @@ token (``DOMAIN_SEPARATOR()``), so any EIP-2612 token works whatever its domain'
 from __future__ import annotations
 
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, cast
 
+from gridmarket.amounts import parse_units
 from gridmarket.escrow import ZERO_ADDRESS
 from gridmarket.ethsig import keccak, to_checksum_address
 
@@ -63,17 +64,11 @@ class Token:
         return self.address == ZERO_ADDRESS
 
     def to_units(self, amount: str | Decimal | int) -> int:
-        """``"1.5"`` in this token -> its smallest units; refuses more decimals than it has."""
-        try:
-            value = Decimal(str(amount))
-        except InvalidOperation:
-            raise ValueError(f"{amount!r} is not an amount of {self.symbol}") from None
-        if not value.is_finite() or value < 0:
-            raise ValueError(f"{amount!r} is not an amount of {self.symbol}")
-        units = value * (Decimal(10) ** self.decimals)
-        if units != units.to_integral_value():
-            raise ValueError(f"{amount} {self.symbol} has more than {self.decimals} decimals")
-        return int(units)
+        """``"1.5"`` in this token -> its smallest units; refuses more decimals than it has,
+        and anything unbounded (:func:`gridmarket.amounts.parse_units`: ``AmountError``, a
+        ValueError)."""
+        smallest = "wei" if self.is_eth else f"units of {self.symbol}"
+        return parse_units(amount, self.decimals, unit=self.symbol, smallest=smallest)
 
     def fmt(self, units: int) -> str:
         """Units as a readable amount with the symbol: ``1.5 tUSD``, ``0.01 ETH``."""

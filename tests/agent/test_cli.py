@@ -258,6 +258,9 @@ def test_config_token_floors_and_stakes(tmp_path: Path, monkeypatch: pytest.Monk
         ({"price_floors": {"tUSD": "nan"}}, r"price_floors\.tUSD: Input should be a finite"),
         ({"price_floors": {"ETH": "1"}}, r"price_floors\.ETH: .*use price_floor_wei_per_hour"),
         ({"stake_tokens": {"tUSD": "1e40"}}, r"stake_tokens\.tUSD: .* is too large"),
+        ({"price_floors": {"tUSD": "1e300000"}}, r"price_floors\.tUSD: '1e300000' is too large"),
+        ({"stake_tokens": {"tUSD": "9" * 5000}}, r"stake_tokens\.tUSD: .*too long"),
+        ({"price_floors": {"tUSD": "1e-999999999"}}, r"price_floors\.tUSD: .*more than 6 decimals"),
         ({"stake_tokens": {"0x" + "12" * 20: "1"}}, r"stake_tokens\.0x1212.*not a token"),
         ({"stake_tokens": {"ETH": "1"}}, r"stake_tokens\.ETH: .*register --stake"),
         (

@@ -1,23 +1,52 @@
 """Hostile HTTP against the front end of the real stack (tests/frontend/conftest.py): bodies
 over their cap and JSON that Python would accept but the app must not (NaN, Infinity, lone
-surrogates) are refused with 413 and 400; requests that wait on IPFS do not hold the threads
-pages need, and one client's waiting requests are capped."""
+surrogates) are refused with 413 and 400; JSON nested thousands deep and amounts with huge
+exponents or thousands of digits (issue 32) are 400s naming the field, in bodies and queries,
+answered at once while honest requests go on; requests that wait on IPFS do not hold the
+threads pages need, and one client's waiting requests are capped."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
+import pytest
 
 from frontend_api.backend import Backend
 from frontend_api.settings import Settings
 from gridmarket.cid import bytes_cid
-from tests.frontend.conftest import FrontendStack
+from tests.frontend.conftest import FrontendStack, unrunnable_spec
 
 JSON = {"content-type": "application/json"}
+
+DEEP_JSON = {
+    "arrays 1,000 deep": (b"[" * 1000 + b"]" * 1000, "[0]" * 32),
+    "arrays 5,000 deep": (b"[" * 5000 + b"]" * 5000, "[0]" * 32),
+    "objects 5,000 deep": (b'{"a":' * 5000 + b"1" + b"}" * 5000, ".".join("a" * 32)),
+    "1e300000": (b'{"spec": {"resources": {"cpu_cores": 1e300000}}}', "spec.resources.cpu_cores"),
+    "-1e300000": (b'{"bounty_wei": -1e300000}', "bounty_wei"),
+    "1e999999999": (b'{"stake_eth": 1e999999999}', "stake_eth"),
+    "5,000 digits": (b'{"bounty_wei": ' + b"9" * 5000 + b"}", "bounty_wei"),
+    "NaN": (b'{"wait_s": NaN}', "wait_s"),
+}
+"""JSON bodies of issue 32 and the field each is refused naming (nested 5,000 deep it was a
+RecursionError: 500)."""
+
+AMOUNTS = {
+    "1e300000": "too large",
+    "1e999999999": "too large",
+    "-1e300000": "negative",
+    "9" * 5000: "characters",  # too long (or over a model field's max_length: 422)
+    "NaN": "not an amount",
+    "Infinity": "not an amount",
+}
+"""Amounts as strings (which no guard can tell from text) and what the answer says of each.
+``1e300000`` took 4 s of the event loop: ``int()`` of a 300,000-digit Decimal."""
 
 
 def test_oversized_bodies_and_bad_json_are_refused(stack: FrontendStack) -> None:
@@ -33,6 +62,118 @@ def test_oversized_bodies_and_bad_json_are_refused(stack: FrontendStack) -> None
         for path in ("/api/quote", "/api/jobs/prepare"):
             r = stack.post(path, content=body, headers=JSON)
             assert r.status_code == 400 and problem in r.json()["detail"], (path, r.text)
+
+
+def test_hostile_json_is_400_naming_the_field_on_every_body_route(stack: FrontendStack) -> None:
+    spec = stack.get("/api/openapi.json").json()
+    routes = [
+        (method.upper(), re.sub(r"\{[^}]+\}", "0x01", path))
+        for path, item in spec["paths"].items()
+        for method, op in item.items()
+        if isinstance(op, dict) and "requestBody" in op
+    ]
+    assert ("POST", "/api/jobs/prepare") in routes and ("POST", "/api/quote") in routes
+    assert len(routes) >= 7, routes
+    with httpx.Client(timeout=10) as client:
+        for method, path in routes:
+            for name, (body, field) in DEEP_JSON.items():
+                url = stack.frontend_url + path
+                r = client.request(method, url, content=body, headers=JSON)
+                assert r.status_code == 400, (method, path, name, r.status_code, r.text[:300])
+                assert r.json()["field"] == field, (path, name, r.json())
+
+
+def _refused(response: httpx.Response, field: str, words: str) -> None:
+    assert response.status_code in (400, 422), (field, response.status_code, response.text[:300])
+    assert response.json()["field"] == field, (field, response.json())
+    assert words in response.json()["detail"], (field, words, response.json())
+
+
+def test_hostile_amounts_are_400_naming_the_field_at_once(stack: FrontendStack) -> None:
+    """Every way an amount comes in: the terms' query (the guard's check of a number, and the
+    parser's of ``...ETH``, which the guard cannot tell from text), a job's bounty in ETH, in
+    tUSD and in wei, its collateral, a provider's stake."""
+    sender = stack.submitter.address
+    base = {"from": sender, "spec": unrunnable_spec(name="hostile"), "ttl_s": 3600, "dry_run": True}
+    with httpx.Client(base_url=stack.frontend_url, timeout=10) as client:
+        for value, words in AMOUNTS.items():
+            t0 = time.perf_counter()
+            for query in ({"bounty_eth": value}, {"bounty_eth": value + " ETH"}):
+                r = client.get("/api/terms", params={"submitter": sender, **query})
+                if value[0].isdigit() or value[0] == "-":
+                    assert r.status_code == 400 and r.json()["field"] == "bounty_eth", r.text
+                else:
+                    _refused(r, "bounty_eth", words)
+            _refused(client.get("/api/terms", params={"bounty_wei": value}), "bounty_wei", "")
+            for extra, field in (
+                ({"bounty_eth": value}, "bounty_eth"),
+                ({"currency": "tUSD", "bounty": value}, "bounty"),
+                ({"bounty_eth": "0.01", "collateral_eth": value}, "collateral_eth"),
+            ):
+                _refused(client.post("/api/jobs/prepare", json={**base, **extra}), field, words)
+            _refused(
+                client.post("/api/jobs/prepare", json={**base, "bounty_wei": value}),
+                "bounty_wei",
+                "",
+            )
+            prepare = {"from": sender, "stake_eth": value}
+            _refused(client.post("/api/providers/prepare", json=prepare), "stake_eth", words)
+            assert time.perf_counter() - t0 < 3, (value[:20], time.perf_counter() - t0)
+
+
+def _timed_while(stack: FrontendStack, attack: Callable[[httpx.Client], int]) -> list[float]:
+    """/api/info's answer times while two clients run ``attack`` over and over (each call
+    returns its status, which must be 400)."""
+    stop = threading.Event()
+    codes: list[int] = []
+
+    def run() -> None:
+        with httpx.Client(base_url=stack.frontend_url, timeout=30) as client:
+            while not stop.is_set():
+                codes.append(attack(client))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.5)
+        times = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            assert stack.get("/api/info").status_code == 200
+            times.append(time.perf_counter() - t0)
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert codes and set(codes) == {400}, set(codes)
+    return sorted(times)
+
+
+@pytest.mark.parametrize("attack", ["query", "query ETH", "tUSD bounty", "deep JSON"])
+def test_hostile_input_does_not_stall_honest_requests(stack: FrontendStack, attack: str) -> None:
+    """Issue 32: during ``/api/terms?bounty_eth=1e300000`` every honest /api/info waited up to
+    3.9 s."""
+    sender = stack.submitter.address
+    calls: dict[str, Callable[[httpx.Client], httpx.Response]] = {
+        "query": lambda c: c.get("/api/terms", params={"bounty_eth": "1e300000"}),
+        "query ETH": lambda c: c.get("/api/terms", params={"bounty_eth": "1e300000ETH"}),
+        "tUSD bounty": lambda c: c.post(
+            "/api/jobs/prepare",
+            json={
+                "from": sender,
+                "spec": unrunnable_spec(name="hostile"),
+                "ttl_s": 3600,
+                "currency": "tUSD",
+                "bounty": "1e300000",
+                "dry_run": True,
+            },
+        ),
+        "deep JSON": lambda c: c.post("/api/jobs/prepare", content=b"[" * 5000, headers=JSON),
+    }
+    times = _timed_while(stack, lambda c: calls[attack](c).status_code)
+    assert times[len(times) // 2] < 0.5 and times[-1] < 2.0, times
 
 
 def test_waiting_requests_do_not_hold_the_page_threads(stack: FrontendStack) -> None:

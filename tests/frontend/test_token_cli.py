@@ -157,6 +157,8 @@ def test_bad_currency_input_is_refused_and_nothing_is_funded(
         (("--currency", "tUSD", "--bounty", "1.1234567"), "more than 6 decimals"),
         (("--currency", "tUSD", "--bounty", str(balance // TUSD + 1)), "less than the bounty"),
         (("--currency", "tUSD", "--bounty", "1", "--collateral", "0.0000001"), "6 decimals"),
+        (("--currency", "tUSD", "--bounty", "1e300000"), "bounty: '1e300000' is too large"),
+        (("--bounty", "1e999999999"), "bounty_eth: '1e999999999' is too large"),
     ):
         result = gm(stack, home, "submit", path, *args)
         assert result.returncode == 1, (args, result.stdout)
@@ -165,6 +167,7 @@ def test_bad_currency_input_is_refused_and_nothing_is_funded(
             "nothing was funded" in result.stderr
             or "currency" in result.stderr
             or ("decimals" in result.stderr)
+            or ("is too large" in result.stderr)
         )
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     time.sleep(0.5)

@@ -1,12 +1,15 @@
 """The scheduler's request limits against the real app (uvicorn, anvil, IPFS): bodies over their
 cap are refused with 413 before they are read (declared or streamed), NaN, Infinity and lone
-surrogates are 400s naming the problem, 422 answers do not echo large inputs, a flood of large
+surrogates are 400s naming the problem, JSON nested thousands deep and numbers with huge
+exponents or thousands of digits (issue 32) are 400s naming the field on every route that takes
+a body (and in queries), 422 answers do not echo large inputs, a flood of large or hostile
 bodies does not stall other requests, and unauthenticated endpoints are rate-limited per client
 with 429 and Retry-After."""
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -81,6 +84,93 @@ def test_bad_numbers_and_strings_are_400_naming_the_problem(
     # no content type at all is parsed as JSON by FastAPI, so it is checked too
     r = httpx.post(server.url + path, content=body, timeout=10)
     assert r.status_code == 400 and problem in r.json()["detail"]
+
+
+HOSTILE = {
+    "arrays 1,000 deep": (b"[" * 1000 + b"]" * 1000, "[0]" * 32),
+    "arrays 5,000 deep": (b"[" * 5000 + b"]" * 5000, "[0]" * 32),
+    "objects 1,000 deep": (b'{"a":' * 1000 + b"1" + b"}" * 1000, ".".join("a" * 32)),
+    "arrays deep in a field": (
+        b'{"nodes": [{"slots": 1}, {"images": ' + b"[" * 2000 + b"]" * 2000 + b"}]}",
+        "nodes[1].images" + "[0]" * 29,
+    ),
+    "1e300000": (b'{"duration_s": 1e300000}', "duration_s"),
+    "1e999999999": (b'{"resources": {"cpu_cores": 1e999999999}}', "resources.cpu_cores"),
+    "-1e300000": (b'{"duration_s": -1e300000}', "duration_s"),
+    "5,000 digits": (b'{"duration_s": ' + b"9" * 5000 + b"}", "duration_s"),
+    "NaN": (b'{"duration_s": NaN}', "duration_s"),
+    "Infinity": (b'{"load": Infinity}', "load"),
+}
+"""Issue 32's bodies (about 2-10 KB each) and the field each must be refused naming. Nested
+1,000 deep they raised RecursionError in the guard: 500."""
+
+
+def body_routes(server: Server) -> list[tuple[str, str]]:
+    """Every operation of the OpenAPI spec that takes a body, its path parameters filled."""
+    spec = httpx.get(server.url + "/openapi.json", timeout=10).json()
+    return [
+        (method.upper(), re.sub(r"\{[^}]+\}", "n-1", path))
+        for path, item in spec["paths"].items()
+        for method, op in item.items()
+        if isinstance(op, dict) and "requestBody" in op
+    ]
+
+
+def test_hostile_json_is_400_naming_the_field_on_every_body_route(server: Server) -> None:
+    routes = body_routes(server)
+    assert ("POST", API.REGISTER) in routes and ("POST", API.QUOTE) in routes
+    assert ("POST", API.HEARTBEAT.format(node_id="n-1")) in routes and len(routes) >= 6
+    auth = {**JSON, "authorization": "Bearer forged"}  # the guard answers before the token
+    with httpx.Client(timeout=10) as client:
+        for method, path in routes:
+            for name, (body, field) in HOSTILE.items():
+                r = client.request(method, server.url + path, content=body, headers=auth)
+                assert r.status_code == 400, (method, path, name, r.status_code, r.text[:300])
+                assert r.json()["field"] == field, (path, name, r.json())
+                assert field in r.json()["detail"], (path, name, r.json())
+
+
+def test_hostile_numbers_in_queries_are_400_naming_the_parameter(server: Server) -> None:
+    for value in ("1e300000", "-1e300000", "1e999999999", "9" * 5000):
+        r = httpx.get(server.url + API.JOBS, params={"offset": value}, timeout=10)
+        assert r.status_code == 400, (value[:20], r.text[:300])
+        assert r.json()["field"] == "offset" and "query parameter offset" in r.json()["detail"]
+    r = httpx.post(server.url + API.NEXT_JOB.format(node_id="n-1") + "?wait_s=1e300000", timeout=10)
+    assert r.status_code == 400 and r.json()["field"] == "wait_s", r.text
+    assert httpx.get(server.url + API.JOBS, params={"offset": "0"}, timeout=10).status_code == 200
+
+
+def test_hostile_bodies_do_not_stall_honest_requests(server: Server) -> None:
+    """Four clients send issue 32's bodies round and round while /v1/info is timed."""
+    stop = threading.Event()
+    codes: list[int] = []
+    bodies = [body for body, _ in HOSTILE.values()]
+
+    def flood() -> None:
+        with httpx.Client(timeout=30) as client:
+            while not stop.is_set():
+                for body in bodies:
+                    codes.append(client.post(server.url + API.QUOTE, content=body).status_code)
+
+    threads = [threading.Thread(target=flood) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.5)
+        times = []
+        with httpx.Client(timeout=10) as client:
+            for _ in range(40):
+                t0 = time.perf_counter()
+                assert client.get(server.url + API.INFO).status_code == 200
+                times.append(time.perf_counter() - t0)
+                time.sleep(0.02)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    times.sort()
+    assert len(codes) > len(bodies) and set(codes) == {400}, set(codes)
+    assert times[int(len(times) * 0.95)] < 0.25, times
 
 
 def test_validation_errors_do_not_echo_large_inputs(server: Server) -> None:

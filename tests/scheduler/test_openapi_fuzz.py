@@ -1,16 +1,23 @@
 """Schemathesis over the scheduler's OpenAPI spec: generated requests (valid and invalid) against
-the real app (uvicorn, anvil, IPFS) must never get a 5xx."""
+the real app (uvicorn, anvil, IPFS) must never get a 5xx; with JSON nested thousands deep or
+numbers with huge exponents drawn into a field or a query parameter (issue 32), every operation
+answers 400 naming it, at once."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
+
+from tests.hostile_json import hostile_request
 
 from ..conftest import Devnet
 from .harness import Provider, Server, fresh_escrow, register_on_chain, scheduler
@@ -52,3 +59,27 @@ def test_no_server_errors(case: Any, fuzz_server: tuple[Server, Provider]) -> No
         case.path_parameters["node_id"] = node.node_id
         headers = node.auth
     case.call_and_validate(headers=headers, checks=[not_a_server_error])
+
+
+@schema.parametrize()
+@schema.given(data=st.data())
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+def test_hostile_json_and_numbers_get_400_naming_the_field(
+    case: Any, data: st.DataObject, fuzz_server: tuple[Server, Provider]
+) -> None:
+    server, node = fuzz_server
+    query, body, guarded = hostile_request(case, data)
+    headers = {**node.auth, "content-type": "application/json"}
+    t0 = time.perf_counter()
+    r = httpx.request(
+        case.method,
+        server.url + case.formatted_path,
+        params=query,
+        content=body,
+        headers=headers,
+        timeout=30,
+    )
+    took = time.perf_counter() - t0
+    assert r.status_code < 500 and took < 5, (case.method, case.formatted_path, r.text[:300])
+    if guarded:
+        assert r.status_code == 400 and r.json().get("field"), (case.formatted_path, r.text[:300])
