@@ -3,21 +3,17 @@ that name it (docs/mediator.md). ``gridmarket-mediator run ...`` or
 ``Mediator.connect(...).run_forever(stop)``. It imports only :mod:`gridmarket`."""
 
 from mediator.service import (
-    CHECK,
-    DISPUTE,
-    REVEAL,
     Decision,
     Mediator,
     MediatorConfig,
     MediatorError,
 )
 from mediator.state import MediatorState, Ruling, SpotSeed, StateError
+from mediator.tasks import Kind
 
 __all__ = [
-    "CHECK",
-    "DISPUTE",
-    "REVEAL",
     "Decision",
+    "Kind",
     "Mediator",
     "MediatorConfig",
     "MediatorError",

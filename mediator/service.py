@@ -76,12 +76,9 @@ from gridmarket.verify import VerdictCode, verify_output
 from gridmarket.watcher import ChainWatcher
 from gridmarket.wire import API, MAX_EXCLUDED, MAX_SPEC_BYTES, JobLimits, JobSpec, SpotReveal
 from mediator.state import MediatorState, Rerun, SpotSeed, Task, pos_of
+from mediator.tasks import HANDLERS, Kind
 
 __all__ = [
-    "CHECK",
-    "DISPUTE",
-    "REVEAL",
-    "TIE",
     "Decision",
     "Mediator",
     "MediatorConfig",
@@ -89,19 +86,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-CHECK = "check"
-"""A task: check a submitted result within its challenge window (rule only if it fails)."""
-DISPUTE = "dispute"
-REVEAL = "reveal"
-"""A task: reveal a settled spot job's seed to the scheduler (``POST API.SPOT``), keyed by the
-job with attempt 0; retried while the scheduler is down or has not seen the settlement."""
-TIE = "tie"
-"""A task: break the tie of a replicated job whose seats' results have no majority (re-run it
-elsewhere; rule the seats that agree with the re-run upheld, the others wrong). Keyed by seat 0
-with attempt 0."""
-"""A task: rule on a disputed result (upheld if it passes the check, not upheld if it fails)."""
-
 
 RERUN_SALT_TAG = b"gridmarket.mediator.rerun.v1"
 """The re-run of a dispute is funded with salt ``keccak(tag, job id, attempt)``, its tie-break
@@ -194,7 +178,7 @@ class Decision:
 
     job_id: bytes
     attempt: int
-    kind: str
+    kind: Kind
     verdict: str  # "upheld", "not upheld", "no ruling" or "disputed" (a spot check opened)
     reason: str
     tx_hash: str | None = None
@@ -448,11 +432,11 @@ class Mediator:
         self.counters["events_folded"] += 1
         attempt = state.job.attempt
         if event.name == "ResultSubmitted":
-            self.state.add_task(job_id, attempt, CHECK, time.time())
+            self.state.add_task(job_id, attempt, Kind.CHECK, time.time())
         elif state.status.terminal and state.job.flags & FLAG_SPOT:
-            self.state.add_task(job_id, 0, REVEAL, time.time())  # settled: reveal its seed
+            self.state.add_task(job_id, 0, Kind.REVEAL, time.time())  # settled: reveal its seed
         elif event.name == "ResultDisputed":
-            self.state.add_task(job_id, attempt, DISPUTE, time.time())
+            self.state.add_task(job_id, attempt, Kind.DISPUTE, time.time())
         elif event.name == "Ruled":
             ruled = int(event.args["attempt"])
             upheld = bool(event.args["upheld"])
@@ -461,7 +445,8 @@ class Mediator:
             self.state.record_ruling(job_id, ruled, upheld, reason, "confirmed", event.tx_hash)
             if prior is not None and prior.outcome == "sending":
                 # sent, but the answer was lost (or the process died): the chain says it landed
-                kind = DISPUTE if known is not None and known.status is Status.DISPUTED else CHECK
+                disputed = known is not None and known.status is Status.DISPUTED
+                kind = Kind.DISPUTE if disputed else Kind.CHECK
                 self._log_decision(
                     Decision(
                         job_id,
@@ -517,7 +502,7 @@ class Mediator:
         is decided again (the escrow refuses a second one should the first come back)."""
         for ruling in self.state.sent_rulings():
             state = self.state.job(ruling.job_id)
-            kind = {Status.SUBMITTED: CHECK, Status.DISPUTED: DISPUTE}.get(
+            kind = {Status.SUBMITTED: Kind.CHECK, Status.DISPUTED: Kind.DISPUTE}.get(
                 state.status if state is not None else Status.NONE
             )
             if state is None or kind is None or state.job.attempt != ruling.attempt:
@@ -546,23 +531,25 @@ class Mediator:
         return False
 
     def _handle(self, task: Task) -> None:
+        """Run a due task through its kind's handler (:data:`mediator.tasks.HANDLERS`; the moves
+        each may make: :data:`mediator.tasks.TABLE`)."""
         state = self.state.job(task.job_id)
         if state is None:
             self.state.finish_task(task, "unknown job")
             return
-        if task.kind == TIE:
-            self._tie(task, state)
-            return
-        if task.kind == REVEAL:
-            self._reveal(task, state)
-            return
-        if task.kind == DISPUTE and (own := self.state.rerun_by_id(task.job_id)) is not None:
+        handler: Callable[[Task, JobState], None] = getattr(self, HANDLERS[task.kind])
+        handler(task, state)
+
+    def _result(self, task: Task, state: JobState) -> None:
+        """A ``check`` (a submitted result within its window) or a ``dispute`` (a disputed
+        result): moot, already ruled, or checked, then ruled, re-run, drawn or left alone."""
+        if task.kind == Kind.DISPUTE and (own := self.state.rerun_by_id(task.job_id)) is not None:
             # this mediator disputed its own re-run to hold it: the tie-break rules on it
             self.state.finish_task(
                 task, f"this mediator's own re-run of job 0x{own.job_id.hex()}: its tie-break rules"
             )
             return
-        want = Status.SUBMITTED if task.kind == CHECK else Status.DISPUTED
+        want = Status.SUBMITTED if task.kind == Kind.CHECK else Status.DISPUTED
         if state.job.attempt != task.attempt or state.status is not want:
             self.state.finish_task(
                 task, f"moot: the job is {state.status.name} at attempt {state.job.attempt}"
@@ -575,7 +562,7 @@ class Mediator:
         # a ruling the escrow refused (the job moved on, e.g. disputed meanwhile) blocks nothing
         now = self._chain_now()
         draw: _Draw | None = None
-        if task.kind == CHECK:
+        if task.kind == Kind.CHECK:
             closes = state.job.since + self.challenge_window
             late = now >= closes - self.config.window_margin_s
             if state.job.flags & FLAG_SPOT and prior is None:
@@ -599,7 +586,7 @@ class Mediator:
         if prior is not None and prior.outcome == "sending":  # the send did not go through
             self._rule(task, state, prior.upheld, prior.reason)
             return
-        if task.kind == DISPUTE:
+        if task.kind == Kind.DISPUTE:
             rerun = self.state.rerun(task.job_id, task.attempt)
             if rerun is not None and rerun.status == HELD:  # run 1 differed: the tie-break
                 self._follow_tie_break(task, state, rerun, now, closes)
@@ -625,12 +612,12 @@ class Mediator:
             self._rule(task, state, False, check.reason + note)
         elif draw is not None and draw.drawn:  # intact or not known yet: the re-run judges it
             self._spot_check(task, state, draw, check.reason, now)
-        elif check.outcome is _Outcome.INTACT and task.kind == DISPUTE:
+        elif check.outcome is _Outcome.INTACT and task.kind == Kind.DISPUTE:
             self._judge(task, state, now, closes, check.reason)
         elif check.outcome is _Outcome.INTACT and state.job.replicas:
             self._decide(task, state, None, f"{check.reason}; paid when the seats agree")
             first = seat_ids(state.salt, state.job.replicas)[0]
-            self.state.add_task(first, 0, TIE, time.time())  # once per replicated job
+            self.state.add_task(first, 0, Kind.TIE, time.time())  # once per replicated job
         elif check.outcome is _Outcome.INTACT:
             note = f"; {draw.note}" if draw is not None else ""
             self._decide(
@@ -1353,7 +1340,7 @@ class Mediator:
                 reason,
             )
             return
-        kind = DISPUTE if mine.status is Status.DISPUTED else CHECK
+        kind = Kind.DISPUTE if mine.status is Status.DISPUTED else Kind.CHECK
         own = Task(rerun.rerun_id, mine.job.attempt, kind, 0, time.time(), "")
         self._rule(own, mine, False, f"the tie-break outvoted it: {reason}")
         try:
@@ -1373,7 +1360,7 @@ class Mediator:
             if mine.status is Status.SUBMITTED:
                 self.client.call_job(self.account, "release", mine)
             else:
-                own = Task(rerun.rerun_id, mine.job.attempt, DISPUTE, 0, time.time(), "")
+                own = Task(rerun.rerun_id, mine.job.attempt, Kind.DISPUTE, 0, time.time(), "")
                 self._rule(own, mine, True, f"re-run paid: {why}")
             log.info("mediator: re-run 0x%s paid: %s", rerun.rerun_id.hex(), why)
         except ChainError as exc:
@@ -1502,7 +1489,7 @@ class Mediator:
         self.counters["ties_broken"] += 1
         for seat in open_seats:
             same = agrees(seat)
-            seat_task = Task(seat.job_id, seat.job.attempt, TIE, 0, time.time(), "")
+            seat_task = Task(seat.job_id, seat.job.attempt, Kind.TIE, 0, time.time(), "")
             reason = (
                 f"{where}; this seat gave {seat.output_cid}: {'the same' if same else 'different'}"
             )
@@ -1561,7 +1548,7 @@ class Mediator:
     ) -> None:
         if verdict is None:
             verdict = "no ruling" if upheld is None else "upheld" if upheld else "not upheld"
-        if task.kind == DISPUTE and state.job.flags & FLAG_SPOT:
+        if task.kind == Kind.DISPUTE and state.job.flags & FLAG_SPOT:
             kept = self.state.spot(task.job_id)
             seed = kept.seed if kept is not None else None
             if (

@@ -36,6 +36,7 @@ from gridmarket.escrow import (
     Status,
     apply_event,
 )
+from mediator.tasks import Kind
 
 __all__ = [
     "KEEP_BLOCKS",
@@ -64,7 +65,7 @@ CREATE TABLE IF NOT EXISTS blocks (         -- the watcher's checkpoints (reorgs
 CREATE TABLE IF NOT EXISTS tasks (
     job_id TEXT NOT NULL,
     attempt INTEGER NOT NULL,
-    kind TEXT NOT NULL,            -- 'check' (a result within its window) or 'dispute'
+    kind TEXT NOT NULL,            -- a mediator.tasks.Kind: 'check', 'dispute', 'reveal', 'tie'
     done INTEGER NOT NULL DEFAULT 0,
     tries INTEGER NOT NULL DEFAULT 0,  -- integrity checks that found the output unreachable
     due REAL NOT NULL,             -- time.time() when it may run next
@@ -161,7 +162,7 @@ class Task:
 
     job_id: bytes
     attempt: int
-    kind: str
+    kind: Kind
     tries: int
     due: float
     note: str
@@ -447,7 +448,7 @@ class MediatorState:
         nothing to do, or a ruling the escrow refuses because the first one came back, ends it).
         """
         attempt = state.job.attempt
-        want = {Status.SUBMITTED: "check", Status.DISPUTED: "dispute"}.get(state.status, "")
+        want = {Status.SUBMITTED: Kind.CHECK, Status.DISPUTED: Kind.DISPUTE}.get(state.status, "")
         open_result = state.status in (Status.ASSIGNED, Status.SUBMITTED, Status.DISPUTED)
         # no ruling of the current attempt is on the chain while it is open
         self._db.execute(
@@ -455,11 +456,11 @@ class MediatorState:
             (job_id, attempt, attempt, int(open_result)),
         )
         self._db.execute(
-            "DELETE FROM tasks WHERE job_id = ? AND kind != 'tie' "
+            "DELETE FROM tasks WHERE job_id = ? AND kind != ? "
             "AND (attempt > ? OR (attempt = ? AND kind != ? AND ?))",
-            (job_id, attempt, attempt, want, int(open_result)),
+            (job_id, Kind.TIE, attempt, attempt, want, int(open_result)),
         )
-        if want == "dispute":  # compare again with the re-run (its job is still on chain)
+        if want == Kind.DISPUTE:  # compare again with the re-run (its job is still on chain)
             self._db.execute(
                 "UPDATE reruns SET status = 'funded', note = ? WHERE job_id = ? AND attempt = ? "
                 "AND status = 'compared'",
@@ -474,7 +475,7 @@ class MediatorState:
             )
 
     # ------------------------------------------------------------------ tasks
-    def add_task(self, job_id: bytes, attempt: int, kind: str, due: float) -> None:
+    def add_task(self, job_id: bytes, attempt: int, kind: Kind, due: float) -> None:
         """Owe a check (once per job, attempt and kind: a repeated add changes nothing)."""
         with self.batch():
             self._db.execute(
@@ -489,7 +490,7 @@ class MediatorState:
                 "WHERE done = 0 AND due <= ? ORDER BY due, job_id LIMIT ?",
                 (now, limit),
             ).fetchall()
-        return [Task(bytes.fromhex(r[0]), r[1], r[2], r[3], r[4], r[5]) for r in rows]
+        return [Task(bytes.fromhex(r[0]), r[1], Kind(r[2]), r[3], r[4], r[5]) for r in rows]
 
     def pending_tasks(self) -> list[Task]:
         with self._lock:
@@ -497,7 +498,7 @@ class MediatorState:
                 "SELECT job_id, attempt, kind, tries, due, note FROM tasks WHERE done = 0 "
                 "ORDER BY due"
             ).fetchall()
-        return [Task(bytes.fromhex(r[0]), r[1], r[2], r[3], r[4], r[5]) for r in rows]
+        return [Task(bytes.fromhex(r[0]), r[1], Kind(r[2]), r[3], r[4], r[5]) for r in rows]
 
     def retry_task(self, task: Task, due: float, note: str, *, tried: bool) -> None:
         with self.batch():
@@ -560,7 +561,7 @@ class MediatorState:
             ).fetchall()
         return [_ruling(r) for r in rows]
 
-    def decide_again(self, job_id: bytes, attempt: int, kind: str, note: str) -> None:
+    def decide_again(self, job_id: bytes, attempt: int, kind: Kind, note: str) -> None:
         """Forget the ruling of a job attempt (its transaction is not on the chain) and open its
         check again, at once."""
         with self.batch():
