@@ -191,10 +191,6 @@ interface IJobEscrow {
     );
 
     // ---------------------------------------------------------------- admin events
-    /// @notice The owner proposed a new owner; it must accept.
-    event OwnershipTransferStarted(address indexed previousOwner, address indexed newOwner);
-    /// @notice Ownership moved.
-    event OwnershipTransferred(address indexed previousOwner, address indexed newOwner);
     /// @notice The operator for jobs funded from now on changed (funded jobs keep theirs).
     event OperatorChanged(address indexed previousOperator, address indexed newOperator);
     /// @notice The fee recipient changed.
@@ -211,7 +207,6 @@ interface IJobEscrow {
 
     // ---------------------------------------------------------------- errors
     error JobEscrowNotOwner(address caller);
-    error JobEscrowNotPendingOwner(address caller);
     error JobEscrowNotOperator(address caller, address operator);
     error JobEscrowNotSubmitter(address caller, address submitter);
     error JobEscrowNotProvider(address caller, address provider);
@@ -247,7 +242,6 @@ interface IJobEscrow {
     error JobEscrowBadSignature(bytes32 jobId, address recovered, address provider);
     error JobEscrowNothingToWithdraw(address account);
     error JobEscrowWithdrawFailed(address to, uint256 amount);
-    error JobEscrowReentrancy();
     error JobEscrowTokenNotAllowed(address token);
     error JobEscrowTokenTransferFailed(address token);
     error JobEscrowTokenAmountMismatch(address token, uint256 expected, uint256 received);

@@ -1,6 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 pragma solidity ^0.8.28;
 
+import {Ownable, Ownable2Step} from "@openzeppelin/contracts/access/Ownable2Step.sol";
+import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
+import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
+import {Multicall} from "@openzeppelin/contracts/utils/Multicall.sol";
+import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/ReentrancyGuardTransient.sol";
 import {IJobEscrow} from "./IJobEscrow.sol";
 import {IERC20Min, ProviderRegistry} from "./ProviderRegistry.sol";
 
@@ -35,7 +40,13 @@ import {IERC20Min, ProviderRegistry} from "./ProviderRegistry.sol";
 ///
 /// @dev Storage holds one slot per job: keccak256(abi.encode(Job)) with the low byte replaced by
 ///      the status. See docs/contracts.md for the gas reasoning and the invariants.
-contract JobEscrow is ProviderRegistry {
+contract JobEscrow is
+    ProviderRegistry,
+    Ownable2Step,
+    EIP712,
+    ReentrancyGuardTransient,
+    Multicall
+{
     /// @notice Highest platform fee the owner can ever set: 20%.
     uint16 public constant MAX_FEE_BPS = 2000;
     /// @notice Longest accepted CID string (CIDv1 base32 sha2-256 is 59 characters).
@@ -65,14 +76,6 @@ contract JobEscrow is ProviderRegistry {
         "Acceptance(bytes32 jobId,uint16 attempt,uint96 bounty,uint16 feeBps,uint40 deadline,"
         "uint96 collateral,address mediator,uint8 flags,address token)"
     );
-    bytes32 private constant _DOMAIN_TYPEHASH = keccak256(
-        "EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)"
-    );
-    bytes32 private constant _NAME_HASH = keccak256("GridMarket JobEscrow");
-    bytes32 private constant _VERSION_HASH = keccak256("4"); // Acceptance names the job's token since version 4
-    /// @dev secp256k1n / 2: signatures with a higher s are malleable copies and are refused.
-    uint256 private constant _HALF_N =
-        0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0;
     /// @dev Size of an ABI-encoded Job: 14 static words.
     uint256 private constant _JOB_BYTES = 0x1c0;
 
@@ -100,13 +103,6 @@ contract JobEscrow is ProviderRegistry {
     ///         result the operator withholds to post it on-chain itself.
     uint40 public immutable reassignDelay;
 
-    uint256 private immutable _cachedChainId;
-    bytes32 private immutable _cachedDomainSeparator;
-
-    /// @notice Current owner (admin of the settings for future jobs; never of funds).
-    address public owner;
-    /// @notice Proposed owner, until it accepts.
-    address public pendingOwner;
     // Storage packing (docs/contracts.md): `operator` and `feeBps` share a slot, so createJob
     // reads one slot for both; `feesAccrued` and `treasury` share the next, so collectFees
     // reads one slot and a release writes the fee pot without touching the operator's.
@@ -129,8 +125,6 @@ contract JobEscrow is ProviderRegistry {
     mapping(address account => uint256) private _balances;
     mapping(address account => mapping(address token => uint256)) private _tokenBalances;
 
-    bool private transient _locked;
-
     /// @notice Everything fixed for the lifetime of a deployment.
     struct Params {
         address operator;
@@ -149,20 +143,12 @@ contract JobEscrow is ProviderRegistry {
         address mediator; // listed at deployment (zero: none)
     }
 
-    modifier onlyOwner() {
-        if (msg.sender != owner) revert JobEscrowNotOwner(msg.sender);
-        _;
-    }
-
-    modifier nonReentrant() {
-        if (_locked) revert JobEscrowReentrancy();
-        _locked = true;
-        _;
-        _locked = false;
-    }
-
     /// @param p Deployment parameters; the deployer becomes the owner.
-    constructor(Params memory p) ProviderRegistry(p.minStake, p.unstakeDelay) {
+    constructor(Params memory p)
+        ProviderRegistry(p.minStake, p.unstakeDelay)
+        Ownable(msg.sender)
+        EIP712("GridMarket JobEscrow", "4") // Acceptance names the job's token since version 4
+    {
         if (p.operator == address(0) || p.treasury == address(0)) revert JobEscrowZeroAddress();
         if (p.feeBps > MAX_FEE_BPS) revert JobEscrowFeeTooHigh(p.feeBps, MAX_FEE_BPS);
         if (p.minDuration > p.maxDuration) {
@@ -171,7 +157,6 @@ contract JobEscrow is ProviderRegistry {
         if (p.operator == p.treasury || p.operator == p.mediator) {
             revert ProviderRegistryReservedAddress(p.operator);
         }
-        owner = msg.sender;
         operator = p.operator;
         treasury = p.treasury;
         feeBps = p.feeBps;
@@ -183,9 +168,6 @@ contract JobEscrow is ProviderRegistry {
         disputeDeposit = p.disputeDeposit;
         mediationWindow = p.mediationWindow;
         reassignDelay = p.reassignDelay;
-        _cachedChainId = block.chainid;
-        _cachedDomainSeparator = _buildDomainSeparator();
-        emit OwnershipTransferred(address(0), msg.sender);
         emit OperatorChanged(address(0), p.operator);
         emit TreasuryChanged(address(0), p.treasury);
         emit FeeChanged(0, p.feeBps);
@@ -216,17 +198,8 @@ contract JobEscrow is ProviderRegistry {
         uint96 collateral,
         uint8 flags
     ) external payable returns (bytes32 jobId) {
-        jobId = keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt));
-        _fund(
-            jobId,
-            _bountyOf(_singleAmount(msg.value, flags), 1, minBounty),
-            salt,
-            specCid,
-            deadline,
-            mediator,
-            collateral,
-            flags,
-            address(0)
+        jobId = _create(
+            address(0), msg.value, minBounty, salt, specCid, deadline, mediator, collateral, flags, 0
         );
     }
 
@@ -250,22 +223,9 @@ contract JobEscrow is ProviderRegistry {
     ) external nonReentrant returns (bytes32 id) {
         uint256 least = tokenMinBounty[token];
         if (least == 0) revert JobEscrowTokenNotAllowed(token);
-        id = keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt));
-        if (replicas == 0) {
-            _fund(
-                id,
-                _bountyOf(_singleAmount(amount, flags), 1, least),
-                salt,
-                specCid,
-                deadline,
-                mediator,
-                collateral,
-                flags,
-                token
-            );
-        } else {
-            _fundSeats(id, amount, salt, specCid, deadline, mediator, collateral, flags, replicas, token, least);
-        }
+        id = _create(
+            token, amount, least, salt, specCid, deadline, mediator, collateral, flags, replicas
+        );
         _pull(token, amount);
     }
 
@@ -281,8 +241,14 @@ contract JobEscrow is ProviderRegistry {
         bytes32 r,
         bytes32 s
     ) external {
-        try IERC20Min(token).permit(msg.sender, address(this), value, permitDeadline, v, r, s) {}
-        catch {}
+        // The permit's own outcome is ignored (a permit front-run by someone else has already
+        // set the allowance, and a token without `permit` simply fails); the allowance decides.
+        bytes memory call_ = abi.encodeCall(
+            IERC20Min.permit, (msg.sender, address(this), value, permitDeadline, v, r, s)
+        );
+        assembly ("memory-safe") {
+            pop(call(gas(), token, 0, add(call_, 0x20), mload(call_), 0, 0))
+        }
         uint256 allowance = IERC20Min(token).allowance(msg.sender, address(this));
         if (allowance < value) revert JobEscrowPermitFailed(token, allowance, value);
     }
@@ -303,46 +269,54 @@ contract JobEscrow is ProviderRegistry {
         uint8 flags,
         uint8 replicas
     ) external payable returns (bytes32 groupId) {
-        groupId = keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt));
-        _fundSeats(
-            groupId,
-            msg.value,
-            salt,
-            specCid,
-            deadline,
-            mediator,
-            collateral,
-            flags,
-            replicas,
-            address(0),
-            minBounty
+        if (replicas == 0) revert JobEscrowBadReplicas(0); // zero would fund a single job
+        groupId = _create(
+            address(0), msg.value, minBounty, salt, specCid, deadline, mediator, collateral, flags, replicas
         );
     }
 
-    /// @dev Funds the seats of a replicated job worth `total` in `token`.
-    function _fundSeats(
-        bytes32 groupId,
+    /// @dev Funds a job worth `total` in `token` (`least`: the smallest bounty in it): a single
+    ///      job (`replicas` zero), or the `replicas` seats of a replicated one, seat i the job
+    ///      keccak256(abi.encode(id, i)) with an equal share and the seat count in its flags.
+    ///      The one place jobs are funded, so its code is in the contract once.
+    /// @return id keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt)).
+    function _create(
+        address token,
         uint256 total,
+        uint256 least,
         bytes32 salt,
         string calldata specCid,
         uint40 deadline,
         address mediator,
         uint96 collateral,
         uint8 flags,
-        uint8 replicas,
-        address token,
-        uint256 least
-    ) private {
-        if (flags != 0) revert JobEscrowBadFlags(flags);
-        if (replicas < 2 || replicas > MAX_REPLICAS) revert JobEscrowBadReplicas(replicas);
-        if (total % replicas != 0) revert JobEscrowBountyNotDivisible(total, replicas);
-        if (total > type(uint96).max) revert JobEscrowBountyTooHigh(total, type(uint96).max);
-        uint96 share = _bountyOf(total / replicas, replicas, least);
-        emit ReplicasCreated(groupId, msg.sender, replicas, salt);
-        uint8 seatFlags = replicas << 1;
-        for (uint256 i; i < replicas; ++i) {
-            bytes32 seatId = keccak256(abi.encode(groupId, i));
-            _fund(seatId, share, groupId, specCid, deadline, mediator, collateral, seatFlags, token);
+        uint8 replicas
+    ) private returns (bytes32 id) {
+        id = keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt));
+        uint96 bounty;
+        uint256 n = 1;
+        if (replicas == 0) {
+            bounty = _bountyOf(_singleAmount(total, flags), 1, least);
+        } else {
+            if (flags != 0) revert JobEscrowBadFlags(flags);
+            if (replicas < 2 || replicas > MAX_REPLICAS) revert JobEscrowBadReplicas(replicas);
+            if (total % replicas != 0) revert JobEscrowBountyNotDivisible(total, replicas);
+            if (total > type(uint96).max) revert JobEscrowBountyTooHigh(total, type(uint96).max);
+            bounty = _bountyOf(total / replicas, replicas, least);
+            emit ReplicasCreated(id, msg.sender, replicas, salt);
+            flags = replicas << 1;
+            n = replicas;
+        }
+        for (uint256 i; i < n; ++i) {
+            // Two calls of `_fund`, not one: called once, via-IR inlines `_fund` here and then
+            // `_create` into its three callers (measured: 2,363 bytes more).
+            if (replicas == 0) {
+                _fund(id, bounty, salt, specCid, deadline, mediator, collateral, flags, token);
+            } else {
+                // a seat's JobCreated names the group id as its salt
+                bytes32 seatId = keccak256(abi.encode(id, i));
+                _fund(seatId, bounty, id, specCid, deadline, mediator, collateral, flags, token);
+            }
         }
     }
 
@@ -434,7 +408,7 @@ contract JobEscrow is ProviderRegistry {
     }
 
     /// @notice Cancel a job nobody was assigned yet; the bounty goes to the submitter's balance.
-    function cancel(bytes32 jobId, Job calldata job) external {
+    function cancel(bytes32 jobId, Job memory job) external {
         _check(jobId, job, Status.Funded);
         if (msg.sender != job.submitter) revert JobEscrowNotSubmitter(msg.sender, job.submitter);
         _finishRefund(jobId, job);
@@ -443,7 +417,7 @@ contract JobEscrow is ProviderRegistry {
     /// @notice After the deadline with no result pending, return the bounty to the submitter
     ///         (and unlock the collateral of a provider that still holds the job).
     /// @dev Anyone may call it (the operator is not needed); the money only goes to the submitter.
-    function refund(bytes32 jobId, Job calldata job) external {
+    function refund(bytes32 jobId, Job memory job) external {
         Status status = _checkEither(jobId, job, Status.Funded, Status.Assigned);
         if (block.timestamp <= job.deadline) {
             revert JobEscrowDeadlineNotPassed(jobId, job.deadline, block.timestamp);
@@ -454,7 +428,7 @@ contract JobEscrow is ProviderRegistry {
 
     /// @notice Accept the pending result and pay it now (the submitter), or, for an on-verify
     ///         job, pay it on the operator's check (the job's operator).
-    function release(bytes32 jobId, Job calldata job) external {
+    function release(bytes32 jobId, Job memory job) external {
         _check(jobId, job, Status.Submitted);
         if (
             msg.sender != job.submitter
@@ -472,7 +446,7 @@ contract JobEscrow is ProviderRegistry {
     ///         in the token, with no ETH sent): the job's mediator rules on it. A spot job's
     ///         deposit was locked at funding: its submitter or its mediator (a spot check) opens
     ///         the dispute sending nothing.
-    function dispute(bytes32 jobId, Job calldata job) external payable nonReentrant {
+    function dispute(bytes32 jobId, Job memory job) external payable nonReentrant {
         _check(jobId, job, Status.Submitted);
         bool spot = job.flags & FLAG_SPOT != 0;
         if (msg.sender != job.submitter && (!spot || msg.sender != job.mediator)) {
@@ -504,7 +478,7 @@ contract JobEscrow is ProviderRegistry {
     /// @dev Each call is a new attempt, so signatures made for an earlier assignment are void.
     function assign(
         bytes32 jobId,
-        Job calldata job,
+        Job memory job,
         address provider,
         bytes calldata acceptance
     ) external {
@@ -533,7 +507,7 @@ contract JobEscrow is ProviderRegistry {
     /// @notice Hand an assigned job back (the provider, at any time) or take it back (the job's
     ///         operator, once `reassignDelay` has passed since the assignment). It is Funded
     ///         again, the collateral unlocked, nobody slashed.
-    function unassign(bytes32 jobId, Job calldata job) external {
+    function unassign(bytes32 jobId, Job memory job) external {
         _check(jobId, job, Status.Assigned);
         if (msg.sender == job.operator) {
             _requireTakeBackAllowed(jobId, job);
@@ -551,7 +525,7 @@ contract JobEscrow is ProviderRegistry {
     ///         JobReleased, as the two-step path does, and stores what they fold to.
     function settle(
         bytes32 jobId,
-        Job calldata job,
+        Job memory job,
         string calldata outputCid,
         bytes calldata signature
     ) external {
@@ -573,7 +547,7 @@ contract JobEscrow is ProviderRegistry {
 
     /// @notice Deliver the output of an assigned job. Only the assigned provider, once per
     ///         assignment, not after the deadline.
-    function submitResult(bytes32 jobId, Job calldata job, string calldata outputCid) external {
+    function submitResult(bytes32 jobId, Job memory job, string calldata outputCid) external {
         _check(jobId, job, Status.Assigned);
         if (msg.sender != job.provider) revert JobEscrowNotProvider(msg.sender, job.provider);
         _acceptResult(jobId, job, outputCid);
@@ -584,7 +558,7 @@ contract JobEscrow is ProviderRegistry {
     ///      change makes it single-use. Anyone may relay: the signature is the authority.
     function submitResultFor(
         bytes32 jobId,
-        Job calldata job,
+        Job memory job,
         string calldata outputCid,
         bytes calldata signature
     ) external {
@@ -603,7 +577,7 @@ contract JobEscrow is ProviderRegistry {
     ///         deposit back in full (a spot job's stays locked for the next attempt), the
     ///         mediator (when disputed) `min(collateral, 2 * deposit)` of the collateral for its
     ///         re-run and the tie-break re-run a mismatch calls for, and the submitter the rest.
-    function rule(bytes32 jobId, Job calldata job, bool upheld) external {
+    function rule(bytes32 jobId, Job memory job, bool upheld) external {
         Status status = _checkEither(jobId, job, Status.Submitted, Status.Disputed);
         if (msg.sender != job.mediator) revert JobEscrowNotMediator(msg.sender, job.mediator);
         if (status == Status.Submitted && job.flags & FLAG_REPLICAS_MASK == 0) {
@@ -653,7 +627,7 @@ contract JobEscrow is ProviderRegistry {
     ///         majority it waits for the mediator's rulings on the seats (`rule`) until
     ///         `deadline + mediationWindow`; then every open seat is refunded, nobody slashed.
     /// @param seats The seats' current structs, seat i at index i (k = seats.length).
-    function resolve(bytes32 groupId, Job[] calldata seats) external {
+    function resolve(bytes32 groupId, Job[] memory seats) external {
         uint256 k = seats.length;
         if (k < 2 || k > MAX_REPLICAS) revert JobEscrowBadReplicas(k);
         bytes32[] memory ids = new bytes32[](k);
@@ -662,7 +636,7 @@ contract JobEscrow is ProviderRegistry {
         bool pending;
         for (uint256 i; i < k; ++i) {
             ids[i] = keccak256(abi.encode(groupId, i));
-            Job calldata seat = seats[i];
+            Job memory seat = seats[i];
             if (uint256(seat.flags & FLAG_REPLICAS_MASK) >> 1 != k) {
                 revert JobEscrowBadReplicas(uint256(seat.flags & FLAG_REPLICAS_MASK) >> 1);
             }
@@ -689,7 +663,7 @@ contract JobEscrow is ProviderRegistry {
         }
         emit Resolved(groupId, win, uint8(agreeing), uint8(k));
         for (uint256 i; i < k; ++i) {
-            Job calldata seat = seats[i];
+            Job memory seat = seats[i];
             Status s = st[i];
             if (s == Status.Submitted && majority) {
                 if (seat.resultDigest != win) {
@@ -718,7 +692,7 @@ contract JobEscrow is ProviderRegistry {
     ///         passed, or a disputed one the mediator left unruled for `mediationWindow` (the
     ///         result stands, the deposit goes back to the submitter). Anyone may call it; the
     ///         money only goes to the provider (and the fee to the treasury).
-    function finalize(bytes32 jobId, Job calldata job) external {
+    function finalize(bytes32 jobId, Job memory job) external {
         Status status = _checkEither(jobId, job, Status.Submitted, Status.Disputed);
         if (job.flags & FLAG_REPLICAS_MASK != 0) revert JobEscrowReplicated(jobId);
         uint256 allowedAt = status == Status.Submitted
@@ -785,50 +759,23 @@ contract JobEscrow is ProviderRegistry {
     }
 
     // ================================================================ batching
-
-    /// @notice Make several calls of this contract in one transaction, in order, each with
-    ///         the caller's identity (the scheduler sends its ready operator steps this way:
-    ///         one intrinsic 21,000 gas for the batch). Each call's checks are its own: inside a
-    ///         batch `msg.sender` is the caller, so only a job's operator passes its operator
-    ///         checks. If any call reverts, the whole batch reverts with that call's error.
-    /// @dev Non-payable on purpose: a delegatecall keeps `msg.value`, so a payable multicall
-    ///      would let one deposit be counted by several payable calls (`createJob`, `dispute`,
-    ///      `stake`); here `msg.value` is always 0 inside, and a payable call needing ETH is
-    ///      refused by its own check. Reentrancy is unchanged: every call is a delegatecall to
-    ///      this code, so the transient `_locked` guard of `withdraw` is the same slot inside
-    ///      and outside a batch (a receiver re-entering through `multicall` still meets it), and
-    ///      no other function sends ETH (pull payments), so no call in a batch hands control to
-    ///      anyone before the state of the ones before it is written.
-    /// @param data ABI-encoded calls of this contract's functions.
-    /// @return results Each call's return data.
-    function multicall(bytes[] calldata data) external returns (bytes[] memory results) {
-        results = new bytes[](data.length);
-        for (uint256 i; i < data.length; ++i) {
-            (bool ok, bytes memory ret) = address(this).delegatecall(data[i]);
-            if (!ok) {
-                assembly ("memory-safe") {
-                    revert(add(ret, 32), mload(ret))
-                }
-            }
-            results[i] = ret;
-        }
-    }
+    // `multicall(bytes[])` (OpenZeppelin `Multicall`): several calls of this contract in one
+    // transaction, in order, each a delegatecall with the caller's identity, so each call's
+    // checks are its own (only a job's operator passes its operator checks). If any call
+    // reverts, the whole batch reverts with that call's error. It is non-payable: inside a
+    // batch `msg.value` is always 0, so one deposit cannot be counted by several payable calls
+    // (`createJob`, `dispute`, `stake`), which refuse the missing ETH by their own checks. The
+    // transient reentrancy guard is the same slot inside and outside a batch, and no function
+    // but the withdrawals hands control to anyone (pull payments), so a receiver re-entering
+    // through `multicall` meets the guard (docs/contracts.md).
 
     // ================================================================ admin
 
-    /// @notice Propose `newOwner`; ownership moves when it calls `acceptOwnership`.
-    function transferOwnership(address newOwner) external onlyOwner {
-        pendingOwner = newOwner;
-        emit OwnershipTransferStarted(msg.sender, newOwner);
-    }
-
-    /// @notice Accept a proposed ownership transfer.
-    function acceptOwnership() external {
-        if (msg.sender != pendingOwner) revert JobEscrowNotPendingOwner(msg.sender);
-        address previous = owner;
-        owner = msg.sender;
-        pendingOwner = address(0);
-        emit OwnershipTransferred(previous, msg.sender);
+    /// @dev The owner's checks keep this contract's error (`JobEscrowNotOwner`); the two-step
+    ///      hand-over (`transferOwnership`, `acceptOwnership`, `pendingOwner`) and
+    ///      `renounceOwnership` (settings frozen for good; funded jobs go on) are OpenZeppelin's.
+    function _checkOwner() internal view override {
+        if (msg.sender != owner()) revert JobEscrowNotOwner(msg.sender);
     }
 
     /// @notice Change the operator for jobs funded from now on; funded jobs keep theirs. A
@@ -889,7 +836,7 @@ contract JobEscrow is ProviderRegistry {
     }
 
     /// @notice Whether `job` is the current state of `jobId`.
-    function isCurrent(bytes32 jobId, Job calldata job) external view returns (bool) {
+    function isCurrent(bytes32 jobId, Job memory job) external view returns (bool) {
         uint256 slot = _jobs[jobId];
         return slot != 0 && slot == _pack(_hashCalldata(job), Status(uint8(slot)));
     }
@@ -910,7 +857,7 @@ contract JobEscrow is ProviderRegistry {
     ///         pays the re-run: upheld, the deposit goes to the mediator; ruled wrong, the
     ///         deposit comes back in full and the mediator takes at most the deposit's worth of
     ///         the slashed collateral, the rest going to the submitter (`rule`).
-    function depositOf(Job calldata job) public view returns (uint96) {
+    function depositOf(Job memory job) public view returns (uint96) {
         uint96 floor = job.token == address(0) && job.flags & FLAG_SPOT == 0 ? disputeDeposit : 0;
         return job.bounty < floor ? floor : job.bounty;
     }
@@ -921,8 +868,8 @@ contract JobEscrow is ProviderRegistry {
     }
 
     /// @notice The EIP-712 domain separator of this deployment on this chain.
-    function domainSeparator() public view returns (bytes32) {
-        return block.chainid == _cachedChainId ? _cachedDomainSeparator : _buildDomainSeparator();
+    function domainSeparator() external view returns (bytes32) {
+        return _domainSeparatorV4();
     }
 
     /// @notice The EIP-712 digest a provider signs to have `outputCid` relayed for `jobId`.
@@ -933,12 +880,12 @@ contract JobEscrow is ProviderRegistry {
     {
         bytes32 structHash =
             keccak256(abi.encode(RESULT_TYPEHASH, jobId, attempt, keccak256(bytes(outputCid))));
-        return keccak256(abi.encodePacked("\x19\x01", domainSeparator(), structHash));
+        return _hashTypedDataV4(structHash);
     }
 
     /// @notice The EIP-712 digest a provider signs to accept the next assignment of `jobId`
     ///         (attempt `job.attempt + 1`) on the terms in `job`.
-    function acceptanceDigest(bytes32 jobId, Job calldata job) internal view returns (bytes32) {
+    function acceptanceDigest(bytes32 jobId, Job memory job) internal view returns (bytes32) {
         bytes32 structHash = keccak256(
             abi.encode(
                 ACCEPTANCE_TYPEHASH,
@@ -953,14 +900,14 @@ contract JobEscrow is ProviderRegistry {
                 job.token
             )
         );
-        return keccak256(abi.encodePacked("\x19\x01", domainSeparator(), structHash));
+        return _hashTypedDataV4(structHash);
     }
 
     // ================================================================ internals
 
     /// @dev The result digest with the most distinct providers among the seats that voted
     ///      (Submitted, or Released: already paid) and that count.
-    function _tally(Job[] calldata seats, Status[] memory st)
+    function _tally(Job[] memory seats, Status[] memory st)
         private
         pure
         returns (bytes32 best, uint256 bestCount)
@@ -987,7 +934,7 @@ contract JobEscrow is ProviderRegistry {
     }
 
     /// @dev Whether seat m's provider already voted for digest d on an earlier seat.
-    function _seenBefore(Job[] calldata seats, Status[] memory st, uint256 m, bytes32 d)
+    function _seenBefore(Job[] memory seats, Status[] memory st, uint256 m, bytes32 d)
         private
         pure
         returns (bool)
@@ -1003,7 +950,7 @@ contract JobEscrow is ProviderRegistry {
 
     /// @dev Whether seat i's provider is paid for the same result on an earlier seat (or was
     ///      already paid for it on any other seat).
-    function _paidEarlier(Job[] calldata seats, Status[] memory st, uint256 i)
+    function _paidEarlier(Job[] memory seats, Status[] memory st, uint256 i)
         private
         pure
         returns (bool)
@@ -1018,13 +965,13 @@ contract JobEscrow is ProviderRegistry {
 
     /// @dev The operator may take a job back from its provider only `reassignDelay` after the
     ///      assignment, so it cannot grab a result it has seen before the provider posts it.
-    function _requireTakeBackAllowed(bytes32 jobId, Job calldata job) private view {
+    function _requireTakeBackAllowed(bytes32 jobId, Job memory job) private view {
         uint256 allowedAt = uint256(job.since) + reassignDelay;
         if (block.timestamp < allowedAt) revert JobEscrowTooEarly(jobId, allowedAt, block.timestamp);
     }
 
     /// @dev Records a result for the two-step path (release, finalize or a ruling follows).
-    function _acceptResult(bytes32 jobId, Job calldata job, string calldata outputCid) private {
+    function _acceptResult(bytes32 jobId, Job memory job, string calldata outputCid) private {
         uint40 submittedAt = _validateResult(jobId, job, outputCid);
         _jobs[jobId] = _pack(
             _hashProgress(
@@ -1035,7 +982,7 @@ contract JobEscrow is ProviderRegistry {
         emit ResultSubmitted(jobId, job.provider, job.attempt, submittedAt, outputCid);
     }
 
-    function _validateResult(bytes32 jobId, Job calldata job, string calldata outputCid)
+    function _validateResult(bytes32 jobId, Job memory job, string calldata outputCid)
         private
         view
         returns (uint40)
@@ -1050,7 +997,7 @@ contract JobEscrow is ProviderRegistry {
 
     function _requireSignedBy(
         bytes32 jobId,
-        Job calldata job,
+        Job memory job,
         string calldata outputCid,
         bytes calldata signature
     ) private view {
@@ -1060,7 +1007,7 @@ contract JobEscrow is ProviderRegistry {
 
     /// @dev Pays a job whose status the caller has just moved to Released (effects first) and
     ///      unlocks its collateral.
-    function _finishRelease(bytes32 jobId, Job calldata job) private {
+    function _finishRelease(bytes32 jobId, Job memory job) private {
         // bounty < 2**96 and feeBps <= 2000, so bounty * feeBps < 2**107: no overflow, and
         // fee <= bounty, so the subtraction cannot underflow.
         uint96 fee;
@@ -1086,7 +1033,7 @@ contract JobEscrow is ProviderRegistry {
         emit JobReleased(jobId, job.provider, job.submitter, payout, fee);
     }
 
-    function _finishRefund(bytes32 jobId, Job calldata job) private {
+    function _finishRefund(bytes32 jobId, Job memory job) private {
         _jobs[jobId] = _pack(_hashCalldata(job), Status.Refunded);
         _credit(job.submitter, job.token, job.bounty);
         emit JobRefunded(jobId, job.submitter, job.bounty);
@@ -1094,7 +1041,7 @@ contract JobEscrow is ProviderRegistry {
     }
 
     /// @dev A spot job ending without a dispute it funds: its check deposit goes back.
-    function _returnCheckDeposit(bytes32 jobId, Job calldata job) private {
+    function _returnCheckDeposit(bytes32 jobId, Job memory job) private {
         if (job.flags & FLAG_SPOT != 0) {
             _creditEvent(jobId, job.submitter, job.token, job.bounty, "check deposit returned");
         }
@@ -1133,7 +1080,7 @@ contract JobEscrow is ProviderRegistry {
     }
 
     /// @dev Revert unless `jobId` is in `expected` status and `job` is its current state.
-    function _check(bytes32 jobId, Job calldata job, Status expected) private view {
+    function _check(bytes32 jobId, Job memory job, Status expected) private view {
         uint256 slot = _jobs[jobId];
         Status status = Status(uint8(slot));
         if (status != expected) revert JobEscrowWrongStatus(jobId, status);
@@ -1141,7 +1088,7 @@ contract JobEscrow is ProviderRegistry {
     }
 
     /// @dev As `_check`, accepting either of two statuses; returns the one found.
-    function _checkEither(bytes32 jobId, Job calldata job, Status a, Status b)
+    function _checkEither(bytes32 jobId, Job memory job, Status a, Status b)
         private
         view
         returns (Status status)
@@ -1162,21 +1109,19 @@ contract JobEscrow is ProviderRegistry {
         return (uint256(hash) & ~uint256(0xff)) | uint256(uint8(status));
     }
 
-    /// @dev keccak256(abi.encode(job)) read straight from calldata. `Job` is a static struct of
-    ///      14 words, so its calldata bytes are its ABI encoding; a non-canonical encoding (dirty
-    ///      high bits) hashes differently from the stored commitment and is refused by `_check`.
-    function _hashCalldata(Job calldata job) private pure returns (bytes32 h) {
+    /// @dev keccak256(abi.encode(job)): `Job` is a static struct of 14 words, so its memory
+    ///      image is its ABI encoding. The ABI decoder that copied it from calldata refused any
+    ///      non-canonical word (dirty high bits), so the hash is the commitment's or a mismatch.
+    function _hashCalldata(Job memory job) private pure returns (bytes32 h) {
         assembly ("memory-safe") {
-            let p := mload(0x40)
-            calldatacopy(p, job, _JOB_BYTES)
-            h := keccak256(p, _JOB_BYTES)
+            h := keccak256(job, _JOB_BYTES)
         }
     }
 
     /// @dev keccak256(abi.encode(job)) with the progress fields (provider, since, attempt,
-    ///      resultDigest, disputedAt) replaced; the terms never change.
+    ///      resultDigest, disputedAt) replaced; the terms never change. `job` is left as it was.
     function _hashProgress(
-        Job calldata job,
+        Job memory job,
         address provider,
         uint40 since,
         uint16 attempt,
@@ -1185,7 +1130,7 @@ contract JobEscrow is ProviderRegistry {
     ) private pure returns (bytes32 h) {
         assembly ("memory-safe") {
             let p := mload(0x40)
-            calldatacopy(p, job, _JOB_BYTES)
+            mcopy(p, job, _JOB_BYTES)
             mstore(add(p, 0x40), provider)
             mstore(add(p, 0x80), since)
             mstore(add(p, 0xc0), attempt)
@@ -1195,18 +1140,10 @@ contract JobEscrow is ProviderRegistry {
         }
     }
 
-    function _buildDomainSeparator() private view returns (bytes32) {
-        return keccak256(
-            abi.encode(_DOMAIN_TYPEHASH, _NAME_HASH, _VERSION_HASH, block.chainid, address(this))
-        );
-    }
-
+    /// @dev The signer of `digest`, or zero for a signature that is not 65 bytes, has a
+    ///      malleable high `s`, a bad `v` or recovers nobody (OpenZeppelin `ECDSA.tryRecover`).
     function _recover(bytes32 digest, bytes calldata signature) private pure returns (address) {
-        if (signature.length != 65) return address(0);
-        bytes32 r = bytes32(signature[0:32]);
-        bytes32 s = bytes32(signature[32:64]);
-        uint8 v = uint8(signature[64]);
-        if (uint256(s) > _HALF_N || (v != 27 && v != 28)) return address(0);
-        return ecrecover(digest, v, r, s);
+        (address signer,,) = ECDSA.tryRecoverCalldata(digest, signature);
+        return signer;
     }
 }

@@ -85,7 +85,7 @@ def _sources_on_disk() -> dict[str, str]:
     return {
         str(f.relative_to(ROOT)): f.read_text()
         for f in sorted(CONTRACTS_DIR.rglob("*.sol"))
-        if f.is_file()
+        if f.is_file() and ".cache" not in f.relative_to(CONTRACTS_DIR).parts  # Ape's imports
     }
 
 

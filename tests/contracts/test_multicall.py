@@ -211,7 +211,7 @@ def test_reentry_through_multicall_is_blocked(
 
     wallet.drain(sender=operator)
     assert wallet.reentries() >= 1 and wallet.reentryBlocked()
-    assert bytes(wallet.blockedWith()) == keccak(b"JobEscrowReentrancy()")[:4]
+    assert bytes(wallet.blockedWith()) == keccak(b"ReentrancyGuardReentrantCall()")[:4]
     assert wallet.balance == BOUNTY
     assert escrow.balance == held - BOUNTY
     assert escrow.balanceOf(wallet) == 0
