@@ -41,8 +41,11 @@ lint: setup ## ruff
 typecheck: setup ## mypy
 	mypy
 
+# Two runs: every test but the contracts' on production's eth-abi (no Ape), then the contract
+# tests with Ape's plugin (tests/conftest.py says why). Each prints its slowest tests.
 pytest: setup ## the test suite against real local services
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -p ape.pytest.plugin --durations=10 $(PYTEST_ARGS) tests/contracts
 
 bench-gas: setup ## gas per step of a job's life (bench/gas.py)
 	$(PY) bench/gas.py

@@ -54,6 +54,49 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("filterwarnings", "ignore:The 'strict' parameter:FutureWarning")
 
 
+# --------------------------------------------------------------------------- two runs
+# Ape's pytest plugin replaces eth-abi's global decoders with lenient ones (truncated data is
+# padded and decoded: ``decode(["uint256"], bytes(31))`` gives ``(0,)`` with it and raises
+# without it). Production never loads Ape, so every test outside tests/contracts runs without
+# the plugin (``-p no:ape_test`` in pyproject.toml), on the decoder production runs; the contract
+# tests, written against Ape, run in a pytest of their own: ``pytest -p ape.pytest.plugin
+# tests/contracts`` (``make pytest`` runs both).
+CONTRACT_TESTS = ROOT / "tests" / "contracts"
+
+
+def _ape_loaded(config: pytest.Config) -> bool:
+    return config.pluginmanager.has_plugin("ape.pytest.plugin") or config.pluginmanager.has_plugin(
+        "ape_test"
+    )
+
+
+def _under_contracts(path: Path) -> bool:
+    return path == CONTRACT_TESTS or CONTRACT_TESTS in path.parents
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if _ape_loaded(config) or not _under_contracts(collection_path):
+        return None
+    asked = [Path(str(a).split("::")[0]).resolve() for a in config.args]
+    if any(_under_contracts(a) for a in asked):
+        raise pytest.UsageError(
+            "tests/contracts run with Ape's plugin, in a pytest of their own: "
+            "`pytest -p ape.pytest.plugin tests/contracts` (make pytest runs both)"
+        )
+    return True  # the default run: the contract tests are the second run of `make pytest`
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not _ape_loaded(session.config):
+        return
+    outside = [i.nodeid for i in session.items if not _under_contracts(Path(i.path))]
+    if outside:
+        raise pytest.UsageError(
+            f"{len(outside)} tests outside tests/contracts were collected with Ape's plugin "
+            f"(first: {outside[0]}): they must run on production's eth-abi decoder, without it"
+        )
+
+
 # --------------------------------------------------------------------------- IPFS
 
 
