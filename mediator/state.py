@@ -27,6 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, create_engine, event
+from sqlalchemy.pool import NullPool
+
 from gridmarket.escrow import (
     JOB_EVENTS,
     ZERO_ADDRESS,
@@ -40,73 +45,46 @@ from mediator.tasks import Kind
 
 __all__ = [
     "KEEP_BLOCKS",
+    "MIGRATIONS",
     "MediatorState",
     "Rerun",
     "Ruling",
     "SpotSeed",
     "StateError",
     "Task",
+    "migrate",
     "state_from_json",
     "state_to_json",
 ]
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS jobs (
-    job_id TEXT PRIMARY KEY,
-    state TEXT NOT NULL,
-    pos INTEGER NOT NULL DEFAULT 0,           -- the last folded event: block * 100000 + log index
-    created_block INTEGER NOT NULL DEFAULT 0  -- the block of its JobCreated
-);
-CREATE TABLE IF NOT EXISTS blocks (         -- the watcher's checkpoints (reorgs)
-    block INTEGER PRIMARY KEY,
-    hash TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS tasks (
-    job_id TEXT NOT NULL,
-    attempt INTEGER NOT NULL,
-    kind TEXT NOT NULL,            -- a mediator.tasks.Kind: 'check', 'dispute', 'reveal', 'tie'
-    done INTEGER NOT NULL DEFAULT 0,
-    tries INTEGER NOT NULL DEFAULT 0,  -- integrity checks that found the output unreachable
-    due REAL NOT NULL,             -- time.time() when it may run next
-    note TEXT NOT NULL DEFAULT '',
-    PRIMARY KEY (job_id, attempt, kind)
-);
-CREATE TABLE IF NOT EXISTS rulings (
-    job_id TEXT NOT NULL,
-    attempt INTEGER NOT NULL,
-    upheld INTEGER NOT NULL,
-    reason TEXT NOT NULL,
-    outcome TEXT NOT NULL,         -- 'sending', 'sent' or 'refused: <revert>'
-    tx_hash TEXT,
-    at REAL NOT NULL,
-    PRIMARY KEY (job_id, attempt)
-);
-CREATE TABLE IF NOT EXISTS spot (          -- spot jobs (FLAG_SPOT): the opened seed
-    job_id TEXT PRIMARY KEY,
-    spot_commit TEXT NOT NULL,     -- the spec's commitment (hex; '' when the spec has none)
-    p_bps INTEGER NOT NULL,        -- the spec's p (0 when none)
-    seed TEXT,                     -- the opened seed (hex); NULL when it did not open
-    note TEXT NOT NULL DEFAULT '', -- why no seed (the submitter's mistake), or ''
-    revealed TEXT,                 -- how the reveal to the scheduler ended; NULL: not yet
-    at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS ix_spot_commit ON spot (spot_commit);
-CREATE TABLE IF NOT EXISTS reruns (
-    job_id TEXT NOT NULL,          -- the disputed job
-    attempt INTEGER NOT NULL,      -- its disputed attempt
-    run INTEGER NOT NULL DEFAULT 1, -- 1: the re-run; 2: the tie-break when run 1 differed
-    rerun_id TEXT NOT NULL,        -- the re-run's job id (known before createJob is sent)
-    spec_cid TEXT NOT NULL,        -- the re-run's spec (the job's, with exclude_providers)
-    salt TEXT NOT NULL,
-    bounty TEXT NOT NULL,          -- wei, as text (may exceed SQLite's integers)
-    deadline INTEGER NOT NULL,
-    status TEXT NOT NULL,          -- 'funding', 'funded', 'held', 'compared' or 'abandoned'
-    note TEXT NOT NULL DEFAULT '',
-    at REAL NOT NULL,
-    PRIMARY KEY (job_id, attempt, run)
-);
-"""
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+"""The state file's schema, on Alembic as the scheduler's is (``mediator/migrations/versions/``:
+what each table and column holds); :func:`migrate` brings a file to the newest revision."""
+
+
+def migrate(path: Path) -> None:
+    """Bring the state file at ``path`` (created if missing) to the newest Alembic revision
+    (idempotent; run on every start). A file from before Alembic is upgraded in place. The
+    whole upgrade is one ``BEGIN IMMEDIATE`` transaction (SQLite's DDL is transactional; the
+    driver's own implicit transactions are off), so a crash leaves the file as it was."""
+    engine = create_engine(
+        "sqlite://",
+        creator=lambda: sqlite3.connect(str(path), isolation_level=None),
+        poolclass=NullPool,
+    )
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    try:
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS))
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+    finally:
+        engine.dispose()
 
 
 KEEP_BLOCKS = 128
@@ -252,16 +230,10 @@ class MediatorState:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.RLock()
+        migrate(path)
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
-        for column in ("pos", "created_block"):  # a state file from before reorg handling
-            if column not in columns:
-                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
-        if "run" not in {row[1] for row in self._db.execute("PRAGMA table_info(reruns)")}:
-            self._migrate_reruns()  # a state file from before the tie-break (one re-run each)
         self._depth = 0
         owner = f"{chain_id}:{escrow.lower()}"
         with self.batch():
@@ -273,24 +245,6 @@ class MediatorState:
                     f"state file {path} belongs to escrow {found}, not {owner}: "
                     "give each escrow its own state file"
                 )
-
-    def _migrate_reruns(self) -> None:
-        """Give the ``reruns`` table of an older state file its ``run`` column (each of its rows
-        is run 1) and the key ``(job_id, attempt, run)``, in one transaction."""
-        old = "job_id, attempt, rerun_id, spec_cid, salt, bounty, deadline, status, note, at"
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            self._db.execute("ALTER TABLE reruns RENAME TO reruns_v1")
-            start = SCHEMA.index("CREATE TABLE IF NOT EXISTS reruns")
-            self._db.execute(SCHEMA[start:].split(";")[0])
-            self._db.execute(
-                f"INSERT INTO reruns ({old}, run) SELECT {old}, 1 FROM reruns_v1"  # noqa: S608
-            )
-            self._db.execute("DROP TABLE reruns_v1")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:
