@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 
 from agent.errors import AgentError
 from gridmarket.ethsig import Signer
+from gridmarket.joblogs import NODE_LOGS, LogBatch
 from gridmarket.wire import (
     API,
     AcceptAck,
@@ -356,6 +357,17 @@ class NodeSession:
         self._authed("POST", API.HAND_BACK, job_id=job_id, what=f"hand-back of {job_id}")
 
     # ------------------------------------------------------------------ plumbing
+
+    def post_logs(self, job_id: str, batch: LogBatch, timeout_s: float = 5.0) -> None:
+        """Post a batch of a running job's log lines (:mod:`agent.logship`; best effort)."""
+        self._authed(
+            "POST",
+            NODE_LOGS,
+            job_id=job_id,
+            json=_dump(batch),
+            timeout=min(timeout_s, self.timeout_s),
+            what=f"logs of {job_id}",
+        )
 
     def _authed(
         self,

@@ -53,6 +53,7 @@ from agent.client import (
     SchedulerUnavailableError,
     retry_call,
 )
+from agent.logship import LogShipper, LogShipperSettings
 from agent.runner import JobRunner
 from gridmarket.wire import Assignment, RegisterResponse, ResultReport, RunReason
 
@@ -104,8 +105,10 @@ class Agent:
         guard: ResultGuard | None = None,
         finalize: Callable[[], object] | None = None,
         finalize_interval_s: float = 300.0,
+        live_logs: LogShipperSettings | None = None,
     ) -> None:
         self.client = client
+        self.live_logs = live_logs or LogShipperSettings()  # caps of the jobs' live logs
         self._submit_on_chain = submit_on_chain
         default = AcceptancePolicy(client.account.address, expected=self._expected)
         self._policy = policy or default.decide
@@ -380,8 +383,11 @@ class Agent:
     # ------------------------------------------------------------------ work
 
     def _work(self, job: _Job) -> None:
+        a = job.assignment
         try:
-            report = self.runner.run(job.assignment, job.cancel)
+            # live logs: shipped while it runs, flushed (bounded wait) before the result
+            with LogShipper(self.client.post_logs, a.job_id, a.attempt, self.live_logs) as ship:
+                report = self.runner.run(a, job.cancel, on_output=ship.feed)
         except Exception:  # run() reports its own failures; this is a bug: keep serving
             log.exception("job %s: the runner crashed", _short(job.job_id))
             report = None

@@ -212,8 +212,15 @@ class JobRunner:
                 removed += 1
         return removed
 
-    def run(self, assignment: Assignment, cancel: threading.Event | None = None) -> ResultReport:
-        """Run ``assignment`` to a report; setting ``cancel`` stops it (``cancelled``)."""
+    def run(
+        self,
+        assignment: Assignment,
+        cancel: threading.Event | None = None,
+        *,
+        on_output: Callable[[str, bytes], None] | None = None,
+    ) -> ResultReport:
+        """Run ``assignment`` to a report; setting ``cancel`` stops it (``cancelled``).
+        ``on_output`` gets the job's stdout/stderr as it is written (live logs)."""
         cancel = cancel or threading.Event()
         started = time.monotonic()
         job_dir = self.jobs_dir / f"{assignment.job_id[2:18]}-{assignment.attempt}"
@@ -221,7 +228,7 @@ class JobRunner:
             if job_dir.exists():
                 _remove_job_dir(job_dir)
             job_dir.mkdir(parents=True, mode=0o755)
-            return self._run(assignment, job_dir, cancel, started)
+            return self._run(assignment, job_dir, cancel, started, on_output)
         except JobStepError as failure:
             log.info("job %s: %s (%s)", _short(assignment.job_id), failure.reason, failure)
             return _report(assignment, failure.reason, failure.message, started)
@@ -236,7 +243,12 @@ class JobRunner:
     # ------------------------------------------------------------------ steps
 
     def _run(
-        self, assignment: Assignment, job_dir: Path, cancel: threading.Event, started: float
+        self,
+        assignment: Assignment,
+        job_dir: Path,
+        cancel: threading.Event,
+        started: float,
+        on_output: Callable[[str, bytes], None] | None = None,
     ) -> ResultReport:
         spec = assignment.spec
         job_id = assignment.job_id
@@ -260,6 +272,7 @@ class JobRunner:
                 command=tuple(spec.command),
                 env=dict(spec.env),
                 limits=limits_for(spec),
+                on_output=on_output,
             )
             with self.steps.step(job_id, f"running ({spec.executor})"):
                 result = self._execute(executor, exec_spec, input_dir, job_dir / "output", cancel)

@@ -9,7 +9,7 @@ timeout, memory, output cap) comes back as a result whose ``reason`` says what h
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -82,6 +82,9 @@ class ExecutionSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
     entrypoint: str = "_start"
+    # called with ("stdout" | "stderr", bytes) as the job writes, from the executor's reader
+    # (live logs, agent.logship); must not block. Its failures are ignored.
+    on_output: Callable[[str, bytes], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if (self.image is None) == (self.module is None):

@@ -27,6 +27,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -242,7 +243,8 @@ class DockerExecutor:
         cancel: threading.Event | None,
     ) -> _Outcome:
         limits = spec.limits
-        pump = _LogPump(container, limits.log_bytes)  # attached before start: nothing is missed
+        # attached before start: nothing is missed
+        pump = _LogPump(container, limits.log_bytes, spec.on_output)
         try:
             container.start()
         except docker.errors.APIError as exc:
@@ -298,10 +300,13 @@ class _LogPump(threading.Thread):
     with an error text in the stream and the job's output is never read (the job then blocks).
     """
 
-    def __init__(self, container: Container, cap: int) -> None:
+    def __init__(
+        self, container: Container, cap: int, sink: Callable[[str, bytes], None] | None = None
+    ) -> None:
         super().__init__(name=f"logs-{container.short_id}", daemon=True)
         self.stdout = TailBuffer(cap)
         self.stderr = TailBuffer(cap)
+        self._sink = sink  # live logs (agent.logship): fed as the job writes
         self._stream = container.attach(
             stdout=True, stderr=True, stream=True, logs=False, demux=True
         )
@@ -312,10 +317,19 @@ class _LogPump(threading.Thread):
             for out, err in self._stream:
                 if out:
                     self.stdout.write(out)
+                    self._feed("stdout", out)
                 if err:
                     self.stderr.write(err)
+                    self._feed("stderr", err)
         except Exception as exc:  # the stream dies with the container: keep what we have
             log.debug("log stream ended: %s", exc)
+
+    def _feed(self, stream: str, data: bytes) -> None:
+        if self._sink is not None:
+            try:
+                self._sink(stream, data)
+            except Exception as exc:  # live logs are best effort: the tails are kept
+                log.debug("live log sink failed: %s", exc)
 
 
 def _kill(container: Container) -> None:

@@ -29,6 +29,7 @@ import hashlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -134,10 +135,25 @@ class _Run:
         if self.input_dir is not None:
             wasi.preopen_dir(str(self.input_dir.resolve()), "/input", False)  # read-only
         wasi.preopen_dir(str(self.area.mount_source), "/output", True)
-        wasi.stdout_custom = self.stdout.write
-        wasi.stderr_custom = self.stderr.write
+        wasi.stdout_custom = self._writer("stdout", self.stdout)
+        wasi.stderr_custom = self._writer("stderr", self.stderr)
         store.set_wasi(wasi)
         return store
+
+    def _writer(self, stream: str, tail: TailBuffer) -> Callable[[bytes], None]:
+        """``tail.write``, and the spec's live-log sink (agent.logship) when it has one."""
+        sink = self.spec.on_output
+        if sink is None:
+            return tail.write
+
+        def write(data: bytes) -> None:
+            tail.write(data)
+            try:
+                sink(stream, bytes(data))
+            except Exception as exc:  # live logs are best effort: the tails are kept
+                log.debug("live log sink failed: %s", exc)
+
+        return write
 
     def _watch_cancel(self) -> None:
         cancel = self.cancel

@@ -6,15 +6,17 @@ from __future__ import annotations
 from .chain import ChainStore
 from .claims import ClaimStore
 from .leases import LeaseStore
+from .logs import LogStore
 from .rows import node_id_for  # imported from here by gridmarket/devstack
 
 __all__ = ["Store", "node_id_for"]
 
 
-class Store(ChainStore, ClaimStore, LeaseStore):
+class Store(ChainStore, ClaimStore, LeaseStore, LogStore):
     """All reads and writes of the scheduler's database.
 
-    Each base is one concept's persistence (``chain.py``, ``claims.py``, ``leases.py``, and
+    Each base is one concept's persistence (``chain.py``, ``claims.py``, ``leases.py``,
+    ``logs.py``, and
     under them ``jobs.py``, ``outbox.py``, ``reputation.py``, ``nodes.py``, ``audit.py``,
     ``base.py``); this class adds nothing of its own.
     """

@@ -185,3 +185,20 @@ audit = Table(
     Column("detail", JSON, nullable=False),
     Index("ix_audit_entity_id", "entity_id", "id"),
 )
+
+job_logs = Table(
+    "job_logs",
+    metadata,
+    # one row per batch a node posted (gridmarket.joblogs.LogBatch): the id orders a job's log
+    # and is the readers' cursor (GET /v1/jobs/{job_id}/logs?after=<id>)
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(66), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("node_id", String(24), nullable=False),
+    Column("received_at", Float, nullable=False),
+    Column("chars", Integer, nullable=False),  # text characters of its chunks (retention)
+    Column("chunks", JSON, nullable=False),  # [{stream, ts, text}], text already cleaned
+    Index("ix_job_logs_job_id", "job_id", "attempt", "seq", unique=True),
+    Index("ix_job_logs_job_id_id", "job_id", "id"),
+)
