@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from agent.config import AgentConfig, ConfigError
+from gridmarket.cuda import CC_MAJOR_MAX, CUDA_MAJOR_MAX, parse_version, version_text
 from gridmarket.wire import (
     MAX_ADVERTISED_IMAGES,
     PINNED_IMAGE_PATTERN,
@@ -33,7 +34,9 @@ __all__ = [
     "CachedImages",
     "CapacitySource",
     "engine_client",
+    "gpu_offer",
     "node_capacity",
+    "nvidia_runtime_problem",
     "pinned_images",
     "remove_leftover_containers",
     "usable_executors",
@@ -159,6 +162,95 @@ def _root_cause(exc: BaseException) -> str:
     return _line(seen)
 
 
+def nvidia_runtime_problem(docker_host: str | None) -> str | None:
+    """Why the Docker engine at ``docker_host`` cannot run GPU jobs, or None: its ``GET /info``
+    must list an ``nvidia`` runtime among its ``Runtimes`` (the NVIDIA Container Toolkit,
+    registered with ``nvidia-ctk runtime configure --runtime=docker``). Asked once, at start."""
+    host = docker_host or DEFAULT_DOCKER_HOST
+    try:
+        info = _engine_info(host)
+    except Exception as exc:  # httpx's, docker's and OS errors alike
+        return f"the Docker engine at {host} did not say its runtimes ({_root_cause(exc)})"
+    runtimes = info.get("Runtimes") if isinstance(info, dict) else None
+    names = sorted(runtimes) if isinstance(runtimes, dict) else []
+    if "nvidia" in names:
+        return None
+    return (
+        f"the Docker engine at {host} has no NVIDIA runtime (its runtimes: "
+        f"{', '.join(names) or 'none'}): GPU jobs cannot run here; install the NVIDIA Container "
+        "Toolkit, run `nvidia-ctk runtime configure --runtime=docker` and restart dockerd"
+    )
+
+
+def _engine_info(host: str) -> Any:
+    if urlsplit(host).scheme == "ssh":
+        import docker
+
+        sdk = docker.DockerClient(base_url=host, timeout=10)
+        try:
+            return sdk.info()
+        finally:
+            sdk.close()
+    client, base = engine_client(host, timeout_s=10)
+    with client:
+        response = client.get(f"{base}/info")
+        response.raise_for_status()
+        return response.json()
+
+
+def gpu_offer(
+    config: AgentConfig,
+    report: HardwareReport,
+    executors: list[ExecutorKind],
+    runtime_problem: Callable[[str | None], str | None] = nvidia_runtime_problem,
+) -> tuple[GpuGroup | None, str | None]:
+    """The GPUs this node offers (the largest group of identical GPUs, with the driver
+    version, the driver's CUDA version and the group's lowest compute capability as NVML
+    reported them; None where unknown) and, when it offers none though it has GPUs, why: GPU
+    jobs are Docker jobs, so a node without Docker or without the NVIDIA runtime in its engine
+    (:func:`nvidia_runtime_problem`) offers no GPUs rather than take GPU jobs it would fail."""
+    if not report.gpu_groups:
+        return None, None
+    if ExecutorKind.DOCKER not in executors:
+        return None, "GPU jobs are Docker jobs and this node does not serve Docker jobs"
+    problem = runtime_problem(config.docker_host)
+    if problem is not None:
+        return None, problem
+    group = report.gpu_groups[0]
+    members = [
+        g for g in report.gpus if (g.tier.key, g.vram_mib) == (group.tier_key, group.vram_mib)
+    ]
+    if len(report.gpu_groups) > 1:
+        log.warning(
+            "this machine has several GPU models; offering only %d x %s",
+            group.count,
+            group.tier_key,
+        )
+    drivers = {g.driver_version for g in members}
+    driver = drivers.pop() if len(drivers) == 1 else None
+    return (
+        GpuGroup(
+            model=group.tier_key,
+            name=members[0].name[:128],
+            vram_mib=group.vram_mib,
+            count=group.count,
+            driver_version=None if driver is None else driver[:32],
+            cuda_version=_lowest([g.cuda_version for g in members], CUDA_MAJOR_MAX),
+            compute_capability=_lowest([g.compute_capability for g in members], CC_MAJOR_MAX),
+        ),
+        None,
+    )
+
+
+def _lowest(values: list[str | None], major_max: int) -> str | None:
+    """The lowest of ``values`` (``"major.minor"``), None when any is unknown or malformed."""
+    try:
+        parsed = [parse_version(v or "", major_max=major_max) for v in values]
+    except ValueError:
+        return None
+    return version_text(min(parsed)) if parsed else None
+
+
 def _wasm_problem() -> str | None:
     import importlib.util
 
@@ -276,23 +368,14 @@ def node_capacity(
 
     Its price floors: ``price_floor_wei_per_hour`` for ETH jobs, and ``price_floors`` (token
     address -> the token's smallest units per hour) for the listed tokens it takes.
-    One GPU model per node (the wire's rule): the largest group of identical GPUs is offered.
+    One GPU model per node (the wire's rule): the largest group of identical GPUs is offered
+    (:func:`gpu_offer`; none, with a warning, when GPU jobs cannot run here).
     A node serving Docker jobs advertises the images its engine has (``images``, default a
     :class:`CachedImages` on ``config.docker_host``).
     """
-    gpu: GpuGroup | None = None
-    if report.gpu_groups:
-        group = report.gpu_groups[0]
-        name = next((g.name for g in report.gpus if g.tier.key == group.tier_key), "")
-        gpu = GpuGroup(
-            model=group.tier_key, name=name[:128], vram_mib=group.vram_mib, count=group.count
-        )
-        if len(report.gpu_groups) > 1:
-            log.warning(
-                "this machine has several GPU models; offering only %d x %s",
-                group.count,
-                group.tier_key,
-            )
+    gpu, problem = gpu_offer(config, report, executors)
+    if problem is not None:
+        log.warning("offering no GPUs: %s", problem)
     region = config.require_region()
     cores = config.cpu_cores or report.cpu_logical_cores
     ram = config.ram_mib or report.ram_mib

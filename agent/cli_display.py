@@ -44,7 +44,7 @@ def setup_logging(verbose: bool, *, default: int, console: Console | None = None
 
 
 def detect_payload(config: AgentConfig) -> dict[str, Any]:
-    from agent.capacity import usable_executors
+    from agent.capacity import gpu_offer, usable_executors
     from agent.hardware import detect_hardware
 
     report = detect_hardware(config.work_dir)
@@ -58,6 +58,9 @@ def detect_payload(config: AgentConfig) -> dict[str, Any]:
         kinds, notes = [], [str(exc)]
     payload["executors"] = sorted(str(k) for k in kinds)
     payload["executor_notes"] = notes
+    offer, problem = gpu_offer(config, report, kinds)
+    payload["gpu_offer"] = None if offer is None else offer.model_dump(mode="json")
+    payload["gpu_jobs"] = problem or ("yes" if offer is not None else "no GPU detected")
     return payload
 
 
@@ -78,6 +81,7 @@ def detect_lines(payload: dict[str, Any]) -> list[tuple[str, str]]:
         lines.append(("gpus", "none (CPU-only)"))
     lines += [
         ("gpu detection", payload["gpu_detection"]),
+        ("gpu jobs", payload["gpu_jobs"]),
         ("node tier", payload["node_tier"]),
         (
             "cpu",

@@ -37,6 +37,7 @@ from typing import Any, Literal, Protocol
 import psutil
 
 from agent.errors import AgentError
+from gridmarket.cuda import cuda_from_nvml
 from gridmarket.tiers import Tier, classify_gpu
 
 __all__ = [
@@ -193,11 +194,6 @@ def _text(value: object) -> str:
     return str(value)
 
 
-def _cuda_from_int(version: int) -> str:
-    """NVML's 12040 -> ``"12.4"``."""
-    return f"{version // 1000}.{(version % 1000) // 10}"
-
-
 def _nvml_library_loads() -> bool:
     """Whether the NVML library loads as pynvml loads it on Linux (``libnvidia-ml.so.1``)."""
     import ctypes
@@ -210,11 +206,25 @@ def _nvml_library_loads() -> bool:
 
 
 class NvmlProbe:
-    """GPUs through NVML (``pynvml``): the same library ``nvidia-smi`` uses, without a process."""
+    """GPUs through NVML (``pynvml``): the same library ``nvidia-smi`` uses, without a process.
+
+    Per GPU: name, VRAM, UUID and compute capability (``nvmlDeviceGetCudaComputeCapability``);
+    for the host: the driver version (``nvmlSystemGetDriverVersion``) and the highest CUDA
+    version the driver supports (``nvmlSystemGetCudaDriverVersion_v2``, ``12040`` -> ``"12.4"``).
+    A value NVML will not give (``NotSupported``) is None: unknown to matching.
+
+    ``binding``: the NVML binding to call instead of importing ``pynvml`` (a stand-in with
+    pynvml's functions and ``NVMLError``, for machines without the driver); None: ``pynvml``.
+    """
 
     source: GpuSource = "nvml"
 
+    def __init__(self, binding: Any | None = None) -> None:
+        self._binding = binding
+
     def probe(self) -> list[RawGpu]:
+        if self._binding is not None:
+            return self._probe(self._binding)
         if sys.platform.startswith("linux") and not _nvml_library_loads():
             # pynvml would fail the same way in nvmlInit; not importing it saves the idle
             # daemon of a host without an NVIDIA driver ~2 MB of RSS (docs/agent.md).
@@ -223,6 +233,9 @@ class NvmlProbe:
             import pynvml  # the only NVML importer in the code base
         except ImportError as exc:
             raise GpuProbeError(f"nvidia-ml-py is not installed ({exc})") from exc
+        return self._probe(pynvml)
+
+    def _probe(self, pynvml: Any) -> list[RawGpu]:
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
@@ -262,7 +275,7 @@ class NvmlProbe:
                     vram_mib=int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // _MIB,
                     uuid=None if uuid is None else _text(uuid),
                     driver_version=None if driver is None else _text(driver),
-                    cuda_version=_cuda_from_int(cuda) if isinstance(cuda, int) else None,
+                    cuda_version=cuda_from_nvml(cuda) if isinstance(cuda, int) else None,
                     compute_capability=cc,
                 )
             )

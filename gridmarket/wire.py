@@ -36,6 +36,7 @@ from pydantic import (
 )
 
 from gridmarket.cid import CidError, normalize_cid
+from gridmarket.cuda import ComputeCapability, CudaVersion
 from gridmarket.eip712 import DOMAIN_TYPE
 from gridmarket.escrow import MAX_WEI, ZERO_ADDRESS, Job
 from gridmarket.ethsig import Signer, is_hex_address, sign_typed_data, to_checksum_address
@@ -174,11 +175,19 @@ class JobResources(BaseModel):
     ram_mib: int = Field(512, ge=16, le=8 * 1024 * 1024)
     disk_mib: int = Field(1024, ge=0, le=64 * 1024 * 1024)
     region: Region | None = None
+    min_cuda: CudaVersion | None = None
+    """The least CUDA version the node's driver must support, ``"12.2"`` (gridmarket.cuda)."""
+    min_compute_capability: ComputeCapability | None = None
+    """The least compute capability of every GPU the job uses, ``"8.0"``."""
 
     @model_validator(mode="after")
     def _gpu_fields_need_gpus(self) -> JobResources:
-        if self.gpu_count == 0 and (self.min_vram_mib or self.gpu_models):
-            raise ValueError("min_vram_mib and gpu_models need gpu_count > 0")
+        if self.gpu_count == 0 and (
+            self.min_vram_mib or self.gpu_models or self.min_cuda or self.min_compute_capability
+        ):
+            raise ValueError(
+                "min_vram_mib, gpu_models, min_cuda and min_compute_capability need gpu_count > 0"
+            )
         return self
 
 
@@ -347,6 +356,9 @@ class JobSpec(BaseModel):
         for key, unset in (("deterministic", False), ("exclude_providers", []), ("spot", None)):
             if body.get(key) == unset:
                 del body[key]
+        for key in ("min_cuda", "min_compute_capability"):
+            if body["resources"].get(key) is None:
+                del body["resources"][key]
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -428,6 +440,11 @@ class GpuGroup(BaseModel):
     name: str = Field("", max_length=128)
     vram_mib: int = Field(ge=1, le=1024 * 1024)
     count: int = Field(ge=1, le=64)
+    driver_version: str | None = Field(None, max_length=32)
+    cuda_version: CudaVersion | None = None
+    """The highest CUDA version the driver supports (NVML); None: unknown (an old agent)."""
+    compute_capability: ComputeCapability | None = None
+    """The lowest compute capability of the group's GPUs (NVML); None: unknown."""
 
 
 class NodeCapacityIn(BaseModel):
@@ -474,10 +491,12 @@ class NodeCapacityIn(BaseModel):
 
 def capacity_digest(capacity: NodeCapacityIn) -> bytes:
     """SHA-256 of the capacity's canonical JSON: what the registration signature covers (an
-    empty ``images`` or ``price_floors`` is left out: the digest of a capacity without them is
-    unchanged)."""
+    empty ``images`` or ``price_floors`` is left out, as is a GPU's unknown driver, CUDA version
+    or compute capability: the digest of a capacity without them is unchanged)."""
     exclude = {k for k in ("images", "price_floors") if not getattr(capacity, k)}
     doc = capacity.model_dump(mode="json", exclude=exclude or None)
+    if doc.get("gpu"):
+        doc["gpu"] = {k: v for k, v in doc["gpu"].items() if v is not None}
     data = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(data.encode()).digest()
 

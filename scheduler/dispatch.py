@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from gridmarket.cuda import as_version
 from gridmarket.escrow import ZERO_ADDRESS
 from gridmarket.tiers import classify_gpu
 from gridmarket.wire import Assignment, JobSpec, JobTerms, offered_price_wei_per_hour
@@ -107,6 +108,8 @@ def requirements(
         excluded_node_ids=frozenset(excluded),
         image=spec.image,
         token=None if job.chain.job.token == ZERO_ADDRESS else job.chain.job.token,
+        min_cuda=as_version(res.min_cuda),
+        min_compute_capability=as_version(res.min_compute_capability),
     )
 
 
@@ -141,6 +144,8 @@ def free_capacity(
             vram_mib=cap.gpu.vram_mib,
             count=cap.gpu.count - used_gpus,
             speed=tier.speed,
+            cuda=as_version(cap.gpu.cuda_version),
+            compute_capability=as_version(cap.gpu.compute_capability),
         )
     return NodeCapacity(
         node_id=node.node_id,

@@ -2,8 +2,11 @@
 
 **Gates** (:class:`~scheduler.matching.models.Gate`, checked in that order): reputation (not
 suspended, score at or above the ban line), a free slot, executor, region (when the job asks),
-free GPU count, GPU model (when the job asks), VRAM per GPU, free cores, free RAM, price (node
-floor <= job's offer), free disk, and not excluded for this job.
+free GPU count, GPU model (when the job asks), VRAM per GPU, the driver's CUDA version and the
+GPUs' compute capability (when the job asks; a node that did not report them fails), free
+cores, free RAM, price (node floor <= job's offer), free disk, and not excluded for this job.
+The driver gates are not in the index's key: the walk checks them node by node, like exclusion,
+and a job requiring them is explained node by node, like a token job.
 
 **Rank** among the nodes that pass (smaller is better, compared in this order):
 :func:`rank_key` = over-provisioning first (spare GPUs, then VRAM class, core class and RAM
@@ -91,6 +94,8 @@ from .rules import (
     WhyNot,
     class_floor,
     disk_class,
+    driver_gate,
+    explain_nodes,
     first_failed_gate,
     floor_for,
     rank_key,
@@ -251,6 +256,7 @@ class MatchingEngine:
         min_vram = job.min_vram_mib
         cores, ram, disk = job.cpu_cores, job.ram_mib, job.disk_mib
         excluded = job.excluded_node_ids
+        driver = job.min_cuda is not None or job.min_compute_capability is not None
         shape = Shape.of(job)
         # a bucket in the job's own class needs exact comparisons, unless the job asks for
         # exactly the class floor (then every node of the class has enough)
@@ -275,6 +281,7 @@ class MatchingEngine:
                         or (exact_ram and node.free_ram_mib < ram)
                         or (exact_disk and node.free_disk_mib < disk)
                         or (excluded and node.node_id in excluded)
+                        or (driver and driver_gate(node, job) is not None)
                     ):
                         continue
                     if best is None or entry < best:
@@ -287,23 +294,21 @@ class MatchingEngine:
                 return Match(job.job_id, best[2], rank_key(best[3], job))
         return NoMatch(job.job_id, self.explain(job) if explain else None)
 
-    def _explain_in_token(self, job: JobRequirements, token: str) -> WhyNot:
-        """:meth:`explain` for a job paid in ``token``: a node of the job's executor without a
-        floor in it fails the token gate; the nodes with one are gated one by one."""
+    def _explain_by_node(self, job: JobRequirements, token: str | None) -> WhyNot:
+        """:meth:`explain` node by node: for a job paid in ``token``, a node of the job's
+        executor without a floor in it fails the token gate and the nodes with one are gated
+        one by one; for a job requiring a CUDA version or compute capability (None), every
+        indexed node of its executor is (the driver gates are not in the buckets' key)."""
         counts = dict.fromkeys(Gate, 0)
         counts[Gate.REPUTATION] = self._n_banned
         counts[Gate.SLOTS] = self._n_full
         counts[Gate.EXECUTOR] = self._n_indexed - self._n_by_executor[job.executor]
-        takers = [n for n in self._takers.get(token, ()) if job.executor in n.executors]
-        counts[Gate.TOKEN] = self._n_by_executor[job.executor] - len(takers)
-        eligible = 0
-        for node in takers:
-            gate = first_failed_gate(node, job, ban_below=self.ban_below)
-            if gate is None:
-                eligible += 1
-            else:
-                counts[gate] += 1
-        return WhyNot(job.job_id, len(self._nodes), eligible, MappingProxyType(counts), token)
+        pool = self._nodes.values() if token is None else self._takers.get(token, ())
+        nodes = [n for n in pool if n.state == INDEXED and job.executor in n.executors]
+        if token is not None:
+            counts[Gate.TOKEN] = self._n_by_executor[job.executor] - len(nodes)
+        total = len(self._nodes)
+        return explain_nodes(job, nodes, counts, total=total, ban_below=self.ban_below)
 
     def _best_holder(
         self, group: list[Bucket], job: JobRequirements, image: str, best: Entry
@@ -342,6 +347,7 @@ class MatchingEngine:
                     or node.free_ram_mib < ram
                     or node.free_disk_mib < disk
                     or (excluded and node.node_id in excluded)
+                    or driver_gate(node, job) is not None
                 ):
                     continue
                 if found is None or entry < found:
@@ -356,8 +362,8 @@ class MatchingEngine:
         job's exact cores or RAM decide; elsewhere prices are counted by bisection. A job
         paid in a token: one pass over the nodes with a floor in it.
         """
-        if job.token is not None:
-            return self._explain_in_token(job, job.token)
+        if job.token is not None or job.min_cuda or job.min_compute_capability:
+            return self._explain_by_node(job, job.token)
         counts = dict.fromkeys(Gate, 0)
         counts[Gate.REPUTATION] = self._n_banned
         counts[Gate.SLOTS] = self._n_full

@@ -26,6 +26,8 @@ class IndexedNode:
     __slots__ = (
         "capacity",
         "claims",
+        "compute_capability",
+        "cuda",
         "entries",
         "executors",
         "free_cores",
@@ -65,6 +67,8 @@ class IndexedNode:
         self.reputation = capacity.reputation
         self.suspended = capacity.suspended
         self.images = capacity.images
+        self.cuda = capacity.cuda
+        self.compute_capability = capacity.compute_capability
         self.recount()
 
     def recount(self) -> None:
@@ -94,6 +98,8 @@ class IndexedNode:
             jobs=frozenset(self.claims),
             images=self.images,
             price_floors=self.price_floors,
+            cuda=self.cuda,
+            compute_capability=self.compute_capability,
         )
 
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from gridmarket.cuda import Version
 from gridmarket.tiers import CPU_ONLY, Tier
 from gridmarket.wire import ExecutorKind
 
@@ -65,6 +66,8 @@ class Gate(StrEnum):
     GPU_COUNT = "gpu_count"  # fewer free GPUs than asked
     GPU_MODEL = "gpu_model"  # model not in the job's allowed list
     VRAM = "vram"  # per-GPU VRAM below the job's minimum
+    CUDA = "cuda"  # the driver's CUDA version below the job's minimum, or unknown
+    COMPUTE_CAPABILITY = "compute_capability"  # below the job's minimum, or unknown
     CPU_CORES = "cpu_cores"
     RAM = "ram"
     PRICE = "price"  # node's floor (in the job's currency) above the job's offered price
@@ -82,13 +85,18 @@ class GpuSpec:
     """The GPUs of a node: ``count`` cards of one model (tier key) with ``vram_mib`` each.
 
     ``speed`` is the tier's relative speed (:attr:`gridmarket.tiers.Tier.speed`); it is carried
-    here so that guessed tiers rank with the numbers they were given.
+    here so that guessed tiers rank with the numbers they were given. ``cuda`` is the highest
+    CUDA version the node's driver supports and ``compute_capability`` the lowest of its GPUs,
+    ``(major, minor)``; None when the node did not say (an old agent, or NVML could not tell):
+    such a node is not matched to a job that requires them.
     """
 
     model: str
     vram_mib: int
     count: int
     speed: float
+    cuda: Version | None = None
+    compute_capability: Version | None = None
 
     def __post_init__(self) -> None:
         _check(bool(self.model), "GPU model must not be empty")
@@ -159,6 +167,14 @@ class NodeCapacity:
     def speed(self) -> float:
         return CPU_ONLY.speed if self.gpu is None else self.gpu.speed
 
+    @property
+    def cuda(self) -> Version | None:
+        return None if self.gpu is None else self.gpu.cuda
+
+    @property
+    def compute_capability(self) -> Version | None:
+        return None if self.gpu is None else self.gpu.compute_capability
+
 
 @dataclass(frozen=True, slots=True)
 class JobRequirements:
@@ -171,7 +187,8 @@ class JobRequirements:
     among nodes that fit equally well, one that has it cached ranks first (no pull).
     ``token`` is the (checksummed) address of the ERC-20 the job is paid in, ``None`` for ETH;
     for a token job ``max_price_wei_per_hour`` is in that token's smallest units and only nodes
-    with a floor for it can take the job.
+    with a floor for it can take the job. ``min_cuda`` and ``min_compute_capability``
+    (``(major, minor)``, GPU jobs only) are met only by nodes that report at least those.
     """
 
     job_id: str
@@ -187,6 +204,8 @@ class JobRequirements:
     excluded_node_ids: frozenset[str] = field(default_factory=frozenset)
     image: str | None = None
     token: str | None = None
+    min_cuda: Version | None = None
+    min_compute_capability: Version | None = None
 
     def __post_init__(self) -> None:
         _check(bool(self.job_id), "job_id must not be empty")
@@ -195,6 +214,10 @@ class JobRequirements:
         _check(
             self.gpu_count > 0 or (self.min_vram_mib == 0 and not self.gpu_models),
             "min_vram_mib and gpu_models need gpu_count > 0",
+        )
+        _check(
+            self.gpu_count > 0 or (self.min_cuda is None and self.min_compute_capability is None),
+            "min_cuda and min_compute_capability need gpu_count > 0",
         )
         _check(self.gpu_models is None or bool(self.gpu_models), "gpu_models must not be empty")
         _check(self.cpu_cores > 0, "cpu_cores must be positive")

@@ -6,10 +6,13 @@ See :mod:`scheduler.matching.engine` for the order of the gates and of the rank.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
+from gridmarket.cuda import Version, version_text
 from gridmarket.tiers import vram_class
 from gridmarket.wire import ExecutorKind
 
@@ -75,6 +78,10 @@ class NodeLike(Protocol):
     def images(self) -> frozenset[str]: ...
     @property
     def price_floors(self) -> Mapping[str, int]: ...
+    @property
+    def cuda(self) -> Version | None: ...
+    @property
+    def compute_capability(self) -> Version | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +105,26 @@ class NodeView:
     jobs: frozenset[str] = frozenset()
     images: frozenset[str] = frozenset()
     price_floors: Mapping[str, int] = field(default_factory=dict)
+    cuda: Version | None = None
+    compute_capability: Version | None = None
+
+
+def driver_gate(node: NodeLike, job: JobRequirements) -> Gate | None:
+    """The CUDA or compute capability gate ``node`` fails for ``job`` (None: it passes, or the
+    job requires neither). A node that did not report the value fails it (unknown)."""
+    need = job.min_cuda
+    if need is not None and (node.cuda is None or node.cuda < need):
+        return Gate.CUDA
+    need = job.min_compute_capability
+    if need is not None and (node.compute_capability is None or node.compute_capability < need):
+        return Gate.COMPUTE_CAPABILITY
+    return None
+
+
+def driver_value(node: NodeLike, gate: Gate) -> str:
+    """What ``node`` reports for a driver gate, ``"11.8"`` or ``"unknown"``."""
+    value = node.cuda if gate is Gate.CUDA else node.compute_capability
+    return "unknown" if value is None else version_text(value)
 
 
 def floor_for(node: NodeLike, job: JobRequirements) -> int | None:
@@ -128,6 +155,10 @@ def first_failed_gate(node: NodeLike, job: JobRequirements, *, ban_below: float)
         return Gate.GPU_MODEL
     if g and node.vram_mib < job.min_vram_mib:
         return Gate.VRAM
+    if g and (job.min_cuda or job.min_compute_capability):
+        gate = driver_gate(node, job)
+        if gate is not None:
+            return gate
     if node.free_cores < job.cpu_cores:
         return Gate.CPU_CORES
     if node.free_ram_mib < job.ram_mib:
@@ -206,6 +237,8 @@ class WhyNot:
 
     ``top_gate`` is the gate that eliminated the most nodes (ties: earlier gate), ``None`` when
     no node is registered at all. ``token``: the ERC-20 the job is paid in (None: ETH).
+    ``reported``: for the ``cuda`` and ``compute_capability`` gates, what the job requires and
+    what the nodes they eliminated report, value -> count (``"unknown"``: not reported).
     """
 
     job_id: str
@@ -213,6 +246,15 @@ class WhyNot:
     eligible: int
     eliminated: Mapping[Gate, int]
     token: str | None = None
+    reported: Mapping[Gate, tuple[str, Mapping[str, int]]] = field(default_factory=dict)
+
+    def _driver_notes(self) -> str:
+        notes = []
+        for gate, (need, values) in self.reported.items():
+            what = "CUDA" if gate is Gate.CUDA else "compute capability"
+            seen = ", ".join(f"{v} ({n})" for v, n in sorted(values.items()))
+            notes.append(f"the job requires {what} >= {need}; nodes report {seen}")
+        return "".join(f"; {note}" for note in notes)
 
     @property
     def top_gate(self) -> Gate | None:
@@ -234,12 +276,42 @@ class WhyNot:
             return (
                 f"waiting: no node takes {symbol}: {self.eliminated[top]} of "
                 f"{self.total_nodes} name no {symbol} price floor (the job is paid in {symbol}); "
-                f"{parts}"
+                f"{parts}{self._driver_notes()}"
             )
         return (
             f"waiting: no node passes every gate; {top.value} eliminates the most "
-            f"({self.eliminated[top]} of {self.total_nodes}); {parts}"
+            f"({self.eliminated[top]} of {self.total_nodes}); {parts}{self._driver_notes()}"
         )
+
+
+def explain_nodes(
+    job: JobRequirements,
+    nodes: Iterable[NodeLike],
+    counts: dict[Gate, int],
+    *,
+    total: int,
+    ban_below: float,
+) -> WhyNot:
+    """:class:`WhyNot` for ``job`` by gating ``nodes`` one by one, adding to ``counts`` (what
+    the caller counted already); what the nodes failing the driver gates report is kept."""
+    eligible = 0
+    seen: dict[Gate, Counter[str]] = {}
+    for node in nodes:
+        gate = first_failed_gate(node, job, ban_below=ban_below)
+        if gate is None:
+            eligible += 1
+            continue
+        counts[gate] += 1
+        if gate is Gate.CUDA or gate is Gate.COMPUTE_CAPABILITY:
+            seen.setdefault(gate, Counter())[driver_value(node, gate)] += 1
+    reported: dict[Gate, tuple[str, Mapping[str, int]]] = {}
+    for gate, values in seen.items():
+        need = job.min_cuda if gate is Gate.CUDA else job.min_compute_capability
+        assert need is not None
+        reported[gate] = (version_text(need), MappingProxyType(dict(values)))
+    return WhyNot(
+        job.job_id, total, eligible, MappingProxyType(counts), job.token, MappingProxyType(reported)
+    )
 
 
 @dataclass(frozen=True, slots=True)
