@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gridmarket import spot
 from gridmarket.amounts import AmountError, parse_whole
+from gridmarket.cuda import parse_version
 from gridmarket.escrow import (
     FLAG_ON_VERIFY,
     FLAG_SPOT,
@@ -630,7 +631,23 @@ def quote_fits(req: QuoteRequest, node: dict[str, Any]) -> bool:
             return False
         if req.gpu_models and node.get("tier") not in req.gpu_models:
             return False
+        for need, reported in (
+            (req.min_cuda, gpu.get("cuda_version")),
+            (req.min_compute_capability, gpu.get("compute_capability")),
+        ):
+            if need is not None and not _at_least(reported, need):
+                return False
     return True
+
+
+def _at_least(reported: object, need: str) -> bool:
+    """Whether a node's reported ``"major.minor"`` is at least ``need`` (unknown: no)."""
+    try:
+        return isinstance(reported, str) and parse_version(reported, major_max=99) >= parse_version(
+            need, major_max=99
+        )
+    except ValueError:
+        return False
 
 
 class AddressRequest(BaseModel):

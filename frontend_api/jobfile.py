@@ -50,6 +50,9 @@ from gridmarket.wire import JobSpec
 
 from .forms import parse_policy, spec_error
 
+VERSION_FIELDS = ("min_cuda", "min_compute_capability")
+"""``resources`` fields written ``"major.minor"``: quoted, or YAML would read a number."""
+
 SUBMISSION_FIELDS = (
     "dataset",
     "module",
@@ -200,6 +203,14 @@ def load_job_file(path: Path) -> JobFile:
             verification = parse_policy(verification).name
         except ValueError as exc:
             raise JobFileError(f"{path}: {exc}") from None
+    resources = spec.get("resources")
+    for key in VERSION_FIELDS:
+        value = resources.get(key) if isinstance(resources, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            raise JobFileError(
+                f'{path}: resources.{key}: write the version quoted, as "major.minor" '
+                f"(YAML reads an unquoted {value} as a number, and 12.10 as 12.1)"
+            )
     if "spot" in spec:
         raise JobFileError(
             f"{path}: spot: the seed is drawn at submission, not written in the file: "

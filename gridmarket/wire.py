@@ -389,6 +389,8 @@ class QuoteRequest(BaseModel):
     gpu_count: int = Field(0, ge=0, le=16)
     min_vram_mib: int = Field(0, ge=0, le=1024 * 1024)
     gpu_models: list[str] | None = Field(None, max_length=32)
+    min_cuda: CudaVersion | None = None
+    min_compute_capability: ComputeCapability | None = None
     cpu_cores: int = Field(1, ge=1, le=512)
     ram_mib: int = Field(512, ge=16, le=8 * 1024 * 1024)
     disk_mib: int = Field(0, ge=0, le=64 * 1024 * 1024)
@@ -410,8 +412,10 @@ class QuoteRequest(BaseModel):
         unknown = [m for m in self.gpu_models or [] if m not in TIERS]
         if unknown:
             return "gpu_models", f"unknown GPU tiers {unknown}"
-        if self.gpu_count == 0 and (self.min_vram_mib or self.gpu_models):
-            return "gpu_count", "min_vram_mib and gpu_models need gpu_count > 0"
+        if self.gpu_count == 0 and (
+            self.min_vram_mib or self.gpu_models or self.min_cuda or self.min_compute_capability
+        ):
+            return "gpu_count", "GPU requirements (VRAM, models, CUDA) need gpu_count > 0"
         return None
 
     @property

@@ -78,6 +78,8 @@
       min_vram_mib: Math.round(num("vram") * 1024),
     };
     if (models.length) resources.gpu_models = models;
+    if ($("min-cuda").value.trim()) resources.min_cuda = $("min-cuda").value.trim();
+    if ($("min-cc").value.trim()) resources.min_compute_capability = $("min-cc").value.trim();
     if ($("region").value) resources.region = $("region").value;
     const spec = {
       name: $("name").value.trim() || "job",
@@ -260,6 +262,8 @@
       gpu_count: spec.resources.gpu_count,
       min_vram_mib: spec.resources.min_vram_mib,
       gpu_models: spec.resources.gpu_models || null,
+      min_cuda: spec.resources.min_cuda || null,
+      min_compute_capability: spec.resources.min_compute_capability || null,
       cpu_cores: spec.resources.cpu_cores,
       ram_mib: spec.resources.ram_mib,
       disk_mib: spec.resources.disk_mib,
@@ -434,7 +438,7 @@
   form.addEventListener("input", (e) => {
     clearError(e.target);
     if (["bounty", "collateral"].includes(e.target.id)) showTerms();
-    if (["cpu", "ram", "disk", "gpus", "vram", "timeout"].includes(e.target.id)) scheduleQuote();
+    if (["cpu", "ram", "disk", "gpus", "vram", "min-cuda", "min-cc", "timeout"].includes(e.target.id)) scheduleQuote();
   });
   form.addEventListener("submit", fund);
   showCurrency();
