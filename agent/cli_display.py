@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
 
+    from agent.hardware import HardwareReport
+
 log = logging.getLogger("agent")
 
 
@@ -62,6 +64,20 @@ def detect_payload(config: AgentConfig) -> dict[str, Any]:
     payload["gpu_offer"] = None if offer is None else offer.model_dump(mode="json")
     payload["gpu_jobs"] = problem or ("yes" if offer is not None else "no GPU detected")
     return payload
+
+
+def gpu_jobs_note(config: AgentConfig, report: HardwareReport) -> str | None:
+    """Why this machine's GPUs are not offered (``status``), or None: no GPUs, or offered.
+    Asks the Docker engine (a ping, its runtimes) only when there are GPUs."""
+    from agent.capacity import gpu_offer, usable_executors
+
+    if not report.gpus:
+        return None
+    try:
+        kinds, _ = usable_executors(config)
+    except ConfigError:
+        kinds = []
+    return gpu_offer(config, report, kinds)[1]
 
 
 def detect_lines(payload: dict[str, Any]) -> list[tuple[str, str]]:

@@ -35,6 +35,7 @@ from agent.cli import read_password, run_daemon
 from agent.cli_display import (
     detect_lines,
     detect_payload,
+    gpu_jobs_note,
     print_detect_table,
     setup_logging,
 )
@@ -337,6 +338,11 @@ def status(
     if response.status_code != 200:
         raise CliError(f"the scheduler answered {response.status_code}: {response.text[:200]}")
     node = response.json()
+    from agent.hardware import detect_hardware
+
+    note = gpu_jobs_note(config, detect_hardware(config.work_dir))
+    if note is not None and isinstance(node, dict):  # what the scheduler cannot know
+        node["gpu_jobs"] = f"no GPUs offered: {note}"
     if as_json or not _is_terminal():
         typer.echo(json.dumps(node, indent=2))
         return

@@ -24,7 +24,7 @@ import pynvml
 import pytest
 
 from agent.capacity import gpu_offer, node_capacity, nvidia_runtime_problem
-from agent.cli_display import detect_lines, detect_payload
+from agent.cli_display import detect_lines, detect_payload, gpu_jobs_note
 from agent.config import AgentConfig, load_config
 from agent.hardware import GpuProbeError, HardwareReport, NvmlProbe, detect_hardware
 from devstack.dockerd import Dockerd
@@ -263,3 +263,11 @@ def test_detect_says_whether_gpu_jobs_can_run(tmp_path: Path) -> None:
         assert payload["gpu_offer"] is None and "Docker" in lines["gpu jobs"]
     else:
         assert lines["gpu jobs"] == "no GPU detected" and payload["gpu_offer"] is None
+
+
+def test_status_says_why_gpus_are_not_offered(tmp_path: Path, dockerd: Dockerd) -> None:
+    report = report_of(FakeNvml(WORKSTATION), tmp_path)
+    note = gpu_jobs_note(config(tmp_path, dockerd.host), report)
+    assert note is not None and "has no NVIDIA runtime" in note
+    cpu_only = detect_hardware(tmp_path, probes=[])
+    assert gpu_jobs_note(config(tmp_path, dockerd.host), cpu_only) is None
