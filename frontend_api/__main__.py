@@ -6,19 +6,22 @@ Settings come from the environment (``GRIDMARKET_FRONTEND_*``, see
 
 from __future__ import annotations
 
-from frontend_api.app import create_app
+from frontend_api.app import conn_limits, create_app
 from frontend_api.settings import Settings
+from gridmarket.conn_guard import guarded_protocol
 from gridmarket.serving import serve
 
 
 def main(argv: list[str] | None = None) -> None:
+    settings = Settings()
     serve(
         "python -m frontend_api",
         __doc__,
         8800,
-        lambda: create_app(Settings()),
+        lambda: create_app(settings),
         argv,
         timeout_graceful_shutdown=3,  # live job streams would otherwise hold a stop
+        http=guarded_protocol(conn_limits(settings)),  # slow clients: gridmarket/conn_guard.py
     )
 
 

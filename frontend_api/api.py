@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -24,7 +23,7 @@ from gridmarket.escrow import job_id as compute_job_id
 from gridmarket.tiers import REGIONS, TIERS
 from gridmarket.wire import QuoteRequest, SpotReveal
 
-from .backend import ON_VERIFY_TRUST, Backend, dumps
+from .backend import ON_VERIFY_TRUST, Backend
 from .currency import ETH_CURRENCY, Currency
 from .format import duration, parse_eth
 from .forms import (
@@ -44,11 +43,11 @@ from .forms import (
     spot_p,
     verification_name,
 )
+from .live import JobFeeds, stream_response
 from .records import NotFoundError, Payout, hexstr
 from .scheduler import SchedulerError
 from .values import parse_address, parse_bytes32
 from .waits import client_of
-from .web import env
 
 router = APIRouter(prefix="/api", tags=["api"])
 
@@ -319,67 +318,14 @@ async def reveal_spot(job_id: str, body: SpotReveal, b: BackendDep) -> dict[str,
 
 
 @router.get("/jobs/{job_id}/stream")
-async def job_stream(job_id: str, request: Request, b: BackendDep) -> StreamingResponse:
+async def job_stream(job_id: str, request: Request) -> StreamingResponse:
     """Server-sent events: ``job`` with the job's view (and its live HTML fragment) each time it
-    changes, ``end`` once it can no longer change. The scheduler and the chain are polled every
-    ``stream_poll_s``."""
+    changes, ``end`` once it can no longer change. One producer per job reads the scheduler and
+    the chain every ``stream_poll_s`` for all its streams (:mod:`frontend_api.live`); a client
+    holds at most ``streams_per_client`` streams (429 past it)."""
     jid = _job_id(job_id)
-    client = client_of(request)
-    b.waits.acquire(client)  # a stream is a waiting request: released when it ends
-
-    async def events() -> AsyncIterator[str]:
-        try:
-            async for chunk in _events():
-                yield chunk
-        finally:
-            b.waits.release(client)
-
-    async def _events() -> AsyncIterator[str]:
-        started = time.monotonic()
-        last = ""
-        template = env.get_template("_job_live.html")
-        yield "retry: 2000\n\n"
-        while time.monotonic() - started < b.settings.stream_max_s:
-            if await request.is_disconnected():
-                return
-            try:
-                await b.refresh()
-                view = await b.job_view(jid)
-            except NotFoundError as exc:
-                view = {"job_id": jid, "missing": str(exc)}
-            except Exception as exc:  # the chain hiccuped: say so, keep polling
-                view = {"job_id": jid, "error": f"{type(exc).__name__}: {exc}"}
-            key = dumps(_stable(view))
-            if key != last:
-                last = key
-                payload: dict[str, Any] = {
-                    "view": view,
-                    "html": template.render(view=view, b=b) if "state" in view else None,
-                }
-                yield f"event: job\ndata: {json.dumps(payload, default=str)}\n\n"
-                if view.get("final"):
-                    yield "event: end\ndata: {}\n\n"
-                    return
-            else:
-                yield ": ping\n\n"
-            await asyncio.sleep(b.settings.stream_poll_s)
-
-    return StreamingResponse(
-        events(),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
-
-
-def _stable(view: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a job view whose change is worth a push (not lease renewals)."""
-    out = {k: v for k, v in view.items() if k not in ("chain_time",)}
-    sched = out.get("scheduler")
-    if isinstance(sched, dict):
-        out["scheduler"] = {
-            k: v for k, v in sched.items() if k not in ("lease_expires", "updated_at")
-        }
-    return out
+    feeds: JobFeeds = request.app.state.feeds
+    return stream_response(feeds.open(jid, client_of(request)))
 
 
 @router.get("/tx/{tx_hash}")

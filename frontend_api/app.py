@@ -19,12 +19,14 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gridmarket.chain import ChainError
+from gridmarket.conn_guard import ConnLimits
 from gridmarket.http_guard import GuardLimits, RequestGuard
 from gridmarket.ipfs import IpfsError
 
-from . import __version__, api, pages, uploads
+from . import __version__, api, joblogs, pages, uploads
 from .backend import Backend
 from .forms import FieldError
+from .live import JobFeeds
 from .records import NotFoundError
 from .scheduler import SchedulerError
 from .security import BrowserGuard
@@ -50,6 +52,19 @@ def guard_limits(settings: Settings) -> GuardLimits:
     )
 
 
+def conn_limits(settings: Settings) -> ConnLimits:
+    """Open connections per client, header and body timeouts (:mod:`gridmarket.conn_guard`)."""
+    return ConnLimits(
+        per_client=settings.conn_per_client,
+        exempt=frozenset(settings.rate_limit_exempt),  # a reverse proxy on this host
+        header_timeout_s=settings.header_timeout_s,
+        max_header_bytes=settings.max_header_bytes,
+        body_timeout_s=settings.body_timeout_s,
+        body_min_bytes_per_s=settings.body_min_bytes_per_s,
+        settings_hint="GRIDMARKET_FRONTEND_CONN_PER_CLIENT / _HEADER_TIMEOUT_S / _BODY_TIMEOUT_S",
+    )
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The app; its :class:`~frontend_api.backend.Backend` is built when the app starts."""
     settings = settings or Settings()
@@ -58,6 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         backend = Backend(settings)
         app.state.backend = backend
+        app.state.feeds = feeds = JobFeeds.of(backend)
         use_currencies(backend.currencies)
         await backend.refresh(force=True)
         log.info(
@@ -69,6 +85,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            for feed in list(feeds.feeds.values()):
+                if feed.task is not None:
+                    feed.task.cancel()
             await backend.aclose()
 
     app = FastAPI(
@@ -86,6 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestGuard, limits=guard_limits(settings))
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     app.include_router(api.router)
+    app.include_router(joblogs.router)
     app.include_router(uploads.router)
     app.include_router(pages.router)
 

@@ -39,6 +39,12 @@ class Settings(BaseSettings):
     stream_max_s: float = Field(
         600.0, gt=0, description="a live stream closes after this long (the browser reconnects)"
     )
+    streams_per_client: int = Field(
+        8, ge=1, description="live job streams one client address holds open (429 past it)"
+    )
+    stream_ping_s: float = Field(
+        15.0, gt=0, description="a live stream without news sends a comment line this often"
+    )
     upload_max_bytes: int = Field(256 * 1024**2, ge=1, description="dataset or module upload cap")
     download_max_bytes: int = Field(1024**3, ge=1, description="cap on what the IPFS proxy serves")
 
@@ -56,7 +62,7 @@ class Settings(BaseSettings):
         64, ge=1, description="threads for blocking waits (IPFS reads), apart from page work"
     )
     waits_per_client: int = Field(
-        8, ge=1, description="waiting requests (IPFS, receipts, streams) per client at once"
+        8, ge=1, description="waiting requests (IPFS reads, receipts) per client at once"
     )
 
     # request limits (gridmarket/http_guard.py; docs/operator.md)
@@ -71,6 +77,21 @@ class Settings(BaseSettings):
     rate_limit_exempt: list[str] = Field(
         default_factory=lambda: ["127.0.0.1", "::1"],
         description="client addresses never rate-limited",
+    )
+
+    # slow clients (gridmarket/conn_guard.py; docs/frontend.md); 0 turns one off
+    conn_per_client: int = Field(
+        16, ge=0, description="open connections per client address (429 past it)"
+    )
+    header_timeout_s: float = Field(
+        10.0, ge=0, description="a request's line and headers must arrive within this (408)"
+    )
+    max_header_bytes: int = Field(65536, ge=0, description="request line and headers (431)")
+    body_timeout_s: float = Field(
+        30.0, ge=0, description="a request body's time, plus 1 s per body_min_bytes_per_s (408)"
+    )
+    body_min_bytes_per_s: float = Field(
+        65536.0, ge=0, description="the slowest body rate accepted past body_timeout_s"
     )
 
     @field_validator("scheduler_url", "rpc_url")

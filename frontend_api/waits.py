@@ -1,11 +1,12 @@
-"""Requests that wait (IPFS reads of CIDs nobody may have, transaction receipts, live streams)
+"""Requests that wait (IPFS reads of CIDs nobody may have, transaction receipts)
 must not hold the threads that every page needs.
 
 :class:`Waits` runs such blocking calls on a pool of their own (``wait_threads``), and allows
 each client address at most ``per_client`` waiting requests at once (429 past it, with
 ``Retry-After``): one client cannot fill the pool, and the default pool that renders pages and
-reads the chain index stays free. Waiting on a receipt and between stream polls happens on the
-event loop (``asyncio.sleep``), holding no thread at all.
+reads the chain index stays free. Waiting on a receipt happens on the event loop
+(``asyncio.sleep``), holding no thread at all. Live job streams have their own cap
+(:mod:`frontend_api.live`).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ class Waits:
         if n >= self.per_client:
             raise HTTPException(
                 429,
-                f"{client} already has {n} requests waiting (IPFS reads, transaction receipts, "
-                f"live job streams); at most {self.per_client} at once",
+                f"{client} already has {n} requests waiting (IPFS reads, transaction "
+                f"receipts); at most {self.per_client} at once",
                 headers={"Retry-After": "2"},
             )
         self._active[client] = n + 1
