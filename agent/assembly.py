@@ -72,6 +72,7 @@ def build_runner(
     def docker_executor() -> DockerExecutor:
         from agent.executors.docker import DockerExecutor, PullPolicy
         from gridmarket.images import load_docker_credentials
+        from gridmarket.registry_policy import RegistryPolicy
 
         auth = config.registry_auth_file
         pull = PullPolicy(
@@ -82,6 +83,7 @@ def build_runner(
             cache_bytes=config.image_cache_bytes,
             credentials=load_docker_credentials(auth) if auth is not None else {},
             state_file=config.work_dir.parent / "pulled-images.json",
+            registries=RegistryPolicy.of(config.pull_registries, "pull_registries"),
         )
         return DockerExecutor(
             docker_host=config.docker_host, owner=executor_owner(config, account), pull=pull

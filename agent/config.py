@@ -166,6 +166,12 @@ class AgentConfig(BaseSettings):
     registry_auth_file: Path | None = Field(
         None, description="a Docker config.json whose `auths` hold registry credentials"
     )
+    pull_registries: list[str] = Field(
+        default_factory=lambda: ["public"],
+        description="registries images are pulled from: `public` (any on public addresses "
+        "only) and host or host:port entries allowed whatever their address (e.g. a LAN "
+        "mirror); loopback, private, link-local and metadata addresses are otherwise refused",
+    )
 
     # the pull loop
     heartbeat_interval_s: float | None = Field(
@@ -292,6 +298,14 @@ class AgentConfig(BaseSettings):
         from gridmarket.wire import checksum
 
         return [checksum(v) for v in value]
+
+    @field_validator("pull_registries")
+    @classmethod
+    def _registries(cls, value: list[str]) -> list[str]:
+        from gridmarket.registry_policy import RegistryPolicy
+
+        RegistryPolicy.of(value, "pull_registries")  # ValueError naming a bad entry
+        return value
 
     @field_validator("executors")
     @classmethod

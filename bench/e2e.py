@@ -342,12 +342,15 @@ def transfer_rates(grid: LocalGrid, work: Path, mib: int, rounds: int) -> list[t
     return got
 
 
-def pull_times(work: Path, images: list[str]) -> list[tuple[str, int, float, float]]:
+def pull_times(
+    work: Path, images: list[str], registries: list[str]
+) -> list[tuple[str, int, float, float]]:
     """(image, unpacked bytes, first pull s, cached acquire s) on a fresh, empty dockerd, by
-    the agent's puller."""
+    the agent's puller (allowed ``registries``, as the grid's agents' ``pull_registries``)."""
     import docker
 
     from agent.executors._pull import ImagePuller, PullPolicy
+    from gridmarket.registry_policy import RegistryPolicy
 
     root = work / "bench-dockerd-cold"
     shutil.rmtree(root, ignore_errors=True)
@@ -355,7 +358,8 @@ def pull_times(work: Path, images: list[str]) -> list[tuple[str, int, float, flo
     with Dockerd(root) as engine:
         client = docker.DockerClient(base_url=engine.host)
         try:
-            puller = ImagePuller(client, PullPolicy(timeout_s=300))
+            allowed = RegistryPolicy.of(registries, "pull_registries")
+            puller = ImagePuller(client, PullPolicy(timeout_s=300, registries=allowed))
             for image in images:
                 started = time.monotonic()
                 puller.acquire(image)
@@ -490,7 +494,8 @@ def main() -> int:
             print("dockerd is not running here: this bench needs Docker jobs", file=sys.stderr)
             return 1
         images = [i for i in (grid.busybox_image, grid.python_image) if i is not None]
-        pulls = pull_times(args.work, images)  # before the grid's engine has pulled anything
+        # before the grid's engine has pulled anything
+        pulls = pull_times(args.work, images, grid.registries)
         bench = Bench(grid, args.work)
         bench.watcher.start()
         try:

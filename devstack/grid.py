@@ -6,7 +6,10 @@ end-to-end tests.
 Everything binds to 127.0.0.1, unless ``run_grid(bind_host=...)`` names another address of this
 host (a bridge's, :mod:`devstack.netns`): then the scheduler, the IPFS nodes' swarm and the
 registry (HTTPS, self-signed; dockerd told it is insecure) listen there, for agents in other
-network namespaces; anvil, the IPFS APIs and the front end stay on loopback.
+network namespaces; anvil, the IPFS APIs and the front end stay on loopback. Every party refuses
+image registries on such addresses unless they are listed, so the grid lists its registry by
+``host:port`` (:func:`registry_allowance`): the agents' ``pull_registries``, the scheduler's and
+the front end's ``image_registries``.
 
 Roles are anvil's dev accounts: 0 deployer/owner, 1 operator (the scheduler's key), 2 treasury,
 3-4 submitters, 5-9 providers, 10 the mediator. TestUSD (tUSD) is listed for bounties and minted
@@ -25,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import json
 import logging
 import os
 import secrets
@@ -156,6 +160,13 @@ class LocalGrid(DevRoles):
     def ipfs_daemon(self) -> IpfsDaemon:
         """The submitter's IPFS node (what ``ipfs`` talks to)."""
         return self.ipfs_swarm[SUBMITTER_IPFS]
+
+    @property
+    def registries(self) -> list[str]:
+        """The registries the grid's agents pull from, its scheduler and front end accept:
+        public ones, and the devnet's registry by its ``host:port`` (on loopback or a bridge
+        address, which every party refuses unless it is listed)."""
+        return registry_allowance(self.registry)
 
     def api(self, path: str) -> Any:
         r = httpx.get(self.scheduler.url + path, timeout=10)
@@ -305,6 +316,12 @@ def _registry(
     return registry, ref, python_ref
 
 
+def registry_allowance(registry: Registry | None) -> list[str]:
+    """``public`` and ``registry``'s ``host:port``: the allow-list of a devnet's parties
+    (agents' ``pull_registries``, the scheduler's and the front end's ``image_registries``)."""
+    return ["public", registry.host] if registry is not None else ["public"]
+
+
 def _frontend(work: Path, env: dict[str, str]) -> tuple[ManagedProcess | None, str | None]:
     if importlib.util.find_spec("frontend_api.app") is None:
         return None, None
@@ -379,6 +396,7 @@ def start_agent(
         "ram_mib": 2048,
         "poll_wait_s": 5,
         "executors": ["docker", "wasm"] if grid.dockerd else ["wasm"],
+        "pull_registries": grid.registries,
     }
     if grid.dockerd is not None:
         config["docker_host"] = grid.dockerd.host
@@ -584,6 +602,7 @@ def run_grid(
             "chain_poll_s": "0.1",
             "dispatch_tick_s": "0.1",
             "work_dir": str(work / "scheduler-work"),
+            "image_registries": json.dumps(registry_allowance(registry)),
         }
         settings.update(scheduler_overrides or {})
         scheduler = SchedulerProcess(
@@ -620,6 +639,9 @@ def run_grid(
                     "GRIDMARKET_FRONTEND_DEPLOYMENT_FILE": str(deployment_file),
                     "GRIDMARKET_FRONTEND_IPFS_API": ipfs_swarm[FRONTEND_IPFS].api_addr,
                     **({"GRIDMARKET_FRONTEND_REGISTRY": registry.host} if registry else {}),
+                    "GRIDMARKET_FRONTEND_IMAGE_REGISTRIES": json.dumps(
+                        registry_allowance(registry)
+                    ),
                 },
             )
             if frontend is not None:

@@ -548,6 +548,9 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
     checked = check_job(
         req, chain_now=b.chain_now(), params=params, currency=currency, min_bounty=least
     )
+    refused = b.settings.registry_policy().refusal(checked.spec.image or "")
+    if refused:  # a registry no agent would pull from (loopback, private, metadata, ...)
+        raise FieldError("spec.image", refused)
     await asyncio.to_thread(check_mediator, b, checked)
     spec_bytes = checked.spec.to_bytes()
     spec_cid = bytes_cid(spec_bytes)

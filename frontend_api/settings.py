@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gridmarket.registry_policy import RegistryPolicy
+
 
 class Settings(BaseSettings):
     """Where the front end finds the scheduler, the chain and IPFS, and a few limits.
@@ -26,7 +28,14 @@ class Settings(BaseSettings):
     registry: str | None = Field(
         None,
         description="the OCI registry (host[:port]) submitters' image tags resolve against: "
-        "advertised in /api/info, the CLI pins a tag to its digest there before funding",
+        "advertised in /api/info, the CLI pins a tag to its digest there before funding; "
+        "allowed for job images like the image_registries entries",
+    )
+    image_registries: list[str] = Field(
+        default_factory=lambda: ["public"],
+        description="registries a job's image may name: `public` (any but loopback, private, "
+        "link-local, metadata and other non-public addresses, judged by the name, without "
+        "DNS) and host or host:port entries allowed whatever their address",
     )
 
     request_timeout_s: float = Field(10.0, gt=0, description="one scheduler or RPC request")
@@ -100,6 +109,17 @@ class Settings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"must be an http(s) URL, got {value!r}")
         return value.rstrip("/")
+
+    @field_validator("image_registries")
+    @classmethod
+    def _registries(cls, value: list[str]) -> list[str]:
+        RegistryPolicy.of(value, "image_registries")  # ValueError naming a bad entry
+        return value
+
+    def registry_policy(self) -> RegistryPolicy:
+        """The registries a job's image may name: ``image_registries`` and ``registry``."""
+        extra = [self.registry] if self.registry else []
+        return RegistryPolicy.of([*self.image_registries, *extra], "image_registries")
 
     @field_validator("explorer_url", "public_base_url")
     @classmethod

@@ -38,6 +38,7 @@ __all__ = [
     "RegistryClient",
     "RegistryError",
     "RegistryUnavailableError",
+    "RegistryUnreachableError",
     "load_docker_credentials",
     "parse_image_ref",
     "parse_pinned",
@@ -83,6 +84,11 @@ class RegistryError(RuntimeError):
 
 class RegistryUnavailableError(RegistryError, OSError):
     """The registry could not be reached, timed out, or failed (5xx)."""
+
+
+class RegistryUnreachableError(RegistryUnavailableError):
+    """No connection to the registry at all: its name does not resolve, nothing listens there,
+    the connection or the TLS handshake failed (a read that timed out is not this)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,8 +356,10 @@ class RegistryClient:
                     stream=True,
                     allow_redirects=method == "GET",
                 )
+            except requests.ConnectionError as exc:
+                raise RegistryUnreachableError(f"registry {image.host} unreachable: {exc}") from exc
             except requests.RequestException as exc:
-                raise RegistryUnavailableError(f"registry {image.host} unreachable: {exc}") from exc
+                raise RegistryUnavailableError(f"registry {image.host} failed: {exc}") from exc
             if response.status_code != 401 or attempt > 0:
                 break
             challenge = response.headers.get("WWW-Authenticate", "")
@@ -374,8 +382,10 @@ class RegistryClient:
         auth = (creds.username, creds.password) if creds and creds.username else None
         try:
             response = self._session.get(realm, params=params, auth=auth, timeout=self.timeout)
+        except requests.ConnectionError as exc:
+            raise RegistryUnreachableError(f"token server {realm} unreachable: {exc}") from exc
         except requests.RequestException as exc:
-            raise RegistryUnavailableError(f"token server {realm} unreachable: {exc}") from exc
+            raise RegistryUnavailableError(f"token server {realm} failed: {exc}") from exc
         if response.status_code != 200:
             raise RegistryError(
                 f"registry {host}: the token server refused ({response.status_code})",

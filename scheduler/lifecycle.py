@@ -381,15 +381,20 @@ FAULTS: dict[RunReason, tuple[Fault, str]] = {
     RunReason.DATASET_ERROR: (Fault.JOB, "the dataset is missing, fails its CID or is over cap"),
     RunReason.WORKLOAD_ERROR: (
         Fault.JOB,
-        "image missing or invalid, WASM module missing or invalid; but a node that lacks the "
-        "executor or the GPUs it advertised is the node's fault",
+        "image missing or invalid, its registry unreachable, unknown or refused (loopback, "
+        "private, metadata addresses), WASM module missing or invalid; but a node that lacks "
+        "the executor or the GPUs it advertised, or refuses an image by its own policy (size "
+        "cap, registry list, credentials), is the node's fault",
     ),
     RunReason.TIMEOUT: (
         Fault.NODE_IF_IT_FITS,
         "not done within the job's time limit: the node's if another node does it in time; "
         "out of WASM fuel (the job's own budget) is the job's fault",
     ),
-    RunReason.AGENT_ERROR: (Fault.NODE, "the agent itself failed (IPFS down, engine gone, ...)"),
+    RunReason.AGENT_ERROR: (
+        Fault.NODE,
+        "the agent itself failed (IPFS down, engine gone, a pull past its time limit, ...)",
+    ),
     RunReason.CANCELLED: (Fault.NODE, "the agent stopped the run"),
     RunReason.SUCCEEDED: (Fault.NODE, "a success reported without an output CID"),
 }

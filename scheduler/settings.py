@@ -6,7 +6,7 @@ import secrets
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scheduler.chain.sender import BATCH_MAX_CALLS, BATCH_MAX_GAS
@@ -114,6 +114,13 @@ class Settings(BaseSettings):
         "own ([] : a replica that only serves the API). SQLite: both (one replica)",
     )
     work_dir: Path = Path(".run/scheduler-work")
+    image_registries: list[str] = Field(
+        default_factory=lambda: ["public"],
+        description="registries a job's image may name (else the job goes invalid at spec "
+        "intake): `public` (any but loopback, private, link-local, metadata and other non-public "
+        "addresses, judged by the name, without DNS) and host or host:port entries allowed "
+        "whatever their address (a devnet's registry)",
+    )
 
     # market
     base_rate_wei_per_hour: int = Field(10**14, ge=0)
@@ -150,3 +157,11 @@ class Settings(BaseSettings):
     metrics_token: SecretStr | None = Field(
         None, description="when set, /metrics needs 'Authorization: Bearer <token>'"
     )
+
+    @field_validator("image_registries")
+    @classmethod
+    def _registries(cls, value: list[str]) -> list[str]:
+        from gridmarket.registry_policy import RegistryPolicy
+
+        RegistryPolicy.of(value, "image_registries")  # ValueError naming a bad entry
+        return value

@@ -15,13 +15,23 @@ reference and without force: an image the operator also tagged keeps its tag, on
 (or a run of this agent is about to use) is skipped, and images the agent did not pull are never
 touched.
 
-Whose fault a refusal is (the scheduler's ``fault_of``): a reference that is not pinned, a digest
-the registry does not have, a registry that serves other bytes than the digest, are the job's
-(:class:`ImagePullError`, a :class:`~agent.errors.ImageNotFoundError`: ``workload_error``); an image
-over this node's cap or from a registry this node has no credentials for is refused with "this node
-does not run ..." (``workload_error``, counted as the node's: the job goes to another node); a
-registry that cannot be reached or a pull past the time limit is the node's
-(:class:`ImagePullUnavailableError`, an :class:`~agent.errors.ExecutorError`: ``agent_error``).
+Only registries the provider allows are spoken to (``PullPolicy.registries``, the agent's
+``pull_registries``: public registries by default, and the ones it lists; see
+:mod:`gridmarket.registry_policy`). The registry's name is resolved and every address checked
+before anything is sent; the manifest check connects only to an address it checked (redirects
+and token servers included). dockerd resolves the name again for its own pull.
+
+Whose fault a refusal is (the scheduler's ``fault_of``): a reference that is not pinned, a
+registry on a forbidden address (loopback, private, link-local, metadata, ...) or whose name does
+not resolve, one that cannot be reached (refused, connection or TLS failure), a digest the
+registry does not have, a registry that serves other bytes than the digest, are the job's
+(:class:`ImagePullError`, a :class:`~agent.errors.ImageNotFoundError`: ``workload_error``, the
+job fails at once); an image over this node's cap, a public registry this node's list leaves out,
+or one this node has no credentials for, is refused with "this node does not run ..."
+(``workload_error``, counted as the node's: the job goes to another node); a registry that fails
+(5xx) or is too slow, a pull past the time limit, a name this node cannot resolve just now, are
+the node's (:class:`ImagePullUnavailableError`, an :class:`~agent.errors.ExecutorError`:
+``agent_error``).
 """
 
 from __future__ import annotations
@@ -53,24 +63,27 @@ from gridmarket.images import (
     RegistryClient,
     RegistryError,
     RegistryUnavailableError,
+    RegistryUnreachableError,
     parse_image_ref,
     parse_pinned,
 )
+from gridmarket.registry_policy import RegistryPolicy, RegistryRefusedError, guarded_session
 
 log = logging.getLogger(__name__)
 
 GiB = 1024**3
 NODE_REFUSES = "this node does not run"  # the scheduler's marker of a node-side workload error
+_NO_SUCH_NAME = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
 
 
 class ImagePullError(ImageNotFoundError):
-    """The job's image cannot be had for a reason of the spec's (not pinned, unknown digest,
-    a registry that serves other bytes), or of this node's policy (the message then starts with
-    "this node does not run")."""
+    """The job's image cannot be had for a reason of the spec's (not pinned, a forbidden,
+    unknown or unreachable registry, an unknown digest, other bytes served), or of this node's
+    policy (the message then starts with "this node does not run")."""
 
 
 class ImagePullUnavailableError(ExecutorError):
-    """The registry could not be reached, failed, or the pull ran past the time limit."""
+    """The registry failed (5xx) or was too slow, or the pull ran past the time limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +97,9 @@ class PullPolicy:
     cache_bytes: int = 50 * GiB  # pulled images kept, by unpacked size; LRU beyond
     credentials: Mapping[str, Credentials] = field(default_factory=dict)  # by host[:port]
     state_file: Path | None = None  # remembers which images this agent pulled, across restarts
+    registries: RegistryPolicy = field(  # the registries spoken to (public ones by default)
+        default_factory=lambda: RegistryPolicy(setting="pull_registries")
+    )
 
     def __post_init__(self) -> None:
         if min(self.max_download_bytes, self.max_image_bytes, self.cache_bytes) <= 0:
@@ -230,6 +246,7 @@ class ImagePuller:
         started = time.monotonic()
         deadline = started + policy.timeout_s
         creds = policy.credentials.get(ref.host)
+        self._check_registry(ref)
         declared = self._declared_size(ref, creds, deadline)
         if declared > policy.max_download_bytes:
             raise ImagePullError(
@@ -256,12 +273,38 @@ class ImagePuller:
         self.evict(keep=str(ref))
         return str(image.id)
 
+    def _check_registry(self, ref: ImageRef) -> None:
+        """Refuse a registry the policy does not allow, by its name and its addresses."""
+        assert ref.host is not None
+        try:
+            self.policy.registries.addresses(ref.host)
+        except RegistryRefusedError as exc:
+            if exc.by_list:
+                raise ImagePullError(f"{NODE_REFUSES} images from {ref.host}: {exc.why}") from None
+            raise ImagePullError(f"cannot pull {ref}: {exc}") from None
+        except OSError as exc:  # socket.gaierror
+            if exc.errno in _NO_SUCH_NAME:
+                raise ImagePullError(
+                    f"cannot pull {ref}: registry {ref.host} does not resolve ({exc.strerror})"
+                ) from None
+            raise ImagePullUnavailableError(
+                f"cannot pull {ref}: this node cannot resolve {ref.host} now ({exc})"
+            ) from exc
+
     def _declared_size(self, ref: ImageRef, creds: Credentials | None, deadline: float) -> int:
         assert ref.host is not None
         timeout = max(1.0, min(30.0, deadline - time.monotonic()))
-        registry = RegistryClient({ref.host: creds} if creds else None, timeout=timeout)
+        registry = RegistryClient(
+            {ref.host: creds} if creds else None,
+            timeout=timeout,
+            session=guarded_session(self.policy.registries),
+        )
         try:
             return registry.download_size(ref)
+        except RegistryRefusedError as exc:  # a redirect or a token server somewhere forbidden
+            raise ImagePullError(f"cannot pull {ref}: {exc}") from None
+        except RegistryUnreachableError as exc:
+            raise ImagePullError(f"cannot pull {ref}: {exc}") from None
         except RegistryUnavailableError as exc:
             raise ImagePullUnavailableError(f"cannot pull {ref}: {exc}") from exc
         except RegistryError as exc:

@@ -15,10 +15,11 @@ and the locale set (:data:`FIXED_ENV`; the job's own ``env`` may override them, 
 same on every node), and the same user, limits and mounts everywhere.
 
 Images: one already in the engine runs as is. One that is not is pulled only when the job names
-it by digest (``host[:port]/name@sha256:<hex>``), within the :class:`PullPolicy`'s size cap and
-time limit, and checked against that digest; pulled images are kept in a cache with a size budget
-(least recently used evicted first). :mod:`agent.executors._pull` has the details, and whose fault
-each refusal is. ``PullPolicy(enabled=False)`` gives back the old behaviour: nothing is pulled.
+it by digest (``host[:port]/name@sha256:<hex>``) from a registry the :class:`PullPolicy` allows,
+within its size cap and time limit, and checked against that digest; pulled images are kept in a
+cache with a size budget (least recently used evicted first). :mod:`agent.executors._pull` has
+the details, and whose fault each refusal is. ``PullPolicy(enabled=False)`` gives back the old
+behaviour: nothing is pulled.
 """
 
 from __future__ import annotations

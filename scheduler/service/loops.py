@@ -24,7 +24,9 @@ from eth_account.signers.local import LocalAccount
 
 from gridmarket.chain import ChainError, Deployment, EscrowClient
 from gridmarket.cid import CidError, cid_matches
+from gridmarket.escrow import Job
 from gridmarket.ipfs import IpfsStore
+from gridmarket.registry_policy import RegistryPolicy
 from gridmarket.verify import Verdict, VerdictCode, verify_output
 from gridmarket.wire import MAX_SPEC_BYTES, JobSpec, RunReason
 from scheduler import lifecycle
@@ -326,6 +328,7 @@ class SpecFetcher:
         first_timeout_s: float = 1.0,
         timeout_s: float = 5.0,
         wake: Callable[[], None] = lambda: None,
+        registries: RegistryPolicy | None = None,
     ) -> None:
         if workers < 2:
             raise ValueError(f"workers must be at least 2, not {workers}")
@@ -335,6 +338,7 @@ class SpecFetcher:
         self.first_timeout_s = first_timeout_s
         self.timeout_s = timeout_s
         self.wake = wake
+        self.registries = registries or RegistryPolicy(setting="image_registries")
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="spec-fetch")
         self._lock = threading.Lock()
         self._in_flight: dict[str, bool] = {}  # job id -> is a retry
@@ -391,7 +395,7 @@ class SpecFetcher:
                     )
                     return
                 reason = f"{reason} (gave up after {tries} tries)"
-            refusal = "" if spec is None else intake_refusal(spec, job.chain.job) or ""
+            refusal = "" if spec is None else self._refusal(spec, job.chain.job)
             state = self.store.set_spec(job.job_id, spec, reason, refusal=refusal)
             why = reason if spec is None else refusal
             log.info(
@@ -403,6 +407,14 @@ class SpecFetcher:
             with self._lock:
                 self._in_flight.pop(job.job_id, None)
             self.wake()
+
+    def _refusal(self, spec: JobSpec, job: Job) -> str:
+        """Why a fetched spec is not offered: its spot terms, or an image on a registry no
+        agent would pull from (:mod:`gridmarket.registry_policy`); "" when it may be."""
+        image = self.registries.refusal(spec.image) if spec.image else None
+        if image is not None:
+            return f"{image}; not offered, the submitter can cancel"
+        return intake_refusal(spec, job) or ""
 
     def fetch(
         self, cid: str, *, timeout_s: float = 5.0, client: IpfsStore | None = None

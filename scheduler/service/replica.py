@@ -14,6 +14,7 @@ from eth_account.signers.local import LocalAccount
 
 from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.ipfs import IpfsStore
+from gridmarket.registry_policy import RegistryPolicy
 from gridmarket.token import Token, by_address, tokens_of
 from gridmarket.wire import checksum
 from scheduler.chain import FeePolicy
@@ -78,7 +79,12 @@ class Replica:
         self._verifier: Verifier | None = None
         self._wakes = Wakes()
         self.counters: dict[str, int] = {}
-        self.specs = SpecFetcher(self.store, self.ipfs, wake=lambda: self.wake("specs"))
+        self.specs = SpecFetcher(
+            self.store,
+            self.ipfs,
+            wake=lambda: self.wake("specs"),
+            registries=RegistryPolicy.of(settings.image_registries, "image_registries"),
+        )
         self.collateral = CollateralView(self.chain.free_collateral_at, settings.collateral_cache_s)
         """Providers' free collateral for the acceptance check, reused a moment
         (scheduler/collateral.py says why that is safe)."""

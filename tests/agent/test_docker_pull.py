@@ -34,6 +34,7 @@ from devstack.dockerd import Dockerd
 from devstack.images import ensure_busybox_image, push_image
 from devstack.registry import Registry
 from gridmarket.images import ACCEPT_MANIFESTS, Credentials, parse_pinned
+from gridmarket.registry_policy import RegistryPolicy
 
 MiB = 1024 * 1024
 PublishFn = Callable[[], str]
@@ -74,8 +75,14 @@ def publish(
     yield publish
 
 
-def executor(client: docker.DockerClient, tmp_path: Path, **policy: object) -> DockerExecutor:
-    return DockerExecutor(client, pull=PullPolicy(state_file=tmp_path / "pulled.json", **policy))  # type: ignore[arg-type]
+def executor(
+    client: docker.DockerClient, tmp_path: Path, allow: list[str], **policy: object
+) -> DockerExecutor:
+    """An executor that pulls from public registries and ``allow`` (``host:port``: the test's
+    registries are on loopback, which only a listed entry admits)."""
+    registries = RegistryPolicy(("public", *allow), "pull_registries")
+    pull = PullPolicy(state_file=tmp_path / "pulled.json", registries=registries, **policy)  # type: ignore[arg-type]
+    return DockerExecutor(client, pull=pull)
 
 
 def marker_job(image: str) -> ExecutionSpec:
@@ -208,11 +215,11 @@ def proxy(registry: Registry) -> Iterator[Proxy]:
 
 
 def test_pulls_by_digest_runs_and_reuses(
-    publish: PublishFn, agent_engine: docker.DockerClient, tmp_path: Path
+    publish: PublishFn, registry: Registry, agent_engine: docker.DockerClient, tmp_path: Path
 ) -> None:
     ref = publish()
     assert not present(agent_engine, ref)
-    ex = executor(agent_engine, tmp_path)
+    ex = executor(agent_engine, tmp_path, [registry.host])
 
     started = time.monotonic()
     result = ex.run(marker_job(ref), None, tmp_path / "out1")
@@ -249,7 +256,7 @@ def test_tag_reference_is_refused_as_the_jobs_fault(
         headers={"Accept": ACCEPT_MANIFESTS},
         timeout=5,
     ).ok
-    ex = executor(agent_engine, tmp_path)
+    ex = executor(agent_engine, tmp_path, [registry.host])
     for image in (tagged, repository, "gridmarket/nowhere:latest"):
         with pytest.raises(ImagePullError, match="not named by digest are never pulled"):
             ex.run(marker_job(image), None, tmp_path / "out")
@@ -263,7 +270,7 @@ def test_unknown_digest_is_refused(
 ) -> None:
     ref = publish()
     missing = ref.split("@")[0] + "@sha256:" + "0" * 64
-    ex = executor(agent_engine, tmp_path)
+    ex = executor(agent_engine, tmp_path, [registry.host])
     with pytest.raises(ImagePullError, match="not in registry") as info:
         ex.run(marker_job(missing), None, tmp_path / "out")
     assert "this node does not run" not in str(info.value)  # the job's fault, not the node's
@@ -281,7 +288,7 @@ def test_registry_serving_other_bytes_is_refused(
     proxy.swap[f"/v2/{wanted.name}/manifests/{wanted.digest}"] = (
         f"/v2/{other.name}/manifests/{other.digest}"
     )
-    ex = executor(agent_engine, tmp_path)
+    ex = executor(agent_engine, tmp_path, [proxy.host])
     with pytest.raises(ImagePullError, match=r"whose digest is .*: refused"):
         ex.run(marker_job(str(wanted)), None, tmp_path / "out")
     assert not present(agent_engine, str(wanted)) and not present(agent_engine, str(other))
@@ -293,7 +300,7 @@ def test_size_cap_refuses_before_pulling(
 ) -> None:
     ref = publish()
     name = parse_pinned(ref).name
-    ex = executor(agent_engine, tmp_path, max_download_bytes=200_000)
+    ex = executor(agent_engine, tmp_path, [registry.host], max_download_bytes=200_000)
     started = time.monotonic()
     with pytest.raises(ImagePullError, match=r"this node does not run images over 200000 bytes"):
         ex.run(marker_job(ref), None, tmp_path / "out")
@@ -303,10 +310,11 @@ def test_size_cap_refuses_before_pulling(
 
 
 def test_unpacked_cap_removes_the_image(
-    publish: PublishFn, agent_engine: docker.DockerClient, tmp_path: Path
+    publish: PublishFn, registry: Registry, agent_engine: docker.DockerClient, tmp_path: Path
 ) -> None:
     ref = publish()
-    ex = executor(agent_engine, tmp_path, max_image_bytes=1_000_000)  # busybox unpacks to ~2 MB
+    # busybox unpacks to ~2 MB
+    ex = executor(agent_engine, tmp_path, [registry.host], max_image_bytes=1_000_000)
     with pytest.raises(ImagePullError, match="over 1000000 bytes unpacked"):
         ex.run(marker_job(ref), None, tmp_path / "out")
     assert not present(agent_engine, ref) and ex.images.pulled_images() == {}
@@ -317,7 +325,7 @@ def test_time_limit_aborts_the_pull(
 ) -> None:
     ref = via(proxy, publish())
     proxy.trickle = 5000  # 5 kB/s: the ~1 MB layer would take minutes
-    ex = executor(agent_engine, tmp_path, timeout_s=3.0)
+    ex = executor(agent_engine, tmp_path, [proxy.host], timeout_s=3.0)
     started = time.monotonic()
     with pytest.raises(ImagePullUnavailableError, match="past the pull time limit of 3 s"):
         ex.run(marker_job(ref), None, tmp_path / "out")
@@ -336,7 +344,7 @@ def test_time_limit_holds_against_a_registry_that_never_answers(
     the registry answers: its blob reader takes no context; docs/platform.md.)"""
     ref = via(proxy, publish())
     proxy.hold = 20.0
-    ex = executor(agent_engine, tmp_path, timeout_s=2.0)
+    ex = executor(agent_engine, tmp_path, [proxy.host], timeout_s=2.0)
     started = time.monotonic()
     with pytest.raises(ImagePullUnavailableError, match="past the pull time limit of 2 s"):
         ex.run(marker_job(ref), None, tmp_path / "out")
@@ -349,7 +357,7 @@ def test_cancel_aborts_the_pull(
 ) -> None:
     ref = via(proxy, publish())
     proxy.trickle = 5000
-    ex = executor(agent_engine, tmp_path, timeout_s=60.0)
+    ex = executor(agent_engine, tmp_path, [proxy.host], timeout_s=60.0)
     cancel = threading.Event()
     threading.Timer(1.5, cancel.set).start()
     started = time.monotonic()
@@ -359,15 +367,19 @@ def test_cancel_aborts_the_pull(
     assert proxy.hung_up.wait(10)
 
 
-def test_unreachable_registry_is_the_nodes_problem(
+def test_an_unreachable_registry_is_the_jobs_fault(
     agent_engine: docker.DockerClient, tmp_path: Path
 ) -> None:
+    """Nothing listens there (a closed port, allowed by the list): every node would fail the
+    same way, so the job fails at once (issue 32, item 5), not the node."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     ref = f"127.0.0.1:{port}/gridmarket/gone@sha256:" + "1" * 64
-    with pytest.raises(ImagePullUnavailableError, match="unreachable"):
-        executor(agent_engine, tmp_path).run(marker_job(ref), None, tmp_path / "out")
+    ex = executor(agent_engine, tmp_path, [f"127.0.0.1:{port}"])
+    with pytest.raises(ImagePullError, match="unreachable") as info:
+        ex.run(marker_job(ref), None, tmp_path / "out")
+    assert "this node does not run" not in str(info.value)  # the job's fault
 
 
 def test_pulls_disabled_behaves_as_before(
@@ -384,12 +396,13 @@ def test_pulls_disabled_behaves_as_before(
 
 
 def test_cache_evicts_least_recently_used_pulled_images(
-    publish: PublishFn, agent_engine: docker.DockerClient, tmp_path: Path
+    publish: PublishFn, registry: Registry, agent_engine: docker.DockerClient, tmp_path: Path
 ) -> None:
     a, b, c, d = (publish() for _ in range(4))
     local = f"gridmarket/local-{uuid.uuid4().hex[:8]}:1"  # loaded by the operator: never evicted
     ensure_busybox_image(agent_engine, local, extra_files={"marker": b"local"})
-    ex = executor(agent_engine, tmp_path, cache_bytes=5 * MiB)  # two ~2 MB images fit, not three
+    # two ~2 MB images fit, not three
+    ex = executor(agent_engine, tmp_path, [registry.host], cache_bytes=5 * MiB)
 
     def run(ref: str) -> None:
         assert ex.run(marker_job(ref), None, tmp_path / f"out-{uuid.uuid4().hex}").ok
@@ -413,7 +426,7 @@ def test_cache_evicts_least_recently_used_pulled_images(
     assert present(agent_engine, local)  # never pulled by the agent: never touched
 
     # A restarted agent remembers what it pulled (and when it last used it).
-    again = executor(agent_engine, tmp_path, cache_bytes=5 * MiB)
+    again = executor(agent_engine, tmp_path, [registry.host], cache_bytes=5 * MiB)
     assert set(again.images.pulled_images()) == {a, d}
     assert {a, d} <= set(again.cached_images())
 
@@ -431,18 +444,18 @@ def test_basic_auth_registry(
         auth = {"username": "carol", "password": "open sesame"}
         ref = push_image(docker_client, locked.host, tag, auth_config=auth)
 
-        without = executor(agent_engine, tmp_path)
+        without = executor(agent_engine, tmp_path, [locked.host])
         with pytest.raises(ImagePullError, match=r"this node does not run images from .*"
                            "credentials"):  # fmt: skip
             without.run(marker_job(ref), None, tmp_path / "out0")
 
         bad = {locked.host: Credentials("carol", "x")}
-        wrong = executor(agent_engine, tmp_path, credentials=bad)
+        wrong = executor(agent_engine, tmp_path, [locked.host], credentials=bad)
         with pytest.raises(ImagePullUnavailableError, match="refused this node's credentials"):
             wrong.run(marker_job(ref), None, tmp_path / "out1")
 
         creds = {locked.host: Credentials("carol", "open sesame")}
-        result = executor(agent_engine, tmp_path, credentials=creds).run(
+        result = executor(agent_engine, tmp_path, [locked.host], credentials=creds).run(
             marker_job(ref), None, tmp_path / "out2"
         )
         assert result.ok, result
@@ -457,17 +470,17 @@ def test_token_auth_registry(
     pull both go through it."""
     ref = via(proxy, publish())
     proxy.token_login = ("dave", "tokens please")
-    without = executor(agent_engine, tmp_path)
+    without = executor(agent_engine, tmp_path, [proxy.host])
     with pytest.raises(ImagePullError, match=r"this node does not run images from .*token server"):
         without.run(marker_job(ref), None, tmp_path / "out0")
     creds = {proxy.host: Credentials("dave", "tokens please")}
-    result = executor(agent_engine, tmp_path, credentials=creds).run(
+    result = executor(agent_engine, tmp_path, [proxy.host], credentials=creds).run(
         marker_job(ref), None, tmp_path / "out1"
     )
     assert result.ok, result
     wrong = {proxy.host: Credentials("dave", "nope")}
     with pytest.raises(ImagePullUnavailableError, match="refused this node's credentials"):
-        executor(agent_engine, tmp_path, credentials=wrong).run(
+        executor(agent_engine, tmp_path, [proxy.host], credentials=wrong).run(
             marker_job(via(proxy, publish())), None, tmp_path / "out2"
         )
     name = parse_pinned(ref).name

@@ -74,6 +74,7 @@ def start_agent_on(
         "executors": ["docker", "wasm"],
         "docker_host": docker_host,
         "price_floor_wei_per_hour": price_floor_wei,
+        "pull_registries": grid.registries,  # the devnet's registry (loopback), explicitly
     }
     config_path = home / "agent.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=True))

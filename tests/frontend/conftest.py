@@ -16,6 +16,7 @@ close without moving the shared chain's clock.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import sys
@@ -238,6 +239,8 @@ def frontend_stack(
             "dispatch_tick_s": "0.05",
             "verify_timeout_s": "10",
             "work_dir": str(tmp / "sched-work"),
+            # the stack's registry is on loopback: accepted only because it is listed
+            "image_registries": json.dumps(["public", registry.host]),
         },
     )
     scheduler.start()

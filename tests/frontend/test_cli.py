@@ -127,6 +127,10 @@ def _start_docker_agent(
             "GRIDMARKET_AGENT_POLL_WAIT_S": "2",
             "GRIDMARKET_AGENT_BACKOFF_CAP_S": "2",
             "GRIDMARKET_AGENT_SLOTS": "2",
+            # the stack's registry, on loopback, explicitly
+            "GRIDMARKET_AGENT_PULL_REGISTRIES": json.dumps(
+                ["public", stack.get("/api/info").json()["registry"]]
+            ),
         }
     )
     agent = ManagedProcess(
