@@ -58,6 +58,11 @@ def capacities(draw: st.DrawFn, node_id: str) -> NodeCapacity:
     if gpu_choice is not None:
         model, vram = gpu_choice
         gpu = GpuSpec.from_tier(TIERS[model], vram_mib=vram, count=draw(st.sampled_from([1, 2, 4])))
+        gpu = replace(  # what its driver reported (None: an agent that did not say)
+            gpu,
+            cuda=draw(st.sampled_from([None, (11, 8), (12, 2), (12, 4), (12, 4)])),
+            compute_capability=draw(st.sampled_from([None, (7, 5), (8, 6), (8, 9), (8, 9)])),
+        )
     return NodeCapacity(
         node_id=node_id,
         region=draw(st.sampled_from(REGIONS)),
@@ -102,6 +107,8 @@ def jobs(draw: st.DrawFn) -> JobRequirements:
         max_price_wei_per_hour=draw(st.sampled_from([40, 100, 149, 150, 1000])),
         excluded_node_ids=frozenset(draw(st.lists(st.sampled_from(NODE_IDS), max_size=2))),
         token=draw(st.sampled_from([None, None, TUSD, EURC])),
+        min_cuda=draw(st.sampled_from([None, None, (12, 2), (12, 3)])) if g else None,
+        min_compute_capability=draw(st.sampled_from([None, None, (8, 0), (8, 9)])) if g else None,
     )
 
 
