@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gridmarket.joblogs import LogBatch, LogChunk, LogStream, clean_text
+from gridmarket.joblogs import MAX_CHUNKS, MAX_TEXT, LogBatch, LogChunk, LogStream, clean_text
 
 __all__ = ["LogShipper", "LogShipperSettings"]
 
@@ -101,9 +101,7 @@ class LogShipper:
         self.failed_batches = 0
         self._seq = 0
         self._closed = False
-        self._thread = threading.Thread(
-            target=self._loop, name=f"logs-{job_id[2:10]}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._loop, name=f"logs-{job_id[2:10]}", daemon=True)
         self._thread.start()
 
     def __enter__(self) -> LogShipper:
@@ -140,24 +138,39 @@ class LogShipper:
                 self.accepted += take
                 self._window_bytes += take
                 self._lines(stream, data[:take], now)
-            if self._pending >= self.s.flush_chars:
+            if self._pending >= self.s.flush_chars or len(self._chunks) >= MAX_CHUNKS:
                 self._cond.notify()
 
     def _lines(self, stream: LogStream, data: bytes, now: float) -> None:  # under _cond
+        """Cut ``data`` (after what is left of the stream's last line) into lines of at most
+        ``max_line`` bytes; whole lines read together share one chunk (up to ``MAX_TEXT``
+        characters), a piece of a longer line is a chunk of its own."""
         buf = self._partial[stream]
         buf += data
+        run: list[str] = []
         while True:
             cut = buf.find(b"\n")
             if cut < 0 and len(buf) < self.s.max_line:
-                return
+                break
             end = cut + 1 if 0 <= cut < self.s.max_line else self.s.max_line
-            self._add(stream, bytes(buf[:end]), now)
+            text = clean_text(bytes(buf[:end]))
             del buf[:end]
+            if text.endswith("\n") and sum(map(len, run)) + len(text) <= MAX_TEXT:
+                run.append(text)
+                continue
+            self._add(stream, "".join(run), now)
+            run = []
+            if text.endswith("\n") and len(text) <= MAX_TEXT:
+                run.append(text)
+            else:
+                self._add(stream, text, now)
+        self._add(stream, "".join(run), now)
 
-    def _add(self, stream: LogStream, data: bytes, now: float) -> None:  # under _cond
-        text = clean_text(data)
-        self._chunks.append(LogChunk(stream=stream, ts=now, text=text))
-        self._pending += len(text)
+    def _add(self, stream: LogStream, text: str, now: float) -> None:  # under _cond
+        for at in range(0, len(text), MAX_TEXT):  # escaping may have made it longer
+            piece = text[at : at + MAX_TEXT]
+            self._chunks.append(LogChunk(stream=stream, ts=now, text=piece))
+            self._pending += len(piece)
 
     def _note(self, text: str) -> None:  # under _cond
         self._chunks.append(LogChunk(stream="system", ts=self._clock(), text=text + "\n"))
@@ -174,7 +187,7 @@ class LogShipper:
             now = self._clock()
             for stream, buf in self._partial.items():
                 if buf:
-                    self._add(stream, bytes(buf), now)
+                    self._add(stream, clean_text(bytes(buf)), now)
                     buf.clear()
             if self.dropped_cap:
                 self._note(
@@ -189,7 +202,11 @@ class LogShipper:
         while True:
             with self._cond:
                 deadline = time.monotonic() + self.s.flush_s
-                while not self._closed and self._pending < self.s.flush_chars:
+                while (
+                    not self._closed
+                    and self._pending < self.s.flush_chars
+                    and len(self._chunks) < MAX_CHUNKS
+                ):
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
@@ -214,7 +231,7 @@ class LogShipper:
             return None
         chars = n = 0
         for chunk in self._chunks:
-            if n and (chars + len(chunk.text) > self.s.flush_chars or n >= 512):
+            if n and (chars + len(chunk.text) > self.s.flush_chars or n >= MAX_CHUNKS):
                 break
             chars += len(chunk.text)
             n += 1

@@ -6,6 +6,7 @@ from typing import Any
 
 import httpx
 
+from gridmarket.joblogs import JOB_LOGS
 from gridmarket.wire import API
 
 
@@ -84,6 +85,18 @@ class SchedulerClient:
         """A spot job's policy and reveal (``wire.SpotStatus``); None when the scheduler has
         none for it (404, or a scheduler without the endpoint)."""
         response = await self._request("GET", API.SPOT.format(job_id=job_id))
+        if response.status_code in (404, 405):
+            return None
+        data: dict[str, Any] = self._json(response)
+        return data
+
+    async def logs(self, job_id: str, after: int = 0) -> dict[str, Any] | None:
+        """A page of a job's live log lines (``gridmarket.joblogs.JOB_LOGS``) after the cursor
+        ``after``; None while the scheduler does not know the job (404, or a scheduler without
+        live logs)."""
+        response = await self._request(
+            "GET", JOB_LOGS.format(job_id=job_id), params={"after": after}
+        )
         if response.status_code in (404, 405):
             return None
         data: dict[str, Any] = self._json(response)

@@ -3,7 +3,7 @@
     gridmarket init               create (or import) the encrypted wallet keystore
     gridmarket submit job.yaml    upload its files, fund it from the keystore, print the job
     gridmarket status JOB         state on-chain and at the scheduler (--follow to watch)
-    gridmarket logs JOB           attempts and the last run's stdout/stderr
+    gridmarket logs JOB           attempts and log lines (-f follows them live)
     gridmarket get JOB|CID        download the output, checked against its CID
     gridmarket cancel JOB         take the bounty back before anyone is assigned
     gridmarket refund JOB         take the bounty back after the deadline
@@ -37,7 +37,7 @@ from gridmarket.cmdline import command_app, root_options
 from gridmarket.cmdline import friendly as cmdline_friendly
 from gridmarket.escrow import ZERO_ADDRESS
 
-from .format import ago, duration, eth, short, state_label, when
+from .format import ago, duration, eth, state_label, when
 from .submitter_client import (
     CliError,
     Frontend,
@@ -911,30 +911,22 @@ def status(
 @app.command()
 @friendly
 def logs(
-    ctx: typer.Context, job_id: Annotated[str, typer.Argument(help="the job id (0x...)")]
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(help="the job id (0x...)")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="print new lines until no run is left")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="seconds --follow waits at most")] = 86400.0,
 ) -> None:
-    """Every attempt (node, outcome) and the last run's stdout and stderr tails."""
-    opts = _opts(ctx)
-    jid = parse_job_id(job_id)
-    fe = Frontend(opts.url)
+    """Every attempt (node, outcome) and the job's log lines (time, attempt, node, stream);
+    a replicated job's per seat. ``-f`` follows them live (frontend_api/submitter_logs.py)."""
+    from .submitter_logs import show_logs
+
+    fe = Frontend(_opts(ctx).url)
     try:
-        view = fe.get(f"/api/jobs/{jid}")
+        show_logs(fe, parse_job_id(job_id), follow=follow, timeout=timeout, echo=typer.echo)
     finally:
         fe.close()
-    sched = view.get("scheduler") or {}
-    attempts = sched.get("attempts") or []
-    if not attempts:
-        typer.echo("no attempt yet")
-    for a in attempts:
-        typer.echo(
-            f"attempt {a['attempt']} on {a['node_id']} ({short(a['wallet'])}): "
-            f"{a.get('outcome') or 'running'} {a.get('detail') or ''}".rstrip()
-        )
-    result = sched.get("result") or {}
-    for name in ("stdout_tail", "stderr_tail"):
-        if result.get(name):
-            typer.echo(f"--- {name.removesuffix('_tail')}")
-            typer.echo(result[name].rstrip("\n"))
 
 
 @app.command()

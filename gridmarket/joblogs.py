@@ -19,10 +19,12 @@ __all__ = [
     "JOB_LOGS",
     "MAX_BATCH_CHARS",
     "MAX_CHUNKS",
+    "MAX_TEXT",
     "NODE_LOGS",
     "LogBatch",
     "LogChunk",
     "clean_text",
+    "split_lines",
 ]
 
 NODE_LOGS = "/v1/nodes/{node_id}/jobs/{job_id}/logs"
@@ -30,8 +32,10 @@ NODE_LOGS = "/v1/nodes/{node_id}/jobs/{job_id}/logs"
 JOB_LOGS = "/v1/jobs/{job_id}/logs"
 """GET ``?after=<id>&limit=<n>``: the stored log lines of a job, every attempt, oldest first."""
 
-MAX_CHUNKS = 512
-"""Chunks (lines) in one batch."""
+MAX_CHUNKS = 64
+"""Chunks in one batch."""
+MAX_TEXT = 4096
+"""Characters in one chunk (a run of whole lines, or a piece of a longer one)."""
 MAX_BATCH_CHARS = 64 * 1024
 """Characters of text in one batch, all chunks together (the agent ships at most 16 KiB)."""
 
@@ -46,15 +50,24 @@ def clean_text(data: bytes | str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
+def split_lines(text: str) -> list[str]:
+    """``text`` cut after each newline (kept); a last piece without one is kept too."""
+    return _LINES.findall(text)
+
+
+_LINES = re.compile(r"[^\n]*\n|[^\n]+")
+
+
 class LogChunk(BaseModel):
-    """A piece of one stream (usually one line, its newline kept), stamped by the agent when
-    it read it. ``system`` chunks are the agent's own notes (``[log truncated: ...]``)."""
+    """A piece of one stream (whole lines, newlines kept, or a piece of a longer line),
+    stamped by the agent when it read it. ``system`` chunks are the agent's own notes
+    (``[log truncated: ...]``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     stream: Literal["stdout", "stderr", "system"]
     ts: float = Field(ge=0, lt=2**40)
-    text: Annotated[str, StringConstraints(max_length=MAX_BATCH_CHARS)]
+    text: Annotated[str, StringConstraints(max_length=MAX_TEXT)]
 
 
 class LogBatch(BaseModel):

@@ -20,7 +20,14 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, status
 
-from gridmarket.joblogs import JOB_LOGS, MAX_BATCH_CHARS, NODE_LOGS, LogBatch, clean_text
+from gridmarket.joblogs import (
+    JOB_LOGS,
+    MAX_BATCH_CHARS,
+    NODE_LOGS,
+    LogBatch,
+    clean_text,
+    split_lines,
+)
 from scheduler.store import ConflictError
 from scheduler.store.logs import NotAssigneeError
 
@@ -94,9 +101,7 @@ async def post_logs(
             f"node {node_id} posts logs faster than {NODE_RATE_CHARS} characters a second",
             headers={"Retry-After": f"{max(1, round(wait))}"},
         )
-    chunks = [
-        {"stream": c.stream, "ts": c.ts, "text": clean_text(c.text)} for c in body.chunks
-    ]
+    chunks = [{"stream": c.stream, "ts": c.ts, "text": clean_text(c.text)} for c in body.chunks]
     try:
         stored = await asyncio.to_thread(
             store.add_logs,
@@ -136,10 +141,11 @@ async def get_logs(
             "seq": r["seq"],
             "stream": c.get("stream", "stdout"),
             "ts": c.get("ts", 0.0),
-            "text": c.get("text", ""),
+            "text": text,
         }
         for r in rows
         for c in r["chunks"]
+        for text in split_lines(str(c.get("text", "")))
     ]
     return {
         "job_id": job_id,

@@ -180,6 +180,16 @@ def test_submit_replicate_2_waits_for_every_seat_and_prints_the_verdict(
     for seat in seats:
         (payout,) = stack.get("/api/payouts", params={"job": seat}).json()["payouts"]
         assert payout["provider"] in providers
+    # logs per seat: each seat's attempts, and its WASM run's live stdout ("ok")
+    logs = gm(stack, home, "logs", seats[1])
+    assert logs.returncode == 0, logs.stderr
+    for n in range(2):
+        assert re.search(rf"^seat {n}: attempt 1 on n-\S+ .*: success", logs.stdout, re.M), (
+            logs.stdout
+        )
+        assert re.search(
+            rf"^[0-9:.]+  seat {n}  attempt 1  n-\S+  stdout  ok$", logs.stdout, re.M
+        ), logs.stdout
 
 
 def test_the_job_file_verification_key_and_bad_choices(
