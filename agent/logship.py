@@ -17,7 +17,8 @@ The job's output is hostile, so everything is bounded (docs/provider.md):
 ``feed`` only appends under a lock: it never waits on the network, so the job's output reader
 (and with it the job) never slows down because of the scheduler. Posts go through the node's
 session (its own connection from the pool, a short timeout), never the heartbeat thread; a
-failed post is retried ``retries`` times and then dropped: logs are best effort and the result
+failed post is retried ``retries`` times and then dropped (a refusal, 4xx, at once; after a 404
+or 405, a scheduler without live logs, nothing more is sent): logs are best effort and the result
 path does not depend on them.
 """
 
@@ -101,6 +102,7 @@ class LogShipper:
         self.failed_batches = 0
         self._seq = 0
         self._closed = False
+        self.disabled = False  # the scheduler has no live logs (404/405): nothing more is sent
         self._thread = threading.Thread(target=self._loop, name=f"logs-{job_id[2:10]}", daemon=True)
         self._thread.start()
 
@@ -119,7 +121,7 @@ class LogShipper:
         stream: LogStream = "stderr" if name == "stderr" else "stdout"
         now = self._clock()
         with self._cond:
-            if self._closed:
+            if self._closed or self.disabled:
                 return
             if now - self._window >= 1.0:
                 self._window, self._window_bytes = now, 0
@@ -243,10 +245,16 @@ class LogShipper:
 
     def _send(self, batch: LogBatch) -> None:
         for attempt in range(self.s.retries + 1):
+            if self.disabled:
+                return
             try:
                 self._post(self.job_id, batch)
             except Exception as exc:  # best effort: say why once, then drop
-                if attempt == self.s.retries:
+                status = getattr(exc, "status", None)  # SchedulerRejectedError: a 4xx
+                refused = isinstance(status, int) and 400 <= status < 500 and status != 429
+                if refused and status in (404, 405):  # a scheduler without live logs
+                    self.disabled = True
+                if refused or attempt == self.s.retries:
                     self.failed_batches += 1
                     log.info(
                         "job %s: a log batch was dropped after %d tries: %s",

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.client import NodeSession, SchedulerAuthError
+from agent.client import NodeSession, SchedulerAuthError, SchedulerRejectedError
 from agent.logship import LogShipper, LogShipperSettings
 from gridmarket.joblogs import JOB_LOGS, LogBatch, LogChunk
 from gridmarket.wire import NodeCapacityIn
@@ -162,3 +162,24 @@ def test_shipper_cuts_lines_cleans_and_caps() -> None:
     assert kept <= 10_000
     assert texts[-1][0] == "system" and "bytes dropped past the cap" in texts[-1][1]
     assert ship.dropped_cap == 3 + 6 + 10 + 251 + 20_000 - 10_000
+
+
+def test_shipper_drops_refused_batches_at_once_and_stops_on_a_scheduler_without_logs() -> None:
+    calls: list[int] = []
+
+    def post(job_id: str, batch: LogBatch) -> None:
+        calls.append(batch.seq)
+        status = 404 if batch.seq else 403
+        raise SchedulerRejectedError(f"refused ({status})", status, "no")
+
+    settings = LogShipperSettings(flush_s=0.05, retry_s=5.0)  # a retry would take seconds
+    started = time.monotonic()
+    with LogShipper(post, "0x" + "cd" * 32, 1, settings) as ship:
+        ship.feed("stdout", b"one\n")
+        time.sleep(0.3)
+        ship.feed("stdout", b"two\n")
+        time.sleep(0.3)
+        ship.feed("stdout", b"three\n")  # after the 404: not even buffered
+    assert time.monotonic() - started < 3
+    assert calls == [0, 1]  # 403: dropped, not retried; 404: nothing more sent
+    assert ship.disabled and ship.failed_batches == 2 and ship.posted_batches == 0
