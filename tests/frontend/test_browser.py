@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -99,6 +100,8 @@ def test_fund_follow_and_find_the_payout_in_chromium(stack: FrontendStack, tmp_p
     assert state.job.bounty == 4 * 10**15
     assert state.job.provider == stack.provider.address
     assert result["output_text"] == "HELLO FROM THE BROWSER\n"
+    (line,) = result["log_lines"]  # the job page's live log: the module's "ok" on stdout
+    assert re.fullmatch(r"\d\d:\d\d:\d\d\.\d{3}  attempt 1  n-\S+  stdout  ok", line), line
     payout = state.job.bounty - state.job.bounty * state.job.fee_bps // 10_000
     assert result["released_payout"].startswith(f"{payout / 10**18:g} ETH")
     row = result["payout_row"]

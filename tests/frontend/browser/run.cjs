@@ -320,6 +320,9 @@ async function fundScenario(page, result) {
     await page.locator('#job-summary[data-chain-status="released"]').waitFor({ timeout: 120000 });
     await page.locator("#output-link").waitFor();
     await page.locator("#live.off").waitFor({ timeout: 10000 });  // the stream said "end"
+    // live logs: the module's stdout ("ok") arrived over the page's log stream, as text
+    await page.locator("#job-logs div.log-stdout").first().waitFor({ timeout: 20000 });
+    result.log_lines = await page.locator("#job-logs div").allTextContents();
     result.released_payout = await page.textContent("#job-payout");
     result.screenshots.push(await shot(page, "job-released"));
     const txLinks = await page.locator("#job-txs a[href^='/tx/']").evaluateAll(
