@@ -15,9 +15,11 @@ address judged as IPv4.
   ``0x7f000001``), ``localhost`` and ``*.localhost``, metadata host names.
 * :meth:`RegistryPolicy.addresses` (the agent, before it pulls): the static check, then the name
   resolved and every address checked; one forbidden address refuses the registry.
-* :func:`guarded_session`: a ``requests`` session whose every connection (redirects and token
-  servers included) resolves, checks, and connects only to an address it checked (a name that
-  resolves elsewhere the second time, DNS rebinding, gets no connection). No proxy is used.
+* :func:`gridmarket.registry_session.guarded_session` (a module of its own, so that loading
+  the policy loads no HTTP stack: the agent's daemon without an RPC URL stays light): a
+  ``requests`` session whose every connection (redirects and token servers included) resolves,
+  checks, and connects only to an address it checked (a name that resolves elsewhere the
+  second time, DNS rebinding, gets no connection). No proxy is used.
 """
 
 from __future__ import annotations
@@ -26,23 +28,12 @@ import ipaddress
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
-
-import requests
-from requests.adapters import HTTPAdapter
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
-from urllib3.util import connection
-
-from gridmarket.images import ImageRefError, parse_image_ref
 
 __all__ = [
     "PUBLIC",
     "RegistryPolicy",
     "RegistryRefusedError",
     "address_problem",
-    "guarded_session",
     "host_problem",
 ]
 
@@ -254,6 +245,10 @@ class RegistryPolicy:
     def refusal(self, image: str) -> str | None:
         """Why a job's ``image`` is refused for its registry (static check); None when allowed
         or when it names no registry (a short name is Docker Hub's) or does not parse."""
+        # imported here: gridmarket.images loads requests, which the agent's daemon without an
+        # RPC URL never needs (tests/agent/test_cli.py, its heavy modules)
+        from gridmarket.images import ImageRefError, parse_image_ref
+
         try:
             ref = parse_image_ref(image)
         except ImageRefError:
@@ -292,76 +287,3 @@ class RegistryPolicy:
         :class:`gridmarket.images.RegistryClient` do), HTTPS elsewhere."""
         ip = _literal(host)
         return 80 if host == "localhost" or (ip is not None and ip.is_loopback) else 443
-
-
-# --------------------------------------------------------------------------- HTTP
-
-
-class _GuardedConnection(HTTPConnection):
-    guard: ClassVar[RegistryPolicy]
-
-    def _new_conn(self) -> socket.socket:
-        try:
-            addresses = self.guard.addresses(self._dns_host, self.port)
-        except socket.gaierror as exc:
-            raise NameResolutionError(self.host, self, exc) from exc
-        error: OSError | None = None
-        for address in addresses:
-            try:
-                return connection.create_connection(
-                    (address, self.port),
-                    self.timeout,
-                    source_address=self.source_address,
-                    socket_options=self.socket_options,
-                )
-            except TimeoutError as exc:
-                raise ConnectTimeoutError(
-                    self, f"Connection to {self.host} ({address}) timed out"
-                ) from exc
-            except OSError as exc:
-                error = exc
-        raise NewConnectionError(self, f"Failed to establish a new connection: {error}")
-
-
-class _GuardedHTTPSConnection(_GuardedConnection, HTTPSConnection):
-    pass
-
-
-class _GuardedAdapter(HTTPAdapter):
-    def __init__(self, policy: RegistryPolicy) -> None:
-        self._policy = policy
-        super().__init__()
-
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        super().init_poolmanager(*args, **kwargs)
-        guard = self._policy
-
-        class Plain(_GuardedConnection):
-            pass
-
-        class Tls(_GuardedHTTPSConnection):
-            pass
-
-        Plain.guard = Tls.guard = guard
-
-        class PlainPool(HTTPConnectionPool):
-            ConnectionCls = Plain
-
-        class TlsPool(HTTPSConnectionPool):
-            ConnectionCls = Tls
-
-        self.poolmanager.pool_classes_by_scheme = {"http": PlainPool, "https": TlsPool}
-
-    def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
-        raise RegistryRefusedError(proxy, "registry requests never go through a proxy")
-
-
-def guarded_session(policy: RegistryPolicy) -> requests.Session:
-    """A ``requests`` session that connects only to addresses ``policy`` allows, checked at
-    each connection (:class:`RegistryRefusedError` otherwise; no proxy from the environment)."""
-    session = requests.Session()
-    session.trust_env = False
-    adapter = _GuardedAdapter(policy)
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    return session

@@ -67,7 +67,8 @@ from gridmarket.images import (
     parse_image_ref,
     parse_pinned,
 )
-from gridmarket.registry_policy import RegistryPolicy, RegistryRefusedError, guarded_session
+from gridmarket.registry_policy import RegistryPolicy, RegistryRefusedError
+from gridmarket.registry_session import guarded_session
 
 log = logging.getLogger(__name__)
 

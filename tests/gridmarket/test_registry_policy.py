@@ -18,10 +18,10 @@ from gridmarket.registry_policy import (
     RegistryPolicy,
     RegistryRefusedError,
     address_problem,
-    guarded_session,
     host_problem,
     split_host,
 )
+from gridmarket.registry_session import guarded_session
 from tests.probe import Probe
 
 FORBIDDEN = {
