@@ -8,6 +8,8 @@ js-ipfs, a scheduler process, agent processes with their own wallets, the front 
 ``--duration`` seconds:
 
 * **honest load**: one WASM job funded every ``--interval`` seconds (the demo's csvstats module);
+* **slow clients at the front end** (``--loris N --sse M``, off by default): bench/slow_clients.py's
+  attacker, from ``--attack-addresses`` loopback sources, while the probes below run;
 * **hostile clients**: 4 MB JSON arrays to ``POST /v1/quote`` and ``/api/quote``, ``NaN`` and
   lone surrogates to ``/v1/nodes/register``, slow clients that trickle request headers a byte a
   second, job streams opened and never read, jobs funded with specs nobody has, and poison
@@ -207,6 +209,28 @@ class Soak:
                 s.close()
 
 
+def front_attack(soak: Soak, args: argparse.Namespace, stop: threading.Event) -> threading.Thread:
+    """``--loris`` slow-loris connections and ``--sse`` unread streams of the first honest job
+    at the front end (bench/slow_clients.py's attacker), their answers counted as hostile."""
+    from slow_clients import Attack  # the script's folder is on sys.path
+
+    def run() -> None:
+        while not soak.funded and not stop.wait(0.5):
+            pass
+        if stop.is_set():
+            return
+        port = int(str(soak.grid.frontend_url).rsplit(":", 1)[1])
+        path = f"/api/jobs/{soak.funded[0].job_id}/stream"
+        attack = Attack(port, args.loris, args.sse, args.attack_addresses, path)
+        try:
+            attack.run(stop)
+        finally:
+            for answer, n in attack.answers.items():
+                soak.hostile[f"front end {answer}"] += n
+
+    return threading.Thread(target=run, name="front-attack")
+
+
 def chaos(soak: Soak, probes: dict[str, Probe], duration: float, stop: threading.Event) -> None:
     grid = soak.grid
     start = time.monotonic()
@@ -307,6 +331,18 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=ROOT / ".run" / "soak")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     parser.add_argument(
+        "--loris",
+        type=int,
+        default=0,
+        help="also hold this many slow-loris connections to the front end (bench/slow_clients.py)",
+    )
+    parser.add_argument(
+        "--sse", type=int, default=0, help="and this many unread live streams of a job"
+    )
+    parser.add_argument(
+        "--attack-addresses", type=int, default=1, help="loopback sources they come from"
+    )
+    parser.add_argument(
         "--no-unfetchable",
         action="store_true",
         help="leave out the jobs funded with specs nobody has (to measure the rest alone)",
@@ -328,6 +364,8 @@ def main() -> int:
             threading.Thread(target=chaos, args=(soak, probes, args.duration, stop)),
             *(threading.Thread(target=p.run, args=(stop,), name=n) for n, p in probes.items()),
         ]
+        if (args.loris or args.sse) and grid.frontend_url:
+            threads.append(front_attack(soak, args, stop))
         started = time.monotonic()
         for t in threads:
             t.start()
