@@ -7,6 +7,7 @@ config, the scheduler, the front end) loads no HTTP stack.
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any, ClassVar
 
@@ -88,7 +89,13 @@ def guarded_session(policy: RegistryPolicy) -> requests.Session:
     """A ``requests`` session that connects only to addresses ``policy`` allows, checked at
     each connection (:class:`RegistryRefusedError` otherwise; no proxy from the environment)."""
     session = requests.Session()
+    # No proxy from the environment; but the CA bundle it names (REQUESTS_CA_BUNDLE, then
+    # CURL_CA_BUNDLE, as requests reads them) still applies: that is how an operator trusts a
+    # registry's own certificate (the devstack's registry off loopback is self-signed).
     session.trust_env = False
+    bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+    if bundle:
+        session.verify = bundle
     adapter = _GuardedAdapter(policy)
     session.mount("http://", adapter)
     session.mount("https://", adapter)

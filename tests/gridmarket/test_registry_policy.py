@@ -8,6 +8,7 @@ import http.server
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import requests
@@ -292,3 +293,19 @@ def test_no_proxy_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             session.get("http://x/", proxies={"http": f"http://{proxy.registry}"}, timeout=5)
         assert proxy.connections == []
         assert isinstance(session, requests.Session)
+
+
+def test_the_guarded_session_uses_no_proxy_but_the_environments_ca_bundle(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """trust_env is off (no proxy from the environment), yet an operator's CA bundle still
+    applies: the devstack's registry off loopback is self-signed (tests/e2e/test_remote_agent)."""
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
+    session = guarded_session(RegistryPolicy())
+    assert session.trust_env is False and session.verify == str(bundle)
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE")
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    assert guarded_session(RegistryPolicy()).verify is True
