@@ -70,7 +70,7 @@ def start_agent_on(
         "ram_mib": 2048,
         # long polls, so a node is rarely between two polls when a job is queued (the match is
         # among the nodes waiting at that moment: a node re-polling right then would miss it)
-        "poll_wait_s": 20,
+        "poll_wait_s": 30,  # the scheduler's longest (long_poll_max_s)
         "executors": ["docker", "wasm"],
         "docker_host": docker_host,
         "price_floor_wei_per_hour": price_floor_wei,
@@ -132,8 +132,8 @@ def test_the_node_with_the_image_is_chosen_and_a_repeat_is_served_from_its_cache
         wait_nodes(grid, 2)
         assert image not in advertised(grid, plain)
 
-        parked(grid, 2)
         time.sleep(2.5)  # one heartbeat (2 s on the grid): its advert reaches the parked entries
+        parked(grid, 2)  # then fund at once: both nodes are waiting when the job is matched
         repeat = fund(grid, docker_spec("repeat", script, dataset_cid=inputs.dataset_cid,
                                         image=image), on_verify=True)  # fmt: skip
         view = wait_job(grid, repeat, {"released"}, timeout=120)
