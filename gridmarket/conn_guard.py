@@ -108,7 +108,10 @@ def guarded_protocol(limits: ConnLimits) -> type[HttpToolsProtocol]:
 
         def data_received(self, data: bytes) -> None:
             if self._in_headers:
-                self._header_bytes += len(data)
+                # One read may hold the headers' end and the start of the body (a client that
+                # sends both at once): only the bytes up to the blank line are headers.
+                end = data.find(b"\r\n\r\n")
+                self._header_bytes += len(data) if end < 0 else end + 4
                 if 0 < limits.max_header_bytes < self._header_bytes:
                     self._refuse(
                         431,
