@@ -45,10 +45,13 @@ typecheck: setup ## mypy
 # tests with Ape's plugin (tests/conftest.py says why). Each prints its slowest tests.
 pytest: setup ## the test suite against real local services
 	$(PY) -m pytest --durations=15 $(PYTEST_ARGS)
+	@# ape-solidity may leave OpenZeppelin unpacked in contracts/.cache/ (its import cache); Ape
+	@# then reads those files as project sources and loses contracts/test/'s helpers: start clean
+	rm -rf contracts/.cache
 	$(PY) -m pytest -p ape.pytest.plugin --durations=10 $(PYTEST_ARGS) tests/contracts
 
 bench-gas: setup ## gas per step of a job's life (bench/gas.py)
 	$(PY) bench/gas.py
 
 clean: ## remove build outputs (keeps .venv and node_modules)
-	rm -rf .build .setup-stamps .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .build .setup-stamps .pytest_cache .mypy_cache .ruff_cache contracts/.cache
