@@ -1,5 +1,8 @@
 """Pull-only dispatch: nodes long-poll ``next-job``; rounds match queued jobs to waiting nodes.
 
+(Length: just over 500 lines, one concept: a round and its lock order; the driver gates added
+in 2026-11 live in scheduler/matching/rules.py.)
+
 What a node gets is an *offer* (escrow v2): the :class:`~gridmarket.wire.Assignment` carries
 the job's on-chain terms; the node signs its acceptance and posts it (``API.ACCEPT``) within the
 lease TTL, and only then is the job assigned on-chain (``scheduler/api/nodes.py``).

@@ -1,5 +1,8 @@
 """Pull job images by digest, within a size cap and a time limit, and keep a cache with a budget.
 
+(Length: 508 lines, one concept: a pull and its faults; the registry policy and its guarded
+session already live in gridmarket/. Split the cache out if it grows.)
+
 Only a pinned reference, ``host[:port]/name@sha256:<hex>`` (:func:`gridmarket.images.parse_pinned`),
 is ever pulled. Before the pull the manifest is fetched from the registry (its bytes must hash to
 the digest) and its config and layer sizes are added up: over ``max_download_bytes`` and nothing
