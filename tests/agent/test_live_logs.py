@@ -21,6 +21,7 @@ from agent.client import NodeSession, SchedulerAuthError, SchedulerRejectedError
 from agent.logship import LogShipper, LogShipperSettings
 from gridmarket.joblogs import JOB_LOGS, LogBatch, LogChunk
 from gridmarket.wire import NodeCapacityIn
+from scheduler.lifecycle import State
 from tests.agent.test_daemon import Stack, docker_job, stack, start_agent
 
 __all__ = ["stack"]  # the fixture, shared with test_daemon
@@ -50,6 +51,8 @@ def test_lines_arrive_while_the_job_runs_and_stay_after(stack: Stack, test_image
             "printf 'bell\\a esc\\033[31m\\n'; echo done > /output/o.txt"
         )
         job_id = stack.submit(docker_job(test_image, script))
+        # the scheduler answers 404 until its watcher has indexed the job: wait for that first
+        stack.wait_job(job_id, {s.value for s in State}, timeout=30)
         deadline = time.monotonic() + 60
         seen: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
