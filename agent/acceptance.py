@@ -3,11 +3,16 @@
 Escrow version 2 assigns a job only with the provider's EIP-712 ``Acceptance`` of its terms
 (:func:`gridmarket.eip712.sign_acceptance`): the price, the deadline, the collateral locked from
 the node's stake while it holds the job, the mediator who may rule its result wrong (and so take
-that collateral) and the payment flags. :class:`AcceptancePolicy` checks an offered
+that collateral), the payment flags, and (version 5) ``holdFor``, the seconds nobody but the
+node can take the job back (``holdUntil``). :class:`AcceptancePolicy` checks an offered
 :class:`~gridmarket.wire.Assignment` against the node's settings before it signs anything:
 
 * the offer must be self-consistent (its terms' bounty and deadline are the offer's), for the
   escrow and chain the scheduler registered the node with, and not past its deadline;
+* the hold (``terms.hold_for``) must cover the run: the spec's ``limits.timeout_s`` and
+  :data:`gridmarket.holds.HOLD_MARGIN_S` to post the result, or reach the deadline
+  (:func:`gridmarket.holds.hold_problem`). A shorter hold would let the operator take the job
+  back, and give it to another node, while this one is still running it;
 * the price: what the job pays per GPU-hour (per job-hour without GPUs,
   :func:`gridmarket.wire.offered_price_wei_per_hour`: its bounty over its timeout) in the job's
   own token (``terms.token``; the zero address is ETH) must meet the node's floor in that token:
@@ -19,18 +24,24 @@ that collateral) and the payment flags. :class:`AcceptancePolicy` checks an offe
 * the mediator (who can slash the collateral):
 
   - never the node itself nor the job's operator (the contract refuses those too);
-  - the job's own submitter ("self-mediated": the submitter could rule against any result and
-    keep the collateral) only with ``accept_self_mediated``, or when that submitter is a mediator
-    the node accepts anyway (by the rules below): that is a mediator's re-run of a disputed job
-    (docs/mediator.md), and a mediator the node trusts to rule on other people's jobs gains
-    nothing over the provider by also funding one. The submitter is read from the chain (the
-    job's ``JobCreated``) when the node has an RPC URL;
-  - ``accepted_mediators``, when set, is the whole list of mediators the node accepts;
-  - otherwise any *listed* mediator: the one listed in the deployment file the node knows
-    (``params.mediator``), or one the escrow's ``isListedMediator`` view confirms (with an
-    RPC URL). A node with neither an RPC URL nor a matching deployment mediator cannot tell a
-    listed mediator from a self-mediating submitter: it accepts, logging that it could not
-    check (set ``rpc_url``, or list the mediators you trust, to close that gap).
+  - the job's own submitter ("self-mediated": the contract allows it, and the submitter could
+    then rule an honest result wrong and keep the collateral) only with ``accept_self_mediated``
+    (default off), or when that submitter is a mediator the node accepts anyway (by the rules
+    below): that is a mediator's re-run of a disputed job (docs/mediator.md), and a mediator
+    the node trusts to rule on other people's jobs gains nothing over the provider by also
+    funding one. The submitter is read from the chain (the job's ``JobCreated``) when the node
+    has an RPC URL;
+  - ``accepted_mediators``, when set, is the whole allow-list of mediators the node accepts;
+  - otherwise (the default) the deployment's *listed* mediators: the one listed in the
+    deployment file the node knows (``params.mediator``), or one the escrow's
+    ``isListedMediator`` view confirms (with an RPC URL). A node with neither an RPC URL nor a
+    matching deployment mediator cannot tell a listed mediator from a self-mediating submitter:
+    it accepts, logging that it could not check (set ``rpc_url``, or list the mediators you
+    trust, to close that gap).
+
+  Each refusal names the rule it applies and the setting that changes it. (The contract also
+  lets a mediator's own sybil wallet be a job's provider: that is the submitter's risk, not the
+  provider's, and nothing a provider's policy can see; docs/agent.md.)
 
 The job's ``flags`` are signed as offered and never refused by themselves: an on-verify job,
 and a spot-checked job (``FLAG_SPOT``: its mediator may re-run any attempt, drawn from a seed
@@ -51,6 +62,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gridmarket.eip712 import sign_acceptance
 from gridmarket.escrow import ZERO_ADDRESS, Job, JobState
+from gridmarket.holds import hold_problem
 from gridmarket.wire import (
     AcceptRequest,
     Assignment,
@@ -129,7 +141,8 @@ def terms_job(terms: JobTerms) -> Job:
 
 
 def acceptance_request(account: Signer, assignment: Assignment) -> AcceptRequest:
-    """The node's signed acceptance of ``assignment`` (its attempt, its terms)."""
+    """The node's signed acceptance of ``assignment`` (its attempt, its terms, the hold it
+    is given: ``terms.hold_for``)."""
     signature = sign_acceptance(
         account,
         assignment.chain_id,
@@ -137,6 +150,7 @@ def acceptance_request(account: Signer, assignment: Assignment) -> AcceptRequest
         bytes.fromhex(assignment.job_id.removeprefix("0x")),
         assignment.attempt,
         terms_job(assignment.terms),
+        assignment.terms.hold_for,
     )
     return AcceptRequest(attempt=assignment.attempt, signature="0x" + signature.hex())
 
@@ -199,8 +213,14 @@ class AcceptancePolicy:
                     f"offer for escrow {offer.escrow} on chain {offer.chain_id}, "
                     f"not the scheduler's {escrow} on chain {chain_id}",
                 )
-        if terms.deadline <= self.clock():
+        now = self.clock()
+        if terms.deadline <= now:
             return Decision(False, f"the deadline {terms.deadline} has passed")
+        problem = hold_problem(
+            terms.hold_for, offer.spec.limits.timeout_s, int(now), terms.deadline
+        )
+        if problem is not None:
+            return Decision(False, problem)
         token = checksum(terms.token)
         is_eth = token == ZERO_ADDRESS
         price = self._price(offer, token)
@@ -274,13 +294,21 @@ class AcceptancePolicy:
         if self.accepted_mediators:
             if mediator in self.accepted_mediators:
                 return Decision(True, f"mediator {mediator} is in accepted_mediators")
-            return Decision(False, f"mediator {mediator} is not in accepted_mediators")
+            return Decision(
+                False,
+                f"mediator {mediator} is not in accepted_mediators "
+                "(the only mediators this node accepts)",
+            )
         if mediator == self.deployment_mediator:
             return Decision(True, f"mediator {mediator} is the deployment's")
         if self.chain is not None:
             if self.chain.is_listed_mediator(mediator):
                 return Decision(True, f"mediator {mediator} is listed on-chain")
-            return Decision(False, f"mediator {mediator} is not listed on-chain")
+            return Decision(
+                False,
+                f"mediator {mediator} is not listed on-chain (by default this node accepts "
+                "only the deployment's listed mediators; accepted_mediators lists others)",
+            )
         return None
 
     def _mediator(self, offer: Assignment, mediator: str) -> Decision:
@@ -295,7 +323,12 @@ class AcceptancePolicy:
                         True,
                         f"the mediator's own job (a re-run of a dispute): {trusted.reason}",
                     )
-                return Decision(False, f"the mediator {mediator} is the job's submitter")
+                return Decision(
+                    False,
+                    f"the mediator {mediator} is the job's submitter, who could rule an honest "
+                    "result wrong and take the collateral: refused unless accept_self_mediated "
+                    "is set or the submitter is a mediator this node accepts",
+                )
         trusted = self._trusted(mediator)
         if trusted is not None:
             return trusted

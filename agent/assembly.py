@@ -271,6 +271,7 @@ def chain_duties(config: AgentConfig, account: Signer, client: NodeSession) -> C
             submitter.submit,
             guard_delay(config.guard_delay_s, deployment),
             take_back_s=reassign_delay(deployment),
+            time_left=submitter.time_left,
         )
     duties.finalize = Finalizer(escrow, account).run_once
     return duties

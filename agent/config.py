@@ -204,7 +204,8 @@ class AgentConfig(BaseSettings):
         None,
         gt=0,
         description="how long the scheduler gets to relay a result (default: half the "
-        "deployment's reassign_delay, else 60 s)",
+        "deployment's reassign_delay, else 60 s; never past 60 s before the job's holdUntil "
+        "or its deadline)",
     )
     finalize_interval_s: float = Field(
         300.0,
@@ -216,11 +217,13 @@ class AgentConfig(BaseSettings):
     # acceptance policy (what the node signs before a job is assigned to it on-chain)
     accepted_mediators: list[str] = Field(
         default_factory=list,
-        description="mediators to accept; empty: any listed one (the deployment's, or "
-        "isListedMediator on-chain with rpc_url)",
+        description="the allow-list of mediators to accept; empty (default): the deployment's "
+        "listed ones (its file's mediator, or isListedMediator on-chain with rpc_url)",
     )
     accept_self_mediated: bool = Field(
-        False, description="accept jobs whose mediator is their submitter"
+        False,
+        description="accept jobs whose mediator is their submitter (off: such a submitter "
+        "could rule an honest result wrong and take the collateral)",
     )
     max_collateral_wei: int | None = Field(
         None,

@@ -3,10 +3,13 @@
 * :class:`OnChainSubmitter`: ``submitResult`` from the provider's wallet, idempotent per job
   and attempt (``submit_on_chain`` sends every result this way before reporting it);
 * :class:`ResultGuard`: the theft defence. A job's operator can take an assigned job back
-  ``reassignDelay`` after the assignment (and give it to another provider); a scheduler that
-  sat on a node's signed result until then could do so. The guard gives the scheduler
-  ``delay_s`` to put the result on-chain (``submitResultFor``, the relay) and otherwise submits
-  it itself, while the job is still assigned to this wallet;
+  once its hold is over (escrow version 5: ``holdUntil``, ``holdFor`` after the assignment, the
+  time the node signed for) and ``reassignDelay`` has passed since the assignment, and give it
+  to another provider; a scheduler that sat on a node's signed result until then could do so.
+  The guard gives the scheduler ``delay_s`` to put the result on-chain (``submitResultFor``,
+  the relay) and otherwise submits it itself, while the job is still assigned to this wallet,
+  and never later than :data:`HOLD_GUARD_MARGIN_S` before ``holdUntil`` (nor before the
+  deadline), read from the chain (the ``JobAssigned`` fold: ``job.hold_until``);
 * :class:`Finalizer`: escrow version 2 has no ``claim``: after the challenge window anyone may
   ``finalize`` a result nobody objected to (and a disputed one its mediator left unruled for the
   mediation window). The node finalizes its own results whose window passed, idempotently.
@@ -38,9 +41,11 @@ from gridmarket.wire import ResultReport, RunReason, checksum
 __all__ = [
     "DEFAULT_GUARD_DELAY_S",
     "GRACE_S",
+    "HOLD_GUARD_MARGIN_S",
     "Finalizer",
     "OnChainSubmitter",
     "ResultGuard",
+    "TimeLeft",
     "address_topic",
     "event_topic",
     "guard_delay",
@@ -97,6 +102,16 @@ def seat_ids(group_id: bytes, replicas: int) -> list[bytes]:
     return [keccak(group_id + i.to_bytes(32, "big")) for i in range(replicas)]
 
 
+@dataclass(frozen=True)
+class TimeLeft:
+    """How long an assigned job's result can still wait, on the chain's clock (the latest
+    block's time): seconds to its ``holdUntil`` (zero or less: the hold is over) and to its
+    deadline."""
+
+    hold_s: float
+    deadline_s: float
+
+
 class OnChainSubmitter:
     """Submits succeeded results from the provider's wallet; idempotent per job and attempt."""
 
@@ -136,6 +151,22 @@ class OnChainSubmitter:
         log.info("job %s: result submitted on-chain in %s", job_id[:10], sent.tx_hash)
         return sent.tx_hash
 
+    def time_left(self, job_id: str, report: ResultReport) -> TimeLeft | None:
+        """How long ``report``'s result may wait before the node must put it on-chain: the
+        job's ``holdUntil`` and deadline less the latest block's time, while the job is assigned
+        to this wallet for that attempt; None otherwise (relayed already, taken back, handed
+        back: :meth:`submit` says which)."""
+        state = self.client.job_state(bytes.fromhex(job_id.removeprefix("0x")))
+        job = state.job
+        if (
+            state.status is not Status.ASSIGNED
+            or checksum(job.provider) != self.account.address
+            or job.attempt != report.attempt
+        ):
+            return None
+        now = self.client.timestamp()
+        return TimeLeft(hold_s=float(job.hold_until - now), deadline_s=float(job.deadline - now))
+
 
 # --------------------------------------------------------------------------- theft defence
 
@@ -146,10 +177,19 @@ class _Watch:
     job_id: str = field(compare=False)
     report: ResultReport = field(compare=False)
     tries: int = field(default=0, compare=False)
+    ready: float = field(default=0.0, compare=False)
+    accepted: float | None = field(default=None, compare=False)
+    planned: bool = field(default=True, compare=False)
+    """False until the job's hold and deadline are read from the chain (``ResultGuard._plan``)."""
 
 
 GRACE_S = 10.0
 """The least time the scheduler gets to relay a result (when the take-back window is open)."""
+HOLD_GUARD_MARGIN_S = 60.0
+"""How long before a job's ``holdUntil`` (and its deadline) the guard puts a result nobody
+relayed on-chain itself: time for its transaction to be mined, and to retry an RPC that does not
+answer. The hold the scheduler offers leaves at least :data:`gridmarket.holds.HOLD_MARGIN_S`
+(300 s) after a run that used its whole timeout."""
 
 
 class ResultGuard:
@@ -165,6 +205,12 @@ class ResultGuard:
     ``take_back_s`` is the escrow's ``reassignDelay``: with the time the job was accepted, the
     guard checks no later than ``delay_s`` before the operator may take the job back, and, for a
     run that outlasted that, :data:`GRACE_S` after the result is ready (:meth:`due`).
+
+    ``time_left`` (:meth:`OnChainSubmitter.time_left`) reads the job's ``holdUntil`` and
+    deadline from the chain as soon as a result is watched: the guard then checks no later than
+    ``margin_s`` before either, so that its own ``submitResult`` is mined while nobody else can
+    take the job back, and before the deadline (:meth:`due`). A chain that does not answer
+    that read leaves the check at the time above.
     """
 
     def __init__(
@@ -173,6 +219,8 @@ class ResultGuard:
         delay_s: float,
         *,
         take_back_s: float | None = None,
+        time_left: Callable[[str, ResultReport], TimeLeft | None] | None = None,
+        margin_s: float = HOLD_GUARD_MARGIN_S,
         retry_s: float = 5.0,
         max_tries: int = 20,
         clock: Callable[[], float] = time.monotonic,
@@ -180,6 +228,8 @@ class ResultGuard:
         self.submit = submit
         self.delay_s = delay_s
         self.take_back_s = take_back_s
+        self.time_left = time_left
+        self.margin_s = margin_s
         self.retry_s = retry_s
         self.max_tries = max_tries
         self._clock = clock
@@ -190,23 +240,75 @@ class ResultGuard:
         self.sent: dict[str, str] = {}
         """job id -> tx hash of each result the guard put on-chain itself."""
 
-    def due(self, ready: float, accepted: float | None = None) -> float:
+    def due(
+        self,
+        ready: float,
+        accepted: float | None = None,
+        left: TimeLeft | None = None,
+        now: float | None = None,
+    ) -> float:
         """When to check a result ready at ``ready`` of a job accepted at ``accepted`` (both
         on the guard's clock): ``delay_s`` after it is ready, but no later than ``delay_s``
         before the take-back window opens, and no sooner than :data:`GRACE_S` after it is ready
-        (the scheduler needs a moment to relay)."""
+        (the scheduler needs a moment to relay).
+
+        ``left`` (read from the chain at ``now``, on the guard's clock; ``ready`` by default)
+        adds what the chain says: the take-back opens no sooner than the hold ends, and the
+        check is, with no grace, no later than ``margin_s`` before the hold ends (while it
+        lasts) and before the deadline."""
         due = ready + self.delay_s
+        at = ready if now is None else now
+        holding = left is not None and left.hold_s > 0  # only the node can take it back yet
         if accepted is not None and self.take_back_s is not None:
             opens = accepted + self.take_back_s
+            if left is not None and holding:
+                opens = max(opens, at + left.hold_s)
             due = min(due, max(ready + min(self.delay_s, GRACE_S), opens - self.delay_s))
+        if left is not None:
+            if holding:
+                due = min(due, at + max(0.0, left.hold_s - self.margin_s))
+            due = min(due, at + max(0.0, left.deadline_s - self.margin_s))
         return due
 
     def watch(self, job_id: str, report: ResultReport, accepted: float | None = None) -> None:
         """Check ``report`` on-chain in time (``accepted``: when the job was accepted, on the
-        guard's clock, :func:`time.monotonic` by default)."""
+        guard's clock, :func:`time.monotonic` by default). With ``time_left``, the job's hold
+        and deadline are read from the chain at once (:meth:`_plan`)."""
         if report.reason is not RunReason.SUCCEEDED:
             return
-        watch = _Watch(self.due(self._clock(), accepted), job_id, report)
+        ready = self._clock()
+        watch = _Watch(self.due(ready, accepted), job_id, report, ready=ready, accepted=accepted)
+        if self.time_left is not None:
+            watch.planned, watch.due = False, ready
+        with self._cond:
+            heapq.heappush(self._heap, watch)
+            self._cond.notify_all()
+
+    def _plan(self, watch: _Watch) -> None:
+        """Read the job's hold and deadline and reschedule its check (:meth:`due`); a job no
+        longer assigned to this wallet is checked now (relayed, or not ours: logged)."""
+        assert self.time_left is not None
+        watch.planned = True
+        try:
+            left = self.time_left(watch.job_id, watch.report)
+        except Exception as exc:  # the chain unreachable: the check stays where it was
+            log.warning(
+                "job %s: could not read its hold from the chain (%s)", watch.job_id[:10], _line(exc)
+            )
+            watch.due = self.due(watch.ready, watch.accepted)
+        else:
+            if left is None:
+                self._check(watch)
+                return
+            now = self._clock()
+            watch.due = self.due(watch.ready, watch.accepted, left, now)
+            log.info(
+                "job %s: result on-chain by this node in %.0f s unless relayed (hold ends in "
+                "%.0f s)",
+                watch.job_id[:10],
+                max(0.0, watch.due - now),
+                left.hold_s,
+            )
         with self._cond:
             heapq.heappush(self._heap, watch)
             self._cond.notify_all()
@@ -247,7 +349,10 @@ class ResultGuard:
                 if self._stopping:
                     return
                 watch = heapq.heappop(self._heap)
-            self._check(watch)
+            if watch.planned:
+                self._check(watch)
+            else:
+                self._plan(watch)
 
     def _check(self, watch: _Watch, *, final: bool = False) -> None:
         short = watch.job_id[:10]

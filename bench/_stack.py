@@ -274,6 +274,7 @@ def fund_jobs(
         raise ValueError(f"funders {funders}: dev accounts 3 to 9 are the submitters (1 to 7)")
     keys = dev_accounts(SUBMITTER + funders)[SUBMITTER:]
     deadline = int(time.time()) + 6 * 3600
+    operator = escrow.expected_operator(escrow.default_terms(10**15, escrow.address))
     failed: list[BaseException] = []
 
     def fund(k: int) -> None:
@@ -288,9 +289,11 @@ def fund_jobs(
                     os.urandom(32),
                     spec_cids[i % len(spec_cids)],
                     deadline,
+                    operator,
                     terms.mediator,
                     terms.collateral,
                     terms.flags,
+                    0,  # replicas: a single job
                 )
                 tx = {
                     "from": submitter,
@@ -350,6 +353,7 @@ def fund_jobs_in_blocks(
     submitters = [Account.from_key(k).address for k in keys]
     deadline = int(time.time()) + 6 * 3600
     terms = [escrow.default_terms(10**15, a, on_verify=on_verify) for a in submitters]
+    operator = escrow.expected_operator(terms[0])
     t0 = shown = time.perf_counter()
     with httpx.Client(timeout=120) as http:
         ids = iter(range(1, 1 << 62))
@@ -382,9 +386,11 @@ def fund_jobs_in_blocks(
                         os.urandom(32),
                         spec_cids[i % len(spec_cids)],
                         deadline,
+                        operator,
                         terms[k].mediator,
                         terms[k].collateral,
                         terms[k].flags,
+                        0,  # replicas: a single job
                     )
                     txs.append(
                         {
@@ -459,7 +465,8 @@ def fleet_capacity(i: int, slots: int, gpus: int) -> NodeCapacityIn:
         update["ram_mib"] = cap.ram_mib * max(1, gpus // 2)
     else:
         update["ram_mib"] = cap.ram_mib * max(1, slots // 8)
-    return cap.model_copy(update=update)
+    out: NodeCapacityIn = cap.model_copy(update=update)
+    return out
 
 
 _RAW = os.environ.get("BENCH_PROFILE_RAW") == "1"
@@ -643,9 +650,17 @@ def acceptor(
     async def accept(conn: RawHttp, body: bytes) -> bool:
         a = json.loads(body)
         t = a["terms"]
-        terms = JobTerms.model_validate(t).as_job()
+        offer = JobTerms.model_validate(t)
         job_id = bytes.fromhex(a["job_id"][2:])
-        sig = sign_acceptance(account, a["chain_id"], a["escrow"], job_id, a["attempt"], terms)
+        sig = sign_acceptance(
+            account,
+            a["chain_id"],
+            a["escrow"],
+            job_id,
+            a["attempt"],
+            offer.as_job(),
+            offer.hold_for,
+        )
         payload = json.dumps({"attempt": a["attempt"], "signature": "0x" + sig.hex()}).encode()
         path = API.ACCEPT.format(node_id=node_id, job_id=a["job_id"])
         status, _, answer = await auth.request(conn, "POST", path, payload)

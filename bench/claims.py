@@ -498,7 +498,7 @@ def main() -> None:
         "--outbox-batch",
         type=int,
         default=0,
-        help="operator calls per multicall transaction (OUTBOX_BATCH_CALLS; 0: the "
+        help="operator calls per tryMulticall transaction (OUTBOX_BATCH_CALLS; 0: the "
         "scheduler's default)",
     )
     ap.add_argument(
@@ -588,7 +588,7 @@ def main() -> None:
                 f"{d.finished} results taken, {d.unfinished} refused; jobs by state at the end "
                 f"{r['states']}; outbox at the end {r['outbox']} (the settles and assigns not "
                 f"yet sent are not awaited), {r['outbox'].get('done', 0) / r['outbox_s']:.1f} "
-                f"rows/s confirmed on anvil, at most {r['batch']} calls a multicall; re-offered "
+                f"rows/s confirmed on anvil, at most {r['batch']} calls a tryMulticall; re-offered "
                 f"jobs' earlier attempts {_counts(r)}; node tokens renewed after a 401 "
                 f"{r['renewals']}"
             )

@@ -1,4 +1,4 @@
-"""Gas per job life of escrow version 4 on a real anvil devnet, with the provider's
+"""Gas per job life of escrow version 5 on a real anvil devnet, with the provider's
 withdrawals and the platform's fee collection counted, on the path production takes: jobs
 paid in ETH, and jobs paid in TestUSD (an ERC-20 with EIP-2612 permits) measured in the same
 run.
@@ -7,7 +7,7 @@ run.
 
 **Batched lives (the production path, the headline figure).** The scheduler's outbox sends the
 operator steps that are ready together: :meth:`scheduler.chain.TxSender.send_many`, which the
-outbox calls with one row per job, preflights every call and sends them in ``multicall``
+outbox calls with one row per job, preflights every call and sends them in ``tryMulticall``
 transactions of at most ``BATCH_MAX_CALLS`` calls. Here ``B`` distinct providers (registered,
 each staking one job's collateral) each get one job per round: the submitter's ``B``
 ``createJob`` transactions, then the ``B`` assigns (each with its provider's EIP-712
@@ -19,7 +19,8 @@ and divided by the jobs): with every provider withdrawing after every job (every
 credits a zero balance: cold), and after every ``--lives``-th job (amortised over the rounds).
 
 **Single transactions, step by step** (what each function costs alone; the sums are the
-``B`` = 1 figures). Deploys JobEscrow (a mediator listed), registers and stakes a provider,
+``B`` = 1 figures; every acceptance is signed over ``HOLD``, the hold the scheduler offers a
+30-minute run). Deploys JobEscrow (a mediator listed), registers and stakes a provider,
 then measures, every step sent as a real transaction and its ``gasUsed`` read from the receipt:
 
 * the on-verify relayed life (the scheduler's fast path; the submitter opted in with
@@ -80,6 +81,7 @@ from gridmarket.chain import ChainError, EscrowClient
 from gridmarket.deploy import EscrowParams, deploy_escrow, deploy_test_token, list_token
 from gridmarket.eip712 import sign_acceptance, sign_result
 from gridmarket.escrow import FLAG_SPOT, ZERO_ADDRESS, JobState, Status, Terms, apply_event
+from gridmarket.holds import hold_for
 from gridmarket.token import TokenClient
 from scheduler.chain import BATCH_MAX_CALLS, Call, TxSender, apply_sent
 
@@ -93,6 +95,10 @@ T_BOUNTY = 100 * 10**6  # 100 tUSD
 T_GRANT = 10**15  # tUSD minted to the submitter and to each provider
 SPOT_P_BPS = 1000
 """The spot lives' p (0.1): their collateral is ``spot.min_collateral(BOUNTY, SPOT_P_BPS)``."""
+
+HOLD = hold_for(1800)
+"""The ``holdFor`` each assignment is signed over: what the scheduler offers a 30-minute run
+(escrow version 5; the gas of ``assign`` does not depend on it but for a calldata byte)."""
 
 Rows = list[tuple[str, int]]
 
@@ -147,10 +153,9 @@ class Lives:
             state.job_id,
             state.job.attempt + 1,
             state.job,
+            HOLD,
         )
-        state, sent = escrow.call_job(
-            self.operator, "assign", state, self.provider.address, acceptance
-        )
+        state, sent = escrow.assign(self.operator, state, self.provider.address, HOLD, acceptance)
         rows.append(("assign (with acceptance)", sent.gas_used))
         return state
 
@@ -210,7 +215,7 @@ class Lives:
         (disputed,) = [e for e in sent.events if e.name == "ResultDisputed"]
         state = apply_event(state, disputed.name, disputed.args)
         rows.append(("dispute", sent.gas_used))
-        state, sent = escrow.call_job(self.mediator, "rule", state, upheld)
+        state, sent = escrow.rule(self.mediator, state, upheld)
         rows.append((f"rule ({'upheld' if upheld else 'wrong: slash'})", sent.gas_used))
         if not upheld and token == ZERO_ADDRESS:  # stake the lost collateral again
             escrow.send(self.provider, "stake", value=BOUNTY)
@@ -239,7 +244,7 @@ class Lives:
             return rows
         state, sent = self.escrow.call_job(self.mediator, "dispute", state)
         rows.append(("dispute (mediator's check, no value)", sent.gas_used))
-        state, sent = self.escrow.call_job(self.mediator, "rule", state, upheld)
+        state, sent = self.escrow.rule(self.mediator, state, upheld)
         what = "upheld: deposit to the mediator" if upheld else "wrong: slash, deposit kept"
         rows.append((f"rule ({what})", sent.gas_used))
         if not upheld:  # stake the lost collateral again
@@ -305,11 +310,13 @@ class Batched:
             states.append(state)
         chain_id = w3.eth.chain_id
         assigns = [
-            Call.job(
-                "assign",
+            Call.assign(
                 st,
                 p.address,
-                sign_acceptance(p, chain_id, escrow.address, st.job_id, st.job.attempt + 1, st.job),
+                HOLD,
+                sign_acceptance(
+                    p, chain_id, escrow.address, st.job_id, st.job.attempt + 1, st.job, HOLD
+                ),
             )
             for st, p in zip(states, self.providers, strict=True)
         ]

@@ -2,7 +2,7 @@
 
 For each cell of ``--cheaters`` (percent of the provider nodes that lie) x ``--policies``:
 
-* one stack for the whole run (``_stack.stack``): anvil + the escrow (version 3), the js-ipfs
+* one stack for the whole run (``_stack.stack``): anvil + the escrow (version 5), the js-ipfs
   daemon, one scheduler (SQLite) with ``require_stake`` on and the operator key, so every
   ``assign``, relayed result, ``settle`` and ``resolve`` goes through the outbox to anvil;
 * a fresh fleet per cell: ``--nodes`` new wallets, funded, registered and staked on-chain, each
@@ -25,10 +25,10 @@ For each cell of ``--cheaters`` (percent of the provider nodes that lie) x ``--p
   scheduler's check, ``FLAG_ON_VERIFY``: the single-provider life the gas goal names, and the
   quickest; nobody disputes here, so paying after the window would accept the same outputs),
   or ``integrity:window`` (relayed, finalized after the challenge window: the same steps as a
-  seat); ``replicate:k`` jobs with ``createReplicated`` (k seats of a 0.001 ETH share each; the
-  scheduler keeps the seats on distinct wallets, relays each seat's result and sends
-  ``resolve`` once every seat has one: the agreeing strict majority is paid, the rest
-  slashed); ``spot:p`` jobs (below);
+  seat); ``replicate:k`` jobs with ``createJob`` and ``replicas`` = k (k seats of a
+  0.001 ETH share each; the scheduler keeps the seats on distinct wallets, as the escrow
+  requires, relays each seat's result and sends ``resolve`` once every seat has one: the
+  agreeing strict majority is paid, the rest slashed); ``spot:p`` jobs (below);
 * when nothing moves any more and every open job has all its results on-chain (a 1-1 split of
   replicate:2, two different lies of replicate:3, or an after-window job), or nothing at all
   moved for ``--warp-after-s`` (a seat whose ``assign`` the chain refused waits for the
@@ -45,11 +45,11 @@ Figures per cell, all from the chain's events and receipts unless said otherwise
 * **runs/job**: results the nodes computed and reported (their own count), per job funded;
 * **gas/job**: the sum of ``gasUsed`` of every transaction about the cell's jobs (funding,
   ``assign``, relayed results, ``settle``/``finalize``/``resolve``; found by decoding each
-  escrow transaction's calldata in the cell's blocks, reverted ones included; a ``multicall``
-  batch of the outbox is decoded call by call, each charged an equal share of the batch's gas),
-  per job funded.
+  escrow transaction's calldata in the cell's blocks, reverted ones included; a
+  ``tryMulticall`` (or ``multicall``) batch of the outbox is decoded call by call, each
+  charged an equal share of the batch's gas), per job funded.
   No withdrawals (``bench/gas.py`` amortises one per 10 jobs into its figure);
-* **funded -> paid** p50/p99: from ``createJob``/``createReplicated``'s receipt to the first
+* **funded -> paid** p50/p99: from ``createJob``'s receipt to the first
   sight of ``JobReleased``/``Resolved`` (logs polled every 0.1 s), jobs paid without the clock
   moved;
 * **slashed**: ``ProviderSlashed`` events: distinct cheating wallets slashed, and any honest one;
@@ -110,7 +110,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -350,8 +350,8 @@ def fund(
     args: argparse.Namespace,
     http: httpx.Client,
 ) -> None:
-    """Fund ``jobs`` in turn from the submitter dev account, ``createJob`` (k = 1) or
-    ``createReplicated`` of k seats, each as soon as fewer than ``args.backlog`` funded seats
+    """Fund ``jobs`` in turn from the submitter dev account, ``createJob`` of one job (k = 1)
+    or of k seats (``replicas``), each as soon as fewer than ``args.backlog`` funded seats
     wait for a node (not yet leased: funded but not yet seen by the scheduler, ``pending_spec``
     or ``queued`` in its store), so every node that asks finds work and the dispatcher's
     preferences do not pick who runs; at most ``args.rate`` jobs per second. Each job's
@@ -361,6 +361,7 @@ def fund(
     terms = st.escrow.default_terms(SHARE, submitter, on_verify=on_verify and k == 1)
     if args.p_bps is not None:
         terms = spot_terms(st.escrow, args.p_bps)
+    terms = replace(terms, operator=st.escrow.expected_operator(terms))  # read once
     backlog = args.backlog or args.nodes
     store = Store(st.db_url)
     try:
@@ -392,12 +393,20 @@ def _fund_one(
     salt = secrets.token_bytes(32)
     ident = job_id(submitter, job.spec_cid, salt)
     job.key = "0x" + ident.hex()
-    common = (salt, job.spec_cid, job.deadline, terms.mediator, terms.collateral, terms.flags)
+    data = st.escrow.encode(
+        "createJob",
+        salt,
+        job.spec_cid,
+        job.deadline,
+        terms.operator,  # expectedOperator
+        terms.mediator,
+        terms.collateral,
+        terms.flags,
+        0 if k == 1 else k,  # replicas
+    )
     if k == 1:
-        data = st.escrow.encode("createJob", *common)
         job.seats = [job.key]
     else:
-        data = st.escrow.encode("createReplicated", *common, k)
         job.seats = ["0x" + s.hex() for s in seat_ids(ident, k)]
     tx = {
         "from": submitter,
@@ -432,11 +441,11 @@ def gas_by_job(
                 if (tx.get("to") or "").lower() != escrow:
                     continue
                 fn, args = st.escrow.contract.decode_function_input(tx["input"])
-                # the outbox batches operator steps in multicall: each inner call is one step,
-                # charged an equal share of the batch's gas
+                # the outbox batches operator steps in (try)multicall: each inner call is one
+                # step, charged an equal share of the batch's gas
                 steps: list[tuple[Any, Any]] = (
                     [st.escrow.contract.decode_function_input(c) for c in args["data"]]
-                    if fn.fn_name == "multicall"
+                    if fn.fn_name in ("multicall", "tryMulticall")
                     else [(fn, args)]
                 )
                 receipt = gas[tx["hash"]]
@@ -444,7 +453,7 @@ def gas_by_job(
                 counted = False
                 for inner, inner_args in steps:
                     name = inner.fn_name
-                    if name in ("createJob", "createReplicated"):
+                    if name == "createJob":
                         ident = job_id(tx["from"], inner_args["specCid"], bytes(inner_args["salt"]))
                     else:
                         first_arg = inner.abi["inputs"][0]["name"]

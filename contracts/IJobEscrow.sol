@@ -1,15 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 pragma solidity ^0.8.28;
 
-/// @title IJobEscrow (version 4)
+/// @title IJobEscrow (version 5)
 /// @notice Types, events and errors of the GridMarket job escrow and provider registry.
 /// @dev Everything an indexer (the scheduler's chain watcher, the payouts explorer) needs is in
 ///      the events: it never has to read contract storage.
 ///
 ///      Trust model (docs/trust.md): no key in the middle can move a bounty or a stake.
-///      - The operator (the scheduler's key, snapshotted into each job at funding) only chooses
-///        which *willing* provider gets a job: `assign` needs the provider's EIP-712 acceptance,
-///        and the operator, treasury, submitter and mediator can never be the provider.
+///      - The operator (the scheduler's key, named by the submitter at funding and checked
+///        against the one in office) only chooses which *willing* provider gets a job: `assign`
+///        needs the provider's EIP-712 acceptance, which names the time the provider is given
+///        (`holdFor`): nobody but the provider can take the job back before that time is over.
+///        The operator, treasury, submitter and mediator can never be the provider, and one
+///        wallet holds at most one seat of a replicated job.
 ///      - A result is paid when the submitter accepts it, when nobody objected within the
 ///        challenge window (anyone may then `finalize`), when the mediator the submitter named at
 ///        funding upholds it, or, only for jobs the submitter funded with `FLAG_ON_VERIFY`, when
@@ -19,11 +22,13 @@ pragma solidity ^0.8.28;
 ///        mediator slashes it. Unstaking only ever takes free stake.
 ///      - The owner's settings (operator, fee, treasury, mediator list) reach only jobs funded
 ///        after the change.
-///      - A replicated job (`createReplicated`, k = 2..5 seats, one bounty share each) is paid
+///      - A replicated job (`createJob` with `replicas`, k = 2..5 seats, one share each) is paid
 ///        only on an outcome the contract can check: `resolve` pays the seats whose output
-///        digests agree in a strict majority of k distinct providers, and slashes the seats that
-///        disagree; without a majority only the job's mediator can rule a seat, and nobody is
-///        paid without one.
+///        digests agree in a strict majority of the k seats (one wallet each), and slashes the
+///        seats that disagree; without a majority (all seats delivered, or the deadline passed) only the
+///        job's mediator can rule a seat (`rule`, until `deadline + mediationWindow`), and
+///        nobody is paid without one. The submitter cancels a group only while every seat is
+///        Funded (`resolve`), never a seat alone.
 ///      - A job is funded in ETH or in an ERC-20 token the owner allow-listed (`createJobWith`,
 ///        one transaction with `permitToken` in a `multicall`). Everything about the job then
 ///        moves in that token: bounty, payout, fee, refund, collateral (locked from the
@@ -66,6 +71,7 @@ interface IJobEscrow {
         uint40 disputedAt; // when the submitter disputed the pending result; zero otherwise
         uint8 flags; // FLAG_ON_VERIFY (operator pays at once), FLAG_SPOT, or the seat count
         address token; // what the job is paid in: zero for ETH, else an allow-listed ERC-20
+        uint40 holdUntil; // Assigned: the end of the time the provider signed for; zero otherwise
     }
 
     /// @notice A provider's registry entry (`providerOf`: ETH stake and registration) or its
@@ -95,17 +101,21 @@ interface IJobEscrow {
         string specCid
     );
     /// @notice The job's operator gave the job to `provider`, who accepted it (attempt counts
-    ///         assignments); `since` is the assignment time. The job's collateral is now locked
-    ///         from the provider's stake (and unlocked from `previousProvider`'s).
+    ///         assignments); `since` is the assignment time and `holdUntil` the end of the time
+    ///         the provider signed for (nobody but the provider can take the job back before it).
+    ///         The job's collateral is now locked from the provider's stake (and unlocked from
+    ///         `previousProvider`'s).
     event JobAssigned(
         bytes32 indexed jobId,
         address indexed provider,
         address previousProvider,
         uint16 attempt,
-        uint40 since
+        uint40 since,
+        uint40 holdUntil
     );
     /// @notice The job went back to Funded: the provider handed it back or the operator took it
-    ///         back after `reassignDelay`. The collateral is unlocked, nobody is slashed.
+    ///         back once its hold (`holdUntil`, at least `reassignDelay`) was over. The
+    ///         collateral is unlocked, nobody is slashed.
     event JobUnassigned(bytes32 indexed jobId, address indexed provider, uint16 attempt);
     /// @notice The assigned provider delivered `outputCid` (sent by itself or relayed).
     event ResultSubmitted(
@@ -146,11 +156,12 @@ interface IJobEscrow {
     event ReplicasCreated(
         bytes32 indexed groupId, address indexed submitter, uint8 replicas, bytes32 salt
     );
-    /// @notice The seats of a replicated job were resolved: `agreeing` distinct providers
-    ///         delivered `resultDigest` (zero when no majority was reached before the deadline
-    ///         and the mediation window: the pending seats were refunded, nobody slashed). The
-    ///         majority's seats are paid (JobReleased), the others refunded (JobRefunded), and a
-    ///         provider whose result disagreed lost its collateral (ProviderSlashed).
+    /// @notice The seats of a replicated job were resolved: `agreeing` seats (one provider
+    ///         each) delivered `resultDigest`. Zero when no majority was reached before the
+    ///         deadline and the mediation window, or when the submitter cancelled a group no
+    ///         seat held: the open seats were refunded, nobody slashed. The majority's seats are
+    ///         paid (JobReleased), the others refunded (JobRefunded), and a provider whose
+    ///         result disagreed lost its collateral (ProviderSlashed).
     event Resolved(bytes32 indexed groupId, bytes32 resultDigest, uint8 agreeing, uint8 replicas);
     /// @notice The bounty went back to the submitter's balance (cancelled, or deadline passed).
     event JobRefunded(bytes32 indexed jobId, address indexed submitter, uint96 amount);
@@ -246,6 +257,9 @@ interface IJobEscrow {
     error JobEscrowTokenTransferFailed(address token);
     error JobEscrowTokenAmountMismatch(address token, uint256 expected, uint256 received);
     error JobEscrowPermitFailed(address token, uint256 allowance, uint256 needed);
+    error JobEscrowOperatorChanged(address expected, address operator);
+    error JobEscrowSeatTaken(bytes32 groupId, address provider);
+    error JobEscrowMajority(bytes32 groupId);
     error ProviderRegistryNotRegistered(address provider);
     error ProviderRegistryInsufficientStake(address provider, uint256 stake, uint256 minStake);
     error ProviderRegistryInsufficientCollateral(address provider, uint256 free, uint256 needed);

@@ -9,29 +9,32 @@ import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/Reentrancy
 import {IJobEscrow} from "./IJobEscrow.sol";
 import {IERC20Min, ProviderRegistry} from "./ProviderRegistry.sol";
 
-/// @title JobEscrow (version 4)
+/// @title JobEscrow (version 5)
 /// @notice Per-job escrow for the GridMarket GPU compute marketplace, with no key in the middle
 ///         that can take a bounty or a stake (docs/trust.md).
 ///
 /// A submitter locks a bounty with `createJob`, naming the terms: the mediator who may rule on
-/// the result, the collateral a provider must lock, and whether the operator may pay at once on
-/// its own check (`FLAG_ON_VERIFY`). The operator in office at funding assigns the job, only to
-/// a provider that signed its acceptance of those terms (EIP-712 `Acceptance`); the provider's
-/// collateral is then locked. Only that provider can author a result, before the deadline. The
+/// the result, the collateral a provider must lock, whether the operator may pay at once on its
+/// own check (`FLAG_ON_VERIFY`), and the operator it expects (funding reverts if another one is
+/// in office). That operator assigns the job, only to a provider that signed its acceptance of
+/// those terms and of the time it is given (EIP-712 `Acceptance`, `holdFor`); the provider's
+/// collateral is then locked, and nobody but the provider can take the job back before that
+/// time is over. Only that provider can author a result, before the deadline. The
 /// result is paid (minus the fee fixed at creation) when the submitter accepts it, when the
 /// mediator upholds it, when nobody disputed it within the challenge window (anyone may then
 /// `finalize`), or at once by the operator for an on-verify job. A disputed result goes to the
 /// mediator; a result ruled wrong costs the provider the job's collateral and the job is Funded
 /// again. After the deadline with no result pending, anyone can refund the submitter.
-/// A replicated job (`createReplicated`) is k seats, each a job of its own with an equal share
-/// of the bounty, assigned to k providers; `resolve` pays the seats whose outputs agree in a
-/// strict majority of distinct providers and slashes the ones that disagree (no operator, no
-/// challenge window: the agreement is the check). Without a majority only the mediator rules.
+/// A replicated job (`createJob` with `replicas`) is k seats, each a job of its own with an
+/// equal share of the bounty, assigned to k providers (one seat per wallet); `resolve` pays the
+/// seats whose outputs agree in a strict majority and slashes the ones that disagree (no
+/// operator, no challenge window: the agreement is the check). Without a majority only the
+/// mediator rules, and only once no seat can still break the tie.
 /// A spot job (`FLAG_SPOT`) locks a check deposit beside its bounty; its mediator may open a
 /// check of a result (`dispute`, sending nothing) on the attempts the submitter's hidden draw
 /// picked (committed in the job spec), and the deposit pays the re-run only if the result was
 /// right: a wrong one is slashed, and its collateral pays the re-run instead.
-/// A job is paid in ETH (`createJob`, `createReplicated`) or in an ERC-20 token the owner
+/// A job is paid in ETH (`createJob`) or in an ERC-20 token the owner
 /// allow-listed (`createJobWith`); all of its money (bounty, fee, collateral, dispute deposit)
 /// is in that token, and balances are kept per account and token.
 /// Money only moves into withdrawable balances (pull payments); `withdraw` and `withdrawToken`
@@ -64,7 +67,7 @@ contract JobEscrow is
     ///         submitter's client and committed in the job spec (docs/trust.md, "Spot checks").
     uint8 internal constant FLAG_SPOT = 0x10;
     /// @notice Job flags bits 1..3: the number of seats of a replicated job (2..MAX_REPLICAS),
-    ///         zero for a single job. Set only by `createReplicated`.
+    ///         zero for a single job. Set only by funding with `replicas`.
     uint8 internal constant FLAG_REPLICAS_MASK = 0x0e;
     /// @notice Most seats a replicated job may have.
     uint8 internal constant MAX_REPLICAS = 5;
@@ -74,10 +77,10 @@ contract JobEscrow is
     /// @notice EIP-712 type of a provider's acceptance of a job's terms for one assignment.
     bytes32 internal constant ACCEPTANCE_TYPEHASH = keccak256(
         "Acceptance(bytes32 jobId,uint16 attempt,uint96 bounty,uint16 feeBps,uint40 deadline,"
-        "uint96 collateral,address mediator,uint8 flags,address token)"
+        "uint96 collateral,address mediator,uint8 flags,address token,uint32 holdFor)"
     );
-    /// @dev Size of an ABI-encoded Job: 14 static words.
-    uint256 private constant _JOB_BYTES = 0x1c0;
+    /// @dev Size of an ABI-encoded Job: 15 static words.
+    uint256 private constant _JOB_BYTES = 0x1e0;
 
     /// @notice Smallest bounty accepted, in wei.
     uint96 public immutable minBounty;
@@ -98,9 +101,10 @@ contract JobEscrow is
     /// @notice Seconds the mediator has to rule on a dispute; then anyone may finalize it (the
     ///         result stands, the deposit goes back to the submitter).
     uint40 public immutable mediationWindow;
-    /// @notice Seconds after an assignment before the operator may take the job back
-    ///         (`unassign` or reassign) without the provider: enough for a provider whose
-    ///         result the operator withholds to post it on-chain itself.
+    /// @notice Least seconds after an assignment before the operator may take the job back
+    ///         (`unassign` or reassign) without the provider, whatever time the provider signed
+    ///         for (`holdUntil`, which may be longer): enough for a provider whose result the
+    ///         operator withholds to post it on-chain itself.
     uint40 public immutable reassignDelay;
 
     // Storage packing (docs/contracts.md): `operator` and `feeBps` share a slot, so createJob
@@ -124,6 +128,9 @@ contract JobEscrow is
     mapping(bytes32 jobId => uint256) private _jobs;
     mapping(address account => uint256) private _balances;
     mapping(address account => mapping(address token => uint256)) private _tokenBalances;
+    /// @dev The seat (index + 1) a provider was ever assigned in a replicated job; zero for
+    ///      none. One wallet holds at most one seat of a group.
+    mapping(bytes32 groupId => mapping(address provider => uint256)) private _seatOf;
 
     /// @notice Everything fixed for the lifetime of a deployment.
     struct Params {
@@ -147,7 +154,7 @@ contract JobEscrow is
     constructor(Params memory p)
         ProviderRegistry(p.minStake, p.unstakeDelay)
         Ownable(msg.sender)
-        EIP712("GridMarket JobEscrow", "4") // Acceptance names the job's token since version 4
+        EIP712("GridMarket JobEscrow", "5") // Acceptance names its holdFor since version 5
     {
         if (p.operator == address(0) || p.treasury == address(0)) revert JobEscrowZeroAddress();
         if (p.feeBps > MAX_FEE_BPS) revert JobEscrowFeeTooHigh(p.feeBps, MAX_FEE_BPS);
@@ -184,29 +191,49 @@ contract JobEscrow is
     ///        take or squat an id the submitter computed in advance.
     /// @param specCid IPFS CID of the job spec (image, dataset, resources).
     /// @param deadline Unix time after which no result is accepted and the bounty is refundable.
+    /// @param expectedOperator The operator the submitter trusts to assign the job (and, for an
+    ///        on-verify job, to pay it): funding reverts unless it is the one in office.
     /// @param mediator Who may rule on the result: a listed mediator, or the submitter itself
     ///        (providers see it in what they accept). Never the operator.
     /// @param collateral Stake the provider locks while it holds the job, at least
     ///        `minCollateral(bounty)`; a ruling against its result gives it to the submitter.
-    /// @param flags `FLAG_ON_VERIFY` lets the operator pay a result at once on its own check.
-    /// @return jobId keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt)).
+    /// @param flags `FLAG_ON_VERIFY` lets the operator pay a result at once on its own check,
+    ///        `FLAG_SPOT` makes it a spot-checked job; zero for a replicated job.
+    /// @param replicas Zero for a single job; 2..MAX_REPLICAS for a replicated job: that many
+    ///        seats, each a job of its own with `msg.value / replicas` of the bounty and the same
+    ///        terms, for distinct providers (`resolve` pays the seats that agree and slashes the
+    ///        others; `collateral` is what each seat's provider locks, at least `minCollateral`
+    ///        of a share). Seat i is the job keccak256(abi.encode(id, i)).
+    /// @return id keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt)): the job id,
+    ///         or the group id of a replicated job.
     function createJob(
         bytes32 salt,
         string calldata specCid,
         uint40 deadline,
+        address expectedOperator,
         address mediator,
         uint96 collateral,
-        uint8 flags
-    ) external payable returns (bytes32 jobId) {
-        jobId = _create(
-            address(0), msg.value, minBounty, salt, specCid, deadline, mediator, collateral, flags, 0
+        uint8 flags,
+        uint8 replicas
+    ) external payable returns (bytes32 id) {
+        id = _create(
+            address(0),
+            msg.value,
+            minBounty,
+            salt,
+            specCid,
+            deadline,
+            expectedOperator,
+            mediator,
+            collateral,
+            flags,
+            replicas
         );
     }
 
     /// @notice Fund a job in an allow-listed ERC-20 `token`: `amount` is pulled from the caller
     ///         with `transferFrom` (approve it first, or call `permitToken` before this in one
-    ///         `multicall`). `replicas` zero funds a single job (as `createJob`), 2..MAX_REPLICAS
-    ///         a replicated one (as `createReplicated`; `flags` must then be zero). Everything
+    ///         `multicall`). The other arguments are `createJob`'s. Everything
     ///         about the job then moves in `token`: the provider's collateral is locked from its
     ///         stake in `token` (`stakeToken`).
     /// @return id The job id (single) or the group id (replicated), derived as for ETH jobs.
@@ -216,6 +243,7 @@ contract JobEscrow is
         bytes32 salt,
         string calldata specCid,
         uint40 deadline,
+        address expectedOperator,
         address mediator,
         uint96 collateral,
         uint8 flags,
@@ -224,7 +252,17 @@ contract JobEscrow is
         uint256 least = tokenMinBounty[token];
         if (least == 0) revert JobEscrowTokenNotAllowed(token);
         id = _create(
-            token, amount, least, salt, specCid, deadline, mediator, collateral, flags, replicas
+            token,
+            amount,
+            least,
+            salt,
+            specCid,
+            deadline,
+            expectedOperator,
+            mediator,
+            collateral,
+            flags,
+            replicas
         );
         _pull(token, amount);
     }
@@ -253,28 +291,6 @@ contract JobEscrow is
         if (allowance < value) revert JobEscrowPermitFailed(token, allowance, value);
     }
 
-    /// @notice Fund a replicated job: `replicas` seats (2..MAX_REPLICAS), each a job of its own
-    ///         with `msg.value / replicas` of the bounty and the same terms, for distinct
-    ///         providers. `resolve` pays the seats that agree and slashes the others.
-    /// @param collateral What each seat's provider locks (at least `minCollateral` of a share).
-    /// @param flags Zero: a replicated job is never paid on the operator's check.
-    /// @return groupId keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt)); seat i
-    ///         is the job keccak256(abi.encode(groupId, i)).
-    function createReplicated(
-        bytes32 salt,
-        string calldata specCid,
-        uint40 deadline,
-        address mediator,
-        uint96 collateral,
-        uint8 flags,
-        uint8 replicas
-    ) external payable returns (bytes32 groupId) {
-        if (replicas == 0) revert JobEscrowBadReplicas(0); // zero would fund a single job
-        groupId = _create(
-            address(0), msg.value, minBounty, salt, specCid, deadline, mediator, collateral, flags, replicas
-        );
-    }
-
     /// @dev Funds a job worth `total` in `token` (`least`: the smallest bounty in it): a single
     ///      job (`replicas` zero), or the `replicas` seats of a replicated one, seat i the job
     ///      keccak256(abi.encode(id, i)) with an equal share and the seat count in its flags.
@@ -287,11 +303,13 @@ contract JobEscrow is
         bytes32 salt,
         string calldata specCid,
         uint40 deadline,
+        address expectedOperator,
         address mediator,
         uint96 collateral,
         uint8 flags,
         uint8 replicas
     ) private returns (bytes32 id) {
+        if (expectedOperator != operator) revert JobEscrowOperatorChanged(expectedOperator, operator);
         id = keccak256(abi.encode(msg.sender, keccak256(bytes(specCid)), salt));
         uint96 bounty;
         uint256 n = 1;
@@ -388,7 +406,8 @@ contract JobEscrow is
             collateral,
             0,
             flags,
-            token
+            token,
+            0
         );
         _jobs[jobId] = _pack(keccak256(abi.encode(job)), Status.Funded);
         emit JobCreated(
@@ -407,10 +426,13 @@ contract JobEscrow is
         );
     }
 
-    /// @notice Cancel a job nobody was assigned yet; the bounty goes to the submitter's balance.
+    /// @notice Cancel a job nobody holds; the bounty goes to the submitter's balance. A seat of
+    ///         a replicated job is never cancelled alone (another seat may have delivered): the
+    ///         submitter cancels the whole group with `resolve` while no seat was assigned.
     function cancel(bytes32 jobId, Job memory job) external {
         _check(jobId, job, Status.Funded);
         if (msg.sender != job.submitter) revert JobEscrowNotSubmitter(msg.sender, job.submitter);
+        if (job.flags & FLAG_REPLICAS_MASK != 0) revert JobEscrowReplicated(jobId);
         _finishRefund(jobId, job);
     }
 
@@ -462,7 +484,7 @@ contract JobEscrow is
         }
         uint40 nowTs = uint40(block.timestamp);
         _jobs[jobId] = _pack(
-            _hashProgress(job, job.provider, job.since, job.attempt, job.resultDigest, nowTs),
+            _hashProgress(job, job.provider, job.since, job.attempt, job.resultDigest, nowTs, 0),
             Status.Disputed
         );
         emit ResultDisputed(jobId, job.provider, nowTs, deposit);
@@ -472,16 +494,32 @@ contract JobEscrow is
     // ================================================================ operator
 
     /// @notice Assign a funded job to `provider`, or reassign an assigned one to another provider
-    ///         once `reassignDelay` has passed. Only the job's operator, only before the deadline,
-    ///         only with the provider's signed acceptance of this assignment and the job's terms,
-    ///         and never to the operator, the submitter or the mediator. Locks the collateral.
+    ///         once its hold is over (`holdUntil`, and at least `reassignDelay`). Only the job's
+    ///         operator, only before the deadline, only with the provider's signed acceptance of
+    ///         this assignment, the job's terms and `holdFor` (the seconds the provider is given:
+    ///         nobody but the provider can take the job back before they pass), and never to the
+    ///         operator, the submitter or the mediator. Locks the collateral.
+    /// @param id The job's id (`seat` 0), or a replicated job's group id: the job assigned is
+    ///        then seat `seat`, keccak256(abi.encode(id, seat)). A wallet holds at most one seat
+    ///        of a group, ever (it may take its own seat again), so one wallet cannot vote twice.
     /// @dev Each call is a new attempt, so signatures made for an earlier assignment are void.
     function assign(
-        bytes32 jobId,
+        bytes32 id,
+        uint256 seat,
         Job memory job,
         address provider,
+        uint32 holdFor,
         bytes calldata acceptance
     ) external {
+        bytes32 jobId = id;
+        if (job.flags & FLAG_REPLICAS_MASK != 0) {
+            jobId = keccak256(abi.encode(id, seat));
+            uint256 held = _seatOf[id][provider];
+            if (held != 0 && held != seat + 1) revert JobEscrowSeatTaken(id, provider);
+            _seatOf[id][provider] = seat + 1;
+        } else if (seat != 0) {
+            revert JobEscrowJobMismatch(id);
+        }
         if (msg.sender != job.operator) revert JobEscrowNotOperator(msg.sender, job.operator);
         Status status = _checkEither(jobId, job, Status.Funded, Status.Assigned);
         if (block.timestamp > job.deadline) {
@@ -491,7 +529,7 @@ contract JobEscrow is
         if (provider == job.operator || provider == job.submitter || provider == job.mediator) {
             revert JobEscrowConflictOfInterest(jobId, provider);
         }
-        address signer = _recover(acceptanceDigest(jobId, job), acceptance);
+        address signer = _recover(acceptanceDigest(jobId, job, holdFor), acceptance);
         if (signer != provider) revert JobEscrowBadSignature(jobId, signer, provider);
         if (status == Status.Assigned) {
             _requireTakeBackAllowed(jobId, job);
@@ -500,13 +538,16 @@ contract JobEscrow is
         _lock(provider, job.token, job.collateral);
         uint16 attempt = job.attempt + 1;
         uint40 nowTs = uint40(block.timestamp);
-        _jobs[jobId] = _pack(_hashProgress(job, provider, nowTs, attempt, 0, 0), Status.Assigned);
-        emit JobAssigned(jobId, provider, job.provider, attempt, nowTs);
+        uint40 holdUntil = nowTs + holdFor; // < 2**40: a uint40 time plus a uint32
+        _jobs[jobId] = _pack(
+            _hashProgress(job, provider, nowTs, attempt, 0, 0, holdUntil), Status.Assigned
+        );
+        emit JobAssigned(jobId, provider, job.provider, attempt, nowTs, holdUntil);
     }
 
     /// @notice Hand an assigned job back (the provider, at any time) or take it back (the job's
-    ///         operator, once `reassignDelay` has passed since the assignment). It is Funded
-    ///         again, the collateral unlocked, nobody slashed.
+    ///         operator, once the hold is over: `holdUntil`, and at least `reassignDelay` after
+    ///         the assignment). It is Funded again, the collateral unlocked, nobody slashed.
     function unassign(bytes32 jobId, Job memory job) external {
         _check(jobId, job, Status.Assigned);
         if (msg.sender == job.operator) {
@@ -516,7 +557,7 @@ contract JobEscrow is
         }
         _unlock(job.provider, job.token, job.collateral);
         _jobs[jobId] =
-            _pack(_hashProgress(job, address(0), 0, job.attempt, 0, 0), Status.Funded);
+            _pack(_hashProgress(job, address(0), 0, job.attempt, 0, 0, 0), Status.Funded);
         emit JobUnassigned(jobId, job.provider, job.attempt);
     }
 
@@ -537,7 +578,7 @@ contract JobEscrow is
         bytes32 digest = keccak256(bytes(outputCid));
         emit ResultSubmitted(jobId, job.provider, job.attempt, submittedAt, outputCid);
         _jobs[jobId] = _pack(
-            _hashProgress(job, job.provider, submittedAt, job.attempt, digest, 0),
+            _hashProgress(job, job.provider, submittedAt, job.attempt, digest, 0, 0),
             Status.Released
         );
         _finishRelease(jobId, job);
@@ -569,24 +610,53 @@ contract JobEscrow is
 
     // ================================================================ mediator
 
-    /// @notice The job's mediator rules on the pending result: on a dispute at any time until
-    ///         it is finalized, or on its own check within the challenge window (a seat of a
-    ///         replicated job: at any time until it is resolved; this breaks a tie). Upheld: the
-    ///         result is paid (and a dispute deposit pays the mediator). Not upheld: the provider
-    ///         loses the job's collateral and the job is Funded again; the submitter gets its
-    ///         deposit back in full (a spot job's stays locked for the next attempt), the
-    ///         mediator (when disputed) `min(collateral, 2 * deposit)` of the collateral for its
-    ///         re-run and the tie-break re-run a mismatch calls for, and the submitter the rest.
-    function rule(bytes32 jobId, Job memory job, bool upheld) external {
-        Status status = _checkEither(jobId, job, Status.Submitted, Status.Disputed);
-        if (msg.sender != job.mediator) revert JobEscrowNotMediator(msg.sender, job.mediator);
-        if (status == Status.Submitted && job.flags & FLAG_REPLICAS_MASK == 0) {
-            uint256 closesAt = uint256(job.since) + challengeWindow;
-            if (block.timestamp >= closesAt) {
-                revert JobEscrowChallengeWindowClosed(jobId, closesAt, block.timestamp);
+    /// @notice The job's mediator rules on the pending result of a job, or of seat `i` of a
+    ///         replicated job. Upheld: the result is paid (and a dispute deposit pays the
+    ///         mediator). Not upheld: the provider loses the job's collateral and the job is
+    ///         Funded again; the submitter gets its deposit back in full (a spot job's stays
+    ///         locked for the next attempt), the mediator (when disputed)
+    ///         `min(collateral, 2 * deposit)` of the collateral for its re-run and the tie-break
+    ///         re-run a mismatch calls for, and the submitter the rest.
+    ///         A job: on a dispute at any time until it is finalized, or on the mediator's own
+    ///         check within the challenge window. A seat: only where the seats' results hold no
+    ///         strict majority (`resolve` settles a majority, and nobody overturns it), once
+    ///         every seat has delivered or the deadline has passed (a seat still running may yet
+    ///         break the tie), and before `deadline + mediationWindow`.
+    /// @param id The job's id, or the replicated job's group id.
+    /// @param jobs The job's current struct alone (`i` zero), or every seat's, seat i at index i
+    ///        (as for `resolve`).
+    /// @param i The job ruled on: index into `jobs`.
+    /// @param upheld Whether the result is right.
+    function rule(bytes32 id, Job[] memory jobs, uint256 i, bool upheld) external {
+        Job memory job = jobs[i];
+        bytes32 jobId = id;
+        Status status;
+        uint256 closesAt;
+        if (jobs.length == 1) {
+            status = _checkEither(id, job, Status.Submitted, Status.Disputed);
+            if (job.flags & FLAG_REPLICAS_MASK != 0) revert JobEscrowReplicated(id);
+            closesAt = status == Status.Submitted ? uint256(job.since) + challengeWindow : 2**64;
+        } else {
+            (bytes32[] memory ids, Status[] memory st,, bool pending,) = _loadSeats(id, jobs);
+            jobId = ids[i];
+            status = st[i];
+            if (status != Status.Submitted) revert JobEscrowWrongStatus(jobId, status);
+            (, uint256 agreeing) = _tally(jobs, st);
+            if (agreeing * 2 > jobs.length) revert JobEscrowMajority(id);
+            uint256 deadline = job.deadline;
+            if (pending && block.timestamp <= deadline) {
+                revert JobEscrowSeatsPending(id, deadline, block.timestamp);
             }
+            closesAt = deadline + mediationWindow;
         }
-        bool disputed = status == Status.Disputed;
+        if (block.timestamp >= closesAt) {
+            revert JobEscrowChallengeWindowClosed(jobId, closesAt, block.timestamp);
+        }
+        _rule(jobId, job, upheld, status == Status.Disputed);
+    }
+
+    function _rule(bytes32 jobId, Job memory job, bool upheld, bool disputed) private {
+        if (msg.sender != job.mediator) revert JobEscrowNotMediator(msg.sender, job.mediator);
         uint96 deposit = disputed ? depositOf(job) : 0;
         emit Ruled(jobId, job.mediator, job.provider, job.attempt, upheld);
         if (upheld) {
@@ -597,7 +667,7 @@ contract JobEscrow is
             return;
         }
         _jobs[jobId] =
-            _pack(_hashProgress(job, address(0), 0, job.attempt, 0, 0), Status.Funded);
+            _pack(_hashProgress(job, address(0), 0, job.attempt, 0, 0, 0), Status.Funded);
         uint96 amount = job.collateral;
         uint96 toMediator;
         if (disputed) {
@@ -620,42 +690,28 @@ contract JobEscrow is
     /// @notice Settle the seats of a replicated job (anyone may call it; the money only goes to
     ///         the seats' providers, the treasury and the submitter). Once every seat has a
     ///         result, or the deadline has passed: when the results of a strict majority of the
-    ///         k seats, counted once per distinct provider (a seat already paid counts for its
-    ///         result), agree, the agreeing seats are paid, each seat whose result disagrees is
+    ///         k seats (a seat already paid counts for its result; every seat has a provider of
+    ///         its own, `assign`) agree, the agreeing seats are paid, each seat whose result disagrees is
     ///         refunded and its provider loses the seat's collateral to the submitter, and a seat
     ///         without a result is refunded (its provider unlocked, not slashed). Without a
     ///         majority it waits for the mediator's rulings on the seats (`rule`) until
     ///         `deadline + mediationWindow`; then every open seat is refunded, nobody slashed.
+    ///         While every seat is Funded (none held, none delivered) the submitter may resolve
+    ///         at once: every seat is refunded (it cancels the replicated job).
     /// @param seats The seats' current structs, seat i at index i (k = seats.length).
     function resolve(bytes32 groupId, Job[] memory seats) external {
+        (bytes32[] memory ids, Status[] memory st, bool open, bool pending, bool held) =
+            _loadSeats(groupId, seats);
         uint256 k = seats.length;
-        if (k < 2 || k > MAX_REPLICAS) revert JobEscrowBadReplicas(k);
-        bytes32[] memory ids = new bytes32[](k);
-        Status[] memory st = new Status[](k);
-        bool open;
-        bool pending;
-        for (uint256 i; i < k; ++i) {
-            ids[i] = keccak256(abi.encode(groupId, i));
-            Job memory seat = seats[i];
-            if (uint256(seat.flags & FLAG_REPLICAS_MASK) >> 1 != k) {
-                revert JobEscrowBadReplicas(uint256(seat.flags & FLAG_REPLICAS_MASK) >> 1);
-            }
-            uint256 slot = _jobs[ids[i]];
-            Status s = Status(uint8(slot));
-            if (s == Status.None || slot != _pack(_hashCalldata(seat), s)) {
-                revert JobEscrowJobMismatch(ids[i]);
-            }
-            st[i] = s;
-            if (s == Status.Submitted) open = true;
-            if (s == Status.Funded || s == Status.Assigned) pending = open = true;
-        }
         if (!open) revert JobEscrowWrongStatus(ids[0], st[0]);
         (bytes32 win, uint256 agreeing) = _tally(seats, st);
         bool majority = agreeing * 2 > k;
         uint256 deadline = seats[0].deadline;
         if (!majority) {
             uint256 at = deadline + mediationWindow;
-            if (block.timestamp < at) revert JobEscrowNoMajority(groupId, at, block.timestamp);
+            if (block.timestamp < at && (held || msg.sender != seats[0].submitter)) {
+                revert JobEscrowNoMajority(groupId, at, block.timestamp);
+            }
             win = bytes32(0);
             agreeing = 0;
         } else if (pending && block.timestamp <= deadline) {
@@ -671,9 +727,6 @@ contract JobEscrow is
                     _slashLocked(seat.provider, seat.token, amount);
                     emit ProviderSlashed(seat.provider, ids[i], amount, seat.submitter, 0);
                     _credit(seat.submitter, seat.token, amount);
-                    _finishRefund(ids[i], seat);
-                } else if (_paidEarlier(seats, st, i)) {
-                    _unlock(seat.provider, seat.token, seat.collateral); // one provider, one vote, one pay
                     _finishRefund(ids[i], seat);
                 } else {
                     _jobs[ids[i]] = _pack(_hashCalldata(seat), Status.Released);
@@ -768,6 +821,16 @@ contract JobEscrow is
     // transient reentrancy guard is the same slot inside and outside a batch, and no function
     // but the withdrawals hands control to anyone (pull payments), so a receiver re-entering
     // through `multicall` meets the guard (docs/contracts.md).
+
+    /// @notice As `multicall`, but a call that reverts is skipped, not fatal: `ok[i]` says
+    ///         whether call i took effect. For batches of steps someone else may do first (a
+    ///         provider relaying its own result ahead of the operator's settle).
+    function tryMulticall(bytes[] calldata data) external returns (bool[] memory ok) {
+        ok = new bool[](data.length);
+        for (uint256 i; i < data.length; ++i) {
+            (ok[i],) = address(this).delegatecall(data[i]);
+        }
+    }
 
     // ================================================================ admin
 
@@ -867,11 +930,6 @@ contract JobEscrow is
         return (bounty * minCollateralBps) / 10_000;
     }
 
-    /// @notice The EIP-712 domain separator of this deployment on this chain.
-    function domainSeparator() external view returns (bytes32) {
-        return _domainSeparatorV4();
-    }
-
     /// @notice The EIP-712 digest a provider signs to have `outputCid` relayed for `jobId`.
     function resultDigest(bytes32 jobId, uint16 attempt, string calldata outputCid)
         internal
@@ -884,8 +942,12 @@ contract JobEscrow is
     }
 
     /// @notice The EIP-712 digest a provider signs to accept the next assignment of `jobId`
-    ///         (attempt `job.attempt + 1`) on the terms in `job`.
-    function acceptanceDigest(bytes32 jobId, Job memory job) internal view returns (bytes32) {
+    ///         (attempt `job.attempt + 1`) on the terms in `job`, given `holdFor` seconds.
+    function acceptanceDigest(bytes32 jobId, Job memory job, uint32 holdFor)
+        internal
+        view
+        returns (bytes32)
+    {
         bytes32 structHash = keccak256(
             abi.encode(
                 ACCEPTANCE_TYPEHASH,
@@ -897,7 +959,8 @@ contract JobEscrow is
                 job.collateral,
                 job.mediator,
                 job.flags,
-                job.token
+                job.token,
+                holdFor
             )
         );
         return _hashTypedDataV4(structHash);
@@ -905,8 +968,39 @@ contract JobEscrow is
 
     // ================================================================ internals
 
-    /// @dev The result digest with the most distinct providers among the seats that voted
-    ///      (Submitted, or Released: already paid) and that count.
+    /// @dev Checks `seats` against the stored seats of `groupId` (all k of them, in order) and
+    ///      returns their ids and statuses; `open`: some seat is not final, `pending`: some seat
+    ///      has no result yet (Funded or Assigned), `held`: some seat is not Funded.
+    function _loadSeats(bytes32 groupId, Job[] memory seats)
+        private
+        view
+        returns (bytes32[] memory ids, Status[] memory st, bool open, bool pending, bool held)
+    {
+        uint256 k = seats.length;
+        if (k < 2 || k > MAX_REPLICAS) revert JobEscrowBadReplicas(k);
+        ids = new bytes32[](k);
+        st = new Status[](k);
+        for (uint256 i; i < k; ++i) {
+            ids[i] = keccak256(abi.encode(groupId, i));
+            Job memory seat = seats[i];
+            if (uint256(seat.flags & FLAG_REPLICAS_MASK) >> 1 != k) {
+                revert JobEscrowBadReplicas(uint256(seat.flags & FLAG_REPLICAS_MASK) >> 1);
+            }
+            uint256 slot = _jobs[ids[i]];
+            Status s = Status(uint8(slot));
+            if (s == Status.None || slot != _pack(_hashCalldata(seat), s)) {
+                revert JobEscrowJobMismatch(ids[i]);
+            }
+            st[i] = s;
+            if (s == Status.Submitted || s == Status.Disputed) open = true;
+            if (s == Status.Funded || s == Status.Assigned) pending = open = true;
+            if (s != Status.Funded) held = true;
+        }
+    }
+
+    /// @dev The result digest with the most seats among the seats that voted (Submitted, or
+    ///      Released: already paid), and that count. Each seat's provider is distinct (`assign`
+    ///      gives a wallet at most one seat of a group), so a seat is a vote.
     function _tally(Job[] memory seats, Status[] memory st)
         private
         pure
@@ -918,7 +1012,7 @@ contract JobEscrow is
             bytes32 d = seats[i].resultDigest;
             uint256 c;
             for (uint256 m; m < k; ++m) {
-                if (_votes(st[m]) && seats[m].resultDigest == d && !_seenBefore(seats, st, m, d)) {
+                if (_votes(st[m]) && seats[m].resultDigest == d) {
                     ++c;
                 }
             }
@@ -933,40 +1027,12 @@ contract JobEscrow is
         return s == Status.Submitted || s == Status.Released;
     }
 
-    /// @dev Whether seat m's provider already voted for digest d on an earlier seat.
-    function _seenBefore(Job[] memory seats, Status[] memory st, uint256 m, bytes32 d)
-        private
-        pure
-        returns (bool)
-    {
-        for (uint256 l; l < m; ++l) {
-            if (_votes(st[l]) && seats[l].resultDigest == d && seats[l].provider == seats[m].provider)
-            {
-                return true;
-            }
-        }
-        return false;
-    }
-
-    /// @dev Whether seat i's provider is paid for the same result on an earlier seat (or was
-    ///      already paid for it on any other seat).
-    function _paidEarlier(Job[] memory seats, Status[] memory st, uint256 i)
-        private
-        pure
-        returns (bool)
-    {
-        for (uint256 l; l < seats.length; ++l) {
-            if (l == i || seats[l].provider != seats[i].provider) continue;
-            if (seats[l].resultDigest != seats[i].resultDigest) continue;
-            if (st[l] == Status.Released || (l < i && st[l] == Status.Submitted)) return true;
-        }
-        return false;
-    }
-
-    /// @dev The operator may take a job back from its provider only `reassignDelay` after the
-    ///      assignment, so it cannot grab a result it has seen before the provider posts it.
+    /// @dev The operator may take a job back from its provider only once the time the provider
+    ///      signed for is over (`holdUntil`), and at least `reassignDelay` after the assignment,
+    ///      so it cannot grab a result it has seen before the provider posts it.
     function _requireTakeBackAllowed(bytes32 jobId, Job memory job) private view {
         uint256 allowedAt = uint256(job.since) + reassignDelay;
+        if (job.holdUntil > allowedAt) allowedAt = job.holdUntil;
         if (block.timestamp < allowedAt) revert JobEscrowTooEarly(jobId, allowedAt, block.timestamp);
     }
 
@@ -975,7 +1041,7 @@ contract JobEscrow is
         uint40 submittedAt = _validateResult(jobId, job, outputCid);
         _jobs[jobId] = _pack(
             _hashProgress(
-                job, job.provider, submittedAt, job.attempt, keccak256(bytes(outputCid)), 0
+                job, job.provider, submittedAt, job.attempt, keccak256(bytes(outputCid)), 0, 0
             ),
             Status.Submitted
         );
@@ -1109,7 +1175,7 @@ contract JobEscrow is
         return (uint256(hash) & ~uint256(0xff)) | uint256(uint8(status));
     }
 
-    /// @dev keccak256(abi.encode(job)): `Job` is a static struct of 14 words, so its memory
+    /// @dev keccak256(abi.encode(job)): `Job` is a static struct of 15 words, so its memory
     ///      image is its ABI encoding. The ABI decoder that copied it from calldata refused any
     ///      non-canonical word (dirty high bits), so the hash is the commitment's or a mismatch.
     function _hashCalldata(Job memory job) private pure returns (bytes32 h) {
@@ -1119,14 +1185,16 @@ contract JobEscrow is
     }
 
     /// @dev keccak256(abi.encode(job)) with the progress fields (provider, since, attempt,
-    ///      resultDigest, disputedAt) replaced; the terms never change. `job` is left as it was.
+    ///      resultDigest, disputedAt, holdUntil) replaced; the terms never change. `job` is left
+    ///      as it was.
     function _hashProgress(
         Job memory job,
         address provider,
         uint40 since,
         uint16 attempt,
         bytes32 digest,
-        uint40 disputedAt
+        uint40 disputedAt,
+        uint40 holdUntil
     ) private pure returns (bytes32 h) {
         assembly ("memory-safe") {
             let p := mload(0x40)
@@ -1136,6 +1204,7 @@ contract JobEscrow is
             mstore(add(p, 0xc0), attempt)
             mstore(add(p, 0xe0), digest)
             mstore(add(p, 0x160), disputedAt)
+            mstore(add(p, 0x1c0), holdUntil)
             h := keccak256(p, _JOB_BYTES)
         }
     }

@@ -38,7 +38,6 @@ abstract contract ProviderRegistry is IJobEscrow {
     uint40 public immutable unstakeDelay;
 
     mapping(address provider => Provider) internal _providers;
-    mapping(address provider => bytes32) internal _metadataDigests;
     mapping(address provider => mapping(address token => Provider)) internal _tokenStakes;
     /// @notice The smallest bounty (per seat) of a job funded in an ERC-20 token, in its units;
     ///         zero for a token new jobs and stakes may not use (the owner's list, `setToken`;
@@ -59,7 +58,6 @@ abstract contract ProviderRegistry is IJobEscrow {
         if (len == 0 || len > 128) revert ProviderRegistryBadMetadataCid(len);
         bytes32 digest = keccak256(bytes(metadataCid));
         _providers[msg.sender].registered = true;
-        _metadataDigests[msg.sender] = digest;
         emit ProviderRegistered(msg.sender, digest, metadataCid);
         if (msg.value > 0) _addStake(msg.sender, address(0), msg.value);
     }
@@ -120,11 +118,6 @@ abstract contract ProviderRegistry is IJobEscrow {
     function freeCollateralIn(address provider, address token) external view returns (uint256) {
         Provider storage p = _stakeOf(provider, token);
         return p.stake - p.locked;
-    }
-
-    /// @notice keccak256 of the provider's metadata CID, as last registered.
-    function metadataDigestOf(address provider) external view returns (bytes32) {
-        return _metadataDigests[provider];
     }
 
     /// @notice Whether `provider` is registered with at least `minStake` (it may still lack the

@@ -503,7 +503,9 @@ def wait_nodes(grid: LocalGrid, count: int, timeout: float = 60) -> None:
 DEVNET_ESCROW: dict[str, Any] = {
     "min_duration": 60,
     "challenge_window": 15,  # a result nobody disputes is paid 15 s after it is posted
-    "reassign_delay": 12,  # the operator takes a job back from a silent node after 12 s
+    # the operator takes a job back from a silent node 12 s after the assignment at the
+    # earliest, and not before the hold the node signed for is over (gridmarket.holds)
+    "reassign_delay": 12,
     "mediation_window": 120,
 }
 """Escrow parameters of the local devnet (production defaults: gridmarket.deploy.EscrowParams)."""

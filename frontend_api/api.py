@@ -13,6 +13,7 @@ import json
 import time
 from typing import Annotated, Any
 
+from eth_utils.address import to_checksum_address
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
@@ -46,6 +47,7 @@ from .forms import (
 from .live import JobFeeds, stream_response
 from .records import NotFoundError, Payout, hexstr
 from .scheduler import SchedulerError
+from .txs import TxError
 from .values import parse_address, parse_bytes32
 from .waits import client_of
 
@@ -338,6 +340,10 @@ async def tx(tx_hash: str, b: BackendDep) -> dict[str, Any]:
     view = await asyncio.to_thread(b.index.tx, h)
     body = view.to_json()
     body["explorer"] = b.explorer_link("tx", h)
+    body["error"] = None
+    if view.status == "reverted" and view.block is not None:  # why, in words (a page says it)
+        receipt = {"transactionHash": bytes.fromhex(h[2:]), "blockNumber": view.block}
+        body["error"] = await asyncio.to_thread(b.txs.revert_reason, receipt)
     return body
 
 
@@ -426,7 +432,9 @@ async def terms(
         raise FieldError(str(exc.field), exc.message) from None
     await b.refresh()
     params = b.params
-    return terms_body(b, params, bounty, sub, policy.replicas, policy.spot_bps)
+    return await asyncio.to_thread(
+        terms_body, b, params, bounty, sub, policy.replicas, policy.spot_bps
+    )
 
 
 VERIFICATIONS = {
@@ -475,7 +483,8 @@ def terms_body(
     return {
         "mediator": b.default_mediator(submitter),
         "mediators": b.index.mediators(),
-        "operator": params.get("operator"),
+        # who assigns the job (the owner may replace it): a funding names the one approved
+        "operator": b.operator(),
         "min_collateral_bps": int(params.get("min_collateral_bps", 10_000)),
         "min_collateral_wei": None if least is None else str(least),
         "verification": verification_name(replicas, spot_bps),
@@ -526,9 +535,12 @@ def check_mediator(b: Backend, checked: CheckedJob) -> None:
 @router.post("/jobs/prepare")
 async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
     """Check a job, add its spec to IPFS, and build the ``createJob`` transaction for the
-    submitter's wallet, with its terms (mediator, collateral, payment); with ``verification:
-    replicate:k`` the ``createReplicated`` transaction instead (``job_id`` is then seat 0's,
-    ``group_id`` and ``seat_ids`` name the group and every seat). Nothing is created when
+    submitter's wallet, with its terms (mediator, collateral, payment, and the operator it
+    expects: ``operator``, default the one in office now, answered in ``terms.operator``; the
+    funding reverts with ``JobEscrowOperatorChanged`` if another is in office when it is
+    mined); with ``verification: replicate:k`` it funds k seats (``createJob(...,
+    replicas)``; ``job_id`` is then seat 0's, ``group_id`` and ``seat_ids`` name the group and
+    every seat). Nothing is created when
     a check fails: the spec is added to IPFS only once the transaction's dry run passed (the
     spec's CID is computed locally first)."""
     from gridmarket.cid import bytes_cid
@@ -554,11 +566,17 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
     await asyncio.to_thread(check_mediator, b, checked)
     spec_bytes = checked.spec.to_bytes()
     spec_cid = bytes_cid(spec_bytes)
+    # the operator the submitter approved (shown by /api/terms or a dry run before), or the one
+    # in office now: the wallet's transaction names exactly this one (expectedOperator)
+    operator = checked.operator
+    if operator == ZERO_ADDRESS:
+        operator = to_checksum_address(str(await asyncio.to_thread(b.escrow.call, "operator")))
     job_terms = Terms(
         mediator=checked.mediator,
         collateral=checked.collateral_wei,
         flags=checked.flags,
         token=checked.token,
+        operator=operator,
     )
     # (a spot job's spec carries its commitment and sealed seed, never the seed: whoever drew
     # it, the CLI or check_job, keeps it or forgot it; nothing here logs the spec)
@@ -566,6 +584,7 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
         "collateral": checked.collateral_field,
         "bounty": checked.bounty_field,
         "deadline": "deadline" if req.deadline is not None else "ttl_s",
+        "operator": "operator",
     }
     # a single job's id, or a replicated job's group id (the same formula)
     jid = hexstr(compute_job_id(checked.sender, spec_cid, checked.salt))
@@ -578,19 +597,7 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
         tx, funding = await asyncio.to_thread(
             fund_in_token, b, req, checked, currency, spec_cid, job_terms, fields
         )
-    elif checked.replicas:
-        tx = await asyncio.to_thread(
-            b.txs.create_replicated,
-            checked.sender,
-            checked.salt,
-            spec_cid,
-            checked.deadline,
-            checked.bounty_wei,
-            checked.replicas,
-            job_terms,
-            fields,
-        )
-    else:
+    else:  # a replicated ETH job is createJob(..., replicas) too
         tx = await asyncio.to_thread(
             b.txs.create_job,
             checked.sender,
@@ -600,6 +607,7 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
             checked.bounty_wei,
             job_terms,
             fields,
+            checked.replicas,
         )
     if not req.dry_run and tx is not None:  # a token job waiting for its permit adds nothing
         stored = await asyncio.to_thread(add_spec, b, spec_bytes)
@@ -630,6 +638,7 @@ async def prepare_job(req: PrepareJobRequest, b: BackendDep) -> dict[str, Any]:
             "flags": checked.flags,
             "payment": checked.payment,
             "token": checked.token,
+            "operator": operator,
         },
         "challenge_window_s": int(params.get("challenge_window", 0)),
         # what disputing its result would deposit (JobEscrow.depositOf): the bounty, for an
@@ -772,7 +781,9 @@ def add_spec(b: Backend, data: bytes) -> str:
 async def prepare_job_action(
     job_id: str, action: str, req: JobActionRequest, b: BackendDep
 ) -> dict[str, Any]:
-    """``cancel`` (before assignment, by the submitter), ``refund`` (after the deadline, by
+    """``cancel`` (before assignment, by the submitter; a seat of a replicated job: the whole
+    job, ``resolve(groupId, seats)``, while every seat is Funded: ``action`` is then
+    ``resolve`` and ``group_id`` names the group), ``refund`` (after the deadline, by
     anyone), ``release`` (accept a submitted result now, by the submitter; ``accept`` is the
     same), ``dispute`` (within the challenge window, by the submitter, with the dispute deposit
     as value: ``depositOf``, the job's bounty, at least the escrow's floor) or ``finalize``
@@ -800,6 +811,20 @@ async def prepare_job_action(
     spot_job = bool(state.job.flags & FLAG_SPOT)
     if spot_job and req.permit is not None:
         raise FieldError("permit", "a spot job's deposit was locked at funding: no permit")
+    if fn_name == "cancel" and state.job.replicas:
+        # cancel refuses a seat: the submitter cancels the whole replicated job with
+        # resolve(groupId, seats), allowed while every seat is still Funded
+        found_group, problem = b.cancel_problem(state, sender)
+        if found_group is None:
+            raise TxError("from", f"cannot cancel {jid}: {problem}")
+        group_id, seats = found_group
+        body["action"] = "resolve"
+        body["group_id"] = group_id
+        body["seat_ids"] = [hexstr(s.job_id) for s in seats]
+        body["tx"] = await asyncio.to_thread(
+            b.txs.resolve_cancel, sender, bytes.fromhex(group_id[2:]), seats
+        )
+        return body
     if fn_name == "dispute" and not currency.is_eth and not spot_job:
         body["tx"], body["funding"] = await asyncio.to_thread(
             dispute_in_token, b, sender, state, currency, req

@@ -17,6 +17,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from eth_utils.address import to_checksum_address
+
 from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.escrow import (
     FLAG_SPOT,
@@ -134,6 +136,17 @@ class Backend:
             return {k: int(v) for k, v in self.deployment.params.items() if k in CONSTANTS and v}
         self._constants = found
         return dict(found)
+
+    def operator(self) -> str | None:
+        """The operator in office now (``operator()``: the owner may replace it at any time,
+        and a funding names the one its submitter approved); the deployment file's while the
+        chain cannot be asked."""
+        try:
+            return str(to_checksum_address(str(self.escrow.call("operator"))))
+        except Exception as exc:  # the chain is down: what the deployment file says
+            log.warning("operator() unreadable (%s); using the deployment file", exc)
+            known = self.deployment.params.get("operator")
+            return str(known) if known else None
 
     def default_mediator(self, sender: str | None = None) -> str | None:
         """The deployment's listed mediator; else ``sender`` (a submitter may rule itself)."""
@@ -345,6 +358,8 @@ class Backend:
                 "provider": None if int(job.provider, 16) == 0 else job.provider,
                 "attempt": job.attempt,
                 "since": job.since or None,
+                # while Assigned: until when only the provider may hand it back (its holdFor)
+                "hold_until": job.hold_until or None,
                 "terms": terms,
                 "spec_cid": state.spec_cid,
                 "salt": hexstr(state.salt),
@@ -379,12 +394,21 @@ class Backend:
             view["spot"] = await self.spot_section(state, events)
             if job.replicas:  # a seat is settled with its group (resolve), never on its own
                 actions["dispute"] = actions["finalize"] = False
+                # cancel refuses a seat: the submitter resolves the group while every seat is
+                # still Funded (cancel_problem says why not otherwise)
+                why_not = self.cancel_problem(state)[1]
+                actions["cancel"] = why_not is None
                 group_id = self.index.group_of(state)
                 view["chain"]["replicas"] = job.replicas
+                # why the submitter cannot cancel the replicated job now (none once final)
+                view["chain"]["cancel_problem"] = (
+                    why_not if state.status in (Status.FUNDED, Status.ASSIGNED) else None
+                )
                 view["chain"]["verification"] = f"replicate:{job.replicas}"
                 view["group"] = self.group_view(group_id) if group_id else None
             else:
                 view["chain"]["replicas"] = 0
+                view["chain"]["cancel_problem"] = None
                 spot_p = (view["spot"] or {}).get("p")
                 view["chain"]["verification"] = (
                     f"spot:{spot_p}" if spot_p else "spot" if view["spot"] else "integrity"
@@ -473,6 +497,40 @@ class Backend:
             status_error,
             doc.problem if doc else None,
         )
+
+    def cancel_problem(
+        self, state: JobState, sender: str | None = None
+    ) -> tuple[tuple[str, list[JobState]] | None, str | None]:
+        """How a replicated job (one of its seats: ``state``) is cancelled, or why it cannot
+        be: ``((group id, every seat's state in order), None)`` when ``resolve(groupId,
+        seats)`` from its submitter refunds every seat now (JobEscrow version 5: ``cancel``
+        refuses a seat; ``resolve`` cancels while every seat is Funded), else ``(None, why)``
+        in words. ``sender``: who asks (only the submitter may)."""
+        group_id = self.index.group_of(state)
+        if group_id is None:
+            return None, "the replicated job's group is not in the escrow's log yet: try again"
+        _, seats, _ = self.index.group(group_id)
+        if sender is not None and sender.lower() != state.job.submitter.lower():
+            return None, (
+                f"only the job's submitter {state.job.submitter} may cancel it, not {sender}"
+            )
+        known: list[JobState] = []
+        for n, seat in enumerate(seats):
+            if seat is None:
+                return None, f"seat {n} is not in the escrow's log yet: try again"
+            if seat.status is not Status.FUNDED:
+                doing = {
+                    Status.ASSIGNED: "is held by a provider",
+                    Status.SUBMITTED: "has a result",
+                }.get(seat.status, f"is {seat.status.name.lower()}")
+                return None, (
+                    f"seat {n} of this replicated job {doing}: a replicated job can be "
+                    "cancelled only while no seat is held or delivered. Wait for the seats' "
+                    "results, or for the deadline to pass: resolve then pays the agreeing "
+                    "majority, or refunds what nobody earned"
+                )
+            known.append(seat)
+        return (group_id, known), None
 
     def group_view(self, group_id: str) -> dict[str, Any]:
         """A replicated job: its seats (state, provider, output CID, whether its result is the

@@ -230,6 +230,11 @@ class PrepareJobRequest(BaseModel):
     """A spot job's mediator's secp256k1 public key (0x hex, compressed or not), checked
     against the mediator's address; default: the deployment's ``mediator_pubkey`` for its
     listed mediator. Used only when the server seals the seed."""
+    operator: str | None = None
+    """The operator the submitter was shown and approved (``createJob``'s
+    ``expectedOperator``): the funding reverts (``JobEscrowOperatorChanged``) if another one is
+    in office when it is mined. Default: the one in office now, as the answer's
+    ``terms.operator`` says; a page or CLI that showed the terms first sends it back here."""
     dry_run: bool = False
     """Check everything (the transaction's dry run included) but add nothing to IPFS."""
 
@@ -254,6 +259,8 @@ class CheckedJob(BaseModel):
     bounty_field: str = "bounty_eth"
     token: str = ZERO_ADDRESS
     """What the job is paid in (zero: ETH); every amount here is in its smallest units."""
+    operator: str = ZERO_ADDRESS
+    """The operator the submitter approved (``expectedOperator``); zero: the one in office."""
 
     @property
     def payment(self) -> str:
@@ -451,6 +458,14 @@ def check_job(
             salt = parse_bytes32(req.salt, "salt")
         except ValueError as exc:
             raise field_error(exc, "salt") from None
+    operator = ZERO_ADDRESS
+    if req.operator is not None:
+        try:
+            operator = parse_address(req.operator, "operator")
+        except ValueError as exc:
+            raise field_error(exc, "operator") from None
+        if operator == ZERO_ADDRESS:
+            raise FieldError("operator", "the zero address cannot be the job's operator")
 
     mediator, collateral, collateral_field = check_terms(
         req, sender, share, params, replicas, currency, policy.spot_bps
@@ -472,6 +487,7 @@ def check_job(
         spot_bps=policy.spot_bps,
         bounty_field=bounty_field,
         token=currency.address,
+        operator=operator,
     )
 
 

@@ -187,7 +187,12 @@ async def tx_page(tx_hash: str, request: Request, b: BackendDep) -> Response:
     except ValueError as exc:
         raise FieldError("tx_hash", str(exc).partition(": ")[2]) from None
     view = await asyncio.to_thread(b.index.tx, h)
-    return render(request, b, "tx.html", tx=view.to_json(), explorer=b.explorer_link("tx", h))
+    body = view.to_json()
+    body["error"] = None
+    if view.status == "reverted" and view.block is not None:  # why, in words
+        receipt = {"transactionHash": bytes.fromhex(h[2:]), "blockNumber": view.block}
+        body["error"] = await asyncio.to_thread(b.txs.revert_reason, receipt)
+    return render(request, b, "tx.html", tx=body, explorer=b.explorer_link("tx", h))
 
 
 @router.get("/submit", response_class=HTMLResponse)
@@ -202,6 +207,7 @@ async def submit_page(request: Request, b: BackendDep) -> Response:
         params=b.params,
         mediator=b.default_mediator() or "",
         mediators=b.index.mediators(),
+        operator=await asyncio.to_thread(b.operator) or "",
         currencies=b.currencies.all(),
         token_mins={
             str(symbol): str(entry.get("minBounty", ""))

@@ -94,7 +94,7 @@ def group_id_of(event: ChainEvent) -> str | None:
 
 @dataclass
 class ReplicaGroup:
-    """A replicated job (``createReplicated``) as its ReplicasCreated and Resolved say."""
+    """A replicated job (``createJob(..., replicas)``) as its ReplicasCreated and Resolved say."""
 
     group_id: str
     submitter: str

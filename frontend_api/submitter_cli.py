@@ -45,6 +45,7 @@ from .submitter_client import (
     check_create_job,
     check_create_job_with,
     check_job_call,
+    check_resolve,
     check_token_dispute,
     dispute_value,
     job_call_signature,
@@ -363,8 +364,11 @@ def submit(
                 f"{account.address} until {when(checked['deadline'])}"
             )
             typer.echo(f"  terms    {_terms_line(asked, checked)}")
+            typer.echo(f"  operator {asked['operator']} (assigns it; funding expects this one)")
             typer.echo(f"  verify   {_verification_line(checked)}")
             return
+        # the operator shown (the dry run's): the transaction must expect exactly this one
+        terms["operator"] = asked["operator"]
         if in_token:  # the permit, signed here over the token's own domain (nothing sent yet)
             terms.update(_token_permit(account, info, checked))
         # 2. the files, then the spec and the transaction
@@ -457,6 +461,7 @@ def submit(
                 )
             )
             typer.echo(f"  terms    {_terms_line(asked, prepared)}")
+            typer.echo(f"  operator {asked['operator']} (assigns it)")
             typer.echo(f"  verify   {_verification_line(prepared)}")
             if replicas:
                 typer.echo(f"  group    {prepared['group_id']}")
@@ -1019,7 +1024,10 @@ def _job_action(ctx: typer.Context, job_id: str, action: str, done: str) -> dict
                         f"the front end says the deposit is {prepared['deposit_wei']} wei, "
                         f"the job's is {deposit}"
                     )
-            check_job_call(tx, info, job_call_signature(prepared["action"]), jid, value)
+            if prepared["action"] == "resolve":  # a replicated job's cancel: every seat
+                check_resolve(tx, info, str(prepared["group_id"]), list(prepared["seat_ids"]))
+            else:
+                check_job_call(tx, info, job_call_signature(prepared["action"]), jid, value)
         result = relay(fe, sign_tx(account, tx))
     finally:
         fe.close()
@@ -1032,8 +1040,12 @@ def _job_action(ctx: typer.Context, job_id: str, action: str, done: str) -> dict
 def cancel(
     ctx: typer.Context, job_id: Annotated[str, typer.Argument(help="the job id (0x...)")]
 ) -> None:
-    """Cancel a job nobody was assigned yet: the bounty goes back to your escrow balance."""
-    _job_action(ctx, job_id, "cancel", "cancelled: the bounty is in your escrow balance")
+    """Cancel a job nobody was assigned yet: the bounty goes back to your escrow balance. A
+    seat of a replicated job cancels the whole job (``resolve``), only while no seat is held
+    or delivered."""
+    prepared = _job_action(ctx, job_id, "cancel", "cancelled: the bounty is in your escrow balance")
+    if prepared.get("action") == "resolve":
+        typer.echo(f"  group    {prepared['group_id']}: every seat refunded")
 
 
 @app.command()

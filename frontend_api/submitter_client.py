@@ -13,17 +13,21 @@ import httpx
 
 from gridmarket.cmdline import prompt_password
 
-CREATE_JOB_SIGNATURE = "createJob(bytes32,string,uint40,address,uint96,uint8)"
-CREATE_REPLICATED_SIGNATURE = "createReplicated(bytes32,string,uint40,address,uint96,uint8,uint8)"
+CREATE_JOB_SIGNATURE = "createJob(bytes32,string,uint40,address,address,uint96,uint8,uint8)"
+"""``createJob(salt, specCid, deadline, expectedOperator, mediator, collateral, flags,
+replicas)`` (JobEscrow version 5: a replicated ETH job too, with ``replicas`` 2..5)."""
 CREATE_JOB_WITH_SIGNATURE = (
-    "createJobWith(address,uint256,bytes32,string,uint40,address,uint96,uint8,uint8)"
+    "createJobWith(address,uint256,bytes32,string,uint40,address,address,uint96,uint8,uint8)"
 )
 PERMIT_TOKEN_SIGNATURE = "permitToken(address,uint256,uint256,uint8,bytes32,bytes32)"  # noqa: S105
 JOB_TUPLE = (
     "(address,uint96,address,uint40,uint40,uint16,uint16,bytes32,address,address,uint96,uint40,"
-    "uint8,address)"
+    "uint8,address,uint40)"
 )
-"""``IJobEscrow.Job`` as the ABI spells it in a function signature (version 4: ``token`` last)."""
+"""``IJobEscrow.Job`` as the ABI spells it in a function signature (version 5: ``holdUntil``
+last)."""
+RESOLVE_SIGNATURE = f"resolve(bytes32,{JOB_TUPLE}[])"
+"""``resolve(groupId, seats)``: how the submitter cancels a replicated job."""
 
 
 def job_call_signature(fn_name: str) -> str:
@@ -104,6 +108,16 @@ def wallet_address(opts: Options) -> str:
     return keystore_address(opts.keystore)
 
 
+def _check_operator(got: str, terms: dict[str, Any] | None) -> None:
+    """The funding's ``expectedOperator`` must be the operator the user was shown."""
+    if terms is None or not terms.get("operator"):
+        return
+    if str(got).lower() != str(terms["operator"]).lower():
+        raise CliError(
+            f"the transaction expects operator {got}, not {terms['operator']} (the one shown)"
+        )
+
+
 def check_create_job(
     tx: dict[str, str],
     info: dict[str, Any],
@@ -115,8 +129,9 @@ def check_create_job(
     """Refuse a ``createJob`` transaction that is not the one asked for: another contract or
     chain, another function, spec, deadline or value, or other terms than ``terms``
     (``mediator``, ``collateral_wei``, ``flags``: what the user asked for, the defaults filled
-    in), so a front end cannot redirect funds or change who rules. With ``terms["replicas"]``
-    = k it must be ``createReplicated`` of k seats (``bounty`` is then the whole value)."""
+    in; ``operator``: the operator shown, which ``expectedOperator`` must name), so a front end
+    cannot redirect funds or change who rules or assigns. With ``terms["replicas"]`` = k it
+    must fund k seats (``bounty`` is then the whole value); without, a single job."""
     from eth_abi.abi import decode
     from eth_utils.crypto import keccak
 
@@ -126,27 +141,49 @@ def check_create_job(
         raise CliError(f"the transaction is for chain {int(tx['chainId'], 16)}")
     data = bytes.fromhex(tx["data"][2:])
     replicas = int((terms or {}).get("replicas") or 0)
-    if replicas:
-        if data[:4] != keccak(text=CREATE_REPLICATED_SIGNATURE)[:4]:
-            raise CliError("the transaction does not call createReplicated")
-        _, cid, got_deadline, mediator, collateral, flags, seats = decode(
-            ["bytes32", "string", "uint40", "address", "uint96", "uint8", "uint8"], data[4:]
-        )
-        if seats != replicas:
-            raise CliError(f"the transaction funds {seats} seats, not {replicas}")
-    else:
-        if data[:4] != keccak(text=CREATE_JOB_SIGNATURE)[:4]:
-            raise CliError("the transaction does not call createJob")
-        _, cid, got_deadline, mediator, collateral, flags = decode(
-            ["bytes32", "string", "uint40", "address", "uint96", "uint8"], data[4:]
-        )
+    if data[:4] != keccak(text=CREATE_JOB_SIGNATURE)[:4]:
+        raise CliError("the transaction does not call createJob")
+    _, cid, got_deadline, operator, mediator, collateral, flags, seats = decode(
+        ["bytes32", "string", "uint40", "address", "address", "uint96", "uint8", "uint8"],
+        data[4:],
+    )
+    if int(seats) != replicas:
+        raise CliError(f"the transaction funds {seats} seats, not {replicas}")
     if cid != spec_cid or got_deadline != deadline or int(tx["value"], 16) != bounty:
         raise CliError("the transaction's spec, deadline or bounty is not the one prepared")
     if terms is not None:
+        _check_operator(operator, terms)
         if str(mediator).lower() != str(terms["mediator"]).lower():
             raise CliError(f"the transaction names mediator {mediator}, not {terms['mediator']}")
         if int(collateral) != int(terms["collateral_wei"]) or int(flags) != int(terms["flags"]):
             raise CliError("the transaction's collateral or payment mode is not the one asked")
+
+
+def check_resolve(
+    tx: dict[str, str], info: dict[str, Any], group_id: str, seat_ids: list[str]
+) -> None:
+    """A replicated job's cancel: ``resolve(group_id, seats)`` to the escrow on this chain,
+    no ETH sent, with one struct per seat (the escrow checks each is the seat's current one)."""
+    from eth_abi.abi import decode
+    from eth_utils.crypto import keccak
+
+    if tx["to"].lower() != str(info["escrow"]).lower():
+        raise CliError(f"the transaction goes to {tx['to']}, not to the escrow {info['escrow']}")
+    if int(tx["chainId"], 16) != int(info["chain_id"]):
+        raise CliError(f"the transaction is for chain {int(tx['chainId'], 16)}")
+    if int(tx["value"], 16) != 0:
+        raise CliError(f"the transaction sends {int(tx['value'], 16)} wei, not 0")
+    data = bytes.fromhex(tx["data"][2:])
+    if data[:4] != keccak(text=RESOLVE_SIGNATURE)[:4]:
+        raise CliError(f"the transaction is not resolve of {group_id}")
+    try:
+        got_group, seats = decode(["bytes32", JOB_TUPLE + "[]"], data[4:])
+    except Exception:  # eth-abi raises several types for malformed data
+        raise CliError("the transaction's resolve does not decode") from None
+    if "0x" + bytes(got_group).hex() != group_id.lower():
+        raise CliError(f"the transaction is not resolve of {group_id}")
+    if len(seats) != len(seat_ids):
+        raise CliError(f"the transaction resolves {len(seats)} seats, not {len(seat_ids)}")
 
 
 def _multicall(data: bytes) -> list[bytes]:
@@ -187,8 +224,9 @@ def check_create_job_with(
     terms: dict[str, Any],
 ) -> None:
     """Refuse a token job's funding that is not the one asked for: to the escrow on this chain,
-    no ETH sent, ``createJobWith(token, amount, ...)`` with this spec, deadline, terms and seat
-    count, alone or after ``permitToken(token, amount, ...)`` in one ``multicall``."""
+    no ETH sent, ``createJobWith(token, amount, ...)`` with this spec, deadline, terms (the
+    operator shown as ``expectedOperator``) and seat count, alone or after
+    ``permitToken(token, amount, ...)`` in one ``multicall``."""
     from eth_abi.abi import decode
     from eth_utils.crypto import keccak
 
@@ -208,19 +246,22 @@ def check_create_job_with(
         data = calls[1]
         if data[:4] != selector:
             raise CliError("the transaction does not call createJobWith")
-    got_token, got_amount, _, cid, got_deadline, mediator, collateral, flags, seats = decode(
-        [
-            "address",
-            "uint256",
-            "bytes32",
-            "string",
-            "uint40",
-            "address",
-            "uint96",
-            "uint8",
-            "uint8",
-        ],
-        data[4:],
+    got_token, got_amount, _, cid, got_deadline, operator, mediator, collateral, flags, seats = (
+        decode(
+            [
+                "address",
+                "uint256",
+                "bytes32",
+                "string",
+                "uint40",
+                "address",
+                "address",
+                "uint96",
+                "uint8",
+                "uint8",
+            ],
+            data[4:],
+        )
     )
     if str(got_token).lower() != token.lower() or int(got_amount) != amount:
         raise CliError(f"the transaction pays {got_amount} of {got_token}, not {amount} of {token}")
@@ -228,6 +269,7 @@ def check_create_job_with(
         raise CliError("the transaction's spec or deadline is not the one prepared")
     if int(seats) != int(terms.get("replicas") or 0):
         raise CliError(f"the transaction funds {seats} seats, not {terms.get('replicas') or 0}")
+    _check_operator(operator, terms)
     if str(mediator).lower() != str(terms["mediator"]).lower():
         raise CliError(f"the transaction names mediator {mediator}, not {terms['mediator']}")
     if int(collateral) != int(terms["collateral_wei"]) or int(flags) != int(terms["flags"]):
@@ -338,7 +380,8 @@ def sign_tx(account: Any, tx: dict[str, str]) -> str:
 def relay(fe: Frontend, raw: str) -> dict[str, Any]:
     result: dict[str, Any] = fe.post("/api/tx/relay", json={"raw_tx": raw, "wait_s": 120})
     if result.get("status") != "success":
-        raise CliError(f"transaction {result.get('tx_hash')} {result.get('status')}")
+        why = f": {result['error']}" if result.get("error") else ""
+        raise CliError(f"transaction {result.get('tx_hash')} {result.get('status')}{why}")
     return result
 
 

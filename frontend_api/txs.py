@@ -10,6 +10,7 @@ this escrow, on this chain, and only if it would not revert.
 
 from __future__ import annotations
 
+import re
 from typing import Any, cast
 
 import rlp
@@ -50,9 +51,39 @@ CREATE_JOB_ERROR_FIELDS = (
     ("JobEscrowTokenAmountMismatch", "currency"),
     ("JobEscrowTokenTransferFailed", "bounty"),
     ("JobEscrowPermitFailed", "permit"),
+    ("JobEscrowOperatorChanged", "operator"),
 )
-"""``createJob``'s and ``createReplicated``'s custom errors and the input each is about
+"""``createJob``'s and ``createJobWith``'s custom errors and the input each is about
 (``from`` for anything else)."""
+
+
+def _named(exc: TxError, names: dict[str, str]) -> TxError:
+    """``exc`` on the input its custom error is about (``names`` maps the inputs to the
+    request's field names)."""
+    for error, key in CREATE_JOB_ERROR_FIELDS:
+        if error in exc.message:
+            return TxError(names.get(key, key), exc.message)
+    return exc
+
+
+_OPERATOR_CHANGED = re.compile(
+    r"JobEscrowOperatorChanged\(expected=(0x[0-9a-fA-F]{40}), operator=(0x[0-9a-fA-F]{40})\)"
+)
+
+
+def explain(reason: str) -> str:
+    """A decoded revert (``Name(arg=value, ...)``, :meth:`EscrowClient.decode_error`) with the
+    words a submitter needs where the bare error would not say what to do; else ``reason``."""
+    found = _OPERATOR_CHANGED.search(reason)
+    if found:
+        expected, operator = (to_checksum_address(a) for a in found.groups())
+        return (
+            f"the escrow's operator changed: you approved {expected}, but the owner has put "
+            f"{operator} in office since, and the escrow refuses to fund a job for an operator "
+            f"you did not approve. Nothing was funded; review the terms with the new operator "
+            f"and fund again ({reason})"
+        )
+    return reason
 
 
 PERMIT_TTL_S = 3600
@@ -138,7 +169,7 @@ class TxBuilder:
         try:
             return int(self.w3.eth.estimate_gas(call))
         except (ContractCustomError, ContractLogicError) as exc:
-            reason = self.escrow.decode_error(exc)
+            reason = explain(self.escrow.decode_error(exc))
             raise TxError(field, f"{fn_name} would revert: {reason}") from None
         except Web3RPCError as exc:
             message = rpc_error_message(exc)
@@ -157,11 +188,16 @@ class TxBuilder:
         bounty: int,
         terms: Terms,
         fields: dict[str, str] | None = None,
+        replicas: int = 0,
     ) -> dict[str, str]:
-        """``createJob(salt, specCid, deadline, mediator, collateral, flags)`` with the job's
-        funding as value (``terms.funding``: the bounty, twice it for a spot job). A revert
-        names the input at fault: ``fields`` maps ``mediator``,
-        ``collateral``, ``payment``, ``bounty`` and ``deadline`` to the request's field names."""
+        """``createJob(salt, specCid, deadline, expectedOperator, mediator, collateral, flags,
+        replicas)`` with the job's funding as value (``terms.funding``: the bounty, twice it
+        for a spot job; a replicated job's whole bounty, ``replicas`` equal shares, each seat
+        backed by ``terms.collateral``). ``expectedOperator`` is ``terms.operator`` (the one the
+        submitter approved), or the one in office now when that is zero. A revert names the
+        input at fault: ``fields`` maps ``mediator``, ``collateral``, ``payment``, ``bounty``,
+        ``deadline`` and ``operator`` to the request's field names (``verification`` for the
+        seat count)."""
         names = fields or {}
         try:
             return self.unsigned(
@@ -170,51 +206,20 @@ class TxBuilder:
                 salt,
                 spec_cid,
                 deadline,
-                terms.mediator,
-                terms.collateral,
-                terms.flags,
-                value=terms.funding(bounty),
-            )
-        except TxError as exc:
-            for error, key in CREATE_JOB_ERROR_FIELDS:
-                if error in exc.message:
-                    raise TxError(names.get(key, key), exc.message) from None
-            raise
-
-    def create_replicated(
-        self,
-        sender: str,
-        salt: bytes,
-        spec_cid: str,
-        deadline: int,
-        bounty: int,
-        replicas: int,
-        terms: Terms,
-        fields: dict[str, str] | None = None,
-    ) -> dict[str, str]:
-        """``createReplicated(salt, specCid, deadline, mediator, collateral, 0, replicas)``
-        with the whole ``bounty`` (``replicas`` equal shares) as value; ``terms.collateral``
-        is each seat's. Reverts name the input at fault as :meth:`create_job`'s do
-        (``verification`` for the seat count)."""
-        names = fields or {}
-        try:
-            return self.unsigned(
-                sender,
-                "createReplicated",
-                salt,
-                spec_cid,
-                deadline,
+                self.escrow.expected_operator(terms),
                 terms.mediator,
                 terms.collateral,
                 terms.flags,
                 replicas,
-                value=bounty,
+                value=terms.funding(bounty),
             )
         except TxError as exc:
-            for error, key in CREATE_JOB_ERROR_FIELDS:
-                if error in exc.message:
-                    raise TxError(names.get(key, key), exc.message) from None
-            raise
+            raise _named(exc, names) from None
+
+    def resolve_cancel(self, sender: str, group_id: bytes, seats: list[JobState]) -> dict[str, str]:
+        """``resolve(groupId, seats)`` from the submitter while every seat is Funded: the way
+        to cancel a replicated job (``cancel`` refuses a seat); every seat is refunded."""
+        return self.unsigned(sender, "resolve", group_id, [s.job.as_tuple() for s in seats])
 
     # ------------------------------------------------------------------ tokens
     def token_state(self, token: str, owner: str) -> tuple[int, int]:
@@ -317,7 +322,9 @@ class TxBuilder:
         permit: tuple[int, int, int, bytes, bytes] | None,
         fields: dict[str, str] | None = None,
     ) -> dict[str, str]:
-        """``createJobWith(token, amount, ...)``; with ``permit`` (value, deadline, v, r, s)
+        """``createJobWith(token, amount, salt, specCid, deadline, expectedOperator, mediator,
+        collateral, flags, replicas)`` (``expectedOperator`` as :meth:`create_job`'s); with
+        ``permit`` (value, deadline, v, r, s)
         one ``multicall([permitToken(...), createJobWith(...)])``. Dry-run from ``sender``
         (without a permit the allowance must be there); a revert names the input at fault."""
         names = fields or {}
@@ -327,6 +334,7 @@ class TxBuilder:
             salt,
             spec_cid,
             deadline,
+            self.escrow.expected_operator(terms),
             terms.mediator,
             terms.collateral,
             terms.flags,
@@ -340,10 +348,7 @@ class TxBuilder:
             allow = self.escrow.encode("permitToken", token, value, permit_deadline, v, r, s)
             return self.unsigned(sender, "multicall", [allow, create])
         except TxError as exc:
-            for error, key in CREATE_JOB_ERROR_FIELDS:
-                if error in exc.message:
-                    raise TxError(names.get(key, key), exc.message) from None
-            raise
+            raise _named(exc, names) from None
 
     def dispute_with_permit(
         self, sender: str, state: JobState, permit: tuple[int, int, int, bytes, bytes]
@@ -427,7 +432,7 @@ class TxBuilder:
         try:
             self.w3.eth.call(call)
         except (ContractCustomError, ContractLogicError) as exc:
-            reason = self.escrow.decode_error(exc)
+            reason = explain(self.escrow.decode_error(exc))
             raise TxError("raw_tx", f"would revert: {reason}") from None
         except Web3RPCError as exc:
             raise TxError("raw_tx", f"would fail: {rpc_error_message(exc)}") from None
@@ -462,8 +467,37 @@ class TxBuilder:
             events.append(
                 ChainEvent(n, e.name, args, e.block, 0, e.tx_hash, e.log_index, problems).to_json()
             )
-        return {
+        view: dict[str, Any] = {
             "status": "success" if receipt["status"] == 1 else "reverted",
             "block": int(receipt["blockNumber"]),
             "events": events,
         }
+        if receipt["status"] != 1:
+            view["error"] = self.revert_reason(receipt)
+        return view
+
+    def revert_reason(self, receipt: Any) -> str | None:
+        """Why a mined transaction to the escrow reverted, in words (:func:`explain`): the
+        transaction run again on the state its block left (a reverted transaction changed
+        nothing, so what made it revert is still there); None when the run no longer reverts
+        or the transaction is not the escrow's."""
+        try:
+            tx = self.w3.eth.get_transaction(receipt["transactionHash"])
+        except (TransactionNotFound, Web3RPCError):
+            return None
+        to = tx.get("to")
+        if not to or to_checksum_address(to) != self.escrow.address:
+            return None
+        call: TxParams = {
+            "from": tx["from"],
+            "to": to,
+            "value": cast(Any, tx.get("value", 0)),
+            "data": bytes(HexBytes(tx.get("input", b""))),
+        }
+        try:
+            self.w3.eth.call(call, int(receipt["blockNumber"]))
+        except (ContractCustomError, ContractLogicError) as exc:
+            return explain(self.escrow.decode_error(exc))
+        except Web3RPCError as exc:
+            return rpc_error_message(exc)
+        return None

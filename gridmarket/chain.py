@@ -39,8 +39,10 @@ from gridmarket.escrow import (
     JobState,
     Terms,
     apply_event,
+    assign_target,
     fold_events,
     min_collateral,
+    rule_args,
 )
 from gridmarket.lightchain import Event as Event  # re-exported
 from gridmarket.lightchain import Sent as Sent  # re-exported
@@ -318,9 +320,11 @@ class EscrowClient:
                 salt,
                 spec_cid,
                 deadline,
+                self.expected_operator(t),
                 t.mediator,
                 t.collateral,
                 t.flags,
+                0,
                 value=t.funding(bounty),
             )
         (created,) = [e for e in sent.events if e.name == "JobCreated"]
@@ -344,10 +348,11 @@ class EscrowClient:
         else:
             sent = self.send(
                 submitter,
-                "createReplicated",
+                "createJob",
                 salt,
                 spec_cid,
                 deadline,
+                self.expected_operator(t),
                 t.mediator,
                 t.collateral,
                 t.flags,
@@ -380,6 +385,7 @@ class EscrowClient:
             salt,
             spec_cid,
             deadline,
+            self.expected_operator(terms),
             terms.mediator,
             terms.collateral,
             terms.flags,
@@ -387,6 +393,43 @@ class EscrowClient:
         )
         signed = self._permit(submitter, terms.token, amount) if permit else []
         return self.send(submitter, "multicall", [*signed, create])
+
+    def expected_operator(self, terms: Terms) -> str:
+        """The ``expectedOperator`` to fund with: the terms' operator, or (zero there) the one
+        in office now; the contract refuses the funding if another is in office when it is
+        mined."""
+        if terms.operator != ZERO_ADDRESS:
+            return terms.operator
+        return to_checksum_address(self.call("operator"))
+
+    def assign(
+        self,
+        operator: LocalAccount,
+        state: JobState,
+        provider: str,
+        hold_for: int,
+        acceptance: bytes,
+    ) -> tuple[JobState, Sent]:
+        """``assign`` a job (or a seat: :func:`gridmarket.escrow.assign_target`) to ``provider``
+        with its acceptance signed over ``hold_for``; fold its events."""
+        target, seat = assign_target(state)
+        sent = self.send(
+            operator, "assign", target, seat, state.job.as_tuple(), provider, hold_for, acceptance
+        )
+        return fold_events(state, sent.events), sent
+
+    def rule(
+        self,
+        mediator: LocalAccount,
+        state: JobState,
+        upheld: bool,
+        seats: Sequence[JobState] = (),
+    ) -> tuple[JobState, Sent]:
+        """The mediator's ruling on a job's pending result (a seat's needs all ``seats`` of its
+        group, in order: :func:`gridmarket.escrow.rule_args`); fold its events."""
+        target, jobs, i = rule_args(state, seats)
+        sent = self.send(mediator, "rule", target, jobs, i, upheld)
+        return fold_events(state, sent.events), sent
 
     def _permit(self, owner: LocalAccount, token: str, amount: int) -> list[bytes]:
         """``[permitToken(...)]`` for ``amount`` of ``token``, or nothing when the allowance is

@@ -29,9 +29,9 @@ def _recover(full_message: dict[str, Any], signature: bytes) -> str:
 
 
 DOMAIN_NAME = "GridMarket JobEscrow"
-DOMAIN_VERSION = "4"
-"""The escrow's signing version: "4" since JobEscrow version 4 added the job's token to
-``Acceptance`` (docs/trust.md); registrations use the same domain."""
+DOMAIN_VERSION = "5"
+"""The escrow's signing version: "5" since JobEscrow version 5 added ``holdFor``, the time the
+provider is given, to ``Acceptance`` (docs/trust.md); registrations use the same domain."""
 DOMAIN_TYPE = [
     {"name": "name", "type": "string"},
     {"name": "version", "type": "string"},
@@ -91,15 +91,17 @@ ACCEPTANCE_TYPE = [
     {"name": "mediator", "type": "address"},
     {"name": "flags", "type": "uint8"},
     {"name": "token", "type": "address"},
+    {"name": "holdFor", "type": "uint32"},
 ]
 
 
 def acceptance_typed_data(
-    chain_id: int, escrow: str, job_id: bytes, attempt: int, job: Job
+    chain_id: int, escrow: str, job_id: bytes, attempt: int, job: Job, hold_for: int
 ) -> dict[str, Any]:
     """The EIP-712 message a provider signs to accept assignment ``attempt`` of ``job_id`` on
     the terms of ``job`` (the job's struct as it is before that assignment; ``attempt`` is
-    ``job.attempt + 1``)."""
+    ``job.attempt + 1``), given ``hold_for`` seconds: nobody but the provider can take the job
+    back before they pass (``holdUntil``)."""
     return {
         "types": {"EIP712Domain": DOMAIN_TYPE, "Acceptance": ACCEPTANCE_TYPE},
         "primaryType": "Acceptance",
@@ -119,13 +121,14 @@ def acceptance_typed_data(
             "mediator": job.mediator,
             "flags": job.flags,
             "token": job.token,
+            "holdFor": hold_for,
         },
     }
 
 
 _ACCEPTANCE_TYPEHASH = keccak(
     b"Acceptance(bytes32 jobId,uint16 attempt,uint96 bounty,uint16 feeBps,uint40 deadline,"
-    b"uint96 collateral,address mediator,uint8 flags,address token)"
+    b"uint96 collateral,address mediator,uint8 flags,address token,uint32 holdFor)"
 )
 _DOMAIN_TYPEHASH = keccak(
     b"EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)"
@@ -134,7 +137,7 @@ _DOMAIN_TYPEHASH = keccak(
 
 @functools.lru_cache(maxsize=64)
 def domain_separator(chain_id: int, escrow: str) -> bytes:
-    """The escrow's EIP-712 domain separator (what its ``domainSeparator()`` returns)."""
+    """The escrow's EIP-712 domain separator (from the fields its ``eip712Domain()`` returns)."""
     return keccak(
         _DOMAIN_TYPEHASH
         + keccak(DOMAIN_NAME.encode())
@@ -156,7 +159,9 @@ def _address(value: str) -> bytes:
     return bytes(12) + bytes.fromhex(value[-40:])
 
 
-def acceptance_digest(chain_id: int, escrow: str, job_id: bytes, attempt: int, job: Job) -> bytes:
+def acceptance_digest(
+    chain_id: int, escrow: str, job_id: bytes, attempt: int, job: Job, hold_for: int
+) -> bytes:
     """The EIP-712 digest of :func:`acceptance_typed_data`'s message, with the type hash and
     the domain separator computed once: what ``assign`` recovers the provider from. Equal to
     ``hash_typed_data(acceptance_typed_data(...))`` (tests/gridmarket/test_ethsig.py) at a
@@ -175,20 +180,37 @@ def acceptance_digest(chain_id: int, escrow: str, job_id: bytes, attempt: int, j
         + _address(job.mediator)
         + _uint(job.flags, 8)
         + _address(job.token)
+        + _uint(hold_for, 32)
     )
     return keccak(b"\x19\x01" + domain_separator(chain_id, escrow.lower()) + struct)
 
 
 def sign_acceptance(
-    account: Signer, chain_id: int, escrow: str, job_id: bytes, attempt: int, job: Job
+    account: Signer,
+    chain_id: int,
+    escrow: str,
+    job_id: bytes,
+    attempt: int,
+    job: Job,
+    hold_for: int,
 ) -> bytes:
     """Sign an acceptance; the 65-byte ``r || s || v`` signature ``assign`` takes."""
-    return sign_digest(account.key, acceptance_digest(chain_id, escrow, job_id, attempt, job))
+    return sign_digest(
+        account.key, acceptance_digest(chain_id, escrow, job_id, attempt, job, hold_for)
+    )
 
 
 def recover_acceptance_signer(
-    signature: bytes, chain_id: int, escrow: str, job_id: bytes, attempt: int, job: Job
+    signature: bytes,
+    chain_id: int,
+    escrow: str,
+    job_id: bytes,
+    attempt: int,
+    job: Job,
+    hold_for: int,
 ) -> str:
     """The address that signed an acceptance (the scheduler checks it before relaying), under
     the escrow's rules (``v`` 27 or 28, low ``s``; ValueError otherwise)."""
-    return recover_digest(acceptance_digest(chain_id, escrow, job_id, attempt, job), signature)
+    return recover_digest(
+        acceptance_digest(chain_id, escrow, job_id, attempt, job, hold_for), signature
+    )

@@ -7,7 +7,7 @@ the scheduler's chain watcher, the payouts explorer and the tests, so they canno
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import IntEnum
 from typing import Any, Protocol
@@ -31,6 +31,7 @@ JOB_ABI_TYPES = (
     "uint40",
     "uint8",
     "address",
+    "uint40",
 )
 FLAG_ON_VERIFY = 1
 """JobEscrow.FLAG_ON_VERIFY: the job's operator may pay a result at once on its own check."""
@@ -183,6 +184,10 @@ class Job:
     disputed_at: int = 0
     flags: int = 0
     token: str = ZERO_ADDRESS
+    hold_until: int = 0
+    """ASSIGNED: the end of the time the provider signed for (``holdFor`` after the assignment);
+    nobody but the provider can take the job back before it. Zero in every other status but
+    REFUNDED from ASSIGNED."""
 
     def as_tuple(self) -> tuple[Any, ...]:
         """The ABI tuple for contract calls."""
@@ -201,6 +206,7 @@ class Job:
             self.disputed_at,
             self.flags,
             self.token,
+            self.hold_until,
         )
 
     @property
@@ -231,16 +237,21 @@ class Job:
 
 @dataclass(frozen=True, slots=True)
 class Terms:
-    """What a submitter fixes at funding besides price and deadline (``createJob``'s last three
-    arguments, and the token ``createJobWith`` takes): who may rule on the result, what the
-    provider must lock, whether the operator may pay at once on its own check, and what the job
-    is paid in (docs/trust.md)."""
+    """What a submitter fixes at funding besides price and deadline (``createJob``'s
+    ``mediator``, ``collateral`` and ``flags``, the token ``createJobWith`` takes, and the
+    ``expectedOperator`` both take): who may rule on the result, what the provider must lock,
+    whether the operator may pay at once on its own check, what the job is paid in, and which
+    operator assigns it (docs/trust.md)."""
 
     mediator: str
     collateral: int
     flags: int = 0
     token: str = ZERO_ADDRESS
     """What the job is paid in: the zero address for ETH, else an allow-listed ERC-20."""
+    operator: str = ZERO_ADDRESS
+    """The operator the submitter expects (``createJob``'s ``expectedOperator``: funding
+    reverts if another one is in office). The zero address: the chain clients read the one in
+    office just before they send (a ``setOperator`` mined in between still makes it revert)."""
 
     @property
     def on_verify(self) -> bool:
@@ -284,6 +295,31 @@ def seat_ids(group_id: bytes, replicas: int) -> list[bytes]:
     from eth_abi.abi import encode
 
     return [keccak(encode(["bytes32", "uint256"], [group_id, i])) for i in range(replicas)]
+
+
+def assign_target(state: JobState) -> tuple[bytes, int]:
+    """The ``(id, seat)`` that ``assign`` takes for this job: ``(job id, 0)`` for a single
+    job, ``(group id, i)`` for seat i of a replicated job (a seat's JobCreated names the group
+    id as its salt)."""
+    replicas = state.job.replicas
+    if not replicas:
+        return state.job_id, 0
+    for i, seat in enumerate(seat_ids(state.salt, replicas)):
+        if seat == state.job_id:
+            return state.salt, i
+    raise ValueError(f"job 0x{state.job_id.hex()} is not a seat of group 0x{state.salt.hex()}")
+
+
+def rule_args(state: JobState, seats: Sequence[JobState] = ()) -> tuple[bytes, list[Any], int]:
+    """``rule``'s ``(id, jobs, i)`` for this job: ``(job id, [job], 0)`` for a single job; for
+    a seat, ``(group id, every seat's struct in order, its index)`` (``seats``: the group's
+    seats, in seat order)."""
+    group, i = assign_target(state)
+    if not state.job.replicas:
+        return state.job_id, [state.job.as_tuple()], 0
+    if len(seats) != state.job.replicas or seats[i].job_id != state.job_id:
+        raise ValueError(f"rule on seat {i} needs all {state.job.replicas} seats in order")
+    return group, [s.job.as_tuple() for s in seats], i
 
 
 def deposit_of(bounty: int, token: str, floor: int, flags: int = 0) -> int:
@@ -389,17 +425,18 @@ def apply_event(state: JobState | None, name: str, args: Mapping[str, Any]) -> J
             provider=to_checksum_address(args["provider"]),
             attempt=int(args["attempt"]),
             since=int(args["since"]),
+            hold_until=int(args["holdUntil"]),
         )
         return replace(state, job=job, status=Status.ASSIGNED)
     if name == "JobUnassigned":
         _expect(state, name, Status.ASSIGNED)
-        job = replace(job, provider=ZERO_ADDRESS, since=0)
+        job = replace(job, provider=ZERO_ADDRESS, since=0, hold_until=0)
         return replace(state, job=job, status=Status.FUNDED)
     if name == "ResultSubmitted":
         _expect(state, name, Status.ASSIGNED)
         cid = args["outputCid"]
         digest = text_digest(cid)
-        job = replace(job, since=int(args["submittedAt"]), result_digest=digest)
+        job = replace(job, since=int(args["submittedAt"]), result_digest=digest, hold_until=0)
         problem = cid.problem if isinstance(cid, InvalidText) else None
         return replace(
             state, job=job, status=Status.SUBMITTED, output_cid=str(cid), output_problem=problem

@@ -644,8 +644,9 @@ class JobTerms(BaseModel):
     """A job's on-chain terms as the provider accepts them (EIP-712 ``Acceptance``, see
     :func:`gridmarket.eip712.acceptance_typed_data`): the price, the deadline, the collateral it
     locks while it holds the job, who may rule on its result, whether the operator may pay at
-    once (``on_verify``), and what it is paid in (``token``: the zero address for ETH; then
-    ``bounty_wei`` and ``collateral_wei`` are in that token's smallest units)."""
+    once (``on_verify``), what it is paid in (``token``: the zero address for ETH; then
+    ``bounty_wei`` and ``collateral_wei`` are in that token's smallest units), and how long it
+    holds the job (``hold_for``)."""
 
     model_config = _strict()
 
@@ -657,6 +658,9 @@ class JobTerms(BaseModel):
     flags: int = Field(ge=0, le=255)
     operator: Address
     token: Address = ZERO_ADDRESS
+    hold_for: int = Field(ge=0, lt=2**32)
+    """Seconds the provider is given (EIP-712 ``Acceptance.holdFor``): nobody but it can take
+    the job back before they pass (:mod:`gridmarket.holds`)."""
 
     def as_job(self) -> Job:
         """The job struct the acceptance covers: only the terms enter the EIP-712 digest

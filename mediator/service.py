@@ -66,6 +66,7 @@ from gridmarket.escrow import (
     JobState,
     Status,
     apply_event,
+    assign_target,
     seat_ids,
 )
 from gridmarket.ipfs import IpfsStore
@@ -81,6 +82,7 @@ from mediator.core import (
     _Outcome,
 )
 from mediator.reruns import FUNDED, FUNDING, HELD, RERUN_SALT_TAG
+from mediator.rulings import seat_ruling_blocked
 from mediator.spot import SpotChecks
 from mediator.state import MediatorState, Task, pos_of
 from mediator.tasks import HANDLERS, Kind
@@ -435,6 +437,8 @@ class Mediator(SpotChecks):
         draw: _Draw | None = None
         if task.kind == Kind.CHECK:
             closes = state.job.since + self.challenge_window
+            if state.job.replicas:  # a seat is ruled on until the mediation window after its
+                closes = state.job.deadline + self.mediation_window  # deadline (version 5)
             late = now >= closes - self.config.window_margin_s
             if state.job.flags & FLAG_SPOT and prior is None:
                 draw = self._draw(state)
@@ -478,6 +482,8 @@ class Mediator(SpotChecks):
                 self.config.retry_delay_s,
                 check.reason,
             )
+        elif check.outcome is _Outcome.FAIL and state.job.replicas:
+            self._seat_failed(task, state, now, check.reason)
         elif check.outcome is _Outcome.FAIL:
             note = f"; {draw.note}" if draw is not None else ""
             self._rule(task, state, False, check.reason + note)
@@ -497,3 +503,24 @@ class Mediator(SpotChecks):
         else:
             note = f"; {draw.note}" if draw is not None else ""
             self._decide(task, state, None, f"cannot conclude: {check.reason}{note}")
+
+    def _seat_failed(self, task: Task, state: JobState, now: int, reason: str) -> None:
+        """A seat's result failed its check: ruled wrong once the escrow takes a ruling on the
+        seat (every seat delivered or the deadline passed, and no majority; until
+        ``deadline + mediationWindow``), checked again later while a seat still runs, and left
+        to ``resolve`` when the seats' results hold a majority (it slashes a seat that
+        disagrees with it)."""
+        seats = self._seats_now(state)
+        _, i = assign_target(state)
+        blocked = seat_ruling_blocked(seats, i, now, self.mediation_window)
+        if blocked is None:
+            self._rule(task, seats[i], False, reason, seats)
+        elif blocked[0] == "pending":
+            self.state.retry_task(
+                task,
+                time.time() + self.config.rerun_poll_s,
+                f"{reason}; to be ruled wrong once the seats may be ruled: {blocked[1]}",
+                tried=False,
+            )
+        else:
+            self._decide(task, state, None, f"{reason}; no ruling on the seat: {blocked[1]}")

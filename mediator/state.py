@@ -198,6 +198,7 @@ def state_to_json(state: JobState) -> str:
                 "disputed_at": job.disputed_at,
                 "flags": job.flags,
                 "token": job.token,
+                "hold_until": job.hold_until,
             },
         },
         sort_keys=True,
@@ -210,6 +211,9 @@ def state_from_json(text: str) -> JobState:
     job = dict(body["job"])
     job["result_digest"] = bytes.fromhex(job["result_digest"])
     job.setdefault("token", ZERO_ADDRESS)  # a state file written before JobEscrow version 4
+    # before version 5 (no holdUntil): zero, what the struct holds in every status the mediator
+    # sends a job's struct in (a result pending or ruled, a re-run Funded)
+    job.setdefault("hold_until", 0)
     spec = _untext(body["spec_cid"])
     return JobState(
         job_id=bytes.fromhex(body["job_id"]),

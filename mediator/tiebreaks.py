@@ -22,6 +22,7 @@ from mediator.core import (
     _one_line,
 )
 from mediator.reruns import ABANDONED, COMPARED, FUNDED, FUNDING, Reruns
+from mediator.rulings import seat_ruling_blocked
 from mediator.state import Rerun, Task
 from mediator.tasks import Kind
 
@@ -238,50 +239,55 @@ class TieBreaks(Reruns):
             log.warning("mediator: re-run 0x%s not cancelled: %s", rerun.rerun_id.hex(), exc)
 
     def _tie(self, task: Task, first: JobState) -> None:
-        """A replicated job naming this mediator whose seats all have a result: with no
-        majority among them, re-run the job on a provider none of the seats' and rule each
-        seat against the re-run's output (agreeing: upheld and paid; different: wrong, its
-        provider slashed and the seat offered again). No ruling when the re-run agrees with no
-        seat: then nobody can tell who is right, and ``resolve`` refunds the open seats once
-        the mediation window after the deadline has passed."""
+        """A replicated job naming this mediator with a seat's intact result: once the escrow
+        takes rulings on its seats (every seat delivered, or the deadline passed) and their
+        results hold no strict majority, re-run the job on a provider none of the seats' and
+        rule each delivered seat against the re-run's output (agreeing: upheld and paid;
+        different: wrong, its provider slashed), all before ``deadline + mediationWindow``, the
+        last moment the escrow takes a ruling on a seat. No ruling when a majority agrees
+        (``resolve`` settles it) or the re-run agrees with no seat: then nobody can tell who is
+        right, and ``resolve`` refunds the open seats once that window has passed."""
         k = first.job.replicas
-        seats = [self.state.job(i) for i in seat_ids(first.salt, k)]
-        if any(s is None for s in seats):
+        folded = [self.state.job(i) for i in seat_ids(first.salt, k)]
+        if any(s is None for s in folded):
             self.state.finish_task(task, "a seat of this replicated job is unknown here")
             return
-        known = [s for s in seats if s is not None]
-        now = self._chain_now()
-        deadline = first.job.deadline
+        known = [s for s in folded if s is not None]
         if all(s.status.terminal for s in known):
             self.state.finish_task(task, "resolved")
             return
-        if any(s.status in (Status.FUNDED, Status.ASSIGNED) for s in known):
-            if now > deadline:
-                self.state.finish_task(task, "seats without a result at the deadline")
-            else:
-                self.state.retry_task(
-                    task, time.time() + self.config.rerun_poll_s, "seats still running", tried=False
-                )
+        now = self._chain_now()
+        deadline = first.job.deadline
+        closes = deadline + self.mediation_window
+        blocked = self._tie_blocked(known, now)
+        if blocked is not None and blocked[0] == "majority":
+            self.state.finish_task(task, f"a majority agrees: {blocked[1]}")
             return
-        voters: dict[bytes, set[str]] = {}
-        for s in known:
-            if s.status in (Status.SUBMITTED, Status.RELEASED):
-                voters.setdefault(s.job.result_digest, set()).add(s.job.provider)
-        if any(2 * len(v) > k for v in voters.values()):
-            self.state.finish_task(task, "a majority agrees: resolve pays it")
+        if now >= closes - self.config.window_margin_s:
+            self._tie_give_up(task, f"the seats' mediation window closes at {closes} (now {now})")
             return
         rerun = self.state.rerun(task.job_id, task.attempt)
         if rerun is None:
-            self._tie_rerun(task, first, known, now)
+            if blocked is not None and blocked[0] == "pending":
+                self.state.retry_task(
+                    task, time.time() + self.config.rerun_poll_s, "seats still running", tried=False
+                )
+            elif blocked is not None:
+                self.state.finish_task(task, f"no ruling: {blocked[1]}"[:2000])
+            else:
+                self._tie_rerun(task, first, known, now, closes)
             return
         if rerun.status == FUNDING:
             self._send_rerun(task, first, rerun, lambda why: self._tie_give_up(task, why))
             return
-        if rerun.status != FUNDED:
+        if rerun.status not in (FUNDED, COMPARED):
             self.state.finish_task(task, f"re-run {rerun.status}: {rerun.note}")
             return
         mine = self.state.job(rerun.rerun_id)
-        if mine is not None and self._tie_compare(task, known, rerun, mine):
+        if mine is not None and self._tie_compare(task, known, rerun, mine, now):
+            return
+        if rerun.status == COMPARED:  # its output is not usable any more: cannot happen
+            self.state.finish_task(task, f"re-run {rerun.status}: {rerun.note}")
             return
         if now >= rerun.deadline or (mine is not None and mine.status is Status.REFUNDED):
             why = f"re-run 0x{rerun.rerun_id.hex()} gave no usable result in time"
@@ -300,9 +306,22 @@ class TieBreaks(Reruns):
             tried=False,
         )
 
-    def _tie_rerun(self, task: Task, first: JobState, seats: list[JobState], now: int) -> None:
-        """Fund the tie-break re-run: due well before the seats' deadline, so that a seat
-        ruled wrong can still be run again by another provider."""
+    def _tie_blocked(self, seats: list[JobState], now: int) -> tuple[str, str] | None:
+        """Why the escrow takes no ruling on any of these seats now (:func:`seat_ruling_blocked`
+        of the first delivered seat), or None when it does."""
+        for i, seat in enumerate(seats):
+            if seat.status is Status.SUBMITTED:
+                return seat_ruling_blocked(seats, i, now, self.mediation_window)
+        running = any(s.status in (Status.FUNDED, Status.ASSIGNED) for s in seats)
+        if running and now <= seats[0].job.deadline:
+            return "pending", "seats still running"
+        return "status", "no seat holds a result to rule on"
+
+    def _tie_rerun(
+        self, task: Task, first: JobState, seats: list[JobState], now: int, closes: int
+    ) -> None:
+        """Fund the tie-break re-run, due at the last moment the escrow takes a ruling on the
+        seats (``closes``: their deadline plus the mediation window, less the margin)."""
         if not self.config.rerun:
             self._tie_give_up(task, "re-runs are off on this mediator")
             return
@@ -310,32 +329,42 @@ class TieBreaks(Reruns):
         if spec is None or not spec.comparable:
             self._tie_give_up(task, why or "the job is not deterministic: a re-run cannot judge it")
             return
-        left = first.job.deadline - now
-        if left < 2 * max(self.config.rerun_min_s, self.min_duration + 10):
-            self._tie_give_up(task, f"no time for a re-run: {left} s to the seats' deadline")
+        left = closes - self.config.window_margin_s - now
+        need = max(self.config.rerun_min_s, self.min_duration + 10)
+        if left < need:
+            self._tie_give_up(
+                task,
+                f"no time for a re-run: {left:.0f} s left before the seats' mediation window "
+                f"closes at {closes} (a re-run needs {need:g} s)",
+            )
             return
-        closes = now + left // 2 + int(self.config.window_margin_s)  # half the time left
-        providers = tuple(s.job.provider for s in seats)
+        providers = tuple(s.job.provider for s in seats if s.job.provider != ZERO_ADDRESS)
         self._fund_rerun(
             task, first, spec, closes, providers, lambda why: self._tie_give_up(task, why)
         )
 
-    def _tie_compare(self, task: Task, seats: list[JobState], rerun: Rerun, mine: JobState) -> bool:
-        """Rule every open seat against the re-run's result if it has a usable one (True)."""
+    def _tie_compare(
+        self, task: Task, seats: list[JobState], rerun: Rerun, mine: JobState, now: int
+    ) -> bool:
+        """Rule the delivered seats against the re-run's result if it has a usable one (True):
+        those that agree with it upheld first, then those that differ wrong, each while the
+        escrow takes it (a seat ruled wrong runs again, and no other seat is ruled until it
+        delivers again or the deadline passes: the task waits for that)."""
         if mine.status not in (Status.SUBMITTED, Status.RELEASED) or mine.output_problem:
             return False
         ours = mine.output_cid
         if not isinstance(ours, str) or mine.job.provider in {s.job.provider for s in seats}:
             return False
-        verdict = verify_output(
-            self.ipfs,
-            ours,
-            max_bytes=self._cap(seats[0])[0],
-            timeout_s=self.config.fetch_timeout_s,
-            work_dir=self.work_dir,
-        )
-        if not verdict.ok:
-            return False
+        if rerun.status != COMPARED:
+            verdict = verify_output(
+                self.ipfs,
+                ours,
+                max_bytes=self._cap(seats[0])[0],
+                timeout_s=self.config.fetch_timeout_s,
+                work_dir=self.work_dir,
+            )
+            if not verdict.ok:
+                return False
 
         def agrees(seat: JobState) -> bool:
             try:
@@ -343,29 +372,59 @@ class TieBreaks(Reruns):
             except CidError:
                 return False
 
-        open_seats = [s for s in seats if s.status is Status.SUBMITTED]
         where = f"tie-break re-run 0x{rerun.rerun_id.hex()} by {mine.job.provider} gave {ours}"
-        if not any(agrees(s) for s in seats if s.status in (Status.SUBMITTED, Status.RELEASED)):
-            self.state.set_rerun(
-                task.job_id, task.attempt, COMPARED, f"agrees with no seat: {where}"
-            )
+        if rerun.status != COMPARED:
+            voted = [s for s in seats if s.status in (Status.SUBMITTED, Status.RELEASED)]
+            if not any(agrees(s) for s in voted):
+                self.state.set_rerun(
+                    task.job_id, task.attempt, COMPARED, f"agrees with no seat: {where}"
+                )
+                self.state.finish_task(task, f"no ruling: {where}, which agrees with no seat")
+                return True
+            self.state.set_rerun(task.job_id, task.attempt, COMPARED, where)
+            self.counters["ties_broken"] += 1
+            if mine.status is Status.SUBMITTED:  # pay the re-run's provider now
+                try:
+                    self.client.call_job(self.account, "release", mine)
+                except ChainError as exc:
+                    log.warning("mediator: re-run 0x%s not released: %s", mine.job_id.hex(), exc)
+        elif rerun.note.startswith("agrees with no seat"):
             self.state.finish_task(task, f"no ruling: {where}, which agrees with no seat")
             return True
-        self.state.set_rerun(task.job_id, task.attempt, COMPARED, where)
-        self.counters["ties_broken"] += 1
-        for seat in open_seats:
+        current = self._seats_now(seats[0])
+        ruled = 0
+        waiting: str | None = None
+        order = sorted(range(len(current)), key=lambda i: not agrees(current[i]))
+        for i in order:
+            seat = current[i]
+            if seat.status is not Status.SUBMITTED:
+                continue
+            prior = self.state.ruling(seat.job_id, seat.job.attempt)
+            if prior is not None and prior.outcome in ("sending", "sent", "confirmed"):
+                continue
+            blocked = seat_ruling_blocked(current, i, self._chain_now(), self.mediation_window)
+            if blocked is not None:
+                if blocked[0] == "pending" and waiting is None:
+                    waiting = blocked[1]
+                continue
             same = agrees(seat)
             seat_task = Task(seat.job_id, seat.job.attempt, Kind.TIE, 0, time.time(), "")
             reason = (
                 f"{where}; this seat gave {seat.output_cid}: {'the same' if same else 'different'}"
             )
-            self._rule(seat_task, seat, same, reason)
-        self.state.finish_task(task, f"ruled {len(open_seats)} seats: {where}")
-        if mine.status is Status.SUBMITTED:  # pay the re-run's provider now
-            try:
-                self.client.call_job(self.account, "release", mine)
-            except ChainError as exc:
-                log.warning("mediator: re-run 0x%s not released: %s", mine.job_id.hex(), exc)
+            after = self._rule(seat_task, seat, same, reason, current)
+            if after is not None:
+                current[i] = after
+                ruled += 1
+        if waiting is not None:
+            self.state.retry_task(
+                task,
+                time.time() + self.config.rerun_poll_s,
+                f"{where}; ruled {ruled} seats, the rest wait: {waiting}",
+                tried=False,
+            )
+        else:
+            self.state.finish_task(task, f"ruled {ruled} seats: {where}")
         return True
 
     def _tie_give_up(self, task: Task, why: str) -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from gridmarket.cuda import as_version
 from gridmarket.escrow import ZERO_ADDRESS
+from gridmarket.holds import hold_for
 from gridmarket.tiers import classify_gpu
 from gridmarket.wire import Assignment, JobSpec, JobTerms, offered_price_wei_per_hour
 from scheduler.matching import (
@@ -47,7 +48,14 @@ from scheduler.store import Claim, ClaimedJob, JobRow, NodeRow, Store
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Dispatcher", "free_capacity", "refused_wallets", "requirements", "terms_of"]
+__all__ = [
+    "Dispatcher",
+    "free_capacity",
+    "hold_of",
+    "refused_wallets",
+    "requirements",
+    "terms_of",
+]
 
 _EXPLAIN_EVERY_S = 2.0
 _COALESCE_S = 0.002
@@ -69,9 +77,19 @@ def refused_wallets(job: JobRow) -> frozenset[str]:
     return frozenset(wallets)
 
 
+def hold_of(job: JobRow) -> int:
+    """The ``holdFor`` offered for ``job``: :func:`gridmarket.holds.hold_for` of its spec's
+    timeout (the spec is fixed by its CID, so the acceptance route and the outbox's ``assign``
+    work out the same value the offer carried; the store keeps it with the acceptance too)."""
+    if job.spec is None:
+        raise ValueError(f"job {job.job_id} has no spec: nothing to offer")
+    return hold_for(job.spec.limits.timeout_s)
+
+
 def terms_of(job: JobRow) -> JobTerms:
     """The terms the node accepts for ``job`` (EIP-712 ``Acceptance``), from its on-chain
-    struct as funded: the same values the escrow hashes in ``acceptanceDigest``."""
+    struct as funded (the same values the escrow hashes in ``acceptanceDigest``) and the hold
+    offered (:func:`hold_of`)."""
     j = job.chain.job
     return JobTerms(
         bounty_wei=j.bounty,
@@ -82,6 +100,7 @@ def terms_of(job: JobRow) -> JobTerms:
         flags=j.flags,
         operator=j.operator,
         token=j.token,
+        hold_for=hold_of(job),
     )
 
 

@@ -19,7 +19,7 @@ Escrow version 2 (docs/trust.md): a lease is an *offer* until the node signs its
 the job's terms (``API.ACCEPT``); only then does the outbox assign it on-chain. A verified result
 of an on-verify job is paid at once (``settle``); any other is relayed (``submitResultFor``) and
 finalized once the challenge window has passed. A result failing the scheduler's check is not
-relayed: the job is taken back (``unassign``, after ``reassignDelay``) and goes to another wallet.
+relayed: the job is taken back (``unassign``, once the hold is over) and goes to another wallet.
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ TABLE: tuple[Transition, ...] = (
         S.LEASED,
         E.ACCEPTED,
         S.LEASED,
-        "outbox: assign on-chain with the acceptance (retried after reassignDelay if too early)",
+        "outbox: assign on-chain with the acceptance (waits while the last hold lasts)",
     ),
     Transition(S.LEASED, E.RESULT_REPORTED, S.VERIFYING, "check the output"),
     Transition(S.LEASED, E.SUBMITTED_ON_CHAIN, S.VERIFYING, "check it like a relayed result"),
@@ -244,7 +244,7 @@ TABLE: tuple[Transition, ...] = (
         S.LEASED,
         E.LEASE_LOST,
         S.QUEUED,
-        "another wallet; the node loses reputation; outbox: unassign (after reassignDelay)",
+        "another wallet; the node loses reputation; outbox: unassign (once the hold is over)",
     ),
     Transition(
         S.LEASED,
@@ -265,7 +265,7 @@ TABLE: tuple[Transition, ...] = (
         S.VERIFYING,
         E.VERDICT_BAD,
         S.QUEUED,
-        "not relayed; another wallet, a node fault; outbox: unassign (after reassignDelay)",
+        "not relayed; another wallet, a node fault; outbox: unassign (once the hold is over)",
     ),
     Transition(
         S.VERIFYING,

@@ -2,11 +2,13 @@
 
     make demo-escrow
 
-Starts anvil, deploys JobEscrow (version 2: no key in the middle can move a bounty or a stake,
-docs/trust.md) and walks two jobs through their lives with distinct accounts.
+Starts anvil, deploys JobEscrow (version 5: no key in the middle can move a bounty or a stake,
+and a funding names the operator its submitter expects, docs/trust.md) and walks two jobs
+through their lives with distinct accounts.
 
 Job 1, paid without trusting anyone: the provider registers and stakes; the submitter funds a
-job naming a mediator and the collateral; the provider signs its acceptance (EIP-712, no gas) and
+job naming a mediator and the collateral; the provider signs its acceptance (EIP-712, no gas,
+with the time it is given to hold the job) and
 the operator (the scheduler's key) assigns it, locking the collateral; the provider signs its
 result off-chain and the operator relays it; nobody disputes within the challenge window, so a
 stranger finalizes it and the provider is paid. Job 2, a wrong result: the submitter disputes
@@ -36,6 +38,7 @@ from gridmarket.chain import EscrowClient, Sent
 from gridmarket.deploy import EscrowParams, deploy_escrow
 from gridmarket.eip712 import sign_acceptance, sign_result
 from gridmarket.escrow import ZERO_ADDRESS, JobState, Status, deposit_of
+from gridmarket.holds import hold_for
 
 ETH = 10**18
 SPEC_CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
@@ -101,11 +104,13 @@ def main() -> int:
                 f"    job 0x{state.job_id.hex()} funded with {eth(bounty)}; mediator "
                 f"{job.mediator}, collateral {eth(job.collateral)}, paid after the window"
             )
+            hold = hold_for(600)  # a run of up to 10 minutes: the provider's time to hold it
             acceptance = sign_acceptance(accts["provider"], anvil.chain_id, escrow.address,
-                                         state.job_id, job.attempt + 1, job)  # fmt: skip
-            console.print("    provider signed its acceptance of the terms (EIP-712, no gas)")
-            state, sent = escrow.call_job(accts["operator"], "assign", state,
-                                          accts["provider"].address, acceptance)  # fmt: skip
+                                         state.job_id, job.attempt + 1, job, hold)  # fmt: skip
+            console.print(f"    provider signed its acceptance of the terms and of a {hold} s "
+                          "hold (EIP-712, no gas)")  # fmt: skip
+            state, sent = escrow.assign(accts["operator"], state, accts["provider"].address,
+                                        hold, acceptance)  # fmt: skip
             record("assign (collateral locked)", "operator", sent)
             signature = sign_result(accts["provider"], anvil.chain_id, escrow.address,
                                     state.job_id, state.job.attempt, output_cid)  # fmt: skip
@@ -134,7 +139,7 @@ def main() -> int:
         job2, sent = escrow.call_job(accts["submitter"], "dispute", job2,
                                      value=deposit)  # fmt: skip
         record("dispute (deposit)", "submitter", sent)
-        job2, sent = escrow.call_job(accts["mediator"], "rule", job2, False)
+        job2, sent = escrow.rule(accts["mediator"], job2, False)
         record("rule: not upheld (slash)", "mediator", sent)
         job2, sent = escrow.call_job(accts["submitter"], "cancel", job2)
         record("cancel (bounty back)", "submitter", sent)

@@ -23,7 +23,7 @@ Dishonest nodes, for the verification policies (docs/trust.md):
   --lazy 10       10 % of the nodes replay an output they produced for an earlier job.
 
 Jobs (``--jobs``) are funded with ``createJob`` (one seat), or with ``--replicas K`` as
-replicated jobs (``createReplicated``: K seats of a 0.001 ETH bounty each, paid to the
+replicated jobs (``createJob(..., replicas)``: K seats of a 0.001 ETH bounty each, paid to the
 agreeing majority of K distinct providers by ``resolve``). Each job has its own spec on IPFS.
 
 Tier mix (the seeds' table): RTX 4090, 3090, 4070, 3060 and CPU-only in equal parts, spread over
@@ -135,8 +135,8 @@ def submit(
     replicas: int = 1,
 ) -> None:
     """Fund ``count`` small jobs from the first submitter, spread over ``over_s`` seconds: each
-    its own spec, funded with ``createJob``, or with ``createReplicated`` when ``replicas`` >= 2
-    (one 0.001 ETH bounty per seat)."""
+    its own spec, funded with ``createJob`` (the operator in office expected), of ``replicas``
+    seats when ``replicas`` >= 2 (one 0.001 ETH bounty per seat)."""
     submitter = Account.from_key(dev_accounts(4)[3])
     share = 10**15
     terms = escrow.default_terms(share, submitter.address, on_verify=on_verify and replicas < 2)
@@ -182,11 +182,20 @@ class Node:
         self.stopped = False
 
     async def accept(self, a: dict[str, Any]) -> bool:
-        """Sign the acceptance of the offered job's terms and post it; whether it stands."""
-        t = a["terms"]
-        terms = JobTerms.model_validate(t).as_job()
+        """Sign the acceptance of the offered job's terms and of the hold it is given (the
+        ``holdFor`` the scheduler offers); post it; whether it stands."""
+        offered = JobTerms.model_validate(a["terms"])
+        terms = offered.as_job()
         job_id = bytes.fromhex(a["job_id"][2:])
-        sig = sign_acceptance(self.account, a["chain_id"], a["escrow"], job_id, a["attempt"], terms)
+        sig = sign_acceptance(
+            self.account,
+            a["chain_id"],
+            a["escrow"],
+            job_id,
+            a["attempt"],
+            terms,
+            offered.hold_for,
+        )
         try:
             r = await self.http.post(
                 self.base + API.ACCEPT.format(node_id=self.node_id, job_id=a["job_id"]),
@@ -386,7 +395,7 @@ def main() -> int:
         "--replicas",
         type=int,
         default=1,
-        help="fund replicated jobs of this many seats (2..5, createReplicated); 1: single jobs",
+        help="fund replicated jobs of this many seats (2..5, createJob replicas); 1: single jobs",
     )
     ap.add_argument(
         "--on-verify", action="store_true", help="fund jobs paid on the scheduler's check"

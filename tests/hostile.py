@@ -92,9 +92,11 @@ def create_job_raw(
         os.urandom(32),
         spec_cid,
         deadline,
+        client.expected_operator(t),
         t.mediator,
         t.collateral,
         t.flags,
+        0,  # replicas: a single job
         value=bounty,
     )
 

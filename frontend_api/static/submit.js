@@ -1,6 +1,8 @@
 // The submit page: build a job spec from the form, show a quote, and fund the job from the
 // wallet. Order matters, so that a mistake creates nothing: (1) the server checks the whole
-// request and dry-runs createJob from the wallet's address (dry_run), (2) for a job paid in a
+// request and dry-runs createJob from the wallet's address (dry_run), with the operator the page
+// shows as the one the job expects (expectedOperator: if the owner replaces it before the
+// transaction is mined, it reverts, the page says why and shows the new one), (2) for a job paid in a
 // token the wallet signs the EIP-2612 permit (or, if it cannot sign typed data, approves the
 // escrow), (3) the dataset and module are uploaded to IPFS, (4) the server adds the spec and
 // returns the transaction (for a token: multicall(permitToken, createJobWith)), (5) the
@@ -112,6 +114,9 @@
     };
     const mediator = $("mediator").value.trim();
     if (mediator) body.mediator = mediator;
+    // the operator shown on this page: the wallet's transaction expects exactly this one
+    const operator = $("operator").value.trim();
+    if (operator) body.operator = operator;
     const collateral = $("collateral").value.trim();
     if (collateral) body[c.eth ? "collateral_eth" : "collateral"] = collateral;
     if (!c.eth) body.currency = c.symbol;
@@ -241,6 +246,26 @@
     box.append(div);
     box.scrollIntoView({ behavior: "smooth", block: "center" });
     GM.notice(status, "error", "Please fix the highlighted field.");
+  }
+
+  /** The owner replaced the escrow's operator since this page showed it: show the one in
+   * office now (the next funding expects it, once the user has seen it and funds again). */
+  async function showNewOperator() {
+    try {
+      const terms = await GM.api("/api/terms");
+      if (terms.operator && terms.operator !== $("operator").value) {
+        $("operator").value = terms.operator;
+        $("operator").dataset.changed = "true";
+      }
+    } catch (_) { /* the error shown already says what happened */ }
+  }
+
+  /** An error about the operator (JobEscrowOperatorChanged): nothing was funded; say so in
+   * words, keep the form as it is, and show the new operator. */
+  async function operatorChanged(message) {
+    await showNewOperator();
+    showError("operator", message);
+    GM.notice(status, "error", "The escrow's operator changed: nothing was funded. Check the operator shown now and fund again.");
   }
 
   // ---------------------------------------------------------------- quote
@@ -418,12 +443,18 @@
       GM.notice(status, "info", `Sent ${GM.short(hash)}; waiting for a block…`);
       const mined = await GM.waitTx(hash);
       // a spot job's transaction sends twice the bounty (prepared.funding_wei): its check deposit
-      const fn = !cur().eth ? "createJobWith" : seats() > 1 ? "createReplicated" : "createJob";
-      if (mined.status !== "success") throw new Error(`${fn} reverted (transaction ${hash})`);
+      const fn = !cur().eth ? "createJobWith" : "createJob";
+      if (mined.status !== "success") {
+        const why = mined.error ? `: ${mined.error}` : "";
+        const err = new Error(`${fn} reverted (transaction ${hash})${why}. Nothing was funded; the form is kept as it was.`);
+        if (/JobEscrowOperatorChanged/.test(mined.error || "")) err.field = "operator";
+        throw err;
+      }
       GM.notice(status, "ok", "Funded. Opening the job…");
       window.location = prepared.job_url;
     } catch (err) {
-      if (err.field) showError(err.field, err.message);
+      if (err.field === "operator") await operatorChanged(err.message);
+      else if (err.field) showError(err.field, err.message);
       else GM.notice(status, "error", err.message || String(err));
       button.disabled = false;
     }

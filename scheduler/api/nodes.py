@@ -29,7 +29,7 @@ from gridmarket.wire import (
     recover_registration_signer,
 )
 from scheduler.auth import issue
-from scheduler.dispatch import Dispatcher
+from scheduler.dispatch import Dispatcher, hold_of
 from scheduler.service import Replica
 from scheduler.store import (
     ConflictError,
@@ -314,6 +314,10 @@ async def accept_offer(
             409,
         )
     try:
+        hold = hold_of(row)
+    except ValueError as exc:
+        raise _bad(str(exc), 409) from None
+    try:
         signer = recover_acceptance_signer(
             bytes.fromhex(body.signature[2:]),
             grid.chain_id,
@@ -321,6 +325,7 @@ async def accept_offer(
             row.chain.job_id,
             body.attempt,
             chain,
+            hold,
         )
     except Exception as exc:
         raise _bad(f"signature does not recover: {exc}", 401) from None
@@ -330,7 +335,7 @@ async def accept_offer(
             f"Acceptance of attempt {body.attempt} on the offer's terms (bounty "
             f"{chain.bounty}, feeBps {chain.fee_bps}, deadline {chain.deadline}, collateral "
             f"{chain.collateral}, mediator {chain.mediator}, flags {chain.flags}, token "
-            f"{chain.token}), chain "
+            f"{chain.token}, holdFor {hold}), chain "
             f"{grid.chain_id}, escrow {grid.escrow}",
             401,
         )
@@ -342,7 +347,14 @@ async def accept_offer(
 
     def accept_with(free: int | None, as_of: int | None) -> str:
         return store.accept(
-            job_id, node.node_id, body.attempt, body.signature, free, as_of, signed=chain
+            job_id,
+            node.node_id,
+            body.attempt,
+            body.signature,
+            free,
+            as_of,
+            signed=chain,
+            hold_for=hold,
         )
 
     try:

@@ -59,7 +59,7 @@ from gridmarket.chain import (
     is_nonce_too_low,
     rpc_error_message,
 )
-from gridmarket.escrow import JobState, fold_events
+from gridmarket.escrow import JobState, assign_target, fold_events
 from gridmarket.retry import (
     ChainUnavailableError,
     Deadline,
@@ -84,6 +84,7 @@ from scheduler.chain.tx_metrics import REGISTRY
 __all__ = [
     "BATCH_MAX_CALLS",
     "BATCH_MAX_GAS",
+    "EFFECTS",
     "REGISTRY",
     "Call",
     "FeeCapExceededError",
@@ -128,22 +129,66 @@ BATCH_MAX_CALLS = 64
 """The outbox's default bound on calls per ``multicall`` transaction (``send_many``;
 ``OUTBOX_BATCH_CALLS``). 16 mined 8.5 rows a second at 100,000 jobs on anvil, where each block
 costs about a second whatever it holds (docs/benchmarks.md, 2026-11-28 fifth session)."""
+_TRY_OVERHEAD_GAS = 20_000
+"""Gas added to a ``tryMulticall`` over the estimate of its calls: its ``bool[]`` and loop."""
 BATCH_MAX_GAS = 8_000_000
 """The outbox's default bound on the summed gas estimates of one batch (``OUTBOX_BATCH_GAS``;
 about a quarter of a 30M block: 64 settles, the dearest step, estimate under it)."""
 
 
+EFFECTS = {
+    "assign": "JobAssigned",
+    "unassign": "JobUnassigned",
+    "settle": "JobReleased",
+    "release": "JobReleased",
+    "finalize": "JobReleased",
+    "submitResultFor": "ResultSubmitted",
+    "resolve": "Resolved",
+}
+"""The event each batchable operator call emits for its job (``Resolved``: for its group)
+when it takes effect: what tells, in a ``tryMulticall`` receipt, which calls were skipped."""
+
+
 @dataclass(frozen=True)
 class Call:
-    """One escrow call of the operator: ``fn_name(*args)`` (a job step, for a batch)."""
+    """One escrow call of the operator: ``fn_name(*args)`` (a job step, for a batch).
+    ``subject``: the id (a job's, or a group's for ``resolve``) whose :data:`EFFECTS` event
+    shows the call took effect; None: the call is never batched (nothing would tell)."""
 
     fn_name: str
     args: tuple[Any, ...]
+    subject: bytes | None = None
 
     @classmethod
     def job(cls, fn_name: str, state: JobState, *extra: Any) -> Call:
         """``fn_name(jobId, job, *extra)`` for the job ``state`` describes."""
-        return cls(fn_name, (state.job_id, state.job.as_tuple(), *extra))
+        return cls(fn_name, (state.job_id, state.job.as_tuple(), *extra), state.job_id)
+
+    @classmethod
+    def assign(cls, state: JobState, provider: str, hold_for: int, acceptance: bytes) -> Call:
+        """``assign(id, seat, job, provider, holdFor, acceptance)`` of the job (or seat:
+        :func:`gridmarket.escrow.assign_target`) ``state`` describes."""
+        target, seat = assign_target(state)
+        args = (target, seat, state.job.as_tuple(), provider, hold_for, acceptance)
+        return cls("assign", args, state.job_id)
+
+    @classmethod
+    def resolve(cls, group_id: bytes, seats: Sequence[JobState]) -> Call:
+        """``resolve(groupId, seats)`` (the seats in seat order)."""
+        return cls("resolve", (group_id, [s.job.as_tuple() for s in seats]), group_id)
+
+    @property
+    def batchable(self) -> bool:
+        """Whether a batch's receipt can tell if this call took effect."""
+        return self.subject is not None and self.fn_name in EFFECTS
+
+    def took_effect(self, sent: Sent) -> bool:
+        """Whether the mined batch ``sent`` holds this call's :data:`EFFECTS` event."""
+        name = EFFECTS[self.fn_name]
+        key = "groupId" if name == "Resolved" else "jobId"
+        return any(
+            e.name == name and bytes(e.args.get(key, b"")) == self.subject for e in sent.events
+        )
 
 
 def _chunks(ready: list[tuple[int, int]], max_calls: int, max_gas: int) -> Iterator[list[int]]:
@@ -217,15 +262,17 @@ class TxSender:
         return str(self.account.address)
 
     # ------------------------------------------------------------------ job transitions
-    def assign(self, state: JobState, provider: str, acceptance: bytes) -> Sent:
-        """Assign a Funded job to ``provider``, or reassign an Assigned one (attempt + 1, only
-        ``reassignDelay`` after the assignment), with the provider's EIP-712 ``acceptance`` of
-        that attempt and the job's terms."""
-        return self.send_job("assign", state, provider, acceptance)
+    def assign(self, state: JobState, provider: str, hold_for: int, acceptance: bytes) -> Sent:
+        """Assign a Funded job (or seat) to ``provider``, or reassign an Assigned one (attempt
+        + 1, only once its hold is over: ``max(since + reassignDelay, holdUntil)``), with the
+        provider's EIP-712 ``acceptance`` of that attempt, the job's terms and ``hold_for``."""
+        call = Call.assign(state, provider, hold_for, acceptance)
+        return self.send(call.fn_name, *call.args)
 
     def unassign(self, state: JobState) -> Sent:
         """Take an Assigned job back (lease lost, result refused): it is Funded again. The
-        escrow allows it only ``reassignDelay`` after the assignment (``JobEscrowTooEarly``)."""
+        escrow allows it only once the hold is over, ``max(since + reassignDelay, holdUntil)``
+        (``JobEscrowTooEarly``)."""
         return self.send_job("unassign", state)
 
     def settle(self, state: JobState, output_cid: str, signature: bytes) -> Sent:
@@ -255,22 +302,26 @@ class TxSender:
 
     # ------------------------------------------------------------------ any call
     def send(
-        self, fn_name: str, *args: Any, value: int = 0, prepared: TxParams | None = None
+        self,
+        fn_name: str,
+        *args: Any,
+        value: int = 0,
+        prepared: TxParams | None = None,
+        estimate: Callable[[], TxParams] | None = None,
     ) -> Sent:
         """Send ``fn_name(*args)`` from the operator key and wait for it to be mined.
         ``prepared``: its transaction as :meth:`EscrowClient.prepare` just built it (gas
-        estimated), used for the first try instead of estimating again."""
+        estimated), used for the first try instead of estimating again; ``estimate``: what
+        builds the transaction instead of :meth:`EscrowClient.prepare` (a ``tryMulticall``'s
+        gas comes from its calls' estimates)."""
+        build = estimate or (lambda: self.client.prepare(self.account, fn_name, *args, value=value))
         deadline = Deadline(self.retry.deadline_s)
         self._settle_in_flight(fn_name)
         for rebuild in range(_MAX_REBUILDS + 1):
             params = (
                 prepared
                 if prepared is not None and rebuild == 0
-                else self._retrying(
-                    f"{fn_name}: estimate",
-                    deadline,
-                    lambda: self.client.prepare(self.account, fn_name, *args, value=value),
-                )
+                else self._retrying(f"{fn_name}: estimate", deadline, build)
             )
             fees = self._fees(fn_name, deadline)
             sent = self._broadcast(fn_name, params, fees, deadline)
@@ -315,45 +366,61 @@ class TxSender:
         max_gas: int = BATCH_MAX_GAS,
     ) -> list[Sent | ChainError]:
         """Send ``calls`` (operator calls of different jobs, independent of each other) in as
-        few transactions as the bounds allow: ``multicall`` batches of at most ``max_calls``
-        calls whose estimates add up to at most ``max_gas``; one call alone is sent as itself.
+        few transactions as the bounds allow: ``tryMulticall`` batches of at most ``max_calls``
+        calls whose estimates add up to at most ``max_gas``; one call alone (or one that is not
+        :attr:`Call.batchable`) is sent as itself.
 
         Returns one outcome per call, in order: the mined transaction that carried it (the
         same :class:`Sent` for every call of a batch; fold it with :func:`apply_sent`), or the
         :class:`ChainError` that refused it (``reason`` set for a revert), exactly what
-        :meth:`send` would have raised for that call alone. Each call is preflighted first (its
-        gas estimate runs it on the latest state), so a call that would revert is answered
-        with its error and never joins a batch; a batch that still reverts (two calls that
-        pass alone but not together, e.g. one provider's collateral for two assigns, or the
-        state moved between estimate and block) is sent again call by call. Transient failures
+        :meth:`send` would have raised for that call alone. Transient failures
         (:class:`ChainUnavailableError`, :class:`TxOutcomeUnknownError`) are raised, as by
         :meth:`send`; a batch is one nonce, so a restart with one in flight finds it in the
         pool and settles it before any preflight (steps it made are then refused by their
         estimates: ``JobEscrowJobMismatch``), and nothing is sent twice.
 
-        The calls are first taken ``max_calls`` at a time and each group estimated as the
-        ``multicall`` itself: when that passes (the usual case) it is sent as estimated, one
-        estimate for the batch instead of one per call (the preflights were 5% of a
-        scheduler's CPU under claims, issue 12); the calls of a group that would revert or
-        exceed ``max_gas`` are preflighted one by one as above. Either way a call that would
-        revert never goes out in a batch.
+        The calls are first taken ``max_calls`` at a time and each group estimated as a strict
+        ``multicall`` (it reverts if any call would): when that passes (the usual case) the
+        group is sent as ``tryMulticall`` with that gas, one estimate for the batch instead of
+        one per call (the preflights were 5% of a scheduler's CPU under claims, issue 12); the
+        calls of a group that would revert or exceed ``max_gas`` are preflighted one by one, and
+        those that pass go out in ``tryMulticall`` batches (their estimates summed for gas).
+        A call that would revert on the latest state never goes out in a batch.
+
+        A call may still fail once mined: someone else took the step between the estimate and
+        the block (the provider posted its own result, anyone finalized), or two calls that pass
+        alone do not together (one provider's collateral for two assigns). ``tryMulticall``
+        skips it instead of reverting the batch, so the other calls land. Which calls were
+        skipped is read from the receipt's events (:meth:`Call.took_effect`), not from the
+        ``bool[]`` it returns: a receipt carries no return data, and an ``eth_call`` before
+        sending only predicts the state of a later block, while the events are what was mined.
+        A skipped call is then handled as a single send: :meth:`send` estimates it first, so it
+        is answered with the revert that refuses it now (nothing sent: the outbox resolves the
+        row from the chain, ``isCurrent`` and the watcher's events, as for any refusal) or, when
+        it passes again, sent alone once; never batched again by this call.
+
+        ``tryMulticall``'s own gas estimate is not used: a node's estimate searches for the
+        least gas the transaction succeeds with, and with every inner call allowed to fail for
+        lack of gas that is the gas of skipping them all.
         """
         if max_calls < 1 or max_gas < 1:
             raise ValueError(f"max_calls and max_gas must be >= 1, got {max_calls}, {max_gas}")
         if len(calls) <= 1 or max_calls == 1:
             return [self._one(call) for call in calls]
-        self._settle_in_flight("multicall")
+        self._settle_in_flight("tryMulticall")
         out: list[Sent | ChainError | None] = [None] * len(calls)
+        batchable = [i for i, call in enumerate(calls) if call.batchable]
+        for i, call in enumerate(calls):
+            if not call.batchable:
+                out[i] = self._one(call)
         each: list[int] = []  # the calls to preflight one by one
-        for start in range(0, len(calls), max_calls):
-            chunk = list(range(start, min(start + max_calls, len(calls))))
+        for start in range(0, len(batchable), max_calls):
+            chunk = batchable[start : start + max_calls]
             whole = self._whole([calls[i] for i in chunk], max_gas) if len(chunk) > 1 else None
             if whole is None:
                 each.extend(chunk)
                 continue
-            metrics.BATCHED.inc(len(chunk))
-            for i in chunk:
-                out[i] = whole
+            self._settle_batch(calls, chunk, whole, out)
         ready: list[tuple[int, int]] = []  # (index, estimated gas) of calls that pass alone
         deadline = Deadline(self.retry.deadline_s)
         for i in each:
@@ -370,18 +437,22 @@ class TxSender:
                 out[i] = exc
                 continue
             ready.append((i, int(params.get("gas", 0))))
+        gas_of = dict(ready)
         for chunk in _chunks(ready, max_calls, max_gas):
             if len(chunk) == 1:
                 out[chunk[0]] = self._one(calls[chunk[0]])
                 continue
             data = [self.client.encode(calls[i].fn_name, *calls[i].args) for i in chunk]
+            # each estimate counts a transaction's 21,000 intrinsic gas: their sum covers the
+            # batch's delegatecalls with room to spare
+            gas = sum(gas_of[i] for i in chunk) + _TRY_OVERHEAD_GAS
             try:
-                sent = self.send("multicall", data)
+                sent = self._send_try(data, gas)
             except (ChainUnavailableError, TxOutcomeUnknownError):
                 raise
             except ChainError as exc:
                 log.warning(
-                    "multicall of %d calls refused (%s); sending them one by one",
+                    "tryMulticall of %d calls reverted (%s); sending them one by one",
                     len(chunk),
                     exc.reason or exc,
                 )
@@ -389,15 +460,50 @@ class TxSender:
                 for i in chunk:
                     out[i] = self._one(calls[i])
                 continue
-            metrics.BATCHED.inc(len(chunk))
-            for i in chunk:
-                out[i] = sent
+            self._settle_batch(calls, chunk, sent, out)
         assert all(o is not None for o in out)
         return cast(list[Sent | ChainError], out)
 
+    def _settle_batch(
+        self,
+        calls: Sequence[Call],
+        chunk: Sequence[int],
+        sent: Sent,
+        out: list[Sent | ChainError | None],
+    ) -> None:
+        """The outcome of each call of ``chunk``, mined together in ``sent``: that transaction
+        for the calls whose events it holds; a single send for each one it skipped."""
+        skipped = [i for i in chunk if not calls[i].took_effect(sent)]
+        metrics.BATCHED.inc(len(chunk) - len(skipped))
+        for i in chunk:
+            out[i] = sent
+        if skipped:
+            log.info(
+                "tryMulticall %s skipped %d of its %d calls (%s): settling them one by one",
+                sent.tx_hash,
+                len(skipped),
+                len(chunk),
+                ", ".join(calls[i].fn_name for i in skipped),
+            )
+            metrics.BATCH_SKIPPED.inc(len(skipped))
+        for i in skipped:
+            out[i] = self._one(calls[i])
+
+    def _send_try(self, data: list[bytes], gas: int) -> Sent:
+        """``tryMulticall(data)`` with ``gas``, never estimated as itself (see
+        :meth:`send_many`)."""
+        params: TxParams = {
+            "from": self.account.address,
+            "to": cast(Any, self.client.address),
+            "value": cast(Any, 0),
+            "data": self.client.encode("tryMulticall", data),
+            "gas": cast(Any, gas),
+        }
+        return self.send("tryMulticall", data, prepared=params, estimate=lambda: params)
+
     def _whole(self, calls: Sequence[Call], max_gas: int) -> Sent | None:
-        """``calls`` sent as one ``multicall`` if its estimate passes within ``max_gas``; None
-        when it would revert, is over ``max_gas``, or reverted once mined (the caller then
+        """``calls`` sent as one ``tryMulticall`` if their strict ``multicall`` estimate passes
+        within ``max_gas``; None when it would revert or is over ``max_gas`` (the caller then
         preflights each call). Transient failures are raised."""
         data = [self.client.encode(call.fn_name, *call.args) for call in calls]
         try:
@@ -406,13 +512,20 @@ class TxSender:
                 Deadline(self.retry.deadline_s),
                 functools.partial(self.client.prepare, self.account, "multicall", data),
             )
-            if int(params.get("gas", 0)) > max_gas:
-                return None
-            return self.send("multicall", data, prepared=params)
         except (ChainUnavailableError, TxOutcomeUnknownError):
             raise
         except ChainError as exc:
             log.info("multicall of %d calls refused whole (%s): preflighting each", len(calls), exc)
+            return None
+        gas = int(params.get("gas", 0))
+        if gas > max_gas:
+            return None
+        try:
+            return self._send_try(data, gas + _TRY_OVERHEAD_GAS)
+        except (ChainUnavailableError, TxOutcomeUnknownError):
+            raise
+        except ChainError as exc:
+            log.info("tryMulticall of %d calls reverted (%s): preflighting each", len(calls), exc)
             return None
 
     def _one(self, call: Call) -> Sent | ChainError:

@@ -37,7 +37,13 @@ MAX_FEE = Gauge(
 CAP = Gauge("gridmarket_tx_fee_cap_wei", "The configured max fee per gas", registry=REGISTRY)
 BATCHED = Counter(
     "gridmarket_tx_batched_calls",
-    "Operator calls mined inside a multicall batch (one transaction for several)",
+    "Operator calls that took effect inside a tryMulticall batch (one transaction for several)",
+    registry=REGISTRY,
+)
+BATCH_SKIPPED = Counter(
+    "gridmarket_tx_batch_skipped_calls",
+    "Operator calls a tryMulticall batch skipped (someone else took the step first, or the "
+    "state moved): each then settled as a single send",
     registry=REGISTRY,
 )
 BATCH_FALLBACKS = Counter(

@@ -241,7 +241,7 @@ class OutboxLoop:
         if outcome is None:
             return 1
         if isinstance(outcome, NotYetError):
-            # the escrow takes this step later (reassignDelay, challenge window): wait
+            # the escrow takes this step later (the provider's hold, challenge window): wait
             self.store.outbox_defer(item.id, outcome.at, f"waiting: {outcome.reason or outcome}")
             blocked.add(item.job_id)
             return 0

@@ -17,13 +17,15 @@ the submitter released) is not sent again.
 Rows of different jobs that are ready together go out together (:meth:`OutboxRules.send_many`):
 each rule makes its call (:class:`~scheduler.chain.Call`), and
 :meth:`~scheduler.chain.TxSender.send_many` preflights them all and sends the ones that pass in
-``multicall`` batches (one intrinsic 21,000 gas for up to ``BATCH_MAX_CALLS`` calls; a batch
-that reverts is sent again call by call). Each row's outcome is then recorded as if it had been
+``tryMulticall`` batches (one intrinsic 21,000 gas for up to ``BATCH_MAX_CALLS`` calls; a call
+someone else made moot first, e.g. a provider relaying its own result, is skipped, not fatal to
+the batch, and settled as a single send). Each row's outcome is then recorded as if it had been
 sent alone: its job's events folded, the row done, or its own refusal.
 
 The escrow refuses some steps only *for now*: the operator's ``unassign`` and reassign before
-``reassignDelay`` (``JobEscrowTooEarly``) and ``finalize`` before the window closes
-(``JobEscrowChallengeWindowOpen``). Those raise :class:`NotYetError` with the chain time they
+the provider's hold is over, ``max(since + reassignDelay, holdUntil)`` (``JobEscrowTooEarly``;
+checked here first, :meth:`OutboxRules._take_back_allowed`), and ``finalize`` before the window
+closes (``JobEscrowChallengeWindowOpen``). Those raise :class:`NotYetError` with the chain time they
 become possible; the outbox waits for it (the row and its job's later rows), it is not a
 refusal.
 """
@@ -37,7 +39,8 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from gridmarket.chain import ChainError, Event, Sent
-from gridmarket.escrow import JOB_EVENTS, Status
+from gridmarket.escrow import JOB_EVENTS, JobState, Status
+from gridmarket.holds import hold_for as offered_hold
 from scheduler.chain import BATCH_MAX_CALLS, BATCH_MAX_GAS, Call, TxSender
 from scheduler.store import OutboxItem, Store
 
@@ -109,6 +112,8 @@ class OutboxRules:
         self.store = store
         self.count = count
         self._window: int | None = None
+        self._delay: int | None = None
+        self._now: int | None = None
         self._rules: dict[str, Callable[[OutboxItem], _Step]] = {
             "assign": self._assign,
             "settle": self._settle,
@@ -146,6 +151,7 @@ class OutboxRules:
         if len(set(jobs)) != len(jobs):
             raise ValueError(f"send_many takes one row per job, got {jobs}")
         self._sender = sender
+        self._now = None  # the chain's time, read again each pass
         outcomes: list[ChainError | None] = [None] * len(items)
         steps: list[tuple[int, _Step]] = []
         for i, item in enumerate(items):
@@ -223,6 +229,12 @@ class OutboxRules:
             self._window = int(sender.client.call("challengeWindow"))
         return self._window
 
+    def reassign_delay(self, sender: TxSender) -> int:
+        """The escrow's ``reassignDelay`` (immutable: read once)."""
+        if self._delay is None:
+            self._delay = int(sender.client.call("reassignDelay"))
+        return self._delay
+
     # ------------------------------------------------------------------ per kind
     def _assign(self, item: OutboxItem) -> _Step:
         row = self.store.job(item.job_id)
@@ -238,8 +250,38 @@ class OutboxRules:
             return _Step(None, _same)  # already on-chain (a retry after an unknown outcome)
         if state.status not in (Status.FUNDED, Status.ASSIGNED):
             raise ChainError(f"job is {state.status.name}", f"JobStatus({state.status.name})")
+        if state.status is Status.ASSIGNED:
+            self._take_back_allowed(item, state)  # a reassign takes it from the last provider
         acceptance = bytes.fromhex(p["acceptance"][2:])
-        return _Step(Call.job("assign", state, p["provider"], acceptance), _same)
+        hold = p.get("hold_for")
+        if hold is None:  # a row written before holds: the hold its spec is offered
+            if row.spec is None:
+                raise ChainError(f"job {item.job_id} has no spec: no hold", "NoSpec")
+            hold = offered_hold(row.spec.limits.timeout_s)
+        return _Step(Call.assign(state, p["provider"], int(hold), acceptance), _same)
+
+    def _take_back_allowed(self, item: OutboxItem, state: JobState) -> None:
+        """Raise :class:`NotYetError` unless the operator may take the Assigned job ``state``
+        back now (``unassign``, or reassign it): the escrow allows it from
+        ``max(since + reassignDelay, holdUntil)`` on, the end of the hold the provider signed
+        for. Checked here, on the chain's clock, so a row that must wait is not preflighted
+        (nor does it fail a batch's estimate) until then; the escrow checks it again."""
+        assert self._sender is not None
+        at = max(state.job.since + self.reassign_delay(self._sender), state.job.hold_until)
+        now = self._chain_now(self._sender)
+        if now < at:
+            raise NotYetError(
+                f"{item.kind} of job {item.job_id}: the provider's hold lasts until {at} "
+                f"(chain time {now})",
+                float(at),
+                f"JobEscrowTooEarly(jobId={item.job_id}, allowedAt={at}, now={now})",
+            )
+
+    def _chain_now(self, sender: TxSender) -> int:
+        """The latest block's time, read once a pass (:meth:`send_many`)."""
+        if self._now is None:
+            self._now = int(sender.client.w3.eth.get_block("latest")["timestamp"])
+        return self._now
 
     def _settle(self, item: OutboxItem) -> _Step:
         state = self.store.job(item.job_id).chain
@@ -349,16 +391,19 @@ class OutboxRules:
             self.count("groups_resolved")
             return tx
 
-        call = Call("resolve", (bytes.fromhex(group[2:]), [s.chain.job.as_tuple() for s in seats]))
+        call = Call.resolve(bytes.fromhex(group[2:]), [s.chain for s in seats])
         return _Step(call, after, also=tuple(s.job_id for s in seats))
 
     def _unassign(self, item: OutboxItem) -> _Step:
-        """Take the job back from ``provider`` (any provider when the row names none)."""
+        """Take the job back from ``provider`` (any provider when the row names none), once
+        its hold is over (:meth:`_take_back_allowed`: until then the row waits, while the
+        scheduler has moved the job on already)."""
         state = self.store.job(item.job_id).chain
         provider = item.payload.get("provider")
         if state.status is Status.ASSIGNED and (
             provider is None or state.job.provider.lower() == str(provider).lower()
         ):
+            self._take_back_allowed(item, state)
             return _Step(Call.job("unassign", state), _same)
         return _Step(None, _same)
 

@@ -313,6 +313,10 @@ class ChainStore(JobStore):
         holds = job.state in lifecycle.HOLDS_SLOT
         if event is Event.RELEASED_ON_CHAIN:
             values["output_cid"] = new.output_cid  # the struct's output, whatever our state
+        if ev.name == "JobAssigned" and new.job.replicas:
+            # one wallet holds one seat of a group, ever (the escrow: JobEscrowSeatTaken),
+            # whoever sent the assign: never offer it another
+            self._keep_off_siblings(conn, job, new.job.provider)
         if to is None:
             pass  # a step we took ourselves (assign, unassign, relay): the struct only
         elif event is Event.REFUNDED_ON_CHAIN and job.chain.status is Status.SUBMITTED:

@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from gridmarket.cid import CidError, same_cid
 from gridmarket.escrow import ZERO_ADDRESS, Job, Status, seat_ids
+from gridmarket.holds import hold_for as offered_hold
 from gridmarket.wire import JobSpec, ResultReport
 from scheduler import lifecycle
 from scheduler.lifecycle import Event, Fault, State
@@ -128,8 +129,9 @@ class JobStore(ReputationStore, OutboxStore):
         goes back to that node's wallet (any of its nodes: the escrow sees one provider).
 
         A lease the node had accepted may be assigned on-chain (or about to be): the outbox
-        takes it back (``unassign``; the escrow lets the operator do that only
-        ``reassignDelay`` after the assignment, and the row waits until then). The offer's
+        takes it back (``unassign``; the escrow lets the operator do that only once the hold
+        the node signed for is over, ``max(since + reassignDelay, holdUntil)``, and the row
+        waits until then, while the job moves on here at once). The offer's
         acceptance is forgotten."""
         now = self.clock()
         excluded = list(job.excluded)
@@ -708,12 +710,16 @@ class JobStore(ReputationStore, OutboxStore):
         as_of_block: int | None = None,
         *,
         signed: Job | None = None,
+        hold_for: int | None = None,
     ) -> str:
         """The node accepted its offer: ``signature`` (checked by the caller against the job's
-        on-chain struct, for attempt ``chain attempt + 1``) is stored and the outbox assigns the
-        job on-chain with it. Accepting twice with the same signature is a no-op. Raises
-        :class:`ConflictError` when the lease is not this node's, or not that attempt, or the
-        chain moved on (another assignment: the offer no longer fits the chain).
+        on-chain struct and ``hold_for``, for attempt ``chain attempt + 1``) is stored and the
+        outbox assigns the job on-chain with it, with that ``holdFor`` (default: the one
+        :func:`scheduler.dispatch.hold_of` offers for the job's spec; a signature covers the
+        hold, so the outbox must pass the very value the node signed). Accepting twice with the
+        same signature is a no-op. Raises :class:`ConflictError` when the lease is not this
+        node's, or not that attempt, or the chain moved on (another assignment: the offer no
+        longer fits the chain).
 
         ``free_collateral``: the wallet's ``freeCollateralIn(wallet, job's token)`` as the chain
         said at block ``as_of_block`` (assigns folded from later blocks are counted as pending
@@ -765,6 +771,10 @@ class JobStore(ReputationStore, OutboxStore):
                         f"{pending} of it promised to accepted jobs not yet assigned; the job "
                         f"locks {needed}: offer withdrawn ({how}, or finish other jobs)"
                     )
+            if hold_for is None:
+                if job.spec is None:
+                    raise ConflictError(f"job {job_id} has no spec: no hold was offered")
+                hold_for = offered_hold(job.spec.limits.timeout_s)
             self._outbox(
                 conn,
                 job_id,
@@ -774,6 +784,7 @@ class JobStore(ReputationStore, OutboxStore):
                     "attempt": attempt,
                     "node_id": node_id,
                     "acceptance": signature,
+                    "hold_for": hold_for,
                 },
             )
             conn.execute(
@@ -814,6 +825,11 @@ class JobStore(ReputationStore, OutboxStore):
         chain, or accepted and not yet mined); otherwise keep it off the other seats from now
         on (``excluded_wallets``), so its result is counted once."""
         me = wallet.lower()
+        if me in job.excluded_wallets:  # e.g. seen holding another seat on-chain since the offer
+            raise SeatTakenError(
+                f"{wallet} may not take seat {job.job_id} of this replicated job: it holds or "
+                "held another seat of it (the escrow lets a wallet hold one seat of a group)"
+            )
         for sib in self._siblings(conn, job):
             holder = sib.chain.job.provider.lower()
             if holder != me and sib.acceptance is not None and sib.node_id is not None:
@@ -823,6 +839,13 @@ class JobStore(ReputationStore, OutboxStore):
                     f"{wallet} already holds seat {sib.job_id} of this replicated job: each "
                     "seat goes to a distinct provider"
                 )
+        self._keep_off_siblings(conn, job, me)
+
+    def _keep_off_siblings(self, conn: Connection, job: JobRow, wallet: str) -> None:
+        """Keep ``wallet`` off the other seats of ``job``'s replicated job for good
+        (``excluded_wallets``): the escrow lets one wallet hold one seat of a group, ever
+        (``JobEscrowSeatTaken``)."""
+        me = wallet.lower()
         for sib in self._siblings(conn, job):
             if me not in sib.excluded_wallets:
                 conn.execute(

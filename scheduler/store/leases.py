@@ -303,9 +303,9 @@ class LeaseStore(JobStore):
         """The node gives a job back unfinished (shutdown), or declines an offer (then the job is
         not offered to that node again, unless the offer never reached it: ``delivered``
         false): queued again, no penalty, and an accepted lease's on-chain assignment undone
-        (outbox ``unassign``, written by the requeue; the escrow lets the operator do it
-        ``reassignDelay`` after the assignment, while the provider itself may hand it back
-        on-chain at any time)."""
+        (outbox ``unassign``, written by the requeue; the escrow lets the operator do it once
+        the node's hold is over, ``max(since + reassignDelay, holdUntil)``, while the provider
+        itself may hand it back on-chain at any time)."""
         self._held_drop(node_id, [job_id])
         with self.engine.begin() as conn:
             job = self._job(conn, job_id, lock=True)

@@ -2,9 +2,9 @@
 same transaction, sent later in order by the leader (``scheduler/service/loops.py``).
 
 A row may wait for a time (``not_before``, in chain time: the escrow's clock): ``finalize``
-until the challenge window has passed, an operator's ``unassign``/reassign until
-``reassignDelay`` has. A job's rows go in order, so a waiting row holds its job's later rows
-back (and no other job's).
+until the challenge window has passed, an operator's ``unassign``/reassign until the
+provider's hold is over (``max(since + reassignDelay, holdUntil)``). A job's rows go in order,
+so a waiting row holds its job's later rows back (and no other job's).
 """
 
 from __future__ import annotations

@@ -98,6 +98,7 @@ def job_to_json(state: JobState) -> dict[str, Any]:
         "collateral": str(j.collateral),
         "disputed_at": j.disputed_at,
         "flags": j.flags,
+        "hold_until": j.hold_until,
         "output_cid": state.output_cid,
     }
 
@@ -224,6 +225,7 @@ class JobRow:
                 disputed_at=cj["disputed_at"],
                 flags=cj["flags"],
                 token=r.token,
+                hold_until=cj.get("hold_until", 0),  # none before escrow version 5
             ),
             status=Status(r.chain_status),
             spec_cid=r.spec_cid,

@@ -17,16 +17,19 @@ from web3 import Web3
 
 from agent.acceptance import terms_job
 from devstack.anvil import Anvil, dev_accounts
+from gridmarket import holds
 from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.deploy import EscrowParams, deploy_escrow, deploy_test_token, list_token
 from gridmarket.eip712 import sign_acceptance
 from gridmarket.escrow import JobState, Terms
 from gridmarket.lightchain import LightEscrowClient
 from gridmarket.token import Token, TokenClient, tokens_of
-from gridmarket.wire import JobTerms
+from gridmarket.wire import JobLimits, JobTerms
 
 TOKEN_GRANT = 100_000 * 10**6
 """TestUSD minted to each of accounts 3..9 (100,000 tUSD)."""
+DEFAULT_HOLD_FOR = holds.hold_for(JobLimits().timeout_s)
+"""The hold a scheduler offers for a spec with the default limits (600 s: 900 s)."""
 
 
 @dataclass
@@ -108,24 +111,30 @@ class Chain:
     def min_collateral(self, bounty: int) -> int:
         return self.escrow.min_collateral(bounty)
 
-    def assign(self, state: JobState, provider: LocalAccount) -> JobState:
-        """The provider's signed acceptance, then the operator's ``assign``."""
+    def assign(
+        self, state: JobState, provider: LocalAccount, hold_for: int = DEFAULT_HOLD_FOR
+    ) -> JobState:
+        """The provider's signed acceptance (of a hold of ``hold_for`` seconds), then the
+        operator's ``assign`` (a seat: on its group, :func:`gridmarket.escrow.assign_target`)."""
         signature = sign_acceptance(
             provider,
             self.escrow.deployment.chain_id,
             self.escrow.address,
             state.job_id,
             state.job.attempt + 1,
-            terms_job(job_terms(state)),
+            terms_job(job_terms(state, hold_for)),
+            hold_for,
         )
-        state, _ = self.escrow.call_job(self.operator, "assign", state, provider.address, signature)
+        state, _ = self.escrow.assign(self.operator, state, provider.address, hold_for, signature)
         return state
 
 
-def job_terms(state: JobState) -> JobTerms:
-    """The terms a scheduler offers for a job, from its on-chain state."""
+def job_terms(state: JobState, hold_for: int = DEFAULT_HOLD_FOR) -> JobTerms:
+    """The terms a scheduler offers for a job, from its on-chain state, with a hold of
+    ``hold_for`` seconds (by default what it offers for the default 600 s timeout)."""
     job = state.job
     return JobTerms(
+        hold_for=hold_for,
         bounty_wei=job.bounty,
         fee_bps=job.fee_bps,
         deadline=job.deadline,

@@ -43,7 +43,7 @@ from agent.storage.ipfs import AgentIpfsStore
 from devstack.anvil import free_port
 from devstack.ipfs import IpfsDaemon
 from devstack.providers import new_providers
-from gridmarket import spot
+from gridmarket import holds, spot
 from gridmarket.chain import ChainError, EscrowClient
 from gridmarket.cid import path_cid
 from gridmarket.eip712 import recover_acceptance_signer
@@ -56,6 +56,7 @@ from gridmarket.wire import (
     Assignment,
     ExecutorKind,
     HeartbeatResponse,
+    JobLimits,
     JobSpec,
     RegisterResponse,
     ResultAck,
@@ -86,7 +87,7 @@ def offer(chain: Chain, state: JobState, spec: JobSpec | None = None, **changes:
         "lease_expires_at": time.time() + 30,
         "chain_id": chain.escrow.deployment.chain_id,
         "escrow": chain.escrow.address,
-        "terms": job_terms(state),
+        "terms": job_terms(state, holds.hold_for(spec.limits.timeout_s)),
     }
     values.update(changes)
     return Assignment(**values)
@@ -183,6 +184,124 @@ def test_policy_declines_when_the_chain_does_not_answer(chain: Chain) -> None:
     assert not decision.accept and decision.reason.startswith("cannot check the terms")
 
 
+def test_policy_refuses_a_hold_that_does_not_cover_the_run(chain: Chain) -> None:
+    """The hold an offer signs (``terms.hold_for``) must cover the spec's timeout and the time
+    to post the result (``holds.HOLD_MARGIN_S``), or reach the deadline: otherwise the operator
+    could take the job back from the node while it runs. Refused like the other terms, with
+    the reason; what the scheduler offers (``holds.hold_for``) is accepted."""
+    (provider,) = new_providers(chain.escrow, chain.accounts[0], 1, stake_wei=5 * 10**16)
+    facts = EscrowFacts(chain.escrow)
+    policy = AcceptancePolicy(provider.address, chain=facts)
+    state = chain.fund(10**16)
+    spec = JobSpec(executor=ExecutorKind.WASM, module_cid=SPEC_CID)  # timeout 600 s
+    assert holds.hold_for(600) == 900
+
+    def with_hold(hold: int, spec: JobSpec = spec) -> Assignment:
+        proposal = offer(chain, state, spec)
+        terms = proposal.terms.model_copy(update={"hold_for": hold})
+        return proposal.model_copy(update={"terms": terms})
+
+    decision = policy.decide(with_hold(900))
+    assert decision.accept, decision.reason
+    assert policy.decide(with_hold(600 + holds.HOLD_MARGIN_S)).accept  # just enough
+    for short in (600 + holds.HOLD_MARGIN_S - 1, 600, 0):
+        decision = policy.decide(with_hold(short))
+        assert not decision.accept
+        assert decision.reason == (
+            f"the hold of {short} s does not cover the run: 600 s of timeout and "
+            f"{holds.HOLD_MARGIN_S} s to post the result need 900 s"
+        )
+    # a longer run needs a longer hold: what covers 600 s does not cover an hour
+    hour = JobSpec(
+        executor=ExecutorKind.WASM, module_cid=SPEC_CID, limits=JobLimits(timeout_s=3600)
+    )
+    decision = policy.decide(with_hold(900, hour))
+    assert not decision.accept and "need 3900 s" in decision.reason
+    assert policy.decide(with_hold(holds.hold_for(3600), hour)).accept
+    # close to the deadline a hold up to it is enough (no result counts after it)
+    near = AcceptancePolicy(provider.address, chain=facts, clock=lambda: state.job.deadline - 100)
+    assert near.decide(with_hold(100)).accept
+    decision = near.decide(with_hold(99))
+    assert not decision.accept and "need 100 s" in decision.reason
+    # the offer's own hold is what the node signs: another hold is another acceptance
+    proposal = with_hold(900)
+    signed = bytes.fromhex(acceptance_request(provider, proposal).signature[2:])
+    args = (proposal.chain_id, proposal.escrow, state.job_id, 1, terms_job(proposal.terms))
+    assert recover_acceptance_signer(signed, *args, 900) == provider.address
+    assert recover_acceptance_signer(signed, *args, 899) != provider.address
+
+
+def test_the_default_mediator_policy_and_each_of_its_branches(chain: Chain) -> None:
+    """Which mediators a node accepts, each branch with the rule its refusal states: by default
+    the deployment's listed mediators (the deployment file's, or listed on-chain), never the
+    job's own submitter (who could rule an honest result wrong and take the collateral) unless
+    ``accept_self_mediated`` (or the submitter is a mediator the node accepts: a dispute's
+    re-run); ``accepted_mediators`` replaces the default with its own list."""
+    (provider,) = new_providers(chain.escrow, chain.accounts[0], 1, stake_wei=5 * 10**16)
+    facts = EscrowFacts(chain.escrow)
+    default = AcceptancePolicy(provider.address, chain=facts)
+    bounty = 10**16
+    stranger = chain.accounts[9].address  # not a listed mediator
+    listed = chain.fund(bounty)
+    own = chain.fund(bounty, chain.self_mediated(bounty))
+    # the escrow funds a job whose mediator is unlisted only when it is the submitter itself
+    # (that is `own`): an offer naming another unlisted mediator is a scheduler's lie, which
+    # the policy refuses as it would a real one
+    moved = job_terms(listed).model_copy(update={"mediator": stranger})
+    unlisted = offer(chain, listed, terms=moved)
+
+    # default: the listed mediator yes, an unlisted one no, the submitter no
+    decision = default.decide(offer(chain, listed))
+    assert decision.accept and decision.reason.endswith("is listed on-chain")
+    decision = default.decide(unlisted)
+    assert not decision.accept
+    assert decision.reason == (
+        f"mediator {stranger} is not listed on-chain (by default this node accepts only the "
+        "deployment's listed mediators; accepted_mediators lists others)"
+    )
+    decision = default.decide(offer(chain, own))
+    assert not decision.accept
+    assert decision.reason == (
+        f"the mediator {chain.submitter.address} is the job's submitter, who could rule an "
+        "honest result wrong and take the collateral: refused unless accept_self_mediated is "
+        "set or the submitter is a mediator this node accepts"
+    )
+    # the deployment file's mediator is accepted without asking the chain
+    deployed = AcceptancePolicy(
+        provider.address, chain=facts, deployment_mediator=chain.mediator.address
+    )
+    assert deployed.decide(offer(chain, listed)).reason.endswith("is the deployment's")
+    # opting in: accept_self_mediated takes the submitter as mediator (and only that)
+    opted = AcceptancePolicy(provider.address, chain=facts, accept_self_mediated=True)
+    decision = opted.decide(offer(chain, own))
+    assert decision.accept and "accept_self_mediated" in decision.reason
+    assert not opted.decide(unlisted).accept
+    # an allow-list is the whole list: an unlisted mediator on it is taken, the listed one not
+    allow = AcceptancePolicy(provider.address, chain=facts, accepted_mediators=[stranger])
+    decision = allow.decide(unlisted)
+    assert decision.accept and "is in accepted_mediators" in decision.reason
+    decision = allow.decide(offer(chain, listed))
+    assert not decision.accept
+    assert decision.reason == (
+        f"mediator {chain.mediator.address} is not in accepted_mediators "
+        "(the only mediators this node accepts)"
+    )
+    # a submitter on the allow-list funding a job it mediates: taken (a dispute's re-run);
+    # by default that submitter is not listed, so its self-mediated job is refused
+    rerun = chain.escrow.create_job(
+        chain.accounts[9],
+        os.urandom(32),
+        SPEC_CID,
+        chain.now() + 7200,
+        bounty,
+        Terms(mediator=stranger, collateral=chain.min_collateral(bounty)),
+    )[0]
+    decision = allow.decide(offer(chain, rerun))
+    assert decision.accept and "the mediator's own job" in decision.reason
+    decision = default.decide(offer(chain, rerun))
+    assert not decision.accept and "refused unless accept_self_mediated" in decision.reason
+
+
 def test_the_signed_acceptance_is_what_assign_takes(chain: Chain) -> None:
     provider = chain.accounts[6]
     chain.stake(provider, 5 * 10**16)
@@ -198,11 +317,18 @@ def test_the_signed_acceptance_is_what_assign_takes(chain: Chain) -> None:
         state.job_id,
         1,
         terms_job(proposal.terms),
+        proposal.terms.hold_for,
     )
     assert signer == provider.address
-    # the contract agrees: the operator assigns with it
-    state, _ = chain.escrow.call_job(chain.operator, "assign", state, provider.address, signature)
+    # the contract agrees: the operator assigns with it, for the hold it was signed over
+    hold = proposal.terms.hold_for
+    with pytest.raises(ChainError, match="BadSignature"):  # a hold cut short is not the node's
+        chain.escrow.assign(chain.operator, state, provider.address, hold - 1, signature)
+    state, sent = chain.escrow.assign(chain.operator, state, provider.address, hold, signature)
     assert state.status is Status.ASSIGNED and state.job.provider == provider.address
+    mined_at = chain.w3.eth.get_block(sent.block)["timestamp"]
+    assert state.job.hold_until == mined_at + hold
+    assert chain.escrow.job_state(state.job_id).job.hold_until == state.job.hold_until
     # a signature over other terms (a higher collateral) is refused by the contract
     other = chain.fund(10**16)
     worse = offer(chain, other)
@@ -211,7 +337,7 @@ def test_the_signed_acceptance_is_what_assign_takes(chain: Chain) -> None:
     )
     bad = bytes.fromhex(acceptance_request(provider, worse).signature[2:])
     with pytest.raises(ChainError, match="BadSignature"):
-        chain.escrow.call_job(chain.operator, "assign", other, provider.address, bad)
+        chain.escrow.assign(chain.operator, other, provider.address, worse.terms.hold_for, bad)
 
 
 def test_a_spot_job_is_taken_within_the_nodes_collateral_limits(chain: Chain) -> None:
@@ -238,7 +364,9 @@ def test_a_spot_job_is_taken_within_the_nodes_collateral_limits(chain: Chain) ->
     decision = policy.decide(offer(chain, bigger))
     assert not decision.accept and "free stake" in decision.reason
     signature = bytes.fromhex(acceptance_request(provider, proposal).signature[2:])
-    state, _ = chain.escrow.call_job(chain.operator, "assign", job, provider.address, signature)
+    state, _ = chain.escrow.assign(
+        chain.operator, job, provider.address, proposal.terms.hold_for, signature
+    )
     assert state.status is Status.ASSIGNED and state.job.collateral == collateral
 
 
@@ -316,7 +444,13 @@ def test_the_signed_acceptance_of_a_token_job_names_its_token(chain: Chain) -> N
     assert signed.token == chain.token_address
     assert (
         recover_acceptance_signer(
-            signature, proposal.chain_id, proposal.escrow, state.job_id, 1, signed
+            signature,
+            proposal.chain_id,
+            proposal.escrow,
+            state.job_id,
+            1,
+            signed,
+            proposal.terms.hold_for,
         )
         == provider.address
     )
@@ -325,10 +459,11 @@ def test_the_signed_acceptance_of_a_token_job_names_its_token(chain: Chain) -> N
     wrong = bytes.fromhex(
         acceptance_request(provider, proposal.model_copy(update={"terms": as_eth})).signature[2:]
     )
+    hold = proposal.terms.hold_for
     with pytest.raises(ChainError, match="BadSignature"):
-        chain.escrow.call_job(chain.operator, "assign", state, provider.address, wrong)
+        chain.escrow.assign(chain.operator, state, provider.address, hold, wrong)
     free = chain.escrow.free_collateral_of(provider.address, chain.token_address)
-    state, _ = chain.escrow.call_job(chain.operator, "assign", state, provider.address, signature)
+    state, _ = chain.escrow.assign(chain.operator, state, provider.address, hold, signature)
     assert state.status is Status.ASSIGNED and state.job.token == chain.token_address
     locked = free - chain.escrow.free_collateral_of(provider.address, chain.token_address)
     assert locked == state.job.collateral  # locked from the tUSD stake
@@ -444,6 +579,7 @@ class StandIn:
     wallet: str
     offers: list[Assignment] = field(default_factory=list)
     states: dict[str, JobState] = field(default_factory=dict)
+    holds: dict[str, int] = field(default_factory=dict)  # the hold offered with each job
     withdraw: set[str] = field(default_factory=set)  # answer accepted: false for these
     accepted: list[str] = field(default_factory=list)
     handed_back: list[str] = field(default_factory=list)
@@ -487,7 +623,9 @@ class StandIn:
         def next_job() -> Assignment | Response:
             with self.lock:
                 if self.offers:
-                    return self.offers.pop(0)
+                    got = self.offers.pop(0)
+                    self.holds[got.job_id] = got.terms.hold_for
+                    return got
             time.sleep(0.2)
             return Response(status_code=204, headers={"Retry-After": "0.2"})
 
@@ -502,13 +640,14 @@ class StandIn:
                 state.job_id,
                 body.attempt,
                 state.job,
+                self.holds[job_id],
             )
             if signer != self.wallet or body.attempt != state.job.attempt + 1:
                 self.errors.append(f"bad acceptance of {job_id} by {signer}")
                 return AcceptAck(job_id=job_id, accepted=False, message="bad signature")
             if job_id in self.withdraw:
                 return AcceptAck(job_id=job_id, accepted=False, message="lease lost")
-            escrow.call_job(self.chain.operator, "assign", state, signer, signature)
+            escrow.assign(self.chain.operator, state, signer, self.holds[job_id], signature)
             self.accepted.append(job_id)
             return AcceptAck(job_id=job_id, accepted=True)
 
@@ -561,8 +700,9 @@ def test_daemon_accepts_declines_guards_and_finalizes(
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """One node, three offers: a self-mediated job (declined by the default policy: handed
-    back, never signed), a job whose offer the scheduler withdraws (accepted: false: not run),
+    """One node, four offers: a self-mediated job (declined by the default policy: handed
+    back, never signed), one whose hold does not cover its run (declined the same way), a job
+    whose offer the scheduler withdraws (accepted: false: not run),
     and a good one (accepted, assigned on-chain with the node's signature, run). The stand-in
     never relays the result: the guard submits it from the node's wallet; after the challenge
     window the node finalizes it and the pay is the wallet's."""
@@ -580,12 +720,16 @@ def test_daemon_accepts_declines_guards_and_finalizes(
     spec = JobSpec(executor=ExecutorKind.WASM, module_cid=module_cid, dataset_cid=data_cid)
 
     own = chain.fund(10**16, chain.self_mediated(10**16))
+    short = chain.fund(10**16)  # offered with a hold shorter than its run
     gone = chain.fund(10**16)
     good = chain.fund(10**16)
-    offers = [offer(chain, s, spec) for s in (own, gone, good)]
-    for state, proposal in zip((own, gone, good), offers, strict=True):
+    offers = [offer(chain, s, spec) for s in (own, short, gone, good)]
+    offers[1] = offers[1].model_copy(
+        update={"terms": offers[1].terms.model_copy(update={"hold_for": 60})}
+    )
+    for state, proposal in zip((own, short, gone, good), offers, strict=True):
         stand_in.states[proposal.job_id] = state
-    stand_in.withdraw.add(offers[1].job_id)
+    stand_in.withdraw.add(offers[2].job_id)
     stand_in.offers.extend(offers)
 
     url, server, thread = serve(stand_in.app())
@@ -608,7 +752,7 @@ def test_daemon_accepts_declines_guards_and_finalizes(
     agent: Agent = build_agent(config, provider)
     runner = threading.Thread(target=lambda: agent.run(install_signals=False))
     runner.start()
-    good_id = offers[2].job_id
+    good_id = offers[3].job_id
     try:
         assert agent.ready.wait(30)
         report = wait_for("the result reported", lambda: stand_in.results.get(good_id))
@@ -627,9 +771,10 @@ def test_daemon_accepts_declines_guards_and_finalizes(
         server.should_exit = True
         thread.join(15)
     assert not stand_in.errors
-    assert stand_in.handed_back == [offers[0].job_id]  # declined: handed back, never signed
+    # declined: handed back, never signed
+    assert stand_in.handed_back == [offers[0].job_id, offers[1].job_id]
     assert stand_in.accepted == [good_id]  # the withdrawn offer was not assigned
-    assert agent.declined == 2 and agent.completed == 1
+    assert agent.declined == 3 and agent.completed == 1
     want = path_cid_of(tmp_path, b"HELLO GRIDMARKET\n")
     assert report.output_cid == want and state.output_cid == want
     assert state.job.provider == provider.address
@@ -645,8 +790,11 @@ def test_daemon_accepts_declines_guards_and_finalizes(
     assert int(chain.escrow.call("balanceOf", provider.address)) == state.job.payout
     assert chain.escrow.job_state(own.job_id).status is Status.FUNDED  # nobody took it
     assert chain.escrow.job_state(gone.job_id).status is Status.FUNDED
+    assert chain.escrow.job_state(short.job_id).status is Status.FUNDED
+    assert state.job.hold_until == 0  # submitted: the hold is over
     log = caplog.text
     assert "declined (the mediator" in log and "is the job's submitter" in log
+    assert "declined (the hold of 60 s does not cover the run: 600 s of timeout" in log
     assert "the scheduler withdrew the offer: lease lost" in log
     assert "had not put the result on-chain; submitted it" in log
     assert "finalized" in log

@@ -434,7 +434,7 @@ def probe():
     time.sleep(float(sys.argv[2]))
     signer = KeyAccount(bytes(range(1, 33)))  # the signatures the daemon makes, made here
     job = Job(submitter="0x" + "0" * 40, bounty=1)
-    sign_acceptance(signer, 1, "0x" + "1" * 40, bytes(32), 1, job)
+    sign_acceptance(signer, 1, "0x" + "1" * 40, bytes(32), 1, job, 900)
     sign_result(signer, 1, "0x" + "1" * 40, bytes(32), 1, "bafy")
     loaded = sorted(m for m, module in sys.modules.items() if module is not None)
     print("MODULES " + json.dumps(loaded), flush=True)

@@ -28,6 +28,7 @@ from agent.onchain import (
     Finalizer,
     OnChainSubmitter,
     ResultGuard,
+    TimeLeft,
     guard_delay,
     seat_ids,
 )
@@ -105,6 +106,69 @@ def test_guard_checks_before_the_take_back_window_opens() -> None:
     assert short.due(ready=1000, accepted=1000) == 1001  # never later than the delay
 
 
+def test_guard_checks_before_the_hold_ends_and_the_deadline() -> None:
+    """With the job's hold and deadline read from the chain (``TimeLeft``, seconds from the
+    read), the check is no later than ``margin_s`` before the hold ends, nor before the
+    deadline; with no grace when that is near, and no change once the hold is over."""
+
+    def never(job_id: str, report: ResultReport) -> str | None:
+        raise AssertionError("not called")
+
+    guard = ResultGuard(never, delay_s=300, margin_s=60)
+    assert guard.due(ready=1000, left=TimeLeft(hold_s=200, deadline_s=5000)) == 1000 + 140
+    assert guard.due(ready=1000, left=TimeLeft(hold_s=900, deadline_s=5000)) == 1000 + 300
+    assert guard.due(ready=1000, left=TimeLeft(hold_s=30, deadline_s=5000)) == 1000  # at once
+    assert guard.due(ready=1000, left=TimeLeft(hold_s=900, deadline_s=100)) == 1000 + 40
+    assert guard.due(ready=1000, left=TimeLeft(hold_s=-5, deadline_s=5000)) == 1000 + 300
+    # read later than the result was ready: counted from the read
+    left = TimeLeft(hold_s=200, deadline_s=5000)
+    assert guard.due(ready=1000, left=left, now=1010) == 1010 + 140
+    # with the reassign delay: the take-back opens when both are over (the later of the two)
+    both = ResultGuard(never, delay_s=300, take_back_s=600, margin_s=60)
+    assert both.due(ready=1060, accepted=1000, left=TimeLeft(900, 5000)) == 1060 + 300
+    assert both.due(ready=1060, accepted=1000, left=TimeLeft(100, 5000)) == 1060 + 40
+    # a run longer than the reassign delay: without the hold the window is open (10 s of
+    # grace); with 800 s of hold left the scheduler still gets its delay
+    assert both.due(ready=2000, accepted=1000) == 2000 + GRACE_S
+    assert both.due(ready=2000, accepted=1000, left=TimeLeft(800, 5000)) == 2000 + 300
+    assert both.due(ready=2000, accepted=1000, left=TimeLeft(-1, 5000)) == 2000 + GRACE_S
+
+
+def test_guard_puts_an_unrelayed_result_on_chain_before_the_hold_ends(chain: Chain) -> None:
+    """A job whose relay never comes (the scheduler would get an hour): the guard reads the
+    job's ``holdUntil`` (the JobAssigned fold) and its own ``submitResult`` is mined before it,
+    ``margin_s`` ahead, from the provider's wallet, while nobody else can take the job back."""
+    (provider,) = new_providers(chain.escrow, chain.accounts[0], 1, stake_wei=10**17)
+    submitter = OnChainSubmitter(chain.light, provider)
+    hold, margin = 20, 8
+    guard = ResultGuard(
+        submitter.submit, delay_s=3600, time_left=submitter.time_left, margin_s=margin
+    ).start()
+    try:
+        state = chain.assign(chain.fund(), provider, hold_for=hold)
+        assert state.job.hold_until == chain.now() + hold  # the assign's block is the latest
+        job_id = "0x" + state.job_id.hex()
+        left = submitter.time_left(job_id, report(state, provider, chain, CID_A))
+        assert left is not None and 0 < left.hold_s <= hold
+        guard.watch(job_id, report(state, provider, chain, CID_A))
+        deadline = time.monotonic() + hold + 30
+        while job_id not in guard.sent and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        guard.stop(flush_s=0)
+    assert job_id in guard.sent, "the guard did not submit before the hold ended"
+    done = chain.escrow.job_state(state.job_id)
+    assert done.status is Status.SUBMITTED and done.output_cid == CID_A
+    receipt = chain.w3.eth.get_transaction_receipt(guard.sent[job_id])  # type: ignore[arg-type]
+    mined_at = chain.w3.eth.get_block(receipt["blockNumber"])["timestamp"]
+    assert mined_at < state.job.hold_until  # before the operator could take it back
+    assert mined_at >= state.job.hold_until - margin - 3  # not at once: the relay had its time
+    tx = chain.w3.eth.get_transaction(guard.sent[job_id])  # type: ignore[arg-type]
+    assert tx["from"] == provider.address
+    # no longer assigned: nothing left to wait for
+    assert submitter.time_left(job_id, report(state, provider, chain, CID_A)) is None
+
+
 def test_guard_submits_only_what_nobody_relayed(chain: Chain) -> None:
     provider = chain.accounts[5]
     chain.stake(provider, 10**17)
@@ -162,7 +226,7 @@ def test_finalize_earnings_and_withdraw(chain: Chain, tmp_path: Path) -> None:
     # A: paid after the window (finalized by the node); D: the mediator rules it wrong
     a = submitted(chain, chain.assign(chain.fund(10**16), provider), provider, CID_A)
     d = submitted(chain, chain.assign(chain.fund(2 * 10**16), provider), provider, CID_B)
-    d, _ = escrow.call_job(chain.mediator, "rule", d, False)
+    d, _ = escrow.rule(chain.mediator, d, False)
     assert d.status is Status.FUNDED
     finalizer = Finalizer(chain.light, provider)
     assert finalizer.run_once() == []  # the window is open

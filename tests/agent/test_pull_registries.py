@@ -138,6 +138,7 @@ def test_the_runner_reports_a_forbidden_registry_as_a_workload_error(
                 mediator="0x" + "0a" * 20,
                 flags=0,
                 operator="0x" + "01" * 20,
+                hold_for=900,
             ),
         )
         report = runner.run(assignment)

@@ -98,6 +98,7 @@ def assignment(spec: JobSpec, attempt: int = 1) -> Assignment:
             mediator="0x" + "0a" * 20,
             flags=0,
             operator="0x" + "01" * 20,
+            hold_for=900,
         ),
     )
 

@@ -1,4 +1,4 @@
-"""Role and factory fixtures for the escrow tests (Ape on anvil), escrow version 2.
+"""Role and factory fixtures for the escrow tests (Ape on anvil), escrow version 5.
 
 Roles are Ape's test accounts: 0 owner, 1 operator, 2 submitter, 3 and 4 providers, 5 treasury,
 6 a stranger, 7 the mediator (listed at deployment), 8 a provider with exactly one job's
@@ -19,7 +19,15 @@ from eth_account.signers.local import LocalAccount
 from rich.errors import MarkupError
 
 from gridmarket.eip712 import sign_acceptance, sign_result
-from gridmarket.escrow import FLAG_ON_VERIFY, FLAG_SPOT, JOB_EVENTS, JobState, apply_event
+from gridmarket.escrow import (
+    FLAG_ON_VERIFY,
+    FLAG_SPOT,
+    JOB_EVENTS,
+    JobState,
+    apply_event,
+    assign_target,
+    rule_args,
+)
 
 _show_trace = Trace.show
 
@@ -88,6 +96,21 @@ def params(operator: Any, treasury: Any, mediator: Any, **over: Any) -> tuple[An
     assert not unknown, f"unknown params: {unknown}"
     p.update(over)
     return tuple(p.values())
+
+
+def v5_args(fn: str, job_id: bytes, job: Any, *extra: Any) -> tuple[Any, ...]:
+    """The arguments of escrow function ``fn`` on the single job ``job_id`` (struct ``job``)
+    given the rest as the older tests name them: ``assign`` takes ``(provider, acceptance)``
+    (its hold is then zero) or ``(provider, hold_for, acceptance)`` and becomes
+    ``assign(id, 0, job, provider, holdFor, acceptance)``; ``rule`` takes ``(upheld,)`` and
+    becomes ``rule(id, [job], 0, upheld)``; the rest are ``(id, job, *extra)``."""
+    if fn == "assign":
+        provider, *rest = extra
+        hold_for, acceptance = rest if len(rest) == 2 else (0, rest[0])
+        return (job_id, 0, job, provider, hold_for, acceptance)
+    if fn == "rule":
+        return (job_id, [job], 0, *extra)
+    return (job_id, job, *extra)
 
 
 @pytest.fixture(scope="session")
@@ -191,22 +214,30 @@ class Book:
         mediator: Any = None,
         collateral: int | None = None,
         flags: int = 0,
+        expected: Any = None,
     ) -> JobState:
-        deadline = self.chain.pending_timestamp + duration
+        """Fund a single ETH job; ``expected`` is the operator it names (default: the one in
+        office, as the product reads it just before sending)."""
+        operator = self.escrow.operator() if expected is None else expected
+        now = self.chain.pending_timestamp
+        self.chain.pending_timestamp = now  # mined at the time the deadline counts from
         receipt = self.escrow.createJob(
             salt or os.urandom(32),
             spec,
-            deadline,
+            now + duration,
+            operator,
             mediator if mediator is not None else self.mediator,
             bounty * MIN_COLLATERAL_BPS // 10_000 if collateral is None else collateral,
             flags,
+            0,
             sender=submitter,
             value=2 * bounty if flags & FLAG_SPOT else bounty,  # a spot job: bounty + deposit
         )
         return self.fold(None, receipt)
 
-    def accept(self, signer: Any, state: JobState, **over: Any) -> bytes:
-        """``signer``'s EIP-712 acceptance of the next assignment of ``state``'s job."""
+    def accept(self, signer: Any, state: JobState, hold_for: int = 0, **over: Any) -> bytes:
+        """``signer``'s EIP-712 acceptance of the next assignment of ``state``'s job, given
+        ``hold_for`` seconds (zero: the operator may take it back after `reassignDelay`)."""
         return sign_acceptance(
             local(signer),
             over.get("chain_id", self.chain.chain_id),
@@ -214,6 +245,7 @@ class Book:
             over.get("job_id", state.job_id),
             over.get("attempt", state.job.attempt + 1),
             over.get("job", state.job),
+            hold_for,
         )
 
     def sign(self, signer: Any, state: JobState, cid: str = OUTPUT, **over: Any) -> bytes:
@@ -228,19 +260,45 @@ class Book:
         )
 
     def assign(
-        self, state: JobState, provider: Any, sender: Any = None, sig: bytes | None = None
+        self,
+        state: JobState,
+        provider: Any,
+        sender: Any = None,
+        sig: bytes | None = None,
+        hold_for: int = 0,
     ) -> JobState:
-        """``assign`` with ``provider``'s own acceptance unless ``sig`` is given."""
-        acceptance = self.accept(provider, state) if sig is None else sig
-        return self.do("assign", state, provider, acceptance, sender=sender or self.operator)
+        """``assign`` with ``provider``'s own acceptance of ``hold_for`` seconds unless ``sig``
+        is given; a seat of a replicated job is assigned through its group id and index."""
+        acceptance = self.accept(provider, state, hold_for) if sig is None else sig
+        target, seat = assign_target(state)
+        receipt = self.escrow.assign(
+            target,
+            seat,
+            state.job.as_tuple(),
+            provider,
+            hold_for,
+            acceptance,
+            sender=sender or self.operator,
+        )
+        return self.fold(state, receipt)
+
+    def rule(
+        self, state: JobState, upheld: bool, sender: Any, seats: list[JobState] | None = None
+    ) -> JobState:
+        """The mediator's ``rule`` on ``state``'s job (a seat: ``seats`` is the whole group, in
+        order, and the seat's new state is returned)."""
+        receipt = self.escrow.rule(*rule_args(state, seats or ()), upheld, sender=sender)
+        return self.fold(state, receipt)
 
     def do(self, fn: str, state: JobState, *args: Any, sender: Any, value: int = 0) -> JobState:
+        """Call escrow function ``fn`` on ``state``'s single job (:func:`v5_args` maps the
+        arguments) and fold its events."""
         method = getattr(self.escrow, fn)
-        job = state.job.as_tuple()
+        full = v5_args(fn, state.job_id, state.job.as_tuple(), *args)
         if value:
-            receipt = method(state.job_id, job, *args, sender=sender, value=value)
+            receipt = method(*full, sender=sender, value=value)
         else:
-            receipt = method(state.job_id, job, *args, sender=sender)
+            receipt = method(*full, sender=sender)
         return self.fold(state, receipt)
 
     def sleep(self, seconds: int) -> None:

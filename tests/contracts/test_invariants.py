@@ -1,4 +1,4 @@
-"""Stateful property test of the escrow (version 4): random sequences of every escrow function
+"""Stateful property test of the escrow (version 5): random sequences of every escrow function
 by random actors, a malicious operator among them, with single, spot-checked (``FLAG_SPOT``) and
 replicated jobs paid in ETH or in TestUSD (an allow-listed ERC-20, 6 decimals), and stakes in
 both.
@@ -6,7 +6,12 @@ both.
 Actors: two submitters, three registered providers (one of them cheats: it delivers a bad output
 the mediator rules against), a provider that registers later, the mediator listed at deployment,
 a stranger, the owner, the treasury, and the operator, who besides its honest work tries every
-job function on every job with whatever acceptances it has seen (replays included). On a spot job
+job function on every job with whatever acceptances it has seen (replays included). Since
+version 5 also: providers signing holds longer than `reassignDelay` and an operator trying to
+take those jobs back early (`take_back`), a mediator ruling seats at any time and in either
+form (`mediator_seats`), a submitter cancelling seats or the group (`submitter_seats`), and an
+operator giving one wallet a second seat with that wallet's own acceptance (`double_seat`);
+funding sometimes names an operator that is not in office. On a spot job
 the mediator opens checks (`dispute`, sending nothing) and the submitter disputes sending nothing
 too; both, and everyone else, also try it with ETH, on other jobs and out of time.
 
@@ -37,8 +42,16 @@ After every step, for ETH and for the token alike:
   already paid, one vote per distinct provider, as the model counts them before the call) agree
   in a strict majority of k, and only the seats with that result; a seat is slashed by `resolve`
   only for a result other than the majority's; `resolve` without a majority only refunds, and
-  only after the deadline plus the mediation window. The cheater is one wallet: holding two
-  seats of a job never makes its bad output the majority;
+  only after the deadline plus the mediation window, except the submitter's cancel of a group
+  whose seats are all Funded. The cheater is one wallet: it never holds two seats of a job
+  (every JobAssigned of a seat goes to a wallet that held no other seat of the group), so its
+  bad output is never the majority;
+- a seat is ruled (paid or slashed by `rule`) only when the seats hold no strict majority, no
+  seat is still running (or the deadline passed), and before the deadline plus the mediation
+  window;
+- a job is taken from its provider (the operator's `unassign`, or a reassignment) only at or
+  after ``max(since + reassignDelay, holdUntil)``, the hold the provider signed for
+  (``holdFor``); the provider hands it back at any time;
 - every job the step touched is stored exactly as its events fold (`statusOf`, `isCurrent` of
   the folded struct); the whole job table again at the end of each run.
 Each step is a real transaction on anvil. A call the contract refuses is first simulated (it
@@ -97,7 +110,9 @@ from gridmarket.escrow import (
     JobState,
     Status,
     apply_event,
+    assign_target,
     cid_digest,
+    rule_args,
     seat_ids,
 )
 
@@ -126,6 +141,9 @@ T_FUNDS = 10**13  # tUSD minted to each account
 ETH = "0x" + "00" * 20
 MAX_UINT = 2**256 - 1
 SLEEPS = [1, 59, REASSIGN_DELAY, CHALLENGE + 1, MEDIATION_WINDOW, 7 * 24 * 3600]
+HOLDS = [0, 0, 0, 2 * REASSIGN_DELAY, CHALLENGE]
+"""The seconds a provider signs for (`holdFor`): zero (the operator may take the job back after
+`reassignDelay`), or longer than `reassignDelay` (a long run: not before `holdUntil`)."""
 DURATIONS = [3600, 120, 24 * 3600]
 SINGLE_FLAGS = [0, 0, FLAG_ON_VERIFY, FLAG_ON_VERIFY, FLAG_SPOT]
 """A single job's flags: plain and on-verify as often as before spot jobs came, one in five spot."""
@@ -145,11 +163,13 @@ WEIGHTS = {
     "finalize": 2, "dispute": 2, "rule_on": 2, "give_back": 1, "malicious_operator": 3,
     "withdraw": 1, "registry": 1, "collect_fees": 1, "sleep": 3, "progress": 10,
     "create_group": 2, "resolve_group": 2, "create_token": 2, "create_token_group": 1,
+    "mediator_seats": 1, "submitter_seats": 1, "double_seat": 1, "take_back": 1,
 }  # fmt: skip
 ACTIONS = [name for name, weight in WEIGHTS.items() for _ in range(weight)]
 NEEDS_JOBS = {
     "assign", "unassign", "submit", "relay", "release", "finalize", "dispute", "rule_on",
-    "give_back", "malicious_operator", "resolve_group",
+    "give_back", "malicious_operator", "resolve_group", "mediator_seats", "submitter_seats",
+    "double_seat", "take_back",
 }  # fmt: skip
 
 
@@ -366,6 +386,8 @@ class EscrowMachine(RuleBasedStateMachine):
         self.seen_acceptances: list[tuple[str, bytes]] = []  # what the operator was ever given
         self.salts = 0
         self.groups: dict[bytes, list[bytes]] = {}
+        self.seat_holders: dict[bytes, dict[str, int]] = {}  # group -> wallet -> its seat
+        self.before: dict[bytes, JobState] = {}
         self.check_paid: Counter[bytes] = Counter()  # a spot job's check deposit paid out
         for p, stake in zip(self.providers, (2 * 10**18, 2 * 10**18, 10**18), strict=True):
             self._send(p, "registerProvider", "bafkreimeta", value=stake)
@@ -403,7 +425,7 @@ class EscrowMachine(RuleBasedStateMachine):
             args
             and isinstance(args[0], bytes)
             and len(args[0]) == 32
-            and fn not in ("createJob", "createReplicated", "createJobWith")
+            and fn not in ("createJob", "createJobWith")
         ):
             self.touched.add(args[0])
         tx = {
@@ -440,10 +462,10 @@ class EscrowMachine(RuleBasedStateMachine):
             decoded = self.codec.decode_log(log)
             assert decoded is not None, f"{fn} emitted a log the ABI does not know: {log}"
             events.append(decoded)
-        before = dict(self.jobs)
+        before = self.before = dict(self.jobs)
         resolved = next((a for name, a in events if name == "Resolved"), None)
         if resolved is not None:
-            self._check_resolution(resolved, before, args)
+            self._check_resolution(resolved, before, account)
         for name, a in events:
             if name in ("JobReleased", "ProviderSlashed"):
                 prior = before[bytes(a["jobId"])]
@@ -465,6 +487,10 @@ class EscrowMachine(RuleBasedStateMachine):
             elif name == "ReplicasCreated":
                 k = int(a["replicas"])
                 self.groups[bytes(a["groupId"])] = seat_ids(bytes(a["groupId"]), k)
+            elif name == "JobAssigned":
+                self._check_assigned(a, before[bytes(a["jobId"])], account)
+            elif name == "JobUnassigned":
+                self._check_take_back(before[bytes(a["jobId"])], account, "unassign")
             self._observe(name, a)
         for jid in {bytes(a["jobId"]) for _, a in events if "jobId" in a}:
             state = self.jobs[jid]
@@ -492,10 +518,10 @@ class EscrowMachine(RuleBasedStateMachine):
         )
         disputed = prior.status is Status.DISPUTED
         if why == "result upheld":
-            ok = fn == "rule" and who == job.mediator and args[2] is True and disputed
+            ok = fn == "rule" and who == job.mediator and args[3] is True and disputed
             to = job.mediator
         elif why == "deposit returned":
-            ok = fn == "rule" and args[2] is False and disputed and not _spot(job)
+            ok = fn == "rule" and args[3] is False and disputed and not _spot(job)
             to = job.submitter
         elif why == "deposit returned: no ruling":
             ok = fn == "finalize" and disputed
@@ -517,7 +543,8 @@ class EscrowMachine(RuleBasedStateMachine):
 
     def _tally(self, seats: list[JobState]) -> tuple[bytes, int]:
         """The model's count: the result digest with the most distinct providers among the
-        seats that voted (Submitted or Released)."""
+        seats that voted (Submitted or Released). Each seat has its own wallet (checked at
+        every JobAssigned), so this is also the count of seats."""
         voters: dict[bytes, set[str]] = defaultdict(set)
         for seat in seats:
             if seat.status in (Status.SUBMITTED, Status.RELEASED):
@@ -528,7 +555,7 @@ class EscrowMachine(RuleBasedStateMachine):
         return best[0], len(best[1])
 
     def _check_resolution(
-        self, a: dict[str, Any], before: dict[bytes, JobState], args: tuple[Any, ...]
+        self, a: dict[str, Any], before: dict[bytes, JobState], sender: LocalAccount
     ) -> None:
         """A Resolved event says what the model's own count of the seats says."""
         group = bytes(a["groupId"])
@@ -545,8 +572,60 @@ class EscrowMachine(RuleBasedStateMachine):
         else:
             assert bytes(a["resultDigest"]) == ZERO_HASH and a["agreeing"] == 0, a
             deadline = seats[0].job.deadline
-            assert self.now >= deadline + MEDIATION_WINDOW, "no majority, resolved too early"
-            EscrowMachine.paid_by["resolve: no majority, refunded"] += 1
+            if self.now < deadline + MEDIATION_WINDOW:  # only the submitter's cancel
+                assert sender.address == seats[0].job.submitter, "no majority, resolved early"
+                assert all(s.status is Status.FUNDED for s in seats), (
+                    f"group 0x{group.hex()} cancelled with a seat held: "
+                    f"{[s.status.name for s in seats]}"
+                )
+                EscrowMachine.paid_by["resolve: submitter cancelled the group"] += 1
+            else:
+                EscrowMachine.paid_by["resolve: no majority, refunded"] += 1
+
+    def _check_assigned(self, a: dict[str, Any], prior: JobState, sender: LocalAccount) -> None:
+        """An assignment: a reassignment only once the hold is over, and a seat only to a
+        wallet that holds no other seat of its group (ever)."""
+        if prior.status is Status.ASSIGNED:
+            self._check_take_back(prior, sender, "reassign")
+        hold = int(a["holdUntil"]) - int(a["since"])
+        assert 0 <= hold < 2**32 and int(a["since"]) == self.now, a
+        if not prior.job.replicas:
+            return
+        group, seat = assign_target(prior)
+        seats = self.seat_holders.setdefault(group, {})
+        held = seats.setdefault(a["provider"], seat)
+        assert held == seat, (
+            f"{a['provider']} given seat {seat} of group 0x{group.hex()}, it held seat {held}"
+        )
+
+    def _check_take_back(self, prior: JobState, sender: LocalAccount, how: str) -> None:
+        """The operator takes a job from its provider only after the hold the provider signed
+        for, and at least `reassignDelay` after the assignment; the provider hands back at any
+        time."""
+        job = prior.job
+        if how == "unassign" and sender.address == job.provider:
+            EscrowMachine.paid_by["unassign: provider handed back"] += 1
+            return
+        assert sender.address == job.operator, f"{how} by {sender.address}, not the operator"
+        allowed = max(job.since + REASSIGN_DELAY, job.hold_until)
+        assert self.now >= allowed, (
+            f"job 0x{prior.job_id.hex()}: {how} at {self.now}, the hold ends at {allowed}"
+        )
+        if job.hold_until > job.since + REASSIGN_DELAY:
+            EscrowMachine.paid_by[f"{how}: operator after a long hold"] += 1
+
+    def _check_seat_ruling(self, prior: JobState) -> None:
+        """The mediator rules a seat only without a majority, once no seat is still running
+        (or the deadline passed), and before the deadline plus the mediation window."""
+        group, _ = assign_target(prior)
+        seats = [self.before[i] for i in self.groups[group]]
+        _, agreeing = self._tally(seats)
+        assert 2 * agreeing <= len(seats), f"a seat of group 0x{group.hex()} ruled on a majority"
+        deadline = prior.job.deadline
+        pending = any(s.status in (Status.FUNDED, Status.ASSIGNED) for s in seats)
+        assert not pending or self.now > deadline, "a seat ruled while another is running"
+        assert self.now < deadline + MEDIATION_WINDOW, "a seat ruled after the mediation window"
+        EscrowMachine.paid_by["rule: a seat without a majority"] += 1
 
     def _check_seat(
         self, name: str, a: dict[str, Any], prior: JobState, resolved: dict[str, Any] | None
@@ -574,8 +653,10 @@ class EscrowMachine(RuleBasedStateMachine):
     ) -> None:
         """A payout or a slash only with the consent its terms give (the module docstring)."""
         job, who = prior.job, sender.address
+        if fn == "rule" and job.replicas:
+            self._check_seat_ruling(prior)
         if name == "ProviderSlashed":
-            assert fn == "rule" and who == job.mediator and args[2] is False, (
+            assert fn == "rule" and who == job.mediator and args[3] is False, (
                 f"{a['provider']} slashed by {fn} from {who}, not by the job's mediator's ruling"
             )
             assert a["amount"] == job.collateral, "slashed more or less than the job's collateral"
@@ -595,7 +676,7 @@ class EscrowMachine(RuleBasedStateMachine):
             kind = "release: submitter"
         elif fn in ("release", "settle") and who == job.operator and job.on_verify:
             kind = f"{fn}: operator, on-verify job"
-        elif fn == "rule" and who == job.mediator and args[2] is True:
+        elif fn == "rule" and who == job.mediator and args[3] is True:
             kind = "rule: mediator upheld"
         elif fn == "finalize" and prior.status is Status.SUBMITTED:
             assert self.now >= job.since + CHALLENGE, "finalized within the challenge window"
@@ -669,18 +750,37 @@ class EscrowMachine(RuleBasedStateMachine):
             return None
         return data.draw(st.sampled_from(ways))
 
-    def _acceptance(self, data: st.DataObject, job: JobState, provider: LocalAccount) -> bytes:
-        """Mostly the provider's acceptance of this very assignment; sometimes one by another
-        key, for another attempt, or one the operator saw before (a replay)."""
-        kind = self._wrong(data, "replay", "signer", "attempt")
+    def _acceptance(
+        self, data: st.DataObject, job: JobState, provider: LocalAccount, hold: int
+    ) -> bytes:
+        """Mostly the provider's acceptance of this very assignment for ``hold`` seconds;
+        sometimes one by another key, for another attempt, for a shorter hold than the one
+        sent, or one the operator saw before (a replay)."""
+        kind = self._wrong(data, "replay", "signer", "attempt", "hold")
         if kind == "replay" and self.seen_acceptances:
             return data.draw(st.sampled_from(self.seen_acceptances))[1]
         signer = self._actor(data) if kind == "signer" else provider
         attempt = job.job.attempt + (2 if kind == "attempt" else 1)
-        sig = sign_acceptance(signer, self.chain_id, self.escrow, job.job_id, attempt, job.job)
+        signed = max(0, hold - 1) if kind == "hold" and hold else hold
+        sig = sign_acceptance(
+            signer, self.chain_id, self.escrow, job.job_id, attempt, job.job, signed
+        )
         self.seen_acceptances.append((provider.address, sig))
         del self.seen_acceptances[:-50]
         return sig
+
+    def _assign(
+        self, who: LocalAccount, job: JobState, provider: LocalAccount, hold: int, sig: bytes
+    ) -> bool:
+        """``assign`` of ``job`` (a seat: through its group id and index)."""
+        target, seat = assign_target(job)
+        tup = job.job.as_tuple()
+        return self._send(who, "assign", target, seat, tup, provider.address, hold, sig)
+
+    def _rule(self, who: LocalAccount, job: JobState, upheld: bool) -> bool:
+        """``rule`` on ``job`` (a seat: with its whole group's structs)."""
+        seats = [self.jobs[i] for i in self.groups.get(job.salt, [])] if job.job.replicas else []
+        return self._send(who, "rule", *rule_args(job, seats), upheld)
 
     def _result_sig(self, data: st.DataObject, job: JobState, out: str) -> bytes:
         holder = self._by_address(job.job.provider)
@@ -717,7 +817,7 @@ class EscrowMachine(RuleBasedStateMachine):
         collateral = bounty * data.draw(st.sampled_from([1, 1, 1, 2]))
         value = 2 * bounty if flags == FLAG_SPOT else bounty
         wrong = self._wrong(
-            data, "duration", "mediator", "collateral", "flags", "salt", "spot", "value"
+            data, "duration", "mediator", "collateral", "flags", "salt", "spot", "value", "operator"
         )
         if wrong == "duration":
             duration = 30  # under minDuration
@@ -735,15 +835,18 @@ class EscrowMachine(RuleBasedStateMachine):
             )
         elif wrong == "value" and flags == FLAG_SPOT:
             value += 1  # not twice a bounty
+        expected = self.stranger if wrong == "operator" else self.operator  # not the one in office
         self._send(
             who,
             "createJob",
             salt,
             spec,
             self.now + duration,
+            expected.address,
             mediator.address,
             collateral,
             flags,
+            0,
             value=value,
         )
 
@@ -782,6 +885,7 @@ class EscrowMachine(RuleBasedStateMachine):
             salt,
             data.draw(st.sampled_from(SPECS)),
             self.now + duration,
+            self.operator.address,
             mediator.address,
             collateral,
             flags,
@@ -803,7 +907,7 @@ class EscrowMachine(RuleBasedStateMachine):
         value, flags = share * k, 0
         wrong = self._wrong(data, "replicas", "value", "flags", "collateral")
         if wrong == "replicas":
-            k = data.draw(st.sampled_from([0, 1, 6]))
+            k = data.draw(st.sampled_from([1, 6]))
         elif wrong == "value":
             value += 1
         elif wrong == "flags":
@@ -811,10 +915,11 @@ class EscrowMachine(RuleBasedStateMachine):
         collateral = share - 1 if wrong == "collateral" else share
         self._send(
             who,
-            "createReplicated",
+            "createJob",
             salt,
             data.draw(st.sampled_from(SPECS)),
             self.now + duration,
+            self.operator.address,
             mediator.address,
             collateral,
             flags,
@@ -845,9 +950,10 @@ class EscrowMachine(RuleBasedStateMachine):
                 st.sampled_from([self.late, self.stranger, self.operator, self.mediator,
                                  self.submitters[0], self.treasury])
             )  # fmt: skip
-        sig = self._acceptance(data, job, provider)
+        hold = data.draw(st.sampled_from(HOLDS))
+        sig = self._acceptance(data, job, provider, hold)
         who = self.operator if not self._wrong(data, "sender") else self._actor(data)
-        self._send(who, "assign", job.job_id, job.job.as_tuple(), provider.address, sig)
+        self._assign(who, job, provider, hold, sig)
 
     def unassign(self, data: st.DataObject) -> None:
         job = self._job(data, Status.ASSIGNED)
@@ -902,13 +1008,91 @@ class EscrowMachine(RuleBasedStateMachine):
         upheld = (
             job.output_cid != BAD if data.draw(st.integers(0, 5)) != 5 else data.draw(st.booleans())
         )
-        self._send(who, "rule", job.job_id, job.job.as_tuple(), upheld)
+        self._rule(who, job, upheld)
 
     def give_back(self, data: st.DataObject) -> None:
         fn = data.draw(st.sampled_from(["cancel", "refund"]))
         job = self._job(data, Status.FUNDED, Status.ASSIGNED)
         who = self._actor(data, self._by_address(job.job.submitter))
         self._send(who, fn, job.job_id, job.job.as_tuple())
+
+    def _group(self, data: st.DataObject) -> tuple[bytes, list[JobState]] | None:
+        """A replicated job and its seats' states, in order; None when there is none yet."""
+        if not self.groups:
+            self.create_group(data)
+            return None
+        group = data.draw(st.sampled_from(sorted(self.groups)))
+        return group, [self.jobs[i] for i in self.groups[group]]
+
+    def mediator_seats(self, data: st.DataObject) -> None:
+        """The mediator (sometimes another key) rules any seat at any time: with a majority, a
+        seat still running, after the mediation window, or in the single job form."""
+        drawn = self._group(data)
+        if drawn is None:
+            return
+        group, seats = drawn
+        i = data.draw(st.integers(0, len(seats) - 1))
+        who = self._actor(data, self._by_address(seats[i].job.mediator))
+        upheld = data.draw(st.booleans())
+        if data.draw(st.integers(0, 4)) == 4:  # the single-job form on a seat
+            self._send(who, "rule", seats[i].job_id, [seats[i].job.as_tuple()], 0, upheld)
+        else:
+            self._send(who, "rule", group, [s.job.as_tuple() for s in seats], i, upheld)
+
+    def submitter_seats(self, data: st.DataObject) -> None:
+        """The submitter takes its bounty back: cancels a seat alone (never), or cancels the
+        group with `resolve` (only while every seat is Funded); sometimes another key tries."""
+        drawn = self._group(data)
+        if drawn is None:
+            return
+        group, seats = drawn
+        who = self._actor(data, self._by_address(seats[0].job.submitter))
+        if data.draw(st.booleans()):
+            seat = data.draw(st.sampled_from(seats))
+            self._send(who, "cancel", seat.job_id, seat.job.as_tuple())
+        else:
+            self._send(who, "resolve", group, [s.job.as_tuple() for s in seats])
+
+    def double_seat(self, data: st.DataObject) -> None:
+        """The operator gives one wallet a second seat of a group, with that wallet's own
+        acceptance (a wallet that wants two votes): never."""
+        drawn = self._group(data)
+        if drawn is None:
+            return
+        group, seats = drawn
+        taken = self.seat_holders.get(group, {})
+        open_seats = [s for s in seats if s.status in (Status.FUNDED, Status.ASSIGNED)]
+        if not taken or not open_seats:
+            return
+        wallet = data.draw(st.sampled_from(sorted(taken)))
+        seat = data.draw(st.sampled_from(open_seats))
+        provider = self._by_address(wallet)
+        assert provider is not None
+        hold = data.draw(st.sampled_from(HOLDS))
+        sig = sign_acceptance(
+            provider, self.chain_id, self.escrow, seat.job_id, seat.job.attempt + 1, seat.job, hold
+        )
+        self._assign(self.operator, seat, provider, hold, sig)
+
+    def take_back(self, data: st.DataObject) -> None:
+        """The operator takes an assigned job back (unassign, or reassign to another willing
+        provider), most often one whose provider signed for a long run and is still in it."""
+        held = [j for j in self.jobs.values() if j.status is Status.ASSIGNED]
+        if not held:
+            self.assign(data)
+            return
+        young = [j for j in held if self.now < j.job.hold_until]
+        early = bool(young) and data.draw(st.integers(0, 3)) != 0
+        job = data.draw(st.sampled_from(young if early else held))
+        if data.draw(st.booleans()):
+            self._send(self.operator, "unassign", job.job_id, job.job.as_tuple())
+            return
+        others = [p for p in self.providers if p.address != job.job.provider]
+        provider = data.draw(st.sampled_from(others))
+        sig = sign_acceptance(
+            provider, self.chain_id, self.escrow, job.job_id, job.job.attempt + 1, job.job, 0
+        )
+        self._assign(self.operator, job, provider, 0, sig)
 
     def progress(self, data: st.DataObject) -> None:
         """The natural next step of an open job by the right key (so runs get deep: results,
@@ -923,18 +1107,18 @@ class EscrowMachine(RuleBasedStateMachine):
             self._send(self.stranger, "refund", jid, tup)
         elif job.status is Status.FUNDED:
             provider = data.draw(st.sampled_from(self.providers))
-            if job.job.replicas:  # an honest operator gives the seats to distinct providers
-                holding = {
-                    self.jobs[i].job.provider for i in self.groups[job.salt] if i != job.job_id
-                }
-                free = [p for p in self.providers if p.address not in holding]
+            if job.job.replicas:  # an honest operator gives each seat its own wallet
+                group, seat = assign_target(job)
+                taken = self.seat_holders.get(group, {})
+                free = [p for p in self.providers if taken.get(p.address, seat) == seat]
                 if free:
                     provider = data.draw(st.sampled_from(free))
+            hold = data.draw(st.sampled_from(HOLDS))
             sig = sign_acceptance(
-                provider, self.chain_id, self.escrow, jid, job.job.attempt + 1, job.job
+                provider, self.chain_id, self.escrow, jid, job.job.attempt + 1, job.job, hold
             )
             self.seen_acceptances.append((provider.address, sig))
-            self._send(self.operator, "assign", jid, tup, provider.address, sig)
+            self._assign(self.operator, job, provider, hold, sig)
         elif job.status is Status.ASSIGNED:
             holder = self._by_address(job.job.provider)
             assert holder is not None
@@ -954,7 +1138,7 @@ class EscrowMachine(RuleBasedStateMachine):
             if how == "rule":
                 mediator = self._by_address(job.job.mediator)
                 assert mediator is not None
-                self._send(mediator, "rule", jid, tup, job.output_cid == GOOD)
+                self._rule(mediator, job, job.output_cid == GOOD)
             elif how == "release":
                 submitter = self._by_address(job.job.submitter)
                 assert submitter is not None
@@ -977,7 +1161,7 @@ class EscrowMachine(RuleBasedStateMachine):
             elif how == "release":
                 self._send(submitter, "release", jid, tup)
             elif how == "rule":
-                self._send(mediator, "rule", jid, tup, job.output_cid != BAD)
+                self._rule(mediator, job, job.output_cid != BAD)
             else:
                 if self.now < job.job.since + CHALLENGE:
                     self._sleep_to(job.job.since + CHALLENGE)
@@ -986,7 +1170,7 @@ class EscrowMachine(RuleBasedStateMachine):
             mediator = self._by_address(job.job.mediator)
             assert mediator is not None
             if data.draw(st.booleans()):
-                self._send(mediator, "rule", jid, tup, job.output_cid != BAD)
+                self._rule(mediator, job, job.output_cid != BAD)
             else:
                 if self.now < job.job.disputed_at + MEDIATION_WINDOW:
                     self._sleep_to(job.job.disputed_at + MEDIATION_WINDOW)
@@ -1000,15 +1184,17 @@ class EscrowMachine(RuleBasedStateMachine):
         value = 0
         if fn == "assign":
             target = data.draw(st.sampled_from([self.operator, *self.providers, self.late]))
+            hold = data.draw(st.sampled_from(HOLDS))
             if data.draw(st.booleans()) and self.seen_acceptances:
                 seen: tuple[str, bytes] = data.draw(st.sampled_from(self.seen_acceptances))
                 sig = seen[1]  # a provider's acceptance, replayed
             else:  # one the operator signs itself
                 sig = sign_acceptance(
                     self.operator, self.chain_id, self.escrow, job.job_id, job.job.attempt + 1,
-                    job.job,
+                    job.job, hold,
                 )  # fmt: skip
-            extra = (target.address, sig)
+            self._assign(self.operator, job, target, hold, sig)
+            return
         elif fn in ("submitResultFor", "settle"):
             out = data.draw(st.sampled_from([GOOD, BAD]))
             signer = data.draw(st.sampled_from([self.operator, self.stranger]))
@@ -1017,7 +1203,8 @@ class EscrowMachine(RuleBasedStateMachine):
         elif fn == "submitResult":
             extra = (BAD,)
         elif fn == "rule":
-            extra = (data.draw(st.booleans()),)
+            self._rule(self.operator, job, data.draw(st.booleans()))
+            return
         elif fn == "dispute":
             value = self._eth_deposit(job)
         self._send(self.operator, fn, job.job_id, job.job.as_tuple(), *extra, value=value)
@@ -1247,7 +1434,7 @@ def test_escrow_invariants_hold_under_random_use(project: Any) -> None:
     # the run reached the interesting paths, not only refusals
     for fn in (
         "assign", "settle", "release", "finalize", "dispute", "rule", "refund",
-        "createReplicated", "resolve", "createJobWith", "stakeToken", "withdrawToken",
-        "collectTokenFees",
+        "createJob", "resolve", "createJobWith", "stakeToken", "withdrawToken",
+        "collectTokenFees", "unassign",
     ):  # fmt: skip
         assert EscrowMachine.accepted[fn] > 0 or TARGET_STEPS < 1000, f"no {fn} was accepted"

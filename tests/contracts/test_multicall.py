@@ -19,7 +19,7 @@ from eth_utils.crypto import keccak
 
 from gridmarket.escrow import JOB_EVENTS, JobState, Status, apply_event
 
-from .conftest import BOUNTY, FEE_BPS, ON_VERIFY, OUTPUT, SPEC, Book
+from .conftest import BOUNTY, FEE_BPS, ON_VERIFY, OUTPUT, SPEC, Book, v5_args
 
 FEE = BOUNTY * FEE_BPS // 10_000
 PAYOUT = BOUNTY - FEE
@@ -40,7 +40,9 @@ def fold(state: JobState, receipt: Any) -> JobState:
 
 def encoded(escrow: Any, fn: str, state: Any, *args: Any) -> bytes:
     """Calldata of ``fn(jobId, job, *args)`` for the job ``state`` describes."""
-    return bytes(getattr(escrow, fn).encode_input(state.job_id, state.job.as_tuple(), *args))
+    return bytes(
+        getattr(escrow, fn).encode_input(*v5_args(fn, state.job_id, state.job.as_tuple(), *args))
+    )
 
 
 def test_batched_assigns_and_settles_fold_to_the_same_events(
@@ -103,7 +105,7 @@ def test_assign_and_settle_of_one_job_in_one_batch(
     after_assign = replace(
         state,
         status=Status.ASSIGNED,
-        job=replace(state.job, provider=provider.address, since=at, attempt=1),
+        job=replace(state.job, provider=provider.address, since=at, attempt=1, hold_until=at),
     )
     receipt = escrow.multicall(
         [
@@ -125,7 +127,9 @@ def test_no_eth_goes_in_so_no_payable_call_can_reuse_it(
     sees msg.value 0 (so one deposit can never fund several createJob or dispute calls)."""
     deadline = book.chain.pending_timestamp + 3600
     create = bytes(
-        escrow.createJob.encode_input(os.urandom(32), SPEC, deadline, submitter, BOUNTY, 0)
+        escrow.createJob.encode_input(
+            os.urandom(32), SPEC, deadline, escrow.operator(), submitter, BOUNTY, 0, 0
+        )
     )
     held = escrow.balance
     with ape.reverts():
@@ -203,7 +207,9 @@ def test_reentry_through_multicall_is_blocked(
     book.do("release", submitted, sender=submitter)  # other people's money in the escrow
     wallet = project.MulticallReentrant.deploy(escrow.address, sender=operator)
     deadline = book.chain.pending_timestamp + 3600
-    create = escrow.createJob.encode_input(os.urandom(32), SPEC, deadline, wallet, BOUNTY, 0)
+    create = escrow.createJob.encode_input(
+        os.urandom(32), SPEC, deadline, escrow.operator(), wallet, BOUNTY, 0, 0
+    )
     state = book.fold(None, wallet.exec(create, sender=operator, value=BOUNTY))
     wallet.exec(escrow.cancel.encode_input(state.job_id, state.job.as_tuple()), sender=operator)
     assert escrow.balanceOf(wallet) == BOUNTY

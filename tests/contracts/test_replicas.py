@@ -1,5 +1,6 @@
-"""Replicated jobs (escrow version 3): ``createReplicated`` funds k seats, ``resolve`` pays the
-seats whose results agree in a strict majority of distinct providers and slashes the others.
+"""Replicated jobs (escrow version 5): ``createJob`` with ``replicas`` funds k seats, ``assign``
+gives each seat to its own wallet, ``resolve`` pays the seats whose results agree in a strict
+majority and slashes the others.
 
 Each test drives real transactions on anvil (Ape) and folds the events as the product does
 (:func:`gridmarket.escrow.apply_event`); ``isCurrent`` then proves the fold matches the contract's
@@ -32,12 +33,15 @@ OTHER = "bafkreibm6jg3ux5qumhcn2b3flc3tyu6dmlb4xa7u5bf44yegnrjhc4yeq"
 """A well-formed CID that is not the honest output: what a cheater posts."""
 
 
-def create_group(book: Book, submitter: Any, k: int, duration: int = 3600) -> tuple[bytes, list]:
+def create_group(
+    book: Book, submitter: Any, k: int, duration: int = 3600
+) -> tuple[bytes, list[JobState]]:
     deadline = book.chain.pending_timestamp + duration
-    receipt = book.escrow.createReplicated(
+    receipt = book.escrow.createJob(
         os.urandom(32),
         SPEC,
         deadline,
+        book.escrow.operator(),
         book.mediator,
         SHARE,
         0,
@@ -64,7 +68,9 @@ def fold_all(seats: list[JobState], receipt: Any) -> list[JobState]:
     return out
 
 
-def resolve(book: Book, group: bytes, seats: list[JobState], sender: Any) -> tuple[list, Any]:
+def resolve(
+    book: Book, group: bytes, seats: list[JobState], sender: Any
+) -> tuple[list[JobState], Any]:
     receipt = book.escrow.resolve(group, [s.job.as_tuple() for s in seats], sender=sender)
     return fold_all(seats, receipt), receipt
 
@@ -93,15 +99,17 @@ def test_funding_makes_k_seats_with_derived_ids_and_an_equal_share(
         assert book.current(s)
 
 
-@pytest.mark.parametrize("replicas", [0, 1, 6])
+@pytest.mark.parametrize("replicas", [1, 6])
 def test_replica_counts_outside_two_to_five_are_refused(
     book: Book, escrow: Any, submitter: Any, replicas: int
 ) -> None:
+    """Zero replicas funds a single job (createJob's plain form); 1 and 6 are refused."""
     with ape.reverts(escrow.JobEscrowBadReplicas, replicas=replicas):
-        escrow.createReplicated(
+        escrow.createJob(
             os.urandom(32),
             SPEC,
             book.chain.pending_timestamp + 3600,
+            escrow.operator(),
             book.mediator,
             SHARE,
             0,
@@ -115,10 +123,11 @@ def test_bad_replicated_funding_is_refused_naming_what_is_wrong(
     book: Book, escrow: Any, submitter: Any
 ) -> None:
     deadline = book.chain.pending_timestamp + 3600
+    op = escrow.operator()
 
     def fund(value: int, collateral: int = SHARE, flags: int = 0) -> None:
-        escrow.createReplicated(
-            os.urandom(32), SPEC, deadline, book.mediator, collateral, flags, 3,
+        escrow.createJob(
+            os.urandom(32), SPEC, deadline, op, book.mediator, collateral, flags, 3,
             sender=submitter, value=value,
         )  # fmt: skip
 
@@ -132,8 +141,9 @@ def test_bad_replicated_funding_is_refused_naming_what_is_wrong(
         fund(SHARE * 3, collateral=SHARE - 1)
     with ape.reverts(escrow.JobEscrowBadFlags, flags=2):
         escrow.createJob(
-            os.urandom(32), SPEC, deadline, book.mediator, SHARE, 2, sender=submitter, value=SHARE
-        )  # a single job cannot claim to be a seat
+            os.urandom(32), SPEC, deadline, op, book.mediator, SHARE, 2, 0,
+            sender=submitter, value=SHARE,
+        )  # fmt: skip  # a single job cannot claim to be a seat
 
 
 def test_two_of_three_agree_the_majority_is_paid_and_the_liar_slashed(
@@ -223,10 +233,10 @@ def test_a_tie_goes_to_the_mediator_whose_ruling_reopens_the_wrong_seat_for_a_re
     with ape.reverts(escrow.JobEscrowNoMajority, groupId=group, resolvableAt=at):
         resolve(book, group, seats, stranger)
     with ape.reverts(escrow.JobEscrowNotMediator):
-        book.do("rule", seats[1], False, sender=stranger)
+        book.rule(seats[1], False, stranger, seats)
     book.sleep(3601)  # past the challenge window: a seat's ruling is not bound by it
     stake = escrow.providerOf(provider2)[0]
-    seats[1] = book.do("rule", seats[1], False, sender=mediator)
+    seats[1] = book.rule(seats[1], False, mediator, seats)
     assert seats[1].status is Status.FUNDED and book.current(seats[1])
     assert escrow.providerOf(provider2)[0] == stake - SHARE
     seats[1] = deliver(book, seats[1], third, OUTPUT)  # the tie-break run
@@ -257,7 +267,7 @@ def test_no_majority_and_no_ruling_refunds_every_open_seat_without_slashing(
     assert escrow.balanceOf(submitter) - before == 2 * SHARE
 
 
-def test_one_provider_on_two_seats_is_one_vote_and_one_pay(
+def test_one_wallet_never_holds_two_seats_so_a_seat_is_a_vote(
     book: Book,
     escrow: Any,
     submitter: Any,
@@ -266,28 +276,22 @@ def test_one_provider_on_two_seats_is_one_vote_and_one_pay(
     third: Any,
     stranger: Any,
 ) -> None:
-    # the operator gives two seats to one wallet: its two agreeing results count once
+    """The operator cannot give a second seat to one wallet (it would vote twice): since
+    version 5 ``assign`` refuses it, so ``resolve`` counts each seat once."""
     group, seats = create_group(book, submitter, 3)
+    first = deliver(book, seats[0], provider, OTHER)
+    with ape.reverts(escrow.JobEscrowSeatTaken, groupId=group, provider=provider.address):
+        book.assign(seats[1], provider)
     seats = [
-        deliver(book, seats[0], provider, OTHER),
-        deliver(book, seats[1], provider, OTHER),
-        deliver(book, seats[2], provider2, OUTPUT),
-    ]
-    with ape.reverts(escrow.JobEscrowNoMajority):
-        resolve(book, group, seats, stranger)
-
-    group, seats = create_group(book, submitter, 3)
-    free = escrow.freeCollateralOf(provider)
-    seats = [
-        deliver(book, seats[0], provider, OUTPUT),
-        deliver(book, seats[1], provider, OUTPUT),
+        first,
+        deliver(book, seats[1], provider2, OUTPUT),
         deliver(book, seats[2], third, OUTPUT),
     ]
-    before = escrow.balanceOf(provider)
+    before = escrow.balanceOf(provider2)
     seats, _ = resolve(book, group, seats, stranger)
-    assert [s.status for s in seats] == [Status.RELEASED, Status.REFUNDED, Status.RELEASED]
-    assert escrow.balanceOf(provider) - before == SHARE - SHARE * FEE_BPS // 10_000
-    assert escrow.freeCollateralOf(provider) == free  # both seats unlocked, neither slashed
+    assert [s.status for s in seats] == [Status.REFUNDED, Status.RELEASED, Status.RELEASED]
+    assert escrow.balanceOf(provider2) - before == SHARE - SHARE * FEE_BPS // 10_000
+    assert all(book.current(s) for s in seats)
 
 
 def test_a_seat_the_submitter_already_paid_counts_for_its_result(

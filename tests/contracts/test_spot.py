@@ -23,6 +23,7 @@ from .conftest import (
     STAKE,
     UNSTAKE_DELAY,
     Book,
+    v5_args,
 )
 from .test_tokens import FUNDS, T_BOUNTY, T_MIN, T_STAKE, create_token_job, fund_args
 
@@ -79,9 +80,11 @@ def test_odd_funding_and_mixed_flags_are_refused(
             b"\1" * 32,
             "bafkspec",
             deadline,
+            escrow.operator(),
             mediator,
             BOUNTY,
             FLAG_SPOT,
+            0,
             sender=submitter,
             value=2 * BOUNTY + 1,
         )
@@ -92,18 +95,21 @@ def test_odd_funding_and_mixed_flags_are_refused(
                 b"\2" * 32,
                 "bafkspec",
                 deadline,
+                escrow.operator(),
                 mediator,
                 BOUNTY,
                 flags,
+                0,
                 sender=submitter,
                 value=2 * BOUNTY,
             )
     # a replicated job cannot be a spot job either
     with ape.reverts(escrow.JobEscrowBadFlags, flags=FLAG_SPOT):
-        escrow.createReplicated(
+        escrow.createJob(
             b"\3" * 32,
             "bafkspec",
             deadline,
+            escrow.operator(),
             mediator,
             BOUNTY,
             FLAG_SPOT,
@@ -169,7 +175,7 @@ def test_a_check_that_upholds_pays_the_rerun_from_the_deposit(
     book: Book, escrow: Any, submitter: Any, provider: Any, mediator: Any
 ) -> None:
     state = book.do("dispute", submitted_spot(book, submitter, provider), sender=mediator)
-    receipt = escrow.rule(state.job_id, state.job.as_tuple(), True, sender=mediator)
+    receipt = escrow.rule(state.job_id, [state.job.as_tuple()], 0, True, sender=mediator)
     assert credited(receipt) == [(mediator.address, BOUNTY, "result upheld")]
     assert escrow.balanceOf(provider) == PAYOUT and escrow.balanceOf(submitter) == 0
 
@@ -184,7 +190,7 @@ def test_a_check_that_finds_a_lie_slashes_and_keeps_the_deposit_for_the_next_att
     stranger: Any,
 ) -> None:
     state = book.do("dispute", submitted_spot(book, submitter, provider), sender=mediator)
-    receipt = escrow.rule(state.job_id, state.job.as_tuple(), False, sender=mediator)
+    receipt = escrow.rule(state.job_id, [state.job.as_tuple()], 0, False, sender=mediator)
     assert credited(receipt) == []  # the deposit stays: the job is a spot job again
     (slash,) = [e for e in receipt.events if e.event_name == "ProviderSlashed"]
     assert slash.amount == BOUNTY and slash.toMediator == BOUNTY  # the liar pays the re-run
@@ -210,7 +216,7 @@ def test_the_submitter_disputes_a_spot_job_from_the_locked_deposit(
     with ape.reverts(escrow.JobEscrowWrongDeposit, sent=BOUNTY, deposit=0):
         book.do("dispute", state, sender=submitter, value=BOUNTY)
     state = book.do("dispute", state, sender=submitter)
-    receipt = escrow.rule(state.job_id, state.job.as_tuple(), True, sender=mediator)
+    receipt = escrow.rule(state.job_id, [state.job.as_tuple()], 0, True, sender=mediator)
     assert credited(receipt) == [(mediator.address, BOUNTY, "result upheld")]
 
 
@@ -218,12 +224,12 @@ def test_an_own_check_ruling_without_a_dispute_returns_or_keeps_the_deposit(
     book: Book, escrow: Any, submitter: Any, provider: Any, provider2: Any, mediator: Any
 ) -> None:
     state = submitted_spot(book, submitter, provider)
-    receipt = escrow.rule(state.job_id, state.job.as_tuple(), False, sender=mediator)
+    receipt = escrow.rule(state.job_id, [state.job.as_tuple()], 0, False, sender=mediator)
     assert credited(receipt) == []
     state = book.fold(state, receipt)
     assert escrow.balanceOf(submitter) == BOUNTY  # the collateral; the deposit stays locked
     state = book.do("submitResult", book.assign(state, provider2), OUTPUT, sender=provider2)
-    receipt = escrow.rule(state.job_id, state.job.as_tuple(), True, sender=mediator)
+    receipt = escrow.rule(state.job_id, [state.job.as_tuple()], 0, True, sender=mediator)
     assert credited(receipt) == [(submitter.address, BOUNTY, "check deposit returned")]
     assert escrow.balanceOf(submitter) == 2 * BOUNTY and escrow.balanceOf(mediator) == 0
 
@@ -233,7 +239,7 @@ def test_the_escrow_holds_exactly_what_it_owes_after_every_spot_ending(
 ) -> None:
     start = escrow.balance
     state = book.do("dispute", submitted_spot(book, submitter, provider), sender=mediator)
-    escrow.rule(state.job_id, state.job.as_tuple(), True, sender=mediator)
+    escrow.rule(state.job_id, [state.job.as_tuple()], 0, True, sender=mediator)
     owed = sum(escrow.balanceOf(a) for a in (submitter, provider, mediator)) + escrow.feesAccrued()
     assert escrow.balance - start == owed == 2 * BOUNTY
 
@@ -247,7 +253,9 @@ DEPOSIT_REASONS = ("check deposit returned", "result upheld", "deposit returned:
 
 def step(book: Book, fn: str, state: Any, *args: Any, sender: Any) -> tuple[Any, Any]:
     """``book.do`` that also returns the receipt (for its Credited events)."""
-    receipt = getattr(book.escrow, fn)(state.job_id, state.job.as_tuple(), *args, sender=sender)
+    receipt = getattr(book.escrow, fn)(
+        *v5_args(fn, state.job_id, state.job.as_tuple(), *args), sender=sender
+    )
     return book.fold(state, receipt), receipt
 
 
@@ -266,7 +274,7 @@ def test_the_operator_cannot_open_a_check_or_take_the_deposit(
             [escrow.dispute.encode_input(state.job_id, state.job.as_tuple())], sender=operator
         )
     with ape.reverts(escrow.JobEscrowNotMediator):
-        escrow.rule(state.job_id, state.job.as_tuple(), False, sender=operator)
+        escrow.rule(state.job_id, [state.job.as_tuple()], 0, False, sender=operator)
     with ape.reverts(escrow.JobEscrowNotAllowed):  # paying at once needs FLAG_ON_VERIFY
         book.do("release", state, sender=operator)
     with ape.reverts(escrow.JobEscrowNotOnVerify):
@@ -307,7 +315,7 @@ def test_the_owner_cannot_open_a_check_and_unlisting_the_mediator_does_not_stop_
         with ape.reverts(error):
             book.do(fn, state, sender=owner)
     with ape.reverts(escrow.JobEscrowNotMediator):
-        escrow.rule(state.job_id, state.job.as_tuple(), True, sender=owner)
+        escrow.rule(state.job_id, [state.job.as_tuple()], 0, True, sender=owner)
     escrow.setMediator(mediator, False, sender=owner)  # terms were fixed at funding
     try:
         state = book.do("dispute", state, sender=mediator)
@@ -361,7 +369,7 @@ def test_a_mediator_cannot_open_a_check_without_a_spot_deposit_or_out_of_time(
     with ape.reverts(escrow.JobEscrowChallengeWindowClosed):
         book.do("dispute", late, sender=mediator)
     with ape.reverts(escrow.JobEscrowChallengeWindowClosed):  # nor rule on its own check
-        escrow.rule(late.job_id, late.job.as_tuple(), False, sender=mediator)
+        escrow.rule(late.job_id, [late.job.as_tuple()], 0, False, sender=mediator)
     fresh = book.do("dispute", submitted_spot(book, submitter, provider2), sender=mediator)
     with ape.reverts(escrow.JobEscrowWrongStatus):
         book.do("dispute", fresh, sender=mediator)
@@ -375,7 +383,7 @@ def test_a_provider_cannot_open_a_check_nor_escape_one_by_unstaking(
     with ape.reverts(escrow.JobEscrowNotSubmitter):
         book.do("dispute", state, sender=provider)
     with ape.reverts(escrow.JobEscrowNotMediator):
-        escrow.rule(state.job_id, state.job.as_tuple(), True, sender=provider)
+        escrow.rule(state.job_id, [state.job.as_tuple()], 0, True, sender=provider)
     free = STAKE - 2 * BOUNTY
     assert escrow.providerOf(provider).locked == 2 * BOUNTY
     with ape.reverts(escrow.ProviderRegistryUnstakeTooLarge, amount=free + 1, available=free):
@@ -386,7 +394,7 @@ def test_a_provider_cannot_open_a_check_nor_escape_one_by_unstaking(
     escrow.completeUnstake(sender=provider)
     with ape.reverts(escrow.ProviderRegistryUnstakeTooLarge, amount=1, available=0):
         escrow.requestUnstake(1, sender=provider)  # still locked while the check is open
-    receipt = escrow.rule(state.job_id, state.job.as_tuple(), False, sender=mediator)
+    receipt = escrow.rule(state.job_id, [state.job.as_tuple()], 0, False, sender=mediator)
     (slash,) = [e for e in receipt.events if e.event_name == "ProviderSlashed"]
     # the liar pays the re-run and its tie-break: two deposits' worth, all of its collateral
     assert slash.amount == 2 * BOUNTY and slash.toMediator == 2 * BOUNTY
@@ -404,11 +412,13 @@ def test_the_submitter_cannot_take_the_deposit_twice_or_check_late(
         with ape.reverts(escrow.JobEscrowWrongStatus):
             book.do(fn, state, sender=submitter)
     late = submitted_spot(book, submitter, provider)
+    with ape.reverts(escrow.JobEscrowNotMediator):  # nor rule a check of its own job
+        escrow.rule(late.job_id, [late.job.as_tuple()], 0, False, sender=submitter)
     book.sleep(CHALLENGE)
     with ape.reverts(escrow.JobEscrowChallengeWindowClosed):
         book.do("dispute", late, sender=submitter)
-    with ape.reverts(escrow.JobEscrowNotMediator):  # nor rule a check of its own job
-        escrow.rule(late.job_id, late.job.as_tuple(), False, sender=submitter)
+    with ape.reverts(escrow.JobEscrowChallengeWindowClosed):  # the window is checked first
+        escrow.rule(late.job_id, [late.job.as_tuple()], 0, False, sender=submitter)
     assert escrow.balanceOf(submitter) == BOUNTY
 
 
@@ -420,7 +430,7 @@ def test_anyone_else_only_finalizes_or_refunds_when_due(
         with ape.reverts(escrow.JobEscrowNotSubmitter):
             book.do("dispute", state, sender=who)
         with ape.reverts(escrow.JobEscrowNotMediator):
-            escrow.rule(state.job_id, state.job.as_tuple(), True, sender=who)
+            escrow.rule(state.job_id, [state.job.as_tuple()], 0, True, sender=who)
         with ape.reverts(escrow.JobEscrowNotAllowed):
             book.do("release", state, sender=who)
         with ape.reverts(escrow.JobEscrowChallengeWindowOpen):

@@ -107,6 +107,7 @@ def fund_args(
         salt or os.urandom(32),
         SPEC,
         book.chain.pending_timestamp + duration,
+        book.escrow.operator(),
         mediator if mediator is not None else book.mediator,
         share if collateral is None else collateral,
         flags,
@@ -646,7 +647,7 @@ def test_ruled_wrong_the_submitter_is_made_whole_and_the_mediator_takes_at_most_
     state = book.do("submitResult", state, BAD_OUTPUT, sender=provider)
     state = dispute_token(book, state, submitter, usd)
     stake = stake_of(escrow, provider, usd).stake
-    receipt = escrow.rule(state.job_id, state.job.as_tuple(), False, sender=mediator)
+    receipt = escrow.rule(state.job_id, [state.job.as_tuple()], 0, False, sender=mediator)
     slashed = next(e for e in receipt.events if e.event_name == "ProviderSlashed")
     to_mediator = min(collateral, 2 * T_BOUNTY)
     assert (slashed.amount, slashed.toMediator) == (collateral, to_mediator)
@@ -786,7 +787,9 @@ def test_keys_table_for_token_money(
             escrow.cancel(state.job_id, job, sender=who)
     for who in (owner, mediator, submitter, stranger):
         with ape.reverts(escrow.JobEscrowNotOperator):
-            escrow.assign(state.job_id, job, provider, book.accept(provider, state), sender=who)
+            escrow.assign(
+                state.job_id, 0, job, provider, 0, book.accept(provider, state), sender=who
+            )
     state = book.assign(state, provider)
     state = book.do("submitResult", state, OUTPUT, sender=provider)
     job = state.job.as_tuple()
@@ -796,7 +799,7 @@ def test_keys_table_for_token_money(
             escrow.release(state.job_id, job, sender=who)
     for who in (owner, operator, submitter, provider, stranger):
         with ape.reverts(escrow.JobEscrowNotMediator):
-            escrow.rule(state.job_id, job, False, sender=who)
+            escrow.rule(state.job_id, [job], 0, False, sender=who)
     for who in (owner, operator, mediator, provider, stranger):
         with ape.reverts(escrow.JobEscrowNotSubmitter):
             escrow.dispute(state.job_id, job, sender=who)

@@ -26,6 +26,7 @@ from .conftest import (
     REASSIGN_DELAY,
     STAKE,
     Book,
+    v5_args,
 )
 
 FEE = BOUNTY * FEE_BPS // 10_000
@@ -203,7 +204,7 @@ def test_attack_d_every_operator_call_leaves_the_stake_alone(
     for fn, extra, error in attempts:
         value = DEPOSIT if fn == "dispute" else 0
         with ape.reverts(error):
-            getattr(escrow, fn)(jid, job, *extra, sender=operator, value=value)
+            getattr(escrow, fn)(*v5_args(fn, jid, job, *extra), sender=operator, value=value)
     assert stakes(escrow, provider) == before
     book.sleep(CHALLENGE)
     for fn, extra, _ in attempts:  # and again once the window closed
@@ -211,7 +212,7 @@ def test_attack_d_every_operator_call_leaves_the_stake_alone(
             continue
         value = DEPOSIT if fn == "dispute" else 0
         with ape.reverts():
-            getattr(escrow, fn)(jid, job, *extra, sender=operator, value=value)
+            getattr(escrow, fn)(*v5_args(fn, jid, job, *extra), sender=operator, value=value)
     assert stakes(escrow, provider) == before
     book.do("finalize", submitted, sender=operator)  # anyone, the operator too: pays the provider
     assert escrow.balanceOf(provider) == PAYOUT and escrow.balanceOf(operator) == 0

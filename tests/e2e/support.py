@@ -355,15 +355,15 @@ class WireProvider:
 
     def accept(self, assignment: dict[str, Any]) -> None:
         """Sign the acceptance of the offered job's terms and post it, as the agent does."""
-        t = assignment["terms"]
-        terms = JobTerms.model_validate(t).as_job()
+        offered = JobTerms.model_validate(assignment["terms"])
         sig = sign_acceptance(
             self.account,
             assignment["chain_id"],
             assignment["escrow"],
             bytes.fromhex(assignment["job_id"][2:]),
             assignment["attempt"],
-            terms,
+            offered.as_job(),
+            offered.hold_for,  # the time the scheduler offers: signed as it is
         )
         r = self.http.post(
             API.ACCEPT.format(node_id=self.node_id, job_id=assignment["job_id"]),

@@ -25,6 +25,7 @@ from multiformats import CID
 from devstack._process import ServiceError
 from devstack.grid import LocalGrid, run_grid
 from gridmarket.cid import bytes_cid, normalize_cid, path_cid, same_cid
+from gridmarket.escrow import seat_ids
 from gridmarket.wire import JobSpec
 
 from .conftest import FAST, FAST_ESCROW
@@ -75,6 +76,7 @@ LISTED=$(cast call --rpc-url "$RPC" "$ESCROW" 'isListedMediator(address)(bool)' 
 BOUNTY=10000000000000000
 COLLATERAL=$(cast call --rpc-url "$RPC" "$ESCROW" 'minCollateral(uint256)(uint256)' "$BOUNTY" \
   | cut -d' ' -f1)
+OPERATOR=$(cast call --rpc-url "$RPC" "$ESCROW" 'operator()(address)')
 NOW=$(cast block --rpc-url "$RPC" latest --field timestamp)
 DEADLINE=$((NOW + 3600))
 SALT=$(cast keccak "my job $(date +%s%N)")
@@ -86,14 +88,35 @@ JOB_ID = (
 )
 CREATE = r"""
 cast send --rpc-url "$RPC" --private-key "$KEY" --value "$BOUNTY" --json "$ESCROW" \
-  'createJob(bytes32,string,uint40,address,uint96,uint8)' \
-  "$SALT" "$SPEC_CID" "$DEADLINE" "$MEDIATOR" "$COLLATERAL" 0 > created.json
+  'createJob(bytes32,string,uint40,address,address,uint96,uint8,uint8)' \
+  "$SALT" "$SPEC_CID" "$DEADLINE" "$OPERATOR" "$MEDIATOR" "$COLLATERAL" 0 0 > created.json
 CREATED_SIG=$(cast sig-event \
   'JobCreated(bytes32,address,uint96,uint40,uint16,address,address,uint96,uint8,address,bytes32,string)')
 EVENT_ID=$(jq -r --arg sig "$CREATED_SIG" \
   '.logs[] | select(.topics[0] == $sig) | .topics[1]' created.json)
 BLOCK=$(jq -r .blockNumber created.json | cast to-dec)
 """.strip()
+CREATED_EVENT = "\n".join(CREATE.splitlines()[3:5])
+"""The ``CREATED_SIG`` line of :data:`CREATE` alone (section 7 reads seat ids with it)."""
+REPLICATE = r"""
+K=3
+SEAT_BOUNTY=$BOUNTY
+GROUP_BOUNTY=$((SEAT_BOUNTY * K))
+SEAT_COLLATERAL=$(cast call --rpc-url "$RPC" "$ESCROW" 'minCollateral(uint256)(uint256)' \
+  "$SEAT_BOUNTY" | cut -d' ' -f1)
+GROUP_SALT=$(cast keccak "my replicated job $(date +%s%N)")
+GROUP_ID=$(cast keccak $(cast abi-encode 'f(address,bytes32,bytes32)' "$SUBMITTER" \
+  "$(cast keccak "$SPEC_CID")" "$GROUP_SALT"))
+SEAT_0=$(cast keccak $(cast abi-encode 'f(bytes32,uint256)' "$GROUP_ID" 0))
+cast send --rpc-url "$RPC" --private-key "$KEY" --value "$GROUP_BOUNTY" --json "$ESCROW" \
+  'createJob(bytes32,string,uint40,address,address,uint96,uint8,uint8)' \
+  "$GROUP_SALT" "$SPEC_CID" "$DEADLINE" "$OPERATOR" "$MEDIATOR" "$SEAT_COLLATERAL" 0 "$K" \
+  > replicated.json
+""".strip()
+SEATS = (
+    'SEATS=$(jq -r --arg sig "$CREATED_SIG" '
+    "'.logs[] | select(.topics[0] == $sig) | .topics[1]' replicated.json)"
+)
 FOLLOW = 'curl -s "$SCHEDULER/v1/jobs/$JOB_ID" | jq -r \'.state + ": " + .reason\''
 TERMS_FROM_EVENT = r"""
 read -r BOUNTY DEADLINE FEE_BPS OPERATOR MEDIATOR COLLATERAL FLAGS TOKEN < <(cast abi-decode \
@@ -103,12 +126,12 @@ read -r BOUNTY DEADLINE FEE_BPS OPERATOR MEDIATOR COLLATERAL FLAGS TOKEN < <(cas
 """.strip()
 JOB_T = (
     "JOB_T='(address,uint96,address,uint40,uint40,uint16,uint16,bytes32,address,address,"
-    "uint96,uint40,uint8,address)'"
+    "uint96,uint40,uint8,address,uint40)'"
 )
 FUNDED_JOB = (
     'JOB="($SUBMITTER,$BOUNTY,0x0000000000000000000000000000000000000000,$DEADLINE,0,'
     "$FEE_BPS,0,0x0000000000000000000000000000000000000000000000000000000000000000,"
-    '$OPERATOR,$MEDIATOR,$COLLATERAL,0,$FLAGS,$TOKEN)"'
+    '$OPERATOR,$MEDIATOR,$COLLATERAL,0,$FLAGS,$TOKEN,0)"'
 )
 IS_CURRENT = (
     'CURRENT=$(cast call --rpc-url "$RPC" "$ESCROW" "isCurrent(bytes32,$JOB_T)(bool)" '
@@ -121,7 +144,7 @@ PROVIDER=$(jq -r '.[-1].topics[2]' result.json | cast parse-bytes32-address)
 read -r ATTEMPT SINCE OUTPUT_CID < <(cast abi-decode 'f()(uint16,uint40,string)' \
   "$(jq -r '.[-1].data' result.json)" | cut -d' ' -f1 | tr -d '"' | paste -sd' ')
 SUBMITTED_JOB="($SUBMITTER,$BOUNTY,$PROVIDER,$DEADLINE,$SINCE,$FEE_BPS,$ATTEMPT,\
-$(cast keccak "$OUTPUT_CID"),$OPERATOR,$MEDIATOR,$COLLATERAL,0,$FLAGS,$TOKEN)"
+$(cast keccak "$OUTPUT_CID"),$OPERATOR,$MEDIATOR,$COLLATERAL,0,$FLAGS,$TOKEN,0)"
 """.strip()
 STATUS = 'STATUS=$(cast call --rpc-url "$RPC" "$ESCROW" \'statusOf(bytes32)(uint8)\' "$JOB_ID")'
 RELEASE = (
@@ -397,3 +420,30 @@ def test_spec_that_does_not_hash_to_its_cid_is_invalid_and_cancelled(
     assert sh["BALANCE"] == "0"
     gained = int(grid.w3.eth.get_balance(grid.submitters[1].address)) - wallet
     assert before + BOUNTY - 10**15 < gained <= before + BOUNTY  # less the gas
+
+
+def test_a_replicated_job_funded_with_cast_names_its_group_and_seats(
+    grid: LocalGrid, shell: Shell
+) -> None:
+    """Section 7: ``createJob`` with ``replicas`` 3 funds three seats; the group id computed
+    with ``cast`` is the ``ReplicasCreated`` event's, and the seats' ids are
+    ``keccak256(abi.encode(groupId, i))``, in order, each with a third of the value."""
+    sh = shell
+    sh.run(ADD_MODULE, ADD_DATASET)
+    write_spec(sh, "outside-replicated")
+    sh.run(ADD_SPEC, TERMS, CREATED_EVENT, REPLICATE, SEATS)
+    seats = sh["SEATS"].split()
+    group = bytes.fromhex(sh["GROUP_ID"][2:])
+    assert seats == ["0x" + s.hex() for s in seat_ids(group, 3)]
+    assert seats[0] == sh["SEAT_0"]
+    events = [e for e in grid.escrow.events(grid.escrow.deployment.block) if e.args]
+    (created,) = [
+        e for e in events if e.name == "ReplicasCreated" and bytes(e.args["groupId"]) == group
+    ]
+    assert created.args["replicas"] == 3 and created.args["submitter"] == sh["SUBMITTER"]
+    bounties = [
+        int(e.args["bounty"])
+        for e in events
+        if e.name == "JobCreated" and "0x" + bytes(e.args["jobId"]).hex() in seats
+    ]
+    assert bounties == [BOUNTY, BOUNTY, BOUNTY]

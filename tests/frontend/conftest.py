@@ -95,8 +95,12 @@ class FrontendStack:
     def chain_job(self, job_id: str) -> JobState:
         return self.escrow.job_state(bytes.fromhex(job_id[2:]))
 
-    def assign_by_hand(self, job_id: str, provider: LocalAccount | None = None) -> JobState:
-        """The provider signs its acceptance of the job's terms; the operator assigns it."""
+    def assign_by_hand(
+        self, job_id: str, provider: LocalAccount | None = None, hold_for: int = 0
+    ) -> JobState:
+        """The provider signs its acceptance of the job's terms and of ``hold_for`` seconds
+        (zero: the operator may take it back after the reassign delay); the operator assigns
+        it (a seat: ``assign(groupId, seat, ...)``)."""
         provider = provider or self.manual_provider
         escrow = self.client()
         state = self.chain_job(job_id)
@@ -107,10 +111,9 @@ class FrontendStack:
             state.job_id,
             state.job.attempt + 1,
             state.job,
+            hold_for,
         )
-        state, _ = escrow.call_job(
-            self.devnet.operator, "assign", state, provider.address, signature
-        )
+        state, _ = escrow.assign(self.devnet.operator, state, provider.address, hold_for, signature)
         return state
 
     def submit_by_hand(self, job_id: str, output_cid: str) -> JobState:
@@ -122,7 +125,7 @@ class FrontendStack:
 
     def rule_by_hand(self, job_id: str, upheld: bool) -> tuple[JobState, Sent]:
         """The job's mediator rules on its pending (or disputed) result."""
-        return self.client().call_job(self.mediator, "rule", self.chain_job(job_id), upheld)
+        return self.client().rule(self.mediator, self.chain_job(job_id), upheld)
 
     def mine(self) -> None:
         """One empty block now (anvil mines on demand): the chain's clock catches up."""

@@ -561,6 +561,7 @@ def test_funding_with_default_and_explicit_terms(stack: FrontendStack) -> None:
         "flags": 0,
         "payment": "after_window",
         "token": "0x" + "00" * 20,  # paid in ETH
+        "operator": stack.devnet.operator.address,  # who assigns it: the one in office
     }
     assert default["challenge_window_s"] == CHALLENGE_WINDOW_S
     assert default["dispute_deposit_wei"] == str(DEPOSIT)  # the bounty, not the flat floor
@@ -726,3 +727,51 @@ def test_a_result_the_mediator_upholds_on_its_own_check_is_paid(stack: FrontendS
     assert 'data-upheld="true"' in page and "the result stands" in page
     (payout,) = stack.get("/api/payouts", params={"job": job_id}).json()["payouts"]
     assert payout["provider"] == stack.manual_provider.address
+
+
+def test_the_funding_expects_the_operator_shown_and_says_so_when_it_changed(
+    stack: FrontendStack,
+) -> None:
+    """The terms show the operator in office; the wallet's ``createJob`` names exactly the one
+    the submitter approved (``expectedOperator``). Another one: refused before anything is
+    signed, in words, on the ``operator`` field. The owner replacing the operator between the
+    prepare and the mining: the relay refuses the signed transaction in words; sent anyway, it
+    reverts, nothing is funded, and the transaction's view says why."""
+    operator = stack.devnet.operator.address
+    assert stack.get("/api/terms").json()["operator"] == operator
+    spec = unrunnable_spec(name="operator-shown")
+    body = {"from": stack.submitter.address, "spec": spec, "bounty_wei": str(BOUNTY), "ttl_s": 3600}
+    checked = stack.post("/api/jobs/prepare", json={**body, "dry_run": True}).json()
+    assert checked["terms"]["operator"] == operator
+    other = Account.create().address  # not a provider: the registry refuses those
+    wrong = stack.post("/api/jobs/prepare", json={**body, "operator": other, "dry_run": True})
+    assert wrong.status_code == 400 and wrong.json()["field"] == "operator", wrong.text
+    detail = wrong.json()["detail"]
+    assert "JobEscrowOperatorChanged" in detail and "the escrow's operator changed" in detail
+    assert f"you approved {other}" in detail and "Nothing was funded" in detail
+
+    prepared = stack.post("/api/jobs/prepare", json={**body, "operator": operator})
+    assert prepared.status_code == 200, prepared.text
+    assert prepared.json()["terms"]["operator"] == operator
+    raw = sign(prepared.json()["tx"], stack.submitter)
+    w3 = stack.escrow.w3
+    before = stack.escrow.balance_of(stack.submitter.address)
+    owner = stack.devnet.owner
+    stack.client().send(owner, "setOperator", other)
+    try:
+        refused = stack.post("/api/tx/relay", json={"raw_tx": raw, "wait_s": 30})
+        assert refused.status_code == 400 and refused.json()["field"] == "raw_tx"
+        assert f"now {other}" in refused.json()["detail"] or other in refused.json()["detail"]
+        assert "the escrow's operator changed" in refused.json()["detail"]
+        tx_hash = w3.eth.send_raw_transaction(bytes.fromhex(raw[2:]))
+        assert w3.eth.wait_for_transaction_receipt(tx_hash, timeout=30)["status"] == 0
+    finally:
+        stack.client().send(owner, "setOperator", operator)
+    view = stack.get(f"/api/tx/0x{bytes(tx_hash).hex()}").json()
+    assert view["status"] == "reverted"
+    assert "the escrow's operator changed" in view["error"]
+    assert f"you approved {operator}" in view["error"]
+    page = stack.get(f"/tx/0x{bytes(tx_hash).hex()}", headers={"accept": "text/html"}).text
+    assert 'id="tx-error"' in page and "the escrow&#39;s operator changed" in page
+    assert stack.escrow.balance_of(stack.submitter.address) == before
+    assert stack.get(f"/api/jobs/{prepared.json()['job_id']}").status_code == 404

@@ -484,6 +484,7 @@ def test_terms_from_the_terminal_default_explicit_and_refused(
         "flags": 1,
         "payment": "on_verify",
         "token": "0x" + "00" * 20,  # paid in ETH
+        "operator": stack.devnet.operator.address,  # who assigns it: the one in office
     }
     state = stack.chain_job(out["job_id"])
     assert state.job.mediator == me and state.job.collateral == 10**16 and state.job.on_verify

@@ -25,7 +25,8 @@ from tests.hostile import INVALID_UTF8, ODD_128, escrow_call
 
 
 def create_job_raw(stack: FrontendStack, raw_spec: bytes, deadline: int, bounty: int) -> Sent:
-    """``createJob`` (version 2: default terms) with the spec CID as raw bytes."""
+    """``createJob`` (version 5: default terms, the operator in office, one seat) with the
+    spec CID as raw bytes."""
     terms = stack.escrow.default_terms(bounty, stack.devnet.submitters[1].address)
     return escrow_call(
         stack.escrow,
@@ -34,9 +35,11 @@ def create_job_raw(stack: FrontendStack, raw_spec: bytes, deadline: int, bounty:
         os.urandom(32),
         raw_spec,
         deadline,
+        stack.escrow.expected_operator(terms),
         terms.mediator,
         terms.collateral,
         terms.flags,
+        0,
         value=bounty,
     )
 

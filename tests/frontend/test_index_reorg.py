@@ -22,6 +22,7 @@ from gridmarket.escrow import Status
 from gridmarket.token import TokenClient
 from scheduler.chain import TxSender
 from tests.scheduler.chain_support import (
+    HOLD,
     OwnChain,
     acceptance,
     create_job,
@@ -93,7 +94,8 @@ def test_index_follows_reorgs(chain: OwnChain, caplog: pytest.LogCaptureFixture)
     snap = rpc(w3, "evm_snapshot")
     state = client.job_state(state.job_id)
     raw_assign = raw_tx(
-        client, sender.assign(state, provider.address, acceptance(sender, state, provider)).tx_hash
+        client,
+        sender.assign(state, provider.address, HOLD, acceptance(sender, state, provider)).tx_hash,
     )
     index.refresh(force=True)
     assert index.job(job_id)[0].status is Status.ASSIGNED

@@ -1,10 +1,12 @@
 """Replicated jobs (escrow version 3, ``replicate:k``) through the front end's API and pages, on
 the real stack (tests/frontend/conftest.py): ``POST /api/jobs/prepare`` with ``verification``
-builds ``createReplicated`` (k seats, each ``bounty / k``, collateral per seat) or refuses the
-request naming the field; the contract's new reverts map to fields; a group of three seats
-assigned and submitted by hand (two agreeing results, one not), resolved on-chain, is shown on
-the seat's job page, in its API view and in the explorer (Resolved, the paid seats, the slashed
-provider). Hostile ReplicasCreated / Resolved logs are shown and never stop the index.
+builds ``createJob(..., replicas)`` (k seats, each ``bounty / k``, collateral per seat) or
+refuses the request naming the field; the submitter cancels the whole job with ``resolve``
+while every seat is Funded, and is told why not once a seat is held; the contract's new
+reverts map to fields; a group of three seats assigned and submitted by hand (two agreeing
+results, one not), resolved on-chain, is shown on the seat's job page, in its API view and in
+the explorer (Resolved, the paid seats, the slashed provider). Hostile ReplicasCreated /
+Resolved logs are shown and never stop the index.
 """
 
 from __future__ import annotations
@@ -123,15 +125,41 @@ def test_prepare_replicate_3_builds_create_replicated_with_k_seats(stack: Fronte
     assert page.status_code == 200 and 'id="job-group"' in page.text
     assert 'id="job-verdict-pending"' in page.text and page.text.count('class="seat') == 3
 
-    # each seat is cancelled on its own (Funded): the whole bounty comes back
+    # the escrow refuses to cancel a seat on its own (version 5): the submitter cancels the
+    # whole job from any seat's page with resolve(groupId, seats) while every seat is Funded
+    assert view["actions"]["cancel"] is True and view["chain"]["cancel_problem"] is None
+    assert "Cancel every seat and refund" in page.text
+    with pytest.raises(TxError) as caught:
+        TxBuilder(stack.client()).job_call(
+            stack.submitter.address, "cancel", stack.chain_job(seats[1])
+        )
+    assert "JobEscrowReplicated" in caught.value.message
+    outsider = stack.devnet.providers[3].address
+    refused = stack.post(f"/api/jobs/{seats[1]}/cancel/prepare", json={"from": outsider})
+    assert refused.status_code == 400 and refused.json()["field"] == "from"
+    assert "only the job's submitter" in refused.json()["detail"]
     before = stack.escrow.balance_of(stack.submitter.address)
-    for seat in seats:
-        r = stack.post(f"/api/jobs/{seat}/cancel/prepare", json={"from": stack.submitter.address})
-        assert r.status_code == 200, r.text
-        relay(stack, sign(r.json()["tx"], stack.submitter))
+    r = stack.post(f"/api/jobs/{seats[1]}/cancel/prepare", json={"from": stack.submitter.address})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["action"] == "resolve" and body["group_id"] == prepared["group_id"]
+    assert body["seat_ids"] == seats
+    relayed = relay(stack, sign(body["tx"], stack.submitter))
+    names = [e["name"] for e in relayed["events"]]
+    assert names[0] == "Resolved" and names.count("JobRefunded") == 3, names
     assert stack.escrow.balance_of(stack.submitter.address) == before + 3 * SHARE
+    # taken out again: other tests expect the submitter's escrow balance empty
+    out = stack.post("/api/withdraw/prepare", json={"from": stack.submitter.address})
+    assert out.status_code == 200, out.text
+    relay(stack, sign(out.json()["tx"], stack.submitter))
+    assert stack.escrow.balance_of(stack.submitter.address) == 0
     final = stack.wait_chain(seats[0], "refunded")
     assert final["group"]["final"] is True and final["final"] is True
+    assert {s["status"] for s in final["group"]["seats"]} == {"refunded"}
+    again = stack.post(
+        f"/api/jobs/{seats[2]}/cancel/prepare", json={"from": stack.submitter.address}
+    )
+    assert again.status_code == 400 and "refunded" in again.json()["detail"]
 
 
 def test_prepare_integrity_is_unchanged(stack: FrontendStack) -> None:
@@ -167,7 +195,7 @@ def test_prepare_refuses_bad_replicated_inputs_naming_the_field(
     assert words in error["detail"], error
 
 
-def test_create_replicated_reverts_name_the_field(stack: FrontendStack) -> None:
+def test_replicated_create_job_reverts_name_the_field(stack: FrontendStack) -> None:
     """The contract's own checks (the API checks first, so they are reached here directly)."""
     txs = TxBuilder(stack.client())
     sender = stack.submitter.address
@@ -182,7 +210,7 @@ def test_create_replicated_reverts_name_the_field(stack: FrontendStack) -> None:
     ]
     for k, value, t, field, error in cases:
         with pytest.raises(TxError) as caught:
-            txs.create_replicated(sender, os.urandom(32), cid, deadline, value, k, t)
+            txs.create_job(sender, os.urandom(32), cid, deadline, value, t, None, k)
         assert caught.value.field == field, caught.value
         assert error in caught.value.message
 
@@ -199,8 +227,24 @@ def test_a_resolved_group_shows_its_verdict_and_slash(stack: FrontendStack) -> N
         registered(stack, stack.devnet.providers[1]),
     ]
     good, bad = bytes_cid(b"the right answer\n"), bytes_cid(b"a plausible wrong answer\n")
-    for seat, provider, output in zip(seats, providers, (good, good, bad), strict=True):
+    for n, (seat, provider, output) in enumerate(
+        zip(seats, providers, (good, good, bad), strict=True)
+    ):
         stack.assign_by_hand(seat, provider)
+        if n == 0:  # a seat is held: the submitter can no longer cancel, and is told why
+            held = stack.wait_chain(seats[1], "funded")
+            for _ in range(100):
+                if not held["actions"]["cancel"]:
+                    break
+                time.sleep(0.2)
+                held = stack.job(seats[1])
+            assert held["actions"]["cancel"] is False
+            assert "seat 0 of this replicated job is held" in held["chain"]["cancel_problem"]
+            refused = stack.post(
+                f"/api/jobs/{seats[1]}/cancel/prepare", json={"from": stack.submitter.address}
+            )
+            assert refused.status_code == 400, refused.text
+            assert "wait for the seats' results" in refused.json()["detail"].lower()
         stack.submit_by_hand(seat, output)
     group = bytes.fromhex(prepared["group_id"][2:])
     states = [stack.chain_job(s) for s in seats]
@@ -367,6 +411,7 @@ def test_the_protocol_doc_commands_fund_and_read_a_replicated_job(
         "KEY": "0x" + bytes(account.key).hex(),
         "SUBMITTER": account.address,
         "MEDIATOR": stack.mediator.address,
+        "OPERATOR": stack.devnet.operator.address,  # section 2 reads it: operator()
         "SPEC_CID": bytes_cid(b'{"doc": "replicated"}'),
         "DEADLINE": str(deadline),
         "BOUNTY": str(SHARE),

@@ -236,7 +236,7 @@ def test_a_tusd_dispute_deposits_the_bounty_in_tusd(stack: FrontendStack) -> Non
     (disputed,) = [e for e in relayed["events"] if e["name"] == "ResultDisputed"]
     assert disputed["args"]["deposit"] == str(deposit)
     assert tusd.balance_of(submitter.address) == tusd_before - deposit
-    receipt = stack.escrow.w3.eth.get_transaction_receipt(relayed["tx_hash"])  # type: ignore[arg-type]
+    receipt = stack.escrow.w3.eth.get_transaction_receipt(relayed["tx_hash"])
     gas = int(receipt["gasUsed"]) * int(receipt["effectiveGasPrice"])
     assert stack.escrow.w3.eth.get_balance(submitter.address) == eth_before - gas
     stack.wait_chain(job_id, "disputed")

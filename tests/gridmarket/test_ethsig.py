@@ -159,7 +159,12 @@ def project_messages(rng: random.Random) -> list[dict[str, Any]]:
             chain_id, escrow, rand_bytes(rng, 32), rng.randrange(2**16), random_text(rng)
         ),
         acceptance_typed_data(
-            chain_id, escrow, rand_bytes(rng, 32), rng.randrange(2**16), random_job(rng)
+            chain_id,
+            escrow,
+            rand_bytes(rng, 32),
+            rng.randrange(2**16),
+            random_job(rng),
+            rng.randrange(2**32),
         ),
         registration_typed_data(chain_id, ref_checksum(escrow), registration),
     ]
@@ -254,19 +259,28 @@ def test_the_acceptance_digest_is_the_typed_data_hash() -> None:
         token="0x" + "F" * 40,
     )
     cases = [
-        (1, "0x" + "1" * 40, bytes(32), 1, edge),
-        (2**64, "0x" + "a" * 40, b"\xff" * 32, 2**16 - 1, edge),
+        (1, "0x" + "1" * 40, bytes(32), 1, edge, 0),
+        (2**64, "0x" + "a" * 40, b"\xff" * 32, 2**16 - 1, edge, 2**32 - 1),
     ]
     for _ in range(ROUNDS):
         chain_id = rng.choice([1, 31337, rng.randrange(1, 2**256)])
         escrow = rng.choice([ref_checksum(rand_address(rng)), rand_address(rng).lower()])
         cases.append(
-            (chain_id, escrow, rand_bytes(rng, 32), rng.randrange(1, 2**16), random_job(rng))
+            (
+                chain_id,
+                escrow,
+                rand_bytes(rng, 32),
+                rng.randrange(1, 2**16),
+                random_job(rng),
+                rng.randrange(2**32),
+            )
         )
-    for chain_id, escrow, job_id, attempt, job in cases:
-        message = acceptance_typed_data(chain_id, escrow, job_id, attempt, job)
+    for chain_id, escrow, job_id, attempt, job, hold_for in cases:
+        message = acceptance_typed_data(chain_id, escrow, job_id, attempt, job, hold_for)
+        assert message["domain"]["version"] == "5"
+        assert message["message"]["holdFor"] == hold_for
         expected = eth_account_digest(message)
-        assert acceptance_digest(chain_id, escrow, job_id, attempt, job) == expected
+        assert acceptance_digest(chain_id, escrow, job_id, attempt, job, hold_for) == expected
         assert ethsig.hash_typed_data(message) == expected
     job = random_job(rng)
     for bad in (
@@ -278,11 +292,14 @@ def test_the_acceptance_digest_is_the_typed_data_hash() -> None:
         {"token": "not an address"},
     ):
         with pytest.raises(ValueError):
-            acceptance_digest(1, "0x" + "1" * 40, bytes(32), 1, replace(job, **bad))
+            acceptance_digest(1, "0x" + "1" * 40, bytes(32), 1, replace(job, **bad), 60)
     with pytest.raises(ValueError):
-        acceptance_digest(1, "0x" + "1" * 40, bytes(31), 1, job)
+        acceptance_digest(1, "0x" + "1" * 40, bytes(31), 1, job, 60)
     with pytest.raises(ValueError):
-        acceptance_digest(1, "0x" + "1" * 40, bytes(32), 2**16, job)
+        acceptance_digest(1, "0x" + "1" * 40, bytes(32), 2**16, job, 60)
+    for hold_for in (-1, 2**32):  # a uint32
+        with pytest.raises(ValueError):
+            acceptance_digest(1, "0x" + "1" * 40, bytes(32), 1, job, hold_for)
 
 
 def test_the_project_signatures_recover_to_the_signer() -> None:
@@ -291,10 +308,11 @@ def test_the_project_signatures_recover_to_the_signer() -> None:
         account = ethsig.KeyAccount(rand_key(rng))
         escrow = ref_checksum(rand_address(rng))
         job_id, attempt, job = rand_bytes(rng, 32), rng.randrange(1, 2**16), random_job(rng)
-        signature = sign_acceptance(account, 31337, escrow, job_id, attempt, job)
-        assert recover_acceptance_signer(signature, 31337, escrow, job_id, attempt, job) == (
-            account.address
-        )
+        hold_for = rng.randrange(2**32)
+        signature = sign_acceptance(account, 31337, escrow, job_id, attempt, job, hold_for)
+        assert recover_acceptance_signer(
+            signature, 31337, escrow, job_id, attempt, job, hold_for
+        ) == (account.address)
         signature = sign_result(account, 31337, escrow, job_id, attempt, "bafyresult")
         assert recover_result_signer(signature, 31337, escrow, job_id, attempt, "bafyresult") == (
             account.address
@@ -310,6 +328,44 @@ def test_the_project_signatures_recover_to_the_signer() -> None:
         )
         signed = sign_registration(account, 31337, escrow, registration)
         assert recover_registration_signer(31337, escrow, registration, signed) == account.address
+
+
+def test_an_acceptance_signed_for_one_hold_does_not_recover_for_another() -> None:
+    """``holdFor`` is signed (EIP-712 ``Acceptance``, version 5): an acceptance of the same
+    terms for another hold recovers another address, so the operator cannot give the provider
+    less (or more) time than it signed for; and a version-4 digest (no ``holdFor``) is not the
+    version-5 one."""
+    rng = random.Random(13)
+    for _ in range(20):
+        account = ethsig.KeyAccount(rand_key(rng))
+        escrow = ref_checksum(rand_address(rng))
+        job_id, attempt, job = rand_bytes(rng, 32), rng.randrange(1, 2**16), random_job(rng)
+        hold_for = rng.randrange(1, 2**32 - 1)
+        signature = sign_acceptance(account, 31337, escrow, job_id, attempt, job, hold_for)
+        assert (
+            recover_acceptance_signer(signature, 31337, escrow, job_id, attempt, job, hold_for)
+            == account.address
+        )
+        for other in (hold_for - 1, hold_for + 1, 0, 2**32 - 1):
+            if other == hold_for:
+                continue
+            assert (
+                recover_acceptance_signer(signature, 31337, escrow, job_id, attempt, job, other)
+                != account.address
+            )
+        message = acceptance_typed_data(31337, escrow, job_id, attempt, job, hold_for)
+        v4 = {
+            **message,
+            "types": {
+                **message["types"],
+                "Acceptance": [f for f in message["types"]["Acceptance"] if f["name"] != "holdFor"],
+            },
+            "domain": {**message["domain"], "version": "4"},
+            "message": {k: v for k, v in message["message"].items() if k != "holdFor"},
+        }
+        assert eth_account_digest(v4) != acceptance_digest(
+            31337, escrow, job_id, attempt, job, hold_for
+        )
 
 
 def test_recovery_matches_eth_account_on_what_the_escrow_takes() -> None:
@@ -359,14 +415,14 @@ def test_recovery_refuses_what_the_escrow_refuses() -> None:
         flags=0,
         token="0x" + "0" * 40,
     )
-    good = sign_acceptance(account, 1, "0x" + "3" * 40, digest, 1, job)
+    good = sign_acceptance(account, 1, "0x" + "3" * 40, digest, 1, job, 600)
     flipped = (
         good[:32]
         + (ethsig.SECP256K1_N - int.from_bytes(good[32:64], "big")).to_bytes(32, "big")
         + bytes([55 - good[64]])
     )
     with pytest.raises(ValueError, match="low-s"):
-        recover_acceptance_signer(flipped, 1, "0x" + "3" * 40, digest, 1, job)
+        recover_acceptance_signer(flipped, 1, "0x" + "3" * 40, digest, 1, job, 600)
 
 
 def test_typed_data_errors() -> None:

@@ -47,6 +47,7 @@ from ..scheduler.chain_support import fault_proxy, make_w3
 from ..scheduler.harness import advance, fresh_escrow, register_on_chain
 
 BOUNTY = 10**16
+HOLD_FOR = 600
 OUTPUT_CAP = 4096
 SPEC = JobSpec.model_validate(
     {"executor": "docker", "image": "busybox", "limits": JobLimits(output_max_bytes=OUTPUT_CAP)}
@@ -123,6 +124,21 @@ def submitted(
     state, _ = client.create_job(
         submitter, os.urandom(32), spec_cid, chain_now(client) + 3600, BOUNTY, terms
     )
+    state = assign(devnet, client, state, provider)
+    if isinstance(output, bytes):
+        escrow_call(client, provider, "submitResult", state.job_id, state.job.as_tuple(), output)
+        state = client.job_state(state.job_id)
+    else:
+        state, _ = client.call_job(provider, "submitResult", state, output)
+    assert state.status is Status.SUBMITTED
+    return state
+
+
+def assign(
+    devnet: Devnet, client: EscrowClient, state: JobState, provider: LocalAccount
+) -> JobState:
+    """The operator assigns ``state`` (a job or a seat) to ``provider``, with its acceptance
+    of the job's terms for :data:`HOLD_FOR` seconds."""
     acceptance = sign_acceptance(
         provider,
         client.deployment.chain_id,
@@ -130,14 +146,9 @@ def submitted(
         state.job_id,
         state.job.attempt + 1,
         state.job,
+        HOLD_FOR,
     )
-    state, _ = client.call_job(devnet.operator, "assign", state, provider.address, acceptance)
-    if isinstance(output, bytes):
-        escrow_call(client, provider, "submitResult", state.job_id, state.job.as_tuple(), output)
-        state = client.job_state(state.job_id)
-    else:
-        state, _ = client.call_job(provider, "submitResult", state, output)
-    assert state.status is Status.SUBMITTED
+    state, _ = client.assign(devnet.operator, state, provider.address, HOLD_FOR, acceptance)
     return state
 
 
@@ -592,15 +603,7 @@ def take_rerun(
     operator assigns it, ``provider`` posts ``output``."""
     state = client.job_state(rerun_id)
     assert state.status is Status.FUNDED
-    acceptance = sign_acceptance(
-        provider,
-        client.deployment.chain_id,
-        client.address,
-        state.job_id,
-        state.job.attempt + 1,
-        state.job,
-    )
-    state, _ = client.call_job(devnet.operator, "assign", state, provider.address, acceptance)
+    state = assign(devnet, client, state, provider)
     state, _ = client.call_job(provider, "submitResult", state, output)
     return state
 
@@ -896,10 +899,7 @@ def test_a_token_job_is_ruled_in_its_token_across_a_restart(
         submitter, os.urandom(32), spec_cid, chain_now(client) + 3600, bounty, terms
     )
     assert state.job.token == token
-    acceptance = sign_acceptance(
-        provider, deployment.chain_id, client.address, state.job_id, 1, state.job
-    )
-    state, _ = client.call_job(devnet.operator, "assign", state, provider.address, acceptance)
+    state = assign(devnet, client, state, provider)
     escrow_call(client, provider, "submitResult", state.job_id, state.job.as_tuple(), INVALID_UTF8)
     job = client.job_state(state.job_id)
     assert job.status is Status.SUBMITTED and job.job.token == token
@@ -941,10 +941,7 @@ def test_a_disputed_token_job_is_rerun_in_its_token_within_the_token_cap(
         state, _ = client.create_job(
             submitter, os.urandom(32), spec_cid, chain_now(client) + 3600, bounty, terms
         )
-        acceptance = sign_acceptance(
-            provider, deployment.chain_id, client.address, state.job_id, 1, state.job
-        )
-        state, _ = client.call_job(devnet.operator, "assign", state, provider.address, acceptance)
+        state = assign(devnet, client, state, provider)
         state, _ = client.call_job(provider, "submitResult", state, output)
         # the dispute deposit is pulled in the job's token
         TokenClient(devnet.w3, token).send(submitter, "approve", client.address, 10**9)

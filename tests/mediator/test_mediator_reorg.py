@@ -21,6 +21,7 @@ from hexbytes import HexBytes
 
 from devstack.ipfs import IpfsDaemon
 from gridmarket.chain import EscrowClient
+from gridmarket.eip712 import sign_acceptance
 from gridmarket.escrow import JobState, Status
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import JobSpec
@@ -29,7 +30,6 @@ from mediator.state import state_to_json
 
 from ..scheduler.chain_support import (
     OwnChain,
-    acceptance,
     chain_now,
     create_job,
     ensure_provider,
@@ -38,6 +38,7 @@ from ..scheduler.chain_support import (
 )
 
 BOUNTY = 10**16
+HOLD_FOR = 600
 SPEC = JobSpec.model_validate({"executor": "docker", "image": "busybox", "command": ["true"]})
 BAD_OUTPUT = "not-a-cid"
 """A result whose CID does not decode: the mediator rules it wrong at once."""
@@ -92,9 +93,16 @@ def assigned_job(chain: OwnChain, client: EscrowClient, spec_cid: str) -> JobSta
     )
     assert state.job.mediator == chain.mediator.address
     provider = chain.providers[0]
-    state, _ = client.call_job(
-        chain.operator, "assign", state, provider.address, acceptance(client, state, provider)
+    signed = sign_acceptance(
+        provider,
+        client.deployment.chain_id,
+        client.address,
+        state.job_id,
+        state.job.attempt + 1,
+        state.job,
+        HOLD_FOR,
     )
+    state, _ = client.assign(chain.operator, state, provider.address, HOLD_FOR, signed)
     return state
 
 

@@ -4,10 +4,13 @@ and a second start that changes nothing. Plain SQLite: no chain, no IPFS."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
-from mediator.state import MediatorState, migrate
+from gridmarket.escrow import JOB_ABI_TYPES, Job, JobState, Status
+from mediator.state import MediatorState, migrate, state_to_json
 
 ESCROW = "0x" + "ab" * 20
 CHAIN_ID = 31337
@@ -77,3 +80,47 @@ def test_migrating_again_changes_nothing(tmp_path: Path) -> None:
         after = db.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
     assert before == after
     assert revision(path) == ["0001"]
+
+
+def test_a_job_stored_before_escrow_version_5_loads_and_is_stored_with_its_hold(
+    tmp_path: Path,
+) -> None:
+    """A job folded by a mediator from before JobEscrow version 5 has no ``hold_until`` (the
+    struct's 15th field) in its stored JSON: it loads as zero (what a pending result's struct
+    holds on chain) and is written back with the field."""
+    path = tmp_path / "m.db"
+    job = Job(
+        submitter="0x" + "11" * 20,
+        bounty=10**16,
+        provider="0x" + "22" * 20,
+        deadline=2_000_000_000,
+        since=1_900_000_000,
+        attempt=1,
+        result_digest=b"\x33" * 32,
+        mediator="0x" + "44" * 20,
+    )
+    state = JobState(
+        job_id=b"\xaa" * 32,
+        job=job,
+        status=Status.SUBMITTED,
+        spec_cid="bafyspec",
+        salt=b"\x01" * 32,
+    )
+    body = json.loads(state_to_json(state))
+    del body["job"]["hold_until"]
+    assert len(body["job"]) == 14  # the version-4 struct
+    MediatorState(path, escrow=ESCROW, chain_id=CHAIN_ID).close()
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "INSERT INTO jobs (job_id, state) VALUES (?, ?)", (state.job_id.hex(), json.dumps(body))
+        )
+    stored = MediatorState(path, escrow=ESCROW, chain_id=CHAIN_ID)
+    try:
+        loaded = stored.job(state.job_id)
+        assert loaded is not None and loaded == state and loaded.job.hold_until == 0
+        assert len(loaded.job.as_tuple()) == len(JOB_ABI_TYPES) == 15
+        stored.put_job(replace(loaded, job=replace(loaded.job, hold_until=1_900_000_600)))
+        again = stored.job(state.job_id)
+        assert again is not None and again.job.hold_until == 1_900_000_600
+    finally:
+        stored.close()

@@ -58,9 +58,16 @@ def ensure_provider(client: EscrowClient, provider: LocalAccount, stake: int) ->
         client.send(provider, "stake", value=stake - free)
 
 
-def acceptance(via: Any, state: JobState, provider: LocalAccount) -> bytes:
+HOLD = 0
+"""The ``holdFor`` the chain tests' acceptances sign when they assign through the sender
+directly: none, so the operator may take a job back ``reassignDelay`` after the assignment
+(the scheduler's own offers carry :func:`gridmarket.holds.hold_for` of the spec's timeout)."""
+
+
+def acceptance(via: Any, state: JobState, provider: LocalAccount, hold_for: int = HOLD) -> bytes:
     """``provider``'s EIP-712 acceptance of the next assignment of ``state`` (what the agent
-    signs from the offer's terms); ``via``: the escrow's client, or a sender holding one."""
+    signs from the offer's terms) with ``hold_for``; ``via``: the escrow's client, or a sender
+    holding one."""
     client: EscrowClient = getattr(via, "client", via)
     return sign_acceptance(
         provider,
@@ -69,6 +76,7 @@ def acceptance(via: Any, state: JobState, provider: LocalAccount) -> bytes:
         state.job_id,
         state.job.attempt + 1,
         state.job,
+        hold_for,
     )
 
 

@@ -221,7 +221,7 @@ class Provider:
     ) -> httpx.Response:
         """Sign the EIP-712 acceptance of ``assignment`` from its terms (what the agent does)
         and post it; ``signer`` / ``attempt`` override the wallet and the attempt signed."""
-        job = JobTerms.model_validate(assignment["terms"]).as_job()  # its token included
+        terms = JobTerms.model_validate(assignment["terms"])
         n = assignment["attempt"] if attempt is None else attempt
         sig = sign_acceptance(
             signer or self.account,
@@ -229,7 +229,8 @@ class Provider:
             assignment["escrow"],
             bytes.fromhex(assignment["job_id"][2:]),
             n,
-            job,
+            terms.as_job(),  # its token included
+            terms.hold_for,
         )
         return self.server.http.post(
             API.ACCEPT.format(node_id=self.node_id, job_id=assignment["job_id"]),
@@ -281,6 +282,19 @@ def accept(server: Server, node: Provider, assignment: dict[str, Any]) -> dict[s
     ack: dict[str, Any] = r.json()
     assert ack["accepted"] is True and ack["job_id"] == assignment["job_id"], ack
     return ack
+
+
+def take_back_at(client: EscrowClient, job_id: str) -> int:
+    """The chain time from which the operator may take the Assigned job ``job_id`` back:
+    ``max(since + reassignDelay, holdUntil)``, the end of the hold its provider signed for."""
+    job = client.job_state(bytes.fromhex(job_id[2:])).job
+    return max(job.since + int(client.call("reassignDelay")), job.hold_until)
+
+
+def advance_past_hold(client: EscrowClient, job_id: str) -> None:
+    """Move the chain's clock past the time the operator may take ``job_id`` back."""
+    now = int(client.w3.eth.get_block("latest")["timestamp"])
+    advance(client.w3, max(1, take_back_at(client, job_id) - now + 1))
 
 
 def advance(w3: Any, seconds: int) -> None:

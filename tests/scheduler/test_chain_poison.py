@@ -17,7 +17,7 @@ from scheduler.chain import ChainWatcher, TxSender, apply_sent
 from tests.hostile import INVALID_UTF8, ODD_128, Forger, create_job_raw, escrow_call
 
 from ..conftest import Devnet
-from .chain_support import SqliteStore, acceptance, chain_now, create_job, ensure_provider
+from .chain_support import HOLD, SqliteStore, acceptance, chain_now, create_job, ensure_provider
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def test_an_undecodable_output_cid_keeps_the_digest_the_contract_hashed(
     sender = TxSender(client, devnet.operator)
     state = create_job(client, devnet.submitters[0])
     state = apply_sent(
-        state, sender.assign(state, provider.address, acceptance(sender, state, provider))
+        state, sender.assign(state, provider.address, HOLD, acceptance(sender, state, provider))
     )
     sent = escrow_call(
         client, provider, "submitResult", state.job_id, state.job.as_tuple(), INVALID_UTF8
@@ -98,7 +98,9 @@ def test_an_undecodable_output_cid_keeps_the_digest_the_contract_hashed(
     assert state.output_problem is not None and state.problem is not None
     assert state.job.result_digest == keccak(INVALID_UTF8)
     assert client.call("isCurrent", state.job_id, state.job.as_tuple()) is True
-    ruled = escrow_call(client, devnet.mediator, "rule", state.job_id, state.job.as_tuple(), False)
+    ruled = escrow_call(
+        client, devnet.mediator, "rule", state.job_id, [state.job.as_tuple()], 0, False
+    )
     rejected = apply_sent(state, ruled)
     assert rejected.status is Status.FUNDED and rejected.output_problem is None
 

@@ -17,6 +17,7 @@ from hexbytes import HexBytes
 from gridmarket.chain import EscrowClient
 from gridmarket.eip712 import sign_result
 from gridmarket.escrow import Status
+from gridmarket.holds import hold_for
 from gridmarket.watcher import ChainWatcher, ReorgTooDeepError
 from gridmarket.wire import JobSpec, NodeCapacityIn
 from scheduler.chain import TxSender
@@ -24,7 +25,15 @@ from scheduler.service.outbox_rules import OutboxRules
 from scheduler.store import Claim, NotFoundError, Store
 from scheduler.store.rows import job_to_json
 
-from .chain_support import OwnChain, acceptance, create_job, ensure_provider, own_chain_at, rpc
+from .chain_support import (
+    HOLD,
+    OwnChain,
+    acceptance,
+    create_job,
+    ensure_provider,
+    own_chain_at,
+    rpc,
+)
 
 CID = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
 SPEC = JobSpec.model_validate({"executor": "docker", "image": "busybox:1", "command": ["true"]})
@@ -119,7 +128,7 @@ def test_funding_assignment_and_payment_reorged_out_and_back(
     # assignment
     before_assign = rpc(w3, "evm_snapshot")
     state = client.job_state(state.job_id)
-    sent = sender.assign(state, provider.address, acceptance(sender, state, provider))
+    sent = sender.assign(state, provider.address, HOLD, acceptance(sender, state, provider))
     raw_assign = raw_tx(client, sent.tx_hash)
     watcher.poll_once()
     assert matches_chain(store, client, job_id) is Status.ASSIGNED
@@ -247,7 +256,7 @@ def test_a_reorged_out_assign_is_not_sent_twice(chain: OwnChain, store: Store) -
     ).node_id
     won = store.dispatch(lambda rows: [Claim(job_id, node_id)], limit=8, lease_ttl=300.0)
     assert [c.job.job_id for c in won] == [job_id]
-    signature = "0x" + acceptance(client, state, provider).hex()
+    signature = "0x" + acceptance(client, state, provider, hold_for(SPEC.limits.timeout_s)).hex()
     assert store.accept(job_id, node_id, won[0].job.attempt, signature) == "leased"
 
     snapshot = rpc(w3, "evm_snapshot")

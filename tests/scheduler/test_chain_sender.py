@@ -21,6 +21,7 @@ from web3.exceptions import TransactionNotFound
 from gridmarket.chain import ChainError, EscrowClient, Sent
 from gridmarket.eip712 import sign_result
 from gridmarket.escrow import ZERO_ADDRESS, JobState, Status
+from gridmarket.holds import hold_for
 from gridmarket.wire import JobSpec, NodeCapacityIn
 from scheduler.chain import (
     Call,
@@ -37,10 +38,11 @@ from scheduler.chain import (
 from scheduler.chain.sender import REGISTRY, bumped
 from scheduler.service.loops import OutboxLoop
 from scheduler.service.outbox_rules import OutboxRules, not_yet
-from scheduler.store import Claim, Store
+from scheduler.store import Claim, SeatTakenError, Store
 
 from ..conftest import Devnet
 from .chain_support import (
+    HOLD,
     OwnChain,
     acceptance,
     chain_now,
@@ -112,7 +114,7 @@ def test_assign_then_settle_pays_provider_and_fee(
     fees_before = int(client.call("feesAccrued"))
 
     assigned = apply_sent(
-        state, sender.assign(state, provider.address, acceptance(sender, state, provider))
+        state, sender.assign(state, provider.address, HOLD, acceptance(sender, state, provider))
     )
     assert assigned.status is Status.ASSIGNED
     assert assigned.job.provider == provider.address
@@ -139,20 +141,20 @@ def test_reassign_after_the_delay_relay_then_finalize_after_the_window(
     for p in (first, second):
         ensure_provider(client, p, stake(devnet))
     s = create_job(client, devnet.submitters[1])
-    state = apply_sent(s, sender.assign(s, first.address, acceptance(sender, s, first)))
+    state = apply_sent(s, sender.assign(s, first.address, HOLD, acceptance(sender, s, first)))
     stale_signature = sign(client, first, state)
 
     # the operator takes the job back only reassignDelay after the assignment
     with pytest.raises(ChainError) as err:
-        sender.assign(state, second.address, acceptance(sender, state, second))
+        sender.assign(state, second.address, HOLD, acceptance(sender, state, second))
     assert (err.value.reason or "").startswith("JobEscrowTooEarly(")
     rpc(client.w3, "evm_increaseTime", 61)
     rpc(client.w3, "evm_mine")
     # an acceptance signed for another attempt (or other terms) is refused
     with pytest.raises(ChainError) as err:
-        sender.assign(state, second.address, acceptance(sender, s, second))
+        sender.assign(state, second.address, HOLD, acceptance(sender, s, second))
     assert (err.value.reason or "").startswith("JobEscrowBadSignature(")
-    sent = sender.assign(state, second.address, acceptance(sender, state, second))
+    sent = sender.assign(state, second.address, HOLD, acceptance(sender, state, second))
     (event,) = [e for e in sent.events if e.name == "JobAssigned"]
     assert event.args["previousProvider"] == first.address
     state = apply_sent(state, sent)
@@ -189,7 +191,7 @@ def test_unassign_puts_the_job_back(devnet: Devnet, sender: TxSender) -> None:
     ensure_provider(client, provider, stake(devnet))
     state = create_job(client, devnet.submitters[0])
     state = apply_sent(
-        state, sender.assign(state, provider.address, acceptance(sender, state, provider))
+        state, sender.assign(state, provider.address, HOLD, acceptance(sender, state, provider))
     )
     free = int(client.call("freeCollateralOf", provider.address))
     with pytest.raises(ChainError) as err:  # too early: a "retry later", never a refusal
@@ -202,7 +204,7 @@ def test_unassign_puts_the_job_back(devnet: Devnet, sender: TxSender) -> None:
     assert (state.status, state.job.provider) == (Status.FUNDED, ZERO_ADDRESS)
     assert int(client.call("freeCollateralOf", provider.address)) == free + state.job.collateral
     state = apply_sent(
-        state, sender.assign(state, provider.address, acceptance(sender, state, provider))
+        state, sender.assign(state, provider.address, HOLD, acceptance(sender, state, provider))
     )
     assert (state.status, state.job.attempt) == (Status.ASSIGNED, 2)
 
@@ -219,17 +221,21 @@ def test_an_on_verify_job_is_paid_by_the_operator_and_a_ruling_slashes(
         submitter, os.urandom(32), "bafkreijobspec", chain_now(client.w3) + 86_400, 10**16, terms
     )
     assert state.job.on_verify and state.job.mediator == devnet.mediator.address
-    state = apply_sent(state, sender.assign(state, good.address, acceptance(sender, state, good)))
+    state = apply_sent(
+        state, sender.assign(state, good.address, HOLD, acceptance(sender, state, good))
+    )
     paid = apply_sent(state, sender.settle(state, CID, sign(client, good, state)))
     assert paid.status is Status.RELEASED and paid.output_cid == CID
 
     # a result the mediator rules wrong: the provider loses the job's collateral
     state = create_job(client, submitter)
-    state = apply_sent(state, sender.assign(state, bad.address, acceptance(sender, state, bad)))
+    state = apply_sent(
+        state, sender.assign(state, bad.address, HOLD, acceptance(sender, state, bad))
+    )
     state = apply_sent(state, sender.submit_result_for(state, CID, sign(client, bad, state)))
     stake_before = int(client.call("providerOf", bad.address)[0])
     refund_before = client.balance_of(submitter.address)
-    sent = client.send(devnet.mediator, "rule", state.job_id, state.job.as_tuple(), False)
+    _, sent = client.rule(devnet.mediator, state, False)
     state = apply_sent(state, sent)
     (ruled,) = [e for e in sent.events if e.name == "Ruled"]
     (slash,) = [e for e in sent.events if e.name == "ProviderSlashed"]
@@ -243,7 +249,9 @@ def test_an_on_verify_job_is_paid_by_the_operator_and_a_ruling_slashes(
         None,
         ZERO_ADDRESS,
     )
-    state = apply_sent(state, sender.assign(state, good.address, acceptance(sender, state, good)))
+    state = apply_sent(
+        state, sender.assign(state, good.address, HOLD, acceptance(sender, state, good))
+    )
     assert (state.status, state.job.attempt) == (Status.ASSIGNED, 2)
 
 
@@ -257,7 +265,7 @@ def test_revert_is_decoded_and_not_retried(devnet: Devnet, client: EscrowClient)
         sender = TxSender(EscrowClient(make_w3(proxy.url), devnet.deployment), devnet.operator)
         state = create_job(client, devnet.submitters[0])
         state = apply_sent(
-            state, sender.assign(state, provider.address, acceptance(sender, state, provider))
+            state, sender.assign(state, provider.address, HOLD, acceptance(sender, state, provider))
         )
         nonce = nonce_of(client, devnet.operator)
         stranger = Account.create().address
@@ -269,7 +277,7 @@ def test_revert_is_decoded_and_not_retried(devnet: Devnet, client: EscrowClient)
             proxy.counts.clear()
             started = time.monotonic()
             with pytest.raises(ChainError) as err:
-                sender.assign(state, target, acceptance(client, state, provider))
+                sender.assign(state, target, HOLD, acceptance(client, state, provider))
             assert not isinstance(err.value, ChainUnavailableError)
             assert err.value.reason is not None and err.value.reason.startswith(reason)
             assert time.monotonic() - started < 2
@@ -287,7 +295,7 @@ def test_deadline_passed_is_final(own_chain: OwnChain) -> None:
     rpc(client.w3, "evm_increaseTime", own_chain.params.min_duration + 60)
     rpc(client.w3, "evm_mine")
     with pytest.raises(ChainError) as err:
-        sender.assign(state, provider.address, acceptance(sender, state, provider))
+        sender.assign(state, provider.address, HOLD, acceptance(sender, state, provider))
     assert err.value.reason is not None
     assert err.value.reason.startswith(
         f"JobEscrowDeadlinePassed(jobId=0x{state.job_id.hex()}, deadline={state.job.deadline}, "
@@ -321,7 +329,9 @@ def test_revert_in_a_mined_transaction_is_decoded(own_chain: OwnChain) -> None:
     outcome: list[Any] = []
     worker = threading.Thread(
         target=lambda: outcome.append(
-            _capture(sender.assign, state, provider.address, acceptance(sender, state, provider))
+            _capture(
+                sender.assign, state, provider.address, HOLD, acceptance(sender, state, provider)
+            )
         )
     )
     worker.start()
@@ -362,6 +372,7 @@ def test_concurrent_sends_keep_nonces_unique(devnet: Devnet, client: EscrowClien
                 sent = senders[worker % 2].assign(
                     state,
                     providers[worker % 2].address,
+                    HOLD,
                     acceptance(client, state, providers[worker % 2]),
                 )
                 results[state.job_id] = sent
@@ -393,7 +404,7 @@ def test_stale_nonce_cache_resyncs(devnet: Devnet, client: EscrowClient, sender:
         create_job(client, devnet.submitters[0]),
     )
     sender.assign(
-        first, provider.address, acceptance(sender, first, provider)
+        first, provider.address, HOLD, acceptance(sender, first, provider)
     )  # the sequence now caches the next nonce
     stolen = nonce_of(client, devnet.operator)
     other = devnet.operator.sign_transaction(
@@ -403,7 +414,7 @@ def test_stale_nonce_cache_resyncs(devnet: Devnet, client: EscrowClient, sender:
     client.w3.eth.wait_for_transaction_receipt(
         client.w3.eth.send_raw_transaction(other.raw_transaction)
     )
-    sent = sender.assign(second, provider.address, acceptance(sender, second, provider))
+    sent = sender.assign(second, provider.address, HOLD, acceptance(sender, second, provider))
     assert int(client.w3.eth.get_transaction(HexBytes(sent.tx_hash))["nonce"]) == stolen + 1
     assert apply_sent(second, sent).status is Status.ASSIGNED
 
@@ -422,7 +433,7 @@ def test_lost_reply_is_looked_up_not_resent(devnet: Devnet, client: EscrowClient
         nonce = nonce_of(client, devnet.operator)
         # anvil mines the transaction, then the reply is lost on the way back.
         proxy.fail(1, "eth_sendRawTransaction", status=502, forward=True)
-        sent = sender.assign(state, provider.address, acceptance(sender, state, provider))
+        sent = sender.assign(state, provider.address, HOLD, acceptance(sender, state, provider))
         assert proxy.counts["eth_sendRawTransaction"] == 1  # looked up by hash, not resent
         assert proxy.counts["eth_getTransactionByHash"] >= 1
         assert nonce_of(client, devnet.operator) == nonce + 1
@@ -433,7 +444,7 @@ def test_lost_reply_is_looked_up_not_resent(devnet: Devnet, client: EscrowClient
         state = create_job(client, devnet.submitters[0])
         proxy.counts.clear()
         proxy.fail(2, "eth_sendRawTransaction", status=503)
-        sent = sender.assign(state, provider.address, acceptance(sender, state, provider))
+        sent = sender.assign(state, provider.address, HOLD, acceptance(sender, state, provider))
         assert proxy.counts["eth_sendRawTransaction"] == 3
         assert proxy.counts["eth_getTransactionByHash"] >= 2
         assert nonce_of(client, devnet.operator) == nonce + 2
@@ -453,7 +464,8 @@ def test_transient_errors_are_retried_until_the_deadline(
         proxy.fail(4, status=503)  # whatever the sender asks first
         assert (
             apply_sent(
-                state, sender.assign(state, provider.address, acceptance(sender, state, provider))
+                state,
+                sender.assign(state, provider.address, HOLD, acceptance(sender, state, provider)),
             ).status
             is Status.ASSIGNED
         )
@@ -468,7 +480,7 @@ def test_transient_errors_are_retried_until_the_deadline(
         proxy.fail(10_000, status=500)
         started = time.monotonic()
         with pytest.raises(ChainUnavailableError, match=r"RPC unreachable, gave up after 2\.0s"):
-            impatient.assign(state, provider.address, acceptance(impatient, state, provider))
+            impatient.assign(state, provider.address, HOLD, acceptance(impatient, state, provider))
         assert time.monotonic() - started < 8
         assert sum(proxy.counts.values()) > 2, proxy.counts  # retried (web3 asks chainId first)
         assert proxy.counts["eth_sendRawTransaction"] == 0
@@ -489,11 +501,13 @@ def test_sender_rides_out_a_node_restart(own_chain: OwnChain) -> None:
         client, own_chain.operator, retry=RetryPolicy(deadline_s=0.3, initial_delay_s=0.05)
     )
     with pytest.raises(ChainUnavailableError):
-        impatient.assign(state, provider.address, acceptance(impatient, state, provider))
+        impatient.assign(state, provider.address, HOLD, acceptance(impatient, state, provider))
     outcome: list[Any] = []
     worker = threading.Thread(
         target=lambda: outcome.append(
-            _capture(sender.assign, state, provider.address, acceptance(sender, state, provider))
+            _capture(
+                sender.assign, state, provider.address, HOLD, acceptance(sender, state, provider)
+            )
         )
     )
     worker.start()
@@ -519,7 +533,9 @@ def test_dropped_transaction_is_rebroadcast_not_rebuilt(own_chain: OwnChain) -> 
     outcome: list[Any] = []
     worker = threading.Thread(
         target=lambda: outcome.append(
-            _capture(sender.assign, state, provider.address, acceptance(sender, state, provider))
+            _capture(
+                sender.assign, state, provider.address, HOLD, acceptance(sender, state, provider)
+            )
         )
     )
     worker.start()
@@ -550,7 +566,9 @@ def test_displaced_transaction_is_rebuilt_with_a_new_nonce(own_chain: OwnChain) 
     outcome: list[Any] = []
     worker = threading.Thread(
         target=lambda: outcome.append(
-            _capture(sender.assign, state, provider.address, acceptance(sender, state, provider))
+            _capture(
+                sender.assign, state, provider.address, HOLD, acceptance(sender, state, provider)
+            )
         )
     )
     worker.start()
@@ -609,7 +627,9 @@ def test_pending_transaction_lost_in_a_node_restart_is_rebroadcast(own_chain: Ow
     outcome: list[Any] = []
     worker = threading.Thread(
         target=lambda: outcome.append(
-            _capture(sender.assign, state, provider.address, acceptance(sender, state, provider))
+            _capture(
+                sender.assign, state, provider.address, HOLD, acceptance(sender, state, provider)
+            )
         )
     )
     worker.start()
@@ -679,7 +699,11 @@ def test_stuck_transaction_is_replaced_with_higher_fees_and_mined_once(
         worker = threading.Thread(
             target=lambda: outcome.append(
                 _capture(
-                    sender.assign, state, provider.address, acceptance(sender, state, provider)
+                    sender.assign,
+                    state,
+                    provider.address,
+                    HOLD,
+                    acceptance(sender, state, provider),
                 )
             )
         )
@@ -738,7 +762,7 @@ def test_base_fee_above_the_cap_sends_nothing(
     capped = metric("gridmarket_tx_fee_cap_hits_total")
     make_dearer(client, than=50 * 10**9)
     with pytest.raises(FeeCapExceededError, match="above the cap") as excinfo:
-        sender.assign(state, provider.address, acceptance(sender, state, provider))
+        sender.assign(state, provider.address, HOLD, acceptance(sender, state, provider))
     assert isinstance(excinfo.value, ChainUnavailableError)  # the outbox retries it later
     assert nonce_of(client, own_chain.operator) == nonce
     assert rpc(client.w3, "txpool_status")["pending"] == "0x0"
@@ -748,7 +772,7 @@ def test_base_fee_above_the_cap_sends_nothing(
     # cheaper again: it goes through, offering no more than the cap
     rpc(client.w3, "anvil_setNextBlockBaseFeePerGas", hex(10**9))
     rpc(client.w3, "evm_mine")
-    sent = sender.assign(state, provider.address, acceptance(sender, state, provider))
+    sent = sender.assign(state, provider.address, HOLD, acceptance(sender, state, provider))
     tx = client.w3.eth.get_transaction(HexBytes(sent.tx_hash))
     assert tx["type"] == 2 and int(tx["maxFeePerGas"]) <= cap
 
@@ -778,7 +802,7 @@ def test_restart_settles_in_flight_transactions_before_sending(
         )
         with pytest.raises(TxOutcomeUnknownError) as excinfo:
             first.assign(
-                state, provider.address, acceptance(first, state, provider)
+                state, provider.address, HOLD, acceptance(first, state, provider)
             )  # the process "dies" waiting
         old = pooled(client, own_chain.operator, nonce)
         assert old is not None and old["hash"] == excinfo.value.tx_hash
@@ -794,6 +818,7 @@ def test_restart_settles_in_flight_transactions_before_sending(
                     restarted.assign,
                     state,
                     provider.address,
+                    HOLD,
                     acceptance(restarted, state, provider),
                 )
             )
@@ -861,7 +886,11 @@ def test_stuck_transaction_at_the_cap_waits_instead_of_overpaying(
         worker = threading.Thread(
             target=lambda: outcome.append(
                 _capture(
-                    sender.assign, state, provider.address, acceptance(sender, state, provider)
+                    sender.assign,
+                    state,
+                    provider.address,
+                    HOLD,
+                    acceptance(sender, state, provider),
                 )
             )
         )
@@ -905,7 +934,7 @@ def count_estimates(client: Any) -> list[str]:
 
 def _assigns(sender: TxSender, states: list[JobState], providers: list[LocalAccount]) -> list[Call]:
     return [
-        Call.job("assign", st, p.address, acceptance(sender, st, p))
+        Call.assign(st, p.address, HOLD, acceptance(sender, st, p))
         for st, p in zip(states, providers, strict=True)
     ]
 
@@ -981,8 +1010,8 @@ def test_a_call_that_would_revert_is_refused_alone_and_the_others_go(
     states = [create_job(client, devnet.submitters[0]) for _ in providers]
     calls = _assigns(sender, states, providers)
     # the middle one carries the acceptance of another provider: BadSignature
-    calls[1] = Call.job(
-        "assign", states[1], providers[1].address, acceptance(sender, states[1], providers[2])
+    calls[1] = Call.assign(
+        states[1], providers[1].address, HOLD, acceptance(sender, states[1], providers[2])
     )
     nonce = nonce_of(client, devnet.operator)
     first, refused, third = sender.send_many(calls)
@@ -996,10 +1025,11 @@ def test_a_call_that_would_revert_is_refused_alone_and_the_others_go(
     assert client.job_state(states[2].job_id).status is Status.ASSIGNED
 
 
-def test_a_batch_that_reverts_as_a_whole_is_sent_call_by_call(devnet: Devnet) -> None:
+def test_a_call_the_batch_skips_is_settled_alone(devnet: Devnet) -> None:
     """Two assigns to a provider whose free collateral covers one: each passes alone, the
-    batch does not; it is sent again call by call, the first goes through, the second is
-    refused with its own error."""
+    batch does not. They go out in one ``tryMulticall``: the first takes effect, the second is
+    skipped (the batch does not revert), and the second is then answered as a single send: its
+    estimate refuses it with its own error, and nothing more is sent."""
     _, client = fresh_escrow(devnet)
     sender = TxSender(client, devnet.operator, retry=FAST)
     provider = devnet.providers[0]
@@ -1007,13 +1037,19 @@ def test_a_batch_that_reverts_as_a_whole_is_sent_call_by_call(devnet: Devnet) ->
     ensure_provider(client, provider, bounty)
     states = [create_job(client, devnet.submitters[0], bounty=bounty) for _ in range(2)]
     nonce = nonce_of(client, devnet.operator)
-    fallbacks = metric("gridmarket_tx_batch_fallbacks_total")
+    skipped = metric("gridmarket_tx_batch_skipped_calls_total")
     first, second = sender.send_many(_assigns(sender, states, [provider, provider]))
     assert isinstance(first, Sent), first
     assert isinstance(second, ChainError) and second.reason, second
     assert second.reason.startswith("ProviderRegistryInsufficientCollateral"), second.reason
-    assert metric("gridmarket_tx_batch_fallbacks_total") - fallbacks == 1
-    assert nonce_of(client, devnet.operator) == nonce + 1  # the batch never went out
+    assert metric("gridmarket_tx_batch_skipped_calls_total") - skipped == 1
+    assert nonce_of(client, devnet.operator) == nonce + 1  # the batch alone went out
+    receipt = client.w3.eth.get_transaction_receipt(HexBytes(first.tx_hash))
+    assert receipt["status"] == 1
+    assert (
+        bytes(client.w3.eth.get_transaction(HexBytes(first.tx_hash))["input"])[:4]
+        == bytes(client.encode("tryMulticall", []))[:4]
+    )
     assert apply_sent(states[0], first) == client.job_state(states[0].job_id)
     assert client.job_state(states[1].job_id).status is Status.FUNDED
 
@@ -1105,7 +1141,7 @@ def _accepted(
             lambda rows, j=job_id, nd=node_id: [Claim(j, nd)], limit=8, lease_ttl=300.0
         )
         signer = own_chain.providers[n] if i == 1 else provider
-        signature = "0x" + acceptance(client, state, signer).hex()
+        signature = "0x" + acceptance(client, state, signer, hold_for(SPEC.limits.timeout_s)).hex()
         assert store.accept(job_id, node_id, won[0].job.attempt, signature) == "leased"
         out.append((job_id, provider))
     return out
@@ -1128,7 +1164,7 @@ def test_the_outbox_sends_ready_rows_in_one_transaction(own_chain: OwnChain, sto
     assert rows[0]["tx_hash"] == rows[2]["tx_hash"] is not None
     assert rows[1]["error"].startswith("JobEscrowBadSignature"), rows[1]["error"]
     tx = client.w3.eth.get_transaction(HexBytes(rows[0]["tx_hash"]))
-    assert bytes(tx["input"])[:4] == bytes(client.encode("multicall", []))[:4]
+    assert bytes(tx["input"])[:4] == bytes(client.encode("tryMulticall", []))[:4]
     for (job_id, provider), want in zip(
         jobs, (Status.ASSIGNED, Status.FUNDED, Status.ASSIGNED), strict=True
     ):
@@ -1160,7 +1196,7 @@ def test_the_outbox_keeps_its_batches_within_outbox_batch_calls(
     rows = [store.outbox_of(job_id)[0] for job_id, _ in jobs]
     assert [r["status"] for r in rows] == ["done", "failed", "done", "done"]
     assert rows[2]["tx_hash"] == rows[3]["tx_hash"] != rows[0]["tx_hash"]
-    multicall = bytes(client.encode("multicall", []))[:4]
+    multicall = bytes(client.encode("tryMulticall", []))[:4]
 
     def selector(row: dict[str, Any]) -> bytes:
         return bytes(client.w3.eth.get_transaction(HexBytes(row["tx_hash"]))["input"])[:4]
@@ -1174,3 +1210,145 @@ class _Cursor:
 
     def load(self) -> int | None:
         return self.store.chain_cursor()
+
+
+def test_a_step_someone_else_took_first_is_skipped_not_fatal(
+    own_chain: OwnChain, store: Store
+) -> None:
+    """Three relay rows ready together; while the outbox's batch is on its way (between its
+    estimate and its block), the provider of the second job posts its own result. The batch
+    does not revert: the other two relays land in it, and the second row, whose call the
+    ``tryMulticall`` skipped, is neither sent again nor failed: it waits for the watcher, then
+    finds the result on-chain and goes on to ``finalize``, like a relay that was never
+    needed."""
+    client = own_chain.client()
+    watcher = ChainWatcher(client, _Cursor(store), store.apply_chain_events, reorgs=store)
+    sender = TxSender(client, own_chain.operator, retry=FAST)
+    providers = own_chain.providers[:3]
+    states = []
+    for p in providers:
+        ensure_provider(client, p, 2 * own_chain.params.min_stake)
+        state = create_job(client, own_chain.submitter)
+        sent = sender.assign(state, p.address, HOLD, acceptance(client, state, p))
+        states.append(apply_sent(state, sent))
+    watcher.poll_once()
+    job_ids = ["0x" + st.job_id.hex() for st in states]
+    for job_id, st, p in zip(job_ids, states, providers, strict=True):
+        assert store.job(job_id).chain == st
+        sig = "0x" + sign(client, p, st).hex()
+        store.outbox_add(job_id, "relay", {"output_cid": CID, "signature": sig})
+    raced = states[1]
+    prepare = client.prepare
+    estimated: list[str] = []
+
+    def racing(account: Any, fn_name: str, *args: Any, **kw: Any) -> Any:
+        estimated.append(fn_name)
+        params = prepare(account, fn_name, *args, **kw)
+        if fn_name == "multicall" and estimated.count("multicall") == 1:
+            # the batch passed its estimate; the provider is faster
+            own = own_chain.client()
+            own.send(providers[1], "submitResult", raced.job_id, raced.job.as_tuple(), CID)
+        return params
+
+    client.prepare = racing  # type: ignore[method-assign]
+    nonce = nonce_of(client, own_chain.operator)
+    skipped = metric("gridmarket_tx_batch_skipped_calls_total")
+    loop = OutboxLoop(store, client, own_chain.operator, OutboxRules(store, lambda _: None))
+    assert loop.once() == 2
+    # one transaction, not reverted; the raced row's single-send estimate refused it, so
+    # nothing else was sent
+    assert nonce_of(client, own_chain.operator) == nonce + 1
+    assert estimated == ["multicall", "submitResultFor"]
+    assert metric("gridmarket_tx_batch_skipped_calls_total") - skipped == 1
+    rows = [store.outbox_of(job_id)[0] for job_id in job_ids]
+    assert [r["status"] for r in rows] == ["done", "pending", "done"]
+    assert rows[0]["tx_hash"] == rows[2]["tx_hash"] is not None
+    tx = HexBytes(rows[0]["tx_hash"])
+    assert client.w3.eth.get_transaction_receipt(tx)["status"] == 1
+    assert (
+        bytes(client.w3.eth.get_transaction(tx)["input"])[:4]
+        == bytes(client.encode("tryMulticall", []))[:4]
+    )
+    for st in states:
+        truth = client.job_state(st.job_id)
+        assert truth.status is Status.SUBMITTED and truth.output_cid == CID
+        assert job_events(client, st, "ResultSubmitted") == 1
+    assert store.job(job_ids[0]).chain == client.job_state(states[0].job_id)  # from the batch
+    # the watcher brings the provider's own submission; the row then sends nothing
+    watcher.poll_once()
+    assert loop.once() == 1
+    assert nonce_of(client, own_chain.operator) == nonce + 1
+    row = store.outbox_of(job_ids[1])[0]
+    assert (row["status"], row["tx_hash"]) == ("done", None)
+    window = int(client.call("challengeWindow"))
+    for job_id, st in zip(job_ids, states, strict=True):
+        kinds = [(r["kind"], r["status"], r["not_before"]) for r in store.outbox_of(job_id)]
+        since = client.job_state(st.job_id).job.since
+        assert [k[:2] for k in kinds] == [("relay", "done"), ("finalize", "pending")], kinds
+        assert kinds[1][2] == since + window
+    assert loop.once() == 0  # the finalizes wait for the window: nothing sent
+    assert nonce_of(client, own_chain.operator) == nonce + 1
+
+
+def test_a_seat_is_assigned_by_its_group_and_a_wallet_gets_one_seat(
+    own_chain: OwnChain, store: Store
+) -> None:
+    """A replicated job's seat is assigned as ``assign(groupId, seat, ...)`` through the
+    outbox. A wallet seen holding a seat on-chain (here one assigned outside this store) is
+    kept off the group's other seats: never offered them, and its acceptance of one is
+    withdrawn (the escrow would revert ``JobEscrowSeatTaken``)."""
+    client = own_chain.client()
+    watcher = ChainWatcher(client, _Cursor(store), store.apply_chain_events, reorgs=store)
+    sender = TxSender(client, own_chain.operator, retry=FAST)
+    a, b = own_chain.providers[:2]
+    for p in (a, b):
+        ensure_provider(client, p, 2 * own_chain.params.min_stake)
+    group, seats, _ = client.create_replicated(
+        own_chain.submitter,
+        os.urandom(32),
+        "bafkreijobspec",
+        chain_now(client.w3) + 86_400,
+        3 * 10**16,
+        3,
+    )
+    watcher.poll_once()
+    ids = ["0x" + st.job_id.hex() for st in seats]
+    assert [r.job_id for r in store.seats("0x" + group.hex())] == ids
+    # seat 0 goes to A outside this store (another scheduler's database, say)
+    sent = sender.assign(seats[0], a.address, HOLD, acceptance(client, seats[0], a))
+    assert [bytes(e.args["jobId"]) for e in sent.events if e.name == "JobAssigned"] == [
+        seats[0].job_id
+    ]
+    watcher.poll_once()
+    for job_id in ids[1:]:
+        assert a.address.lower() in store.job(job_id).excluded_wallets
+    # seat 1 offered to A's node anyway (a stale offer): the acceptance is withdrawn
+    hold = hold_for(SPEC.limits.timeout_s)
+    nodes = {}
+    for name, p in (("a", a), ("b", b)):
+        nodes[name] = store.register_node(
+            wallet=p.address, name=name, capacity=CAP, tier="cpu", agent_version="t", nonce=1
+        ).node_id
+    for job_id in ids[1:]:
+        assert store.set_spec(job_id, SPEC) == "queued"
+    won = store.dispatch(lambda rows: [Claim(ids[1], nodes["a"])], limit=8, lease_ttl=300.0)
+    signature = "0x" + acceptance(client, seats[1], a, hold).hex()
+    with pytest.raises(SeatTakenError):
+        store.accept(ids[1], nodes["a"], won[0].job.attempt, signature)
+    # B takes seat 2: the outbox assigns it by the group id and the seat index
+    won = store.dispatch(lambda rows: [Claim(ids[2], nodes["b"])], limit=8, lease_ttl=300.0)
+    signature = "0x" + acceptance(client, seats[2], b, hold).hex()
+    assert store.accept(ids[2], nodes["b"], won[0].job.attempt, signature) == "leased"
+    [item] = [i for i in store.outbox_pending() if i.job_id == ids[2]]
+    assert item.payload["hold_for"] == hold
+    OutboxRules(store, lambda _: None).send(sender, item)
+    truth = client.job_state(seats[2].job_id)
+    assert (truth.status, truth.job.provider) == (Status.ASSIGNED, b.address)
+    assert truth.job.hold_until == truth.job.since + hold
+    assert store.job(ids[2]).chain == truth
+    [row] = store.outbox_of(ids[2])
+    tx = client.w3.eth.get_transaction(HexBytes(row["tx_hash"]))
+    want = client.encode(
+        "assign", group, 2, seats[2].job.as_tuple(), b.address, hold, bytes.fromhex(signature[2:])
+    )
+    assert bytes(tx["input"]) == want

@@ -20,6 +20,7 @@ from scheduler.chain import ChainWatcher, RetryPolicy, TxSender, apply_sent
 
 from ..conftest import Devnet
 from .chain_support import (
+    HOLD,
     OwnChain,
     SqliteStore,
     acceptance,
@@ -68,7 +69,7 @@ def job_life(client: EscrowClient, devnet: Devnet, sender: TxSender) -> JobState
     ensure_provider(client, provider, 2 * devnet.params.min_stake)
     state = create_job(client, devnet.submitters[0], on_verify=True)
     state = apply_sent(
-        state, sender.assign(state, provider.address, acceptance(sender, state, provider))
+        state, sender.assign(state, provider.address, HOLD, acceptance(sender, state, provider))
     )
     signature = sign_result(
         provider, devnet.deployment.chain_id, client.address, state.job_id, state.job.attempt, CID

@@ -10,14 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from gridmarket.chain import EscrowClient
 from gridmarket.cid import bytes_cid
 from gridmarket.escrow import ZERO_ADDRESS, Status
+from gridmarket.holds import hold_for
 from gridmarket.ipfs import IpfsStore
 from gridmarket.wire import API, JobSpec
 from scheduler.service import Replica
 from scheduler.settings import Settings
+from scheduler.store import Store
+from scheduler.store.tables import outbox
 
 from ..conftest import Devnet
 from .harness import (
@@ -25,6 +29,7 @@ from .harness import (
     Server,
     accept,
     advance,
+    advance_past_hold,
     fresh_escrow,
     register_on_chain,
     scheduler,
@@ -160,6 +165,7 @@ def test_long_poll_offer_accept_verify_and_settle(
         "flags": 1,
         "operator": devnet.operator.address,
         "token": ZERO_ADDRESS,  # paid in ETH
+        "hold_for": hold_for(SPEC.limits.timeout_s),  # nobody takes it back before it passes
     }
     time.sleep(0.5)
     assert chain_status(client, job_id) is Status.FUNDED
@@ -300,13 +306,13 @@ def test_forged_output_cid_is_not_relayed_and_the_job_is_taken_back(
     assert [x["outcome"] for x in job["attempts"]] == ["rejected"]
     cheat_view = server.get(API.NODE.format(node_id=cheat.node_id)).json()
     assert cheat_view["jobs_failed"] == 1  # a node fault
-    # never relayed, nobody slashed; the take-back waits for reassignDelay
+    # never relayed, nobody slashed; the take-back waits for the hold to end
     assert chain_status(client, job_id) is Status.ASSIGNED
     assert client.call("providerOf", devnet.providers[0].address)[0] == stake_before
     assert honest.heartbeat().status_code == 200  # silent past the timeout: offline till now
     b = honest.take()
     assert b["attempt"] == 2
-    advance(client.w3, DELAY + 1)
+    advance_past_hold(client, job_id)
     assert honest.succeed(b, output(ipfs, tmp_path, "real")).status_code == 202
     server.wait_job(job_id, {"released"}, timeout=30)
     state = client.job_state(bytes.fromhex(job_id[2:]))
@@ -455,9 +461,12 @@ def test_split_duties_are_refused_on_sqlite(tmp_path: Path, devnet: Devnet) -> N
         Replica(settings)
 
 
-def test_lease_loss_reassigns_to_another_node(
+def test_lease_loss_reassigns_to_another_node_once_the_hold_is_over(
     grid: tuple[Server, EscrowClient], devnet: Devnet, ipfs: IpfsStore, tmp_path: Path
 ) -> None:
+    """A node that dies loses its lease at once (the job goes to another node), but the chain
+    keeps the job for it until the hold it signed for is over (``holdUntil``, here far past
+    ``since + reassignDelay``): only then does the outbox take it back and reassign it."""
     server, client = grid
     lost = Provider(devnet.providers[0], server, name="lost")
     other = Provider(devnet.providers[1], server, name="other")
@@ -474,10 +483,19 @@ def test_lease_loss_reassigns_to_another_node(
     accept(server, other, b)
     # the stale attempt's result is refused
     assert lost.succeed(a, output(ipfs, tmp_path, "late")).status_code in (404, 409)
-    # the chain still holds it for `lost` until reassignDelay has passed: then it is taken back
-    time.sleep(0.5)
-    assert client.job_state(bytes.fromhex(job_id[2:])).job.provider == lost.account.address
-    advance(client.w3, DELAY + 1)
+    # the chain holds it for `lost` until its hold is over, not only until reassignDelay
+    held = client.job_state(bytes.fromhex(job_id[2:])).job
+    assert a["terms"]["hold_for"] == hold_for(SPEC.limits.timeout_s) > DELAY + 60
+    assert held.provider == lost.account.address
+    assert held.hold_until == held.since + a["terms"]["hold_for"]
+    advance(client.w3, DELAY + 60)  # past since + reassignDelay, short of holdUntil
+    time.sleep(1.5)  # outbox passes (every 0.2 s): nothing goes out
+    held = client.job_state(bytes.fromhex(job_id[2:])).job
+    assert (held.provider, held.attempt) == (lost.account.address, 1)
+    assert server.job(job_id)["state"] == "leased"  # the scheduler moved on already
+    # the take-back waits for the hold's end, and the new node's assign behind it
+    assert unassign_rows(server, job_id) == [("pending", float(held.hold_until))]
+    advance_past_hold(client, job_id)
     deadline = time.monotonic() + 15
     while client.job_state(bytes.fromhex(job_id[2:])).job.provider != other.account.address:
         assert time.monotonic() < deadline, "never reassigned on-chain"
@@ -486,6 +504,19 @@ def test_lease_loss_reassigns_to_another_node(
     server.wait_job(job_id, {"released"}, timeout=30)
     state = client.job_state(bytes.fromhex(job_id[2:]))
     assert state.job.provider == devnet.providers[1].address and state.job.attempt == 2
+
+
+def unassign_rows(server: Server, job_id: str) -> list[tuple[str, float | None]]:
+    """``(status, not_before)`` of the job's ``unassign`` outbox rows."""
+    store = Store(server.settings.database_url)
+    try:
+        with store.engine.connect() as conn:
+            q = select(outbox.c.status, outbox.c.not_before).where(
+                outbox.c.job_id == job_id, outbox.c.kind == "unassign"
+            )
+            return [(st, nb) for st, nb in conn.execute(q)]
+    finally:
+        store.close()
 
 
 def test_bad_input_is_named(grid: tuple[Server, EscrowClient], devnet: Devnet) -> None:
@@ -529,7 +560,7 @@ def test_a_dispute_waits_for_the_mediator_and_a_ruling_against_requeues_elsewher
     assert chain_status(client, job_id) is Status.DISPUTED
     assert server.job(job_id)["state"] == "disputed"
     state = client.job_state(jid)
-    client.call_job(devnet.mediator, "rule", state, False)
+    client.rule(devnet.mediator, state, False)
     job = server.wait_job(job_id, {"queued", "leased"}, timeout=20)
     assert wrong.node_id in job["excluded_nodes"] and "slashed" in job["reason"]
     assert [x["outcome"] for x in job["attempts"]] == ["ruled_against"]

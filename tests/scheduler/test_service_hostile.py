@@ -29,7 +29,7 @@ from ..conftest import Devnet
 from .harness import (
     Provider,
     Server,
-    advance,
+    advance_past_hold,
     fresh_escrow,
     register_on_chain,
     scheduler,
@@ -227,7 +227,7 @@ def test_one_wallet_s_nodes_are_one_provider_for_a_requeued_job(
     assert b.register().status_code == 200
     second = b.take()
     assert second["job_id"] == job_id and second["attempt"] == 2
-    advance(client.w3, DELAY + 1)  # A's assignment is taken back after reassignDelay
+    advance_past_hold(client, job_id)  # A's assignment is taken back once its hold is over
     deadline = time.monotonic() + 15
     while client.job_state(bytes.fromhex(job_id[2:])).job.attempt < 2:
         assert time.monotonic() < deadline, "the second assign never reached the chain"
@@ -243,7 +243,7 @@ def test_one_wallet_s_nodes_are_one_provider_for_a_requeued_job(
     # again while it holds the job for B), then B's other node may take it
     r = server.http.post(API.HAND_BACK.format(node_id=b.node_id, job_id=job_id), headers=b.auth)
     assert r.status_code in (200, 202), r.text
-    advance(client.w3, DELAY + 1)
+    advance_past_hold(client, job_id)
     wait_chain(client, job_id, Status.FUNDED)
     b2 = Provider(devnet.providers[1], server, name="b1")
     assert b2.register().status_code == 200
@@ -284,9 +284,9 @@ def test_a_job_that_fails_by_its_own_fault_fails_fast_and_spares_the_node(
     assert after["reputation"] == before["reputation"]
     assert after["jobs_failed"] == 0 and after["running"] == 0
     assert other.next_job(wait_s=1.5).status_code == 204
-    # the refund path: the outbox unassigns on-chain (once reassignDelay has passed), then the
+    # the refund path: the outbox unassigns on-chain (once the node's hold is over), then the
     # submitter cancels
-    advance(client.w3, DELAY + 1)
+    advance_past_hold(client, job_id)
     state = wait_chain(client, job_id, Status.FUNDED)
     balance = client.balance_of(submitter.address)
     client.call_job(submitter, "cancel", state)
@@ -323,7 +323,7 @@ def test_a_node_s_own_failure_costs_it_and_a_timeout_once_the_job_is_done_elsewh
     for _ in range(2):
         c = fast.take()
         got[c["job_id"]] = c
-        advance(client.w3, DELAY + 1)  # the failed node's assignment is taken back first
+        advance_past_hold(client, c["job_id"])  # the failed node's assignment is taken back
         wait_chain_attempt(client, c["job_id"], c["attempt"])
         out = tmp_path / f"out-{len(got)}"
         out.mkdir()

@@ -18,6 +18,7 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 
 from gridmarket.chain import Event
+from gridmarket.holds import hold_for
 from gridmarket.wire import JobSpec, NodeCapacityIn, ResultReport, RunReason
 from scheduler import lifecycle
 from scheduler.dispatch import refused_wallets, requirements
@@ -165,6 +166,7 @@ def test_dispatch_leases_once_and_respects_slots(store: Store) -> None:
         "attempt": 1,
         "node_id": n,
         "acceptance": SIG,
+        "hold_for": hold_for(job.spec.limits.timeout_s),  # what the offer carried
     }
     assert store.node(n).running == 2
 
@@ -268,6 +270,7 @@ def test_accepting_counts_collateral_promised_to_assigns_not_yet_mined(store: St
                 previousProvider="0x" + "0" * 40,
                 attempt=1,
                 since=int(time.time()),
+                holdUntil=0,
             )
         ],
     )
@@ -749,6 +752,7 @@ def test_a_dispute_waits_for_the_mediator_and_a_ruling_against_requeues_elsewher
                 previousProvider=OPERATOR[:2] + "0" * 40,
                 attempt=1,
                 since=now,
+                holdUntil=0,
             ),
             chain_event(
                 "ResultSubmitted",

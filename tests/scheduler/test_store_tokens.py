@@ -81,6 +81,7 @@ def test_a_token_job_is_stored_folded_and_offered_with_its_token(store: Store) -
                 previousProvider=ZERO_ADDRESS,
                 attempt=1,
                 since=int(time.time()),
+                holdUntil=0,
             )
         ],
         through_block=11,
