@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gridmarket.eip712 import sign_acceptance
 from gridmarket.escrow import ZERO_ADDRESS, Job, JobState
-from gridmarket.holds import hold_problem
+from gridmarket.holds import HOLD_MARGIN_S, hold_problem
 from gridmarket.wire import (
     AcceptRequest,
     Assignment,
@@ -178,6 +178,7 @@ class AcceptancePolicy:
         chain: ChainFacts | None = None,
         expected: Callable[[], tuple[int, str] | None] | None = None,
         clock: Callable[[], float] = time.time,
+        hold_margin_s: int = HOLD_MARGIN_S,
     ) -> None:
         self.wallet = checksum(wallet)
         self.price_floor_wei_per_hour = price_floor_wei_per_hour
@@ -191,6 +192,7 @@ class AcceptancePolicy:
         self.chain = chain
         self.expected = expected
         self.clock = clock
+        self.hold_margin_s = hold_margin_s
 
     def decide(self, assignment: Assignment) -> Decision:
         """Whether to accept ``assignment``; never raises (a failed check declines)."""
@@ -217,7 +219,11 @@ class AcceptancePolicy:
         if terms.deadline <= now:
             return Decision(False, f"the deadline {terms.deadline} has passed")
         problem = hold_problem(
-            terms.hold_for, offer.spec.limits.timeout_s, int(now), terms.deadline
+            terms.hold_for,
+            offer.spec.limits.timeout_s,
+            int(now),
+            terms.deadline,
+            self.hold_margin_s,
         )
         if problem is not None:
             return Decision(False, problem)

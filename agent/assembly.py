@@ -222,6 +222,7 @@ def chain_duties(config: AgentConfig, account: Signer, client: NodeSession) -> C
     eth-account are never imported, with ``rpc_url`` or without (~28 MB of RSS, docs/agent.md
     "Footprint")."""
     from gridmarket.deployment import ChainError, Deployment
+    from gridmarket.holds import margin_of
 
     deployment = Deployment.load(config.deployment) if config.deployment is not None else None
 
@@ -251,6 +252,11 @@ def chain_duties(config: AgentConfig, account: Signer, client: NodeSession) -> C
         deployment_mediator=mediator if isinstance(mediator, str) else None,
         chain=EscrowFacts(escrow) if escrow is not None else None,
         expected=expected,
+        hold_margin_s=(
+            config.hold_margin_s
+            if config.hold_margin_s is not None
+            else margin_of(deployment.params if deployment is not None else None)
+        ),
     )
     duties = ChainDuties(policy, escrow)
     if escrow is None:

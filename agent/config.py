@@ -200,6 +200,14 @@ class AgentConfig(BaseSettings):
         description="with rpc_url and deployment: submit a result on-chain from this wallet "
         "when the scheduler has not relayed it after guard_delay_s",
     )
+    hold_margin_s: int | None = Field(
+        None,
+        ge=0,
+        lt=2**32,
+        description="seconds a job's hold must leave after the run's timeout to post the result "
+        "(default: the deployment file's hold_margin_s, else 300; the scheduler offers the "
+        "same margin)",
+    )
     guard_delay_s: float | None = Field(
         None,
         gt=0,

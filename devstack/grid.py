@@ -53,6 +53,7 @@ from gridmarket import spot
 from gridmarket.chain import Deployment, EscrowClient
 from gridmarket.deploy import EscrowParams, deploy_escrow, deploy_test_token, list_token
 from gridmarket.escrow import ZERO_ADDRESS
+from gridmarket.holds import margin_of
 from gridmarket.ipfs import IpfsStore
 from gridmarket.token import TokenClient, by_address, tokens_of
 
@@ -397,6 +398,7 @@ def start_agent(
         "poll_wait_s": 5,
         "executors": ["docker", "wasm"] if grid.dockerd else ["wasm"],
         "pull_registries": grid.registries,
+        "hold_margin_s": margin_of(grid.deployment.params),  # the scheduler's (no deployment)
     }
     if grid.dockerd is not None:
         config["docker_host"] = grid.dockerd.host
@@ -509,6 +511,10 @@ DEVNET_ESCROW: dict[str, Any] = {
     "mediation_window": 120,
 }
 """Escrow parameters of the local devnet (production defaults: gridmarket.deploy.EscrowParams)."""
+DEVNET_HOLD_MARGIN_S = 5
+"""The devnet's hold margin (``hold_margin_s`` in its deployment file, gridmarket/holds.py): a
+job's hold is its timeout plus 5 s, so a killed node's job moves on within a test or a demo;
+production's is 300 s."""
 
 
 @contextlib.contextmanager
@@ -566,7 +572,11 @@ def run_grid(
         mediator_pubkey = spot.public_key_of(bytes(accounts[10].key))
         deployment = dataclasses.replace(
             deployment,
-            params={**deployment.params, "mediator_pubkey": "0x" + mediator_pubkey.hex()},
+            params={
+                **deployment.params,
+                "mediator_pubkey": "0x" + mediator_pubkey.hex(),
+                "hold_margin_s": DEVNET_HOLD_MARGIN_S,
+            },
         )
         deployment_file = work / "deployment.json"
         deployment.save(deployment_file)

@@ -54,6 +54,7 @@ def create_app(
             chain_id=g.chain_id,
             escrow=g.escrow,
             symbols={t.address: t.symbol for t in g.tokens.values() if not t.is_eth},
+            hold_margin_s=g.hold_margin_s,
         )
         g.store.on_queued = dispatcher.wake
         dispatcher.on_claimed = lambda: g.wake("outbox")

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from gridmarket.cuda import as_version
 from gridmarket.escrow import ZERO_ADDRESS
-from gridmarket.holds import hold_for
+from gridmarket.holds import HOLD_MARGIN_S, hold_for
 from gridmarket.tiers import classify_gpu
 from gridmarket.wire import Assignment, JobSpec, JobTerms, offered_price_wei_per_hour
 from scheduler.matching import (
@@ -77,19 +77,19 @@ def refused_wallets(job: JobRow) -> frozenset[str]:
     return frozenset(wallets)
 
 
-def hold_of(job: JobRow) -> int:
+def hold_of(job: JobRow, margin_s: int = HOLD_MARGIN_S) -> int:
     """The ``holdFor`` offered for ``job``: :func:`gridmarket.holds.hold_for` of its spec's
     timeout (the spec is fixed by its CID, so the acceptance route and the outbox's ``assign``
     work out the same value the offer carried; the store keeps it with the acceptance too)."""
     if job.spec is None:
         raise ValueError(f"job {job.job_id} has no spec: nothing to offer")
-    return hold_for(job.spec.limits.timeout_s)
+    return hold_for(job.spec.limits.timeout_s, margin_s)
 
 
-def terms_of(job: JobRow) -> JobTerms:
+def terms_of(job: JobRow, hold_margin_s: int = HOLD_MARGIN_S) -> JobTerms:
     """The terms the node accepts for ``job`` (EIP-712 ``Acceptance``), from its on-chain
     struct as funded (the same values the escrow hashes in ``acceptanceDigest``) and the hold
-    offered (:func:`hold_of`)."""
+    offered (:func:`hold_of`, with the deployment's margin)."""
     j = job.chain.job
     return JobTerms(
         bounty_wei=j.bounty,
@@ -100,7 +100,7 @@ def terms_of(job: JobRow) -> JobTerms:
         flags=j.flags,
         operator=j.operator,
         token=j.token,
-        hold_for=hold_of(job),
+        hold_for=hold_of(job, hold_margin_s),
     )
 
 
@@ -205,9 +205,12 @@ class Dispatcher:
         chain_id: int,
         escrow: str,
         symbols: Mapping[str, str] | None = None,
+        hold_margin_s: int = HOLD_MARGIN_S,
     ) -> None:
-        """``symbols``: listed token address -> symbol, to name a job's token in why it waits."""
+        """``symbols``: listed token address -> symbol, to name a job's token in why it waits;
+        ``hold_margin_s``: the deployment's hold margin (:func:`gridmarket.holds.margin_of`)."""
         self.store = store
+        self.hold_margin_s = hold_margin_s
         self.settings = settings
         self.chain_id = chain_id
         self.escrow = escrow
@@ -470,7 +473,7 @@ class Dispatcher:
         job = claimed.job
         assert job.spec is not None and job.lease_expires is not None
         assignment = Assignment(
-            terms=terms_of(job),
+            terms=terms_of(job, self.hold_margin_s),
             job_id=job.job_id,
             attempt=job.attempt,
             spec_cid=job.spec_cid,

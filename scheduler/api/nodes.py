@@ -314,7 +314,7 @@ async def accept_offer(
             409,
         )
     try:
-        hold = hold_of(row)
+        hold = hold_of(row, dispatcher.hold_margin_s)
     except ValueError as exc:
         raise _bad(str(exc), 409) from None
     try:

@@ -13,6 +13,7 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
 from gridmarket.chain import Deployment, EscrowClient
+from gridmarket.holds import margin_of
 from gridmarket.ipfs import IpfsStore
 from gridmarket.registry_policy import RegistryPolicy
 from gridmarket.token import Token, by_address, tokens_of
@@ -58,6 +59,8 @@ class Replica:
                 f"{self.operator_address}"
             )
         self.fee_bps = int(self.chain.call("feeBps"))
+        self.hold_margin_s = margin_of(self.deployment.params)
+        """What a hold adds to a run's timeout (gridmarket/holds.py), as the agents read it."""
         self.ipfs = IpfsStore(
             settings.ipfs_api,
             timeout=settings.ipfs_timeout_s,

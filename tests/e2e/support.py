@@ -52,10 +52,17 @@ SMALL = {"cpu_cores": 1, "ram_mib": 256, "disk_mib": 64}
 
 
 def docker_spec(
-    name: str, script: str, *, dataset_cid: str | None = None, image: str = BUSYBOX_IMAGE
+    name: str,
+    script: str,
+    *,
+    dataset_cid: str | None = None,
+    image: str = BUSYBOX_IMAGE,
+    timeout_s: int = 60,
 ) -> JobSpec:
     """A busybox job running ``sh -c script`` with small resources (``image``: the local tag
-    every engine of the grid has, or the grid's pinned ``busybox_image`` to be pulled)."""
+    every engine of the grid has, or the grid's pinned ``busybox_image`` to be pulled).
+    ``timeout_s`` also sets how long a node holds the job on chain: the timeout plus the
+    devnet's hold margin (gridmarket/holds.py), after which a dead node's job moves on."""
     return JobSpec.model_validate(
         {
             "name": name,
@@ -64,7 +71,7 @@ def docker_spec(
             "command": ["sh", "-c", script],
             "dataset_cid": dataset_cid,
             "resources": SMALL,
-            "limits": {"timeout_s": 60, "output_max_bytes": 1 << 20},
+            "limits": {"timeout_s": timeout_s, "output_max_bytes": 1 << 20},
         }
     )
 

@@ -69,8 +69,12 @@ COUNT_LINES = "wc -l < /input/data.csv > /output/lines.txt"
 
 
 def sleeper(name: str, seconds: int) -> JobSpec:
-    """A Docker job that runs for ``seconds`` and then writes a small output."""
-    return docker_spec(name, f"sleep {seconds}; echo {name} > /output/done.txt")
+    """A Docker job that runs for ``seconds`` and then writes a small output; its timeout (and
+    so the hold a node signs for) leaves 12 s beyond that, so a killed node's job is taken back
+    within a test."""
+    return docker_spec(
+        name, f"sleep {seconds}; echo {name} > /output/done.txt", timeout_s=seconds + 12
+    )
 
 
 def wait_running(grid: LocalGrid, job: Funded) -> Any:
@@ -177,7 +181,7 @@ class TestOneGrid:
         grid.kill_agent(first)  # SIGKILL: no hand-back; heartbeats stop
         left = containers_of(grid, first)
         assert len(left) == 1, f"the killed agent's container: {left}"  # it runs on in dockerd
-        view = wait_job(grid, job, {"released"}, 60)
+        view = wait_job(grid, job, {"released"}, 90)  # its hold: 16 s timeout + 5 s margin
         attempts = view["attempts"]
         assert [(a["attempt"], a["outcome"]) for a in attempts] == [(1, "timeout"), (2, "success")]
         assert attempts[0]["node_id"] == first.node_id
@@ -187,7 +191,7 @@ class TestOneGrid:
         assert names(events) == [
             "JobCreated",
             "JobAssigned",
-            "JobUnassigned",  # taken back once reassignDelay passed: collateral unlocked
+            "JobUnassigned",  # taken back once the node's hold was over: collateral unlocked
             "JobAssigned",  # attempt 2, another provider, with its own acceptance
             "ResultSubmitted",
             "JobReleased",

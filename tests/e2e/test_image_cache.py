@@ -1,8 +1,9 @@
 """Cached images on the real grid: two agents with their own Docker engines (the grid's dockerd
 and a second one), their own wallets and IPFS nodes. The first job pulls the registry image by
 digest on one node; that node then advertises it (heartbeats), and a repeat of the job goes to it
-rather than to a cheaper node without the image, and runs from its cache: pulled once. A WASM job
-(no image) goes to the cheaper node: it was eligible all along, so the image made the choice."""
+rather than to a cheaper node without the image, and runs from its cache: pulled once. With the
+cached node gone the same job goes to the cheaper node, which pulls the image: it was eligible
+all along, so the image made the choice."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ import yaml
 from devstack._process import ROOT, ManagedProcess
 from devstack.dockerd import Dockerd
 from devstack.grid import AGENT_PASSWORD, PROVIDER_STAKE, AgentProcess, LocalGrid, wait_nodes
+from gridmarket.holds import margin_of
 from gridmarket.wire import API
 
 from .conftest import _grid
-from .support import add_inputs, docker_spec, fund, wait_for, wait_job, wasm_spec
+from .support import add_inputs, docker_spec, fund, wait_for, wait_job
 
 
 @pytest.fixture
@@ -75,6 +77,7 @@ def start_agent_on(
         "docker_host": docker_host,
         "price_floor_wei_per_hour": price_floor_wei,
         "pull_registries": grid.registries,  # the devnet's registry (loopback), explicitly
+        "hold_margin_s": margin_of(grid.deployment.params),  # the scheduler's hold margin
     }
     config_path = home / "agent.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=True))
@@ -141,10 +144,13 @@ def test_the_node_with_the_image_is_chosen_and_a_repeat_is_served_from_its_cache
         assert pulls(cached, image) == 1, "the repeat pulled the image again"
         assert pulls(plain, image) == 0
 
-        # no image (WASM): the cheaper node wins, so it was there to be chosen
-        parked(grid, 2)
-        wasm = fund(grid, wasm_spec("wasm", inputs.module_cid, inputs.dataset_cid), on_verify=True)
-        view = wait_job(grid, wasm, {"released"}, timeout=120)
+        # the cheaper node was eligible for that very job: with the cached node gone, the same
+        # job goes to it and it pulls the image (deterministic, unlike racing both nodes' polls)
+        cached.process.stop(timeout=30)
+        again = fund(grid, docker_spec("again", script, dataset_cid=inputs.dataset_cid,
+                                       image=image), on_verify=True)  # fmt: skip
+        view = wait_job(grid, again, {"released"}, timeout=120)
         assert node_of(view) == plain.node_id
+        assert pulls(plain, image) == 1
         for agent in (cached, plain):
             agent.process.stop(timeout=30)
