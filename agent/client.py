@@ -29,6 +29,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from agent.errors import AgentError
+from gridmarket.checkpoints import NODE_CHECKPOINTS, CheckpointReport
 from gridmarket.ethsig import Signer
 from gridmarket.joblogs import NODE_LOGS, LogBatch
 from gridmarket.wire import (
@@ -367,6 +368,19 @@ class NodeSession:
             json=_dump(batch),
             timeout=min(timeout_s, self.timeout_s),
             what=f"logs of {job_id}",
+        )
+
+    def post_checkpoint(
+        self, job_id: str, report: CheckpointReport, timeout_s: float = 10.0
+    ) -> None:
+        """Report a checkpoint of a running job (:mod:`agent.checkpointing`)."""
+        self._authed(
+            "POST",
+            NODE_CHECKPOINTS,
+            job_id=job_id,
+            json=_dump(report),
+            timeout=min(timeout_s, self.timeout_s),
+            what=f"checkpoint of {job_id}",
         )
 
     def _authed(

@@ -55,6 +55,7 @@ from agent.client import (
 )
 from agent.logship import LogShipper, LogShipperSettings
 from agent.runner import JobRunner
+from gridmarket.checkpoints import CheckpointReport
 from gridmarket.wire import Assignment, RegisterResponse, ResultReport, RunReason
 
 if TYPE_CHECKING:
@@ -387,7 +388,13 @@ class Agent:
         try:
             # live logs: shipped while it runs, flushed (bounded wait) before the result
             with LogShipper(self.client.post_logs, a.job_id, a.attempt, self.live_logs) as ship:
-                report = self.runner.run(a, job.cancel, on_output=ship.feed)
+                report = self.runner.run(
+                    a,
+                    job.cancel,
+                    on_output=ship.feed,
+                    on_checkpoint=lambda c: self._post_checkpoint(a.job_id, c),
+                    on_note=ship.note,
+                )
         except Exception:  # run() reports its own failures; this is a bug: keep serving
             log.exception("job %s: the runner crashed", _short(job.job_id))
             report = None
@@ -410,6 +417,16 @@ class Agent:
             self._reports.put(job.job_id)
         else:
             self._hand_back(job.job_id)
+
+    def _post_checkpoint(self, job_id: str, report: CheckpointReport) -> None:
+        """Report a checkpoint (from the job's checkpoint thread): retried for a short while;
+        a later checkpoint supersedes one that could not be reported."""
+        retry_call(
+            lambda: self.client.post_checkpoint(job_id, report),
+            backoff=self._backoff(),
+            deadline=time.monotonic() + 30.0,
+            what=f"checkpoint {report.seq} of {_short(job_id)}",
+        )
 
     def _hand_back(self, job_id: str, *, count: bool = True) -> None:
         deadline = time.monotonic() + max(self.report_flush_s, 1.0)

@@ -143,6 +143,15 @@ class LogShipper:
             if self._pending >= self.s.flush_chars or len(self._chunks) >= MAX_CHUNKS:
                 self._cond.notify()
 
+    def note(self, text: str) -> None:
+        """Add a line of the agent's own (``system``: resumed from a checkpoint, a checkpoint
+        not taken); it does not count against the job's caps."""
+        with self._cond:
+            if self._closed or self.disabled:
+                return
+            self._note(clean_text(text.rstrip("\n"))[: MAX_TEXT - 1])
+            self._cond.notify()
+
     def _lines(self, stream: LogStream, data: bytes, now: float) -> None:  # under _cond
         """Cut ``data`` (after what is left of the stream's last line) into lines of at most
         ``max_line`` bytes; whole lines read together share one chunk (up to ``MAX_TEXT``

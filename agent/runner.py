@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from agent.checkpointing import prepare_mount
 from agent.client import Backoff
 from agent.errors import (
     AgentError,
@@ -46,8 +47,17 @@ from agent.errors import (
     StorageError,
     WorkloadError,
 )
-from agent.executors.base import ExecutionResult, ExecutionSpec, Executor, Limits, MiB
+from agent.executors.base import (
+    CheckpointMount,
+    ExecutionResult,
+    ExecutionSpec,
+    Executor,
+    Limits,
+    MiB,
+)
 from agent.storage.base import Storage
+from agent.storage.probe import IpfsProbe
+from gridmarket.checkpoints import CheckpointReport
 from gridmarket.eip712 import sign_result
 from gridmarket.ethsig import Signer
 from gridmarket.wire import (
@@ -122,30 +132,6 @@ def decode_tail(data: bytes, limit: int = MAX_LOG_CHARS) -> str:
     return text[-limit:] if len(text) > limit else text
 
 
-class IpfsProbe:
-    """Whether the IPFS daemon's RPC API answers at all (``POST /api/v0/version``).
-
-    Cheap (no ``ipfshttpclient`` import): the daemon calls it before polling while IPFS was
-    seen down, and the runner to tell an IPFS outage from a missing dataset.
-    """
-
-    def __init__(self, api_url: str, timeout_s: float = 3.0) -> None:
-        self.url = api_url.rstrip("/") + "/api/v0/version"
-        self.timeout_s = timeout_s
-
-    def __call__(self) -> bool:
-        import httpx
-
-        try:
-            # the CA bundle only for an https API (as NodeSession): ~1 MB of RSS kept otherwise
-            response = httpx.post(
-                self.url, timeout=self.timeout_s, verify=self.url.startswith("https://")
-            )
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
-
-
 StorageFactory = Callable[[], AbstractContextManager[Storage]]
 ExecutorFactory = Callable[[], Executor]
 
@@ -218,9 +204,13 @@ class JobRunner:
         cancel: threading.Event | None = None,
         *,
         on_output: Callable[[str, bytes], None] | None = None,
+        on_checkpoint: Callable[[CheckpointReport], None] | None = None,
+        on_note: Callable[[str], None] | None = None,
     ) -> ResultReport:
         """Run ``assignment`` to a report; setting ``cancel`` stops it (``cancelled``).
-        ``on_output`` gets the job's stdout/stderr as it is written (live logs)."""
+        ``on_output`` gets the job's stdout/stderr as it is written (live logs);
+        ``on_checkpoint`` each checkpoint a checkpointing job's run made (to report it);
+        ``on_note`` the agent's own lines for the job's live log."""
         cancel = cancel or threading.Event()
         started = time.monotonic()
         job_dir = self.jobs_dir / f"{assignment.job_id[2:18]}-{assignment.attempt}"
@@ -228,7 +218,8 @@ class JobRunner:
             if job_dir.exists():
                 _remove_job_dir(job_dir)
             job_dir.mkdir(parents=True, mode=0o755)
-            return self._run(assignment, job_dir, cancel, started, on_output)
+            hooks = _Hooks(on_output, on_checkpoint, on_note)
+            return self._run(assignment, job_dir, cancel, started, hooks)
         except JobStepError as failure:
             log.info("job %s: %s (%s)", _short(assignment.job_id), failure.reason, failure)
             return _report(assignment, failure.reason, failure.message, started)
@@ -248,7 +239,7 @@ class JobRunner:
         job_dir: Path,
         cancel: threading.Event,
         started: float,
-        on_output: Callable[[str, bytes], None] | None = None,
+        hooks: _Hooks,
     ) -> ResultReport:
         spec = assignment.spec
         job_id = assignment.job_id
@@ -265,6 +256,7 @@ class JobRunner:
                     module = self._fetch_module(
                         storage, spec.module_cid, job_dir / "module", cancel
                     )
+            checkpoint = self._checkpoint_mount(assignment, storage, job_dir, cancel, hooks)
             _check_cancel(cancel)
             exec_spec = ExecutionSpec(
                 image=spec.image,
@@ -272,7 +264,8 @@ class JobRunner:
                 command=tuple(spec.command),
                 env=dict(spec.env),
                 limits=limits_for(spec),
-                on_output=on_output,
+                on_output=hooks.output,
+                checkpoint=checkpoint,
             )
             with self.steps.step(job_id, f"running ({spec.executor})"):
                 result = self._execute(executor, exec_spec, input_dir, job_dir / "output", cancel)
@@ -314,6 +307,38 @@ class JobRunner:
                     ) from exc
                 self._executors[kind] = executor
         return executor
+
+    def _checkpoint_mount(
+        self,
+        assignment: Assignment,
+        storage: Storage,
+        job_dir: Path,
+        cancel: threading.Event,
+        hooks: _Hooks,
+    ) -> CheckpointMount | None:
+        """A checkpointing job's /checkpoint (:func:`agent.checkpointing.prepare_mount`); the
+        seed is fetched like a dataset (waiting out an IPFS outage up to ``storage_wait_s``)."""
+        if assignment.spec.checkpoint is None:
+            return None
+        deadline = time.monotonic() + self.storage_wait_s
+
+        def fetch(fn: Callable[[], int]) -> int:
+            try:
+                return self._with_storage(fn, "checkpoint", deadline, cancel)
+            except JobStepError as exc:
+                _check_cancel(cancel)
+                raise StorageError(exc.message) from exc
+
+        with self.steps.step(assignment.job_id, "preparing /checkpoint"):
+            return prepare_mount(
+                assignment,
+                self.account,
+                storage,
+                job_dir,
+                fetch=fetch,
+                post=hooks.checkpoint,
+                note=hooks.note,
+            )
 
     def _fetch_dataset(
         self, storage: Storage, spec: JobSpec, dest: Path, cancel: threading.Event
@@ -393,6 +418,15 @@ class JobRunner:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+@dataclass(frozen=True, slots=True)
+class _Hooks:
+    """Where a run's live output, checkpoints and the agent's notes go."""
+
+    output: Callable[[str, bytes], None] | None = None
+    checkpoint: Callable[[CheckpointReport], None] | None = None
+    note: Callable[[str], None] | None = None
 
 
 def _check_cancel(cancel: threading.Event) -> None:

@@ -361,6 +361,37 @@ class IpfsStore:
             raise self.verification_error(f"{self.noun} {cid}: bytes do not hash to the CID")
         return bytes(data)
 
+    # ------------------------------------------------------------------ pins
+
+    def unpin(self, cid: str) -> bool:
+        """Unpin ``cid`` (recursively) on this daemon, so its garbage collection may drop it;
+        False when it was not pinned (nothing to do), :attr:`error` when the daemon failed."""
+        try:
+            cid = normalize_cid(cid)
+        except CidError as exc:
+            raise self.verification_error(str(exc)) from None
+        try:
+            self._client.pin.rm(cid, recursive=True, timeout=self.resolve_timeout)
+        except self._errors.Error as exc:
+            if "not pinned" in str(exc).lower():
+                return False
+            raise self.error(f"IPFS unpin of {cid} failed: {exc}") from exc
+        return True
+
+    def pinned(self, cid: str) -> bool:
+        """Whether ``cid`` is pinned (directly or recursively) on this daemon."""
+        try:
+            cid = normalize_cid(cid)
+        except CidError as exc:
+            raise self.verification_error(str(exc)) from None
+        try:
+            self._client.pin.ls(cid, timeout=self.resolve_timeout)
+        except self._errors.Error as exc:
+            if "not pinned" in str(exc).lower():
+                return False
+            raise self.error(f"IPFS pin ls of {cid} failed: {exc}") from exc
+        return True
+
 
 def _empty(directory: Path) -> None:
     if not directory.is_dir():

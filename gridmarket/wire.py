@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from gridmarket.checkpoints import CheckpointPolicy, CheckpointRef
 from gridmarket.cid import CidError, normalize_cid
 from gridmarket.cuda import ComputeCapability, CudaVersion
 from gridmarket.eip712 import DOMAIN_TYPE
@@ -289,6 +290,9 @@ class JobSpec(BaseModel):
     a node accepts; the escrow does not know of it."""
     spot: SpotCheck | None = None
     """Spot checks (:class:`SpotCheck`); only a comparable job may ask for them."""
+    checkpoint: CheckpointPolicy | None = None
+    """The job keeps its state in ``/checkpoint``; the agent copies it on an interval and the
+    next attempt starts from the newest copy (:mod:`gridmarket.checkpoints`). Docker jobs."""
 
     @field_validator("module_cid", "dataset_cid")
     @classmethod
@@ -330,6 +334,8 @@ class JobSpec(BaseModel):
                 f"a deterministic docker job must pin its image by digest "
                 f"(name@sha256:<64 hex>), not {self.image!r}"
             )
+        if self.checkpoint is not None and self.executor is not ExecutorKind.DOCKER:
+            raise ValueError("checkpoint: only docker jobs can checkpoint (not wasm)")
         if self.spot is not None and not self.comparable:
             raise ValueError(
                 "spot checks need a job whose honest runs agree: a wasm job, or a docker job "
@@ -353,7 +359,13 @@ class JobSpec(BaseModel):
         body = self.model_dump(mode="json")
         # the fields added later are left out while unset, so a spec that does not use them
         # has the bytes (and the CID) it had before they existed
-        for key, unset in (("deterministic", False), ("exclude_providers", []), ("spot", None)):
+        later: dict[str, Any] = {
+            "deterministic": False,
+            "exclude_providers": [],
+            "spot": None,
+            "checkpoint": None,
+        }
+        for key, unset in later.items():
             if body.get(key) == unset:
                 del body[key]
         for key in ("min_cuda", "min_compute_capability"):
@@ -694,6 +706,10 @@ class Assignment(BaseModel):
     chain_id: int
     escrow: Address
     terms: JobTerms
+    resume: CheckpointRef | None = None
+    """The checkpoint this attempt starts from (a checkpointing job whose earlier attempt
+    reported one, kept by the scheduler); the node fetches it, checks its CID and size, and
+    mounts it at ``/checkpoint``."""
 
 
 class AcceptRequest(BaseModel):

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from scheduler import __version__
-from scheduler.api import jobs, logs, market, nodes, ops
+from scheduler.api import checkpoints, jobs, logs, market, nodes, ops
 from scheduler.api.fastpath import NodeFastPath
 from scheduler.api.guard import install_guard
 from scheduler.api.nodecache import NodeCache
@@ -98,6 +98,7 @@ def create_app(
     app.include_router(jobs.router)
     app.include_router(market.router)
     app.include_router(logs.router)
+    app.include_router(checkpoints.router)
 
     @app.exception_handler(NotFoundError)
     async def _not_found(_: Request, exc: NotFoundError) -> JSONResponse:

@@ -483,6 +483,12 @@ class Dispatcher:
             lease_expires_at=job.lease_expires,
             chain_id=self.chain_id,
             escrow=self.escrow,
+            # a checkpointing job resumes from the newest checkpoint the scheduler keeps (one
+            # indexed read, only for such jobs; recorded as the attempt's resume_cid); not a
+            # comparable one: the mediator re-runs those from the start (docs/trust.md)
+            resume=self.store.resume_for(job.job_id, job.attempt, claimed.node_id)
+            if job.spec.checkpoint is not None and not job.spec.comparable
+            else None,
         )
         with self._lock:
             waiter = self._waiters.pop(claimed.node_id, None)

@@ -68,6 +68,23 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointMount:
+    """A checkpointing job's ``/checkpoint`` (:mod:`agent.checkpointing`): a writable directory
+    capped at ``max_bytes``, holding ``seed``'s content when the job starts (the checkpoint it
+    resumes from), copied by ``take(live_dir, final)``: every ``interval_s`` from a ticker thread
+    while the job runs, and once with ``final=True`` after the run ended (any outcome).
+    A run stopped early (time limit, cancel) gets SIGTERM and ``grace_s`` before SIGKILL, so the
+    job can save its state."""
+
+    max_bytes: int
+    interval_s: float
+    take: Callable[[Path, bool], object] = field(compare=False)
+    seed: Path | None = None
+    max_files: int = 10_000
+    grace_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
 class ExecutionSpec:
     """One workload: a Docker image (``image``) or a WASM module file (``module``), not both.
 
@@ -85,6 +102,7 @@ class ExecutionSpec:
     # called with ("stdout" | "stderr", bytes) as the job writes, from the executor's reader
     # (live logs, agent.logship); must not block. Its failures are ignored.
     on_output: Callable[[str, bytes], None] | None = field(default=None, compare=False)
+    checkpoint: CheckpointMount | None = None  # Docker only: a checkpointing job's /checkpoint
 
     def __post_init__(self) -> None:
         if (self.image is None) == (self.module is None):

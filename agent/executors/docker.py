@@ -45,6 +45,7 @@ from agent.errors import (
     ImageNotFoundError,
     InvalidSpecError,
 )
+from agent.executors._checkpoint import CheckpointArea
 from agent.executors._output import OutputArea, OutputCheck, OutputMode
 from agent.executors._pull import (
     ImagePuller,
@@ -60,6 +61,7 @@ from agent.executors.base import (
     Reason,
     TailBuffer,
 )
+from gridmarket.checkpoints import CHECKPOINT_PATH, ENV_DIR, ENV_INTERVAL
 
 log = logging.getLogger(__name__)
 
@@ -152,19 +154,41 @@ class DockerExecutor:
         self.images.acquire(spec.image, cancel)  # pulls it when allowed; in use until released
         try:
             limits = spec.limits
-            with OutputArea(
-                output_dir,
-                limits.output_bytes,
-                limits.output_files,
-                mode=self.output_mode,
-                owner=self._owner,
-            ) as area:
-                container = self._create(spec, input_dir, area)
+            with contextlib.ExitStack() as stack:
+                area = stack.enter_context(
+                    OutputArea(
+                        output_dir,
+                        limits.output_bytes,
+                        limits.output_files,
+                        mode=self.output_mode,
+                        owner=self._owner,
+                    )
+                )
+                ckpt = None
+                if spec.checkpoint is not None:
+                    ckpt = stack.enter_context(
+                        CheckpointArea(
+                            spec.checkpoint,
+                            output_dir.parent / f"{output_dir.name}-checkpoint",
+                            mode=self.output_mode,
+                            owner=self._owner,
+                        )
+                    )
+                container = self._create(spec, input_dir, area, ckpt)
                 try:
-                    outcome = self._execute(container, spec, area, cancel)
+                    outcome = self._execute(container, spec, area, cancel, ckpt)
                 finally:
                     self._remove(container)  # before the output is checked and unmounted
                 check = area.finish()
+                if ckpt is not None and ckpt.area.exceeded is not None:
+                    check = OutputCheck(
+                        0,
+                        0,
+                        Reason.OUTPUT_TOO_LARGE,
+                        ckpt.area.exceeded.message.replace("/output", CHECKPOINT_PATH),
+                    )
+                if ckpt is not None:
+                    ckpt.take_final()  # the state the run ended with: the next attempt's start
         finally:
             self.images.release(spec.image)
         reason, message = _verdict(spec, outcome, check)
@@ -186,11 +210,22 @@ class DockerExecutor:
 
     # ------------------------------------------------------------------ steps
 
-    def _create(self, spec: ExecutionSpec, input_dir: Path | None, area: OutputArea) -> Container:
+    def _create(
+        self,
+        spec: ExecutionSpec,
+        input_dir: Path | None,
+        area: OutputArea,
+        ckpt: CheckpointArea | None = None,
+    ) -> Container:
         limits = spec.limits
         mounts = [Mount("/output", str(area.mount_source), type="bind", read_only=False)]
         if input_dir is not None:
             mounts.append(Mount("/input", str(input_dir.resolve()), type="bind", read_only=True))
+        env = {**FIXED_ENV, **spec.env}
+        if ckpt is not None and spec.checkpoint is not None:
+            mounts.append(Mount(CHECKPOINT_PATH, str(ckpt.path), type="bind", read_only=False))
+            env[ENV_DIR] = CHECKPOINT_PATH
+            env[ENV_INTERVAL] = f"{spec.checkpoint.interval_s:g}"
         ulimits = [
             Ulimit(name="core", soft=0, hard=0),
             Ulimit(name="nofile", soft=4096, hard=4096),
@@ -202,7 +237,7 @@ class DockerExecutor:
         kwargs: dict[str, Any] = {
             "image": spec.image,
             "command": list(spec.command) or None,
-            "environment": {**FIXED_ENV, **spec.env},
+            "environment": env,
             "user": self.user,
             "hostname": "job",
             "domainname": "",
@@ -242,6 +277,7 @@ class DockerExecutor:
         spec: ExecutionSpec,
         area: OutputArea,
         cancel: threading.Event | None,
+        ckpt: CheckpointArea | None = None,
     ) -> _Outcome:
         limits = spec.limits
         # attached before start: nothing is missed
@@ -258,7 +294,17 @@ class DockerExecutor:
             raise ExecutorError(f"the container did not start: {text}") from exc
         started = time.monotonic()
         area.watch(lambda: _kill(container))
-        timed_out, cancelled = _wait(container, limits.timeout_s, cancel)
+        grace = 0.0
+        if ckpt is not None and spec.checkpoint is not None:
+            ckpt.area.watch(lambda: _kill(container))
+            ckpt.start_ticker()
+            grace = spec.checkpoint.grace_s
+        try:
+            timed_out, cancelled = _wait(container, limits.timeout_s, cancel, grace)
+        finally:
+            if ckpt is not None:
+                ckpt.stop_ticker()
+                ckpt.area.stop_watching()
         duration = time.monotonic() - started
         area.stop_watching()
         container.reload()
@@ -339,9 +385,10 @@ def _kill(container: Container) -> None:
 
 
 def _wait(
-    container: Container, timeout_s: float, cancel: threading.Event | None
+    container: Container, timeout_s: float, cancel: threading.Event | None, grace_s: float = 0.0
 ) -> tuple[bool, bool]:
-    """Block until the container exits; kill it at the deadline or on cancel.
+    """Block until the container exits; kill it at the deadline or on cancel (with
+    ``grace_s``: SIGTERM first, SIGKILL when it has not exited ``grace_s`` later).
 
     Returns (timed_out, cancelled).
     """
@@ -360,6 +407,11 @@ def _wait(
             return False, False
         except requests.exceptions.RequestException:
             continue  # a slice ran out (the SDK reports read timeouts as request errors)
+    if grace_s > 0:
+        with contextlib.suppress(docker.errors.APIError):
+            container.kill(signal="SIGTERM")
+        with contextlib.suppress(requests.exceptions.RequestException):
+            container.wait(timeout=grace_s)
     _kill(container)
     with contextlib.suppress(requests.exceptions.RequestException):
         container.wait(timeout=30)

@@ -17,6 +17,7 @@ from scheduler.lifecycle import State
 from scheduler.spot import SETTLED, spot_status
 from scheduler.store import JobRow, NotFoundError, Store
 
+from .checkpoints import progress_view
 from .deps import GridDep, StoreDep
 
 router = APIRouter(tags=["jobs"])
@@ -86,7 +87,9 @@ async def list_jobs(
 
 @router.get(API.JOB)
 async def get_job(job_id: str, store: StoreDep, grid: GridDep) -> dict[str, Any]:
-    """One job: its state and why, the on-chain struct, every attempt and the audit trail."""
+    """One job: its state and why, the on-chain struct, every attempt and the audit trail,
+    and the progress its checkpoints reported (``progress``: step, total, metrics, fraction;
+    null for a job that reported none)."""
     job_id = job_id.lower()
     if not _JOB_ID.match(job_id):
         raise HTTPException(400, f"job_id {job_id!r} must be 0x and 64 hex digits")
@@ -97,6 +100,7 @@ async def get_job(job_id: str, store: StoreDep, grid: GridDep) -> dict[str, Any]
     view = job_view(job, grid.tokens)
     view["attempts"] = await asyncio.to_thread(store.attempts_of, job_id)
     view["audit"] = await asyncio.to_thread(store.audit_of, job_id)
+    view["progress"] = await progress_view(store, job_id)  # a checkpointing job's, else None
     return view
 
 

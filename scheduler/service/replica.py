@@ -23,6 +23,7 @@ from scheduler.collateral import CollateralView
 from scheduler.settings import Duty, Settings
 from scheduler.store import Store
 
+from .checkpoints import CheckpointKeeper
 from .leader import DUTY_LOCK_KEYS, LeaderLock
 from .loops import OutboxLoop, SpecFetcher, Verifier, Wakes, Watch, run_loop, sweep
 from .outbox_rules import OutboxRules
@@ -80,6 +81,7 @@ class Replica:
             )
         self._locks = {d: LeaderLock(self.store, DUTY_LOCK_KEYS[d]) for d in self.duties}
         self._verifier: Verifier | None = None
+        self._keeper: CheckpointKeeper | None = None
         self._wakes = Wakes()
         self.counters: dict[str, int] = {}
         self.specs = SpecFetcher(
@@ -147,6 +149,8 @@ class Replica:
             lock.close()
         if self._verifier is not None:
             self._verifier.close()
+        if self._keeper is not None:
+            self._keeper.close()
         self.specs.close()
         self.ipfs.close()
         self.store.close()
@@ -222,7 +226,11 @@ class Replica:
             lambda: self.wake("outbox"),
             wake=lambda: self.wake("verifier"),
         )
-        return [("verifier", self._verifier.once, 0.5)]
+        # the checkpoint keeper (service/checkpoints.py) uses the same IPFS node
+        self._keeper = CheckpointKeeper(
+            self.store, self.ipfs, self.settings, self.count, wake=lambda: self.wake("keeper")
+        )
+        return [("verifier", self._verifier.once, 0.5), ("keeper", self._keeper.once, 1.0)]
 
     def _run_loops(
         self, loops: list[tuple[str, Callable[[], int], float]], stop: threading.Event

@@ -21,7 +21,10 @@ parts share one connection, not one object each)::
     chain.py       ChainStore(JobStore): the block cursor, escrow events folded into jobs
     claims.py      ClaimStore(JobStore): dispatch rounds (exactly-once leases)
     leases.py      LeaseStore(JobStore): heartbeats, lost leases, deadlines, hand-backs
-    repo.py        Store(ChainStore, ClaimStore, LeaseStore): the facade
+    logs.py        LogStore(AuditStore): live job logs, bounded per job
+    checkpoints.py CheckpointStore(AuditStore): checkpoint reports, the keeper's state, resume
+    repo.py        Store(ChainStore, ClaimStore, LeaseStore, LogStore, CheckpointStore): the
+                   facade
     rows.py        NodeRow, JobRow, OutboxItem, Claim, ClaimedJob and the store's errors
     tables.py      the schema (Alembic migrations in scheduler/migrations/)
     db.py          engines and migration

@@ -144,6 +144,8 @@ attempts = Table(
     Column("ended_at", Float, nullable=True),
     Column("outcome", String(24), nullable=True),  # success | failure | timeout | handed_back ...
     Column("detail", Text, nullable=False, default=""),
+    # the checkpoint (CID) a checkpointing job's attempt started from (Assignment.resume)
+    Column("resume_cid", String(128), nullable=True),
     Index("ix_attempts_job_id", "job_id"),
 )
 
@@ -201,4 +203,33 @@ job_logs = Table(
     Column("chunks", JSON, nullable=False),  # [{stream, ts, text}], text already cleaned
     Index("ix_job_logs_job_id", "job_id", "attempt", "seq", unique=True),
     Index("ix_job_logs_job_id_id", "job_id", "id"),
+)
+
+job_checkpoints = Table(
+    "job_checkpoints",
+    metadata,
+    # one row per checkpoint a node reported (gridmarket.checkpoints.CheckpointReport); the
+    # scheduler's keeper copies the newest of a job to its own IPFS node (kept_at), or says why
+    # not (keep_error), and unpins what it no longer needs (unpinned_at)
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(66), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("node_id", String(24), nullable=False),
+    Column("wallet", String(42), nullable=False),  # the node's wallet, the report's signer
+    Column("cid", String(128), nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("files", Integer, nullable=False),
+    Column("step", BigInteger, nullable=True),  # the job's progress (NULL: none reported)
+    Column("total", BigInteger, nullable=True),
+    Column("metrics", JSON, nullable=True),
+    Column("final", Boolean, nullable=False),
+    Column("taken_at", Float, nullable=False),  # the node's clock
+    Column("received_at", Float, nullable=False),
+    Column("kept_at", Float, nullable=True),  # pinned on the scheduler's IPFS node
+    Column("keep_error", Text, nullable=True),  # why it is not (given up, or superseded)
+    Column("unpinned_at", Float, nullable=True),  # unpinned again (superseded, retention)
+    Column("signature", String(132), nullable=False),
+    Index("ix_job_checkpoints_job_id", "job_id", "attempt", "seq", unique=True),
+    Index("ix_job_checkpoints_kept_at", "kept_at", "keep_error"),
 )

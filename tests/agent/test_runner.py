@@ -43,33 +43,6 @@ CHAIN_ID = 31337
 ESCROW = Account.from_key("0x" + "42" * 32).address
 
 
-@pytest.fixture(scope="module")
-def account() -> LocalAccount:
-    key: LocalAccount = Account.from_key("0x" + "07" * 32)
-    return key
-
-
-@pytest.fixture
-def runner(
-    account: LocalAccount,
-    ipfs_daemon: IpfsDaemon,
-    docker_client: docker.DockerClient,
-    test_image: str,
-    tmp_path: Path,
-) -> JobRunner:
-    return JobRunner(
-        account,
-        storage=lambda: AgentIpfsStore(ipfs_daemon.api_addr, resolve_timeout=2),
-        executors={
-            ExecutorKind.DOCKER: lambda: DockerExecutor(docker_client),
-            ExecutorKind.WASM: WasmExecutor,
-        },
-        work_dir=tmp_path / "work",
-        storage_alive=IpfsProbe(multiaddr_to_url(ipfs_daemon.api_addr)),
-        storage_wait_s=1,
-    )
-
-
 @pytest.fixture
 def dataset_cid(storage: AgentIpfsStore, tmp_path: Path) -> str:
     data = tmp_path / "dataset"
