@@ -1,7 +1,8 @@
 """A job's live logs through the front end: ``GET /api/jobs/{job_id}/logs?after=<id>`` (a page
 of the scheduler's stored lines, as JSON) and ``GET /api/jobs/{job_id}/logs/stream`` (server-sent
 ``log`` events as lines arrive, ``end`` once no run of the job can write more), which the job
-page shows. A replicated job's stream carries every seat's lines, each with its ``seat``.
+page shows. A replicated job's stream carries every seat's lines, each with its ``seat``. And a
+checkpointing job's progress: ``GET /api/jobs/{job_id}/checkpoints`` (:mod:`.progress`).
 
 Lines are the scheduler's (``gridmarket.joblogs``: text already cleaned of control characters);
 the page inserts them as text, never as HTML.
@@ -18,6 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
+from . import progress
 from .api import BackendDep, _job_id
 from .backend import Backend
 from .records import NotFoundError
@@ -127,3 +129,20 @@ async def job_logs_stream(job_id: str, request: Request, b: BackendDep) -> Strea
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+
+
+@router.get("/jobs/{job_id}/checkpoints")
+async def job_checkpoints(job_id: str, b: BackendDep) -> dict[str, Any]:
+    """A checkpointing job's newest checkpoint, what a new attempt resumes from and its
+    progress points, oldest first: the scheduler's answer (``JOB_CHECKPOINTS``) checked and
+    bounded by :func:`frontend_api.progress.normalize`; empty while the scheduler does not know
+    the job (as ``/api/jobs/{id}/logs``). For ``gridmarket progress``."""
+    jid = _job_id(job_id)
+    doc = progress.normalize(await b.scheduler.checkpoints(jid)) or {
+        "policy": None,
+        "latest": None,
+        "resume": None,
+        "points": [],
+        "keep_points": None,
+    }
+    return {**doc, "job_id": jid}

@@ -26,6 +26,7 @@ from typing import Any
 from fastapi import HTTPException
 from fastapi.responses import StreamingResponse
 
+from . import progress
 from .backend import Backend, dumps
 from .records import NotFoundError
 from .web import env
@@ -33,6 +34,8 @@ from .web import env
 log = logging.getLogger(__name__)
 
 PING = ": ping\n\n"
+
+env.globals["job_progress"] = progress.page_view  # the progress card of _job_live.html
 
 
 def stable(view: dict[str, Any]) -> dict[str, Any]:
@@ -106,7 +109,9 @@ class JobFeeds:
 
         async def view(job_id: str) -> dict[str, Any]:
             await b.refresh()
-            return await b.job_view(job_id)
+            found = await b.job_view(job_id)
+            await progress.attach(b.scheduler, found)  # a checkpointing job's progress
+            return found
 
         def render(view: dict[str, Any]) -> str | None:
             return template.render(view=view, b=b) if "state" in view else None

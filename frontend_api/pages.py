@@ -20,7 +20,7 @@ from gridmarket.escrow import MAX_REPLICAS, ZERO_ADDRESS
 from gridmarket.ipfs import ContentTooLargeError, ContentVerificationError, IpfsError
 from gridmarket.tiers import REGIONS, TIERS
 
-from . import svg
+from . import progress, svg
 from .api import (
     VERIFICATIONS,
     BackendDep,
@@ -168,6 +168,7 @@ async def job_page(job_id: str, request: Request, b: BackendDep) -> Response:
     await b.refresh(force=True)
     try:
         view = await b.job_view(jid)
+        await progress.attach(b.scheduler, view)
     except NotFoundError:
         # Just sent: the page waits for JobCreated (the stream picks it up).
         view = {"job_id": jid, "missing": "waiting for the job to appear on-chain"}

@@ -6,6 +6,7 @@ from typing import Any
 
 import httpx
 
+from gridmarket.checkpoints import JOB_CHECKPOINTS
 from gridmarket.joblogs import JOB_LOGS
 from gridmarket.wire import API
 
@@ -97,6 +98,17 @@ class SchedulerClient:
         response = await self._request(
             "GET", JOB_LOGS.format(job_id=job_id), params={"after": after}
         )
+        if response.status_code in (404, 405):
+            return None
+        data: dict[str, Any] = self._json(response)
+        return data
+
+    async def checkpoints(self, job_id: str) -> dict[str, Any] | None:
+        """A checkpointing job's newest checkpoints and progress points
+        (``gridmarket.checkpoints.JOB_CHECKPOINTS``, as JSON: hostile, see
+        :func:`frontend_api.progress.normalize`); None while the scheduler does not know the job
+        (404, or a scheduler without checkpoints)."""
+        response = await self._request("GET", JOB_CHECKPOINTS.format(job_id=job_id))
         if response.status_code in (404, 405):
             return None
         data: dict[str, Any] = self._json(response)

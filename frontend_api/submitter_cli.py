@@ -4,6 +4,7 @@
     gridmarket submit job.yaml    upload its files, fund it from the keystore, print the job
     gridmarket status JOB         state on-chain and at the scheduler (--follow to watch)
     gridmarket logs JOB           attempts and log lines (-f follows them live)
+    gridmarket progress JOB       a checkpointing job's progress and checkpoints (-f follows)
     gridmarket get JOB|CID        download the output, checked against its CID
     gridmarket cancel JOB         take the bounty back before anyone is assigned
     gridmarket refund JOB         take the bounty back after the deadline
@@ -891,6 +892,10 @@ def status(
                 else f"not upheld: provider slashed {money(r['slashed_wei'], cur)}"
             )
             rows.append(("ruling", f"attempt {r['attempt']}: {verdict}"))
+    if sched.get("progress"):  # a checkpointing job's newest progress (gridmarket progress)
+        from .progress import normalize_progress, summary
+
+        rows.append(("progress", summary(normalize_progress(sched["progress"]))))
     rows.append(("output", view.get("output_cid") or "-"))
     group = view.get("group")
     if group:
@@ -930,6 +935,27 @@ def logs(
     fe = Frontend(_opts(ctx).url)
     try:
         show_logs(fe, parse_job_id(job_id), follow=follow, timeout=timeout, echo=typer.echo)
+    finally:
+        fe.close()
+
+
+@app.command()
+@friendly
+def progress(
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(help="the job id (0x...)")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="keep showing it until no run is left")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="seconds --follow waits at most")] = 86400.0,
+) -> None:
+    """A checkpointing job's progress (step/total, metrics), its newest checkpoint and what a
+    new attempt resumes from; ``-f`` follows it (frontend_api/submitter_progress.py)."""
+    from .submitter_progress import show_progress
+
+    fe = Frontend(_opts(ctx).url)
+    try:
+        show_progress(fe, parse_job_id(job_id), follow=follow, timeout=timeout, echo=typer.echo)
     finally:
         fe.close()
 
