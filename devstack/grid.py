@@ -66,6 +66,7 @@ from .mediator import MediatorProcess
 from .registry import Registry
 from .registry import free_port as free_host_port
 from .scheduler import SchedulerProcess
+from .torch_image import publish_torch_image
 
 if TYPE_CHECKING:
     from gridmarket.lightchain import LightEscrowClient
@@ -156,6 +157,25 @@ class LocalGrid(DevRoles):
     python_image: str | None = None
     """The Python data job's image (python3 + numpy) pinned in the devnet's registry; None when
     no dockerd runs or its .debs are not cached (scripts/setup_services.sh)."""
+    torch_image: str | None = None
+    """The training example's image (python3 + PyTorch, devstack/torch_image.py) pinned in the
+    devnet's registry, once :meth:`publish_torch` pushed it (on demand: it is ~600 MB)."""
+
+    def publish_torch(self) -> str:
+        """Build (if needed) and push the PyTorch image to the devnet's registry; its pinned
+        reference (the agents pull it by digest; the layers stay in the shared engine)."""
+        if self.torch_image is not None:
+            return self.torch_image
+        if self.dockerd is None or self.registry is None:
+            raise ServiceError(f"no Docker jobs on this grid: {self.docker_note}")
+        client = docker.DockerClient(base_url=self.dockerd.host)
+        try:
+            ref = publish_torch_image(client, self.registry.host)
+            client.images.remove(ref)
+        finally:
+            client.close()
+        self.torch_image = ref
+        return ref
 
     @property
     def ipfs_daemon(self) -> IpfsDaemon:
@@ -188,6 +208,7 @@ class LocalGrid(DevRoles):
             "registry": self.registry.host if self.registry else None,
             "busybox_image": self.busybox_image,
             "python_image": self.python_image,
+            "torch_image": self.torch_image,
             "scheduler_url": self.scheduler.url,
             "mediator": self.accounts[10].address,
             "mediator_log": str(self.mediator_process.log_path),

@@ -8,7 +8,10 @@ distinct wallets. A submitter then funds jobs that do real work on the dataset i
 examples/datasets/gpu-hours: a Docker job (busybox awk: GPU-hours and mean price per tier), a
 WASM job (examples/wasm/csvstats.wat: bytes, lines and fields) and a Python data job (python3 +
 numpy, examples/python/hours_regression.py: a least-squares fit of the price per GPU-hour on tier
-and region, result.json and plot.svg). The scheduler matches them, the
+and region, result.json and plot.svg) and a PyTorch training job that checkpoints as it goes
+(examples/python/train_mlp.py: an MLP, its model, metrics and loss curve; the agent copies its
+/checkpoint every 10 s and the scheduler keeps the newest copy, so a lost node's successor would
+resume from it). The scheduler matches them, the
 agents run them sandboxed and upload the outputs, the scheduler verifies each output CID against
 its bytes (an integrity check: the output exists and hashes to its CID) and pays on-chain: the
 first job on the escrow's trustless terms (its result is relayed and paid once the challenge
@@ -39,8 +42,10 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from devstack._process import ServiceError  # noqa: E402
 from devstack.grid import LocalGrid, run_grid  # noqa: E402
 from devstack.images import PYTHON_SCRIPT_IN_IMAGE  # noqa: E402
+from devstack.torch_image import TRAIN_SCRIPT_IN_IMAGE  # noqa: E402
 from gridmarket.escrow import Status  # noqa: E402
 from gridmarket.token import ETH_TOKEN, TokenClient, by_address, tokens_of  # noqa: E402
 from gridmarket.wire import JobSpec  # noqa: E402
@@ -111,12 +116,33 @@ def specs(grid: LocalGrid, dataset_cid: str, module_cid: str) -> list[JobSpec]:
                 }
             )
         )
+    if grid.dockerd is not None and grid.torch_image:
+        jobs.append(
+            JobSpec.model_validate(
+                {
+                    "name": "train an MLP (pytorch, checkpointing)",
+                    "executor": "docker",
+                    "image": grid.torch_image,  # pinned by digest in the devnet's registry
+                    "command": ["python3", TRAIN_SCRIPT_IN_IMAGE],
+                    "env": {
+                        "TRAIN_STEPS": "3000",
+                        "CHECKPOINT_EVERY": "200",
+                        "LOG_EVERY": "500",
+                        "STEP_SLEEP_S": "0.004",
+                    },
+                    # the agent copies /checkpoint every 10 s; a lost node's successor resumes
+                    "checkpoint": {"interval_s": 10, "max_bytes": 16 << 20},
+                    "resources": {"cpu_cores": 1, "ram_mib": 512, "disk_mib": 64},
+                    "limits": {"timeout_s": 180, "output_max_bytes": 8 << 20},
+                }
+            )
+        )
     return jobs
 
 
 def table(rows: dict[str, dict[str, str]]) -> Table:
     t = Table(title="jobs", expand=False)
-    for col in ("job", "name", "state", "node", "why"):
+    for col in ("job", "name", "state", "node", "progress", "why"):
         t.add_column(col, overflow="fold", max_width=60 if col == "why" else None)
     colors = {"released": "green", "failed": "red", "invalid": "red", "expired": "red"}
     for job_id, r in rows.items():
@@ -126,6 +152,7 @@ def table(rows: dict[str, dict[str, str]]) -> Table:
             r["name"],
             f"[{color}]{r['state']}[/]",
             r.get("node") or "",
+            r.get("progress", ""),
             r.get("reason", ""),
         )
     return t
@@ -171,6 +198,13 @@ def demo(grid: LocalGrid, args: argparse.Namespace, started: float) -> int:
     log(f"grid up in {time.monotonic() - started:.1f} s")
     for key, value in grid.describe().items():
         console.print(f"  {key:<16} {value}")
+    if grid.dockerd is not None:
+        with console.status("building and pushing the PyTorch image (~600 MB; cached after)"):
+            t0 = time.monotonic()
+            try:
+                log(f"pytorch image {grid.publish_torch()} ({time.monotonic() - t0:.1f} s)")
+            except ServiceError as exc:  # its .debs are not cached: no training job
+                log(f"[yellow]no PyTorch job: {exc}[/]")
     dataset_cid = grid.ipfs.add_dir(DATASET)
     module_cid = grid.ipfs.add_bytes(bytes(wasmtime.wat2wasm(WASM.read_text())))
     log(f"dataset {DATASET.relative_to(ROOT)} -> {dataset_cid}")
@@ -246,6 +280,9 @@ def demo(grid: LocalGrid, args: argparse.Namespace, started: float) -> int:
                 row.update(state=j["state"], node=j["node_id"] or row.get("node", ""))
                 row["reason"] = j["reason"]
                 row["output_cid"] = j["output_cid"] or ""
+                p = j.get("progress")  # a checkpointing job's last reported step
+                if p:
+                    row["progress"] = f"step {p['step']}" + (f"/{p['total']}" if p["total"] else "")
             live.update(table(jobs))
             if all(r["state"] in FINAL for r in jobs.values()):
                 break
@@ -304,10 +341,22 @@ def report(grid: LocalGrid, jobs: dict[str, dict[str, str]]) -> int:
         path = grid.ipfs.fetch(row["output_cid"], target, 1 << 20)  # verified against its CID
         for f in sorted(p for p in path.rglob("*") if p.is_file()):
             console.rule(f"{row['name']}: {f.relative_to(path)}")
-            if f.suffix == ".svg":  # a plot: its path, not 30 KB of markup
-                console.print(f"{f.stat().st_size} bytes of SVG: {f}")
+            if f.suffix in (".svg", ".pt"):  # a plot, a model: the path, not the bytes
+                console.print(f"{f.stat().st_size:,} bytes: {f}")
                 continue
-            console.print(f.read_text().rstrip())
+            text = f.read_text().rstrip().splitlines()
+            if len(text) > 12:  # a long CSV: its head and tail
+                text = [*text[:5], f"... ({len(text) - 10} more lines)", *text[-5:]]
+            console.print("\n".join(text))
+        if row.get("progress"):
+            doc = grid.api(f"/v1/jobs/{job_id}/checkpoints")
+            latest = doc.get("latest") or {}
+            log(
+                f"{row['name']}: {len(doc.get('points') or [])} checkpoint(s) reported, the "
+                f"last at step {(latest.get('progress') or {}).get('step', '?')} "
+                f"({latest.get('size', 0):,} bytes, kept on the scheduler's IPFS node: "
+                f"{latest.get('kept')})"
+            )
         if not console.is_terminal:  # one line per payout: nothing wrapped or cut in a pipe
             console.print(
                 f"paid job {job_id} output {row['output_cid']} provider {ev.args['provider']} "

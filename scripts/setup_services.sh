@@ -8,6 +8,9 @@
 #     (built on demand by devstack/images.py, then pushed to that local registry);
 #   - the .debs of Debian's python3 + numpy (their dependency closure), cached under
 #     .cache/debs/python-numpy/, the rootfs of the Python data job's image (devstack/images.py);
+#   - the .debs of Debian's python3 + torch 1.13 (their dependency closure), cached under
+#     .cache/debs/python-torch/, the rootfs of the training example's image
+#     (devstack/torch_image.py);
 #   - Debian's chromium, the browser of the front end's tests (driven by npm playwright-core:
 #     its own browser download cannot work offline).
 # js-ipfs is an npm dependency (package.json), installed by `npm ci` in scripts/setup.sh.
@@ -83,51 +86,65 @@ if ! compgen -G "$DEBS/busybox-static_*.deb" >/dev/null; then
   fi
 fi
 
-# ---------------------------------------------------------------- python3 + numpy .debs
-# The rootfs of gridmarket/python-numpy:test (devstack/images.py): the whole dependency closure of
-# python3-minimal and python3-numpy, as apt resolves it for an empty system (an empty dpkg status
-# file: packages installed on this host count as missing, unlike `apt-get install --download-only`,
-# which would skip them), minus dpkg and tar (pre-dependencies of python3-minimal's maintainer
-# scripts, which the image never runs). ~45 packages, ~23 MB, 3-14 s. closure.txt lists the .debs
-# and is written last: its presence, with every .deb it names, means done.
-PYDEBS=$DEBS/python-numpy
-PYPKGS=(python3-minimal python3-numpy)
-py_debs_ok() {
-  [ -f "$PYDEBS/closure.txt" ] || return 1
+# ---------------------------------------------------------------- python3 + numpy, + torch .debs
+# The rootfs of gridmarket/python-numpy:test (devstack/images.py) and gridmarket/python-torch:test
+# (devstack/torch_image.py): the whole dependency closure of the named packages, as apt resolves
+# it for an empty system (an empty dpkg status file: packages installed on this host count as
+# missing, unlike `apt-get install --download-only`, which would skip them), minus dpkg and tar
+# (pre-dependencies of python3-minimal's maintainer scripts, which the images never run).
+#   python-numpy: python3-minimal python3-numpy, ~45 packages, ~23 MB, 3-14 s;
+#   python-torch: python3-minimal python3-torch (1.13), ~390 packages, ~260 MB. libtorch1.13 needs
+#     OpenCV, FFmpeg, GDAL, Qt...: all are downloaded (that is the closure apt installs), and the
+#     image keeps only the shared libraries torch and python really load (ELF DT_NEEDED closure,
+#     devstack/torch_image.py), so libtorch-test (a hard dependency) and most of the rest stay out.
+# closure.txt lists the .debs and is written last: its presence, with every .deb it names, means
+# done.
+debs_ok() {  # debs_ok DIR: closure.txt and every .deb it names are there
+  [ -f "$1/closure.txt" ] || return 1
   local f
-  while read -r f; do [ -f "$PYDEBS/$f" ] || return 1; done <"$PYDEBS/closure.txt"
+  while read -r f; do [ -f "$1/$f" ] || return 1; done <"$1/closure.txt"
 }
-if ! py_debs_ok; then
-  say "apt-get download ${PYPKGS[*]} and their dependency closure -> $PYDEBS/"
-  py_closure() {
-    local empty
-    empty=$(mktemp)
-    apt-get -s -q -o Dir::State::status="$empty" install --no-install-recommends "${PYPKGS[@]}" \
-      2>/dev/null | awk '$1 == "Inst" { v = $3; gsub(/[()]/, "", v); print $2 "=" v }' \
-      | grep -v -E '^(dpkg|tar)='
-    rm -f "$empty"
-  }
-  py_download() {  # the closure into a fresh $PYDEBS.tmp; fails unless every .deb came
-    local pins want got
-    pins=$(py_closure || true)
-    [ -n "$pins" ] || return 1
-    rm -rf "$PYDEBS.tmp" && mkdir -p "$PYDEBS.tmp"
-    # As root into a root-owned dir apt warns that it downloads unsandboxed: expected, filtered
-    # out; success is judged by the count of .debs.
-    # shellcheck disable=SC2086 # one pkg=version per word
-    (cd "$PYDEBS.tmp" && apt-get download -q $pins 2>&1 >/dev/null) \
-      | { grep -v '^W: Download is performed unsandboxed' >&2 || true; } || true
-    want=$(wc -w <<<"$pins")
-    got=$(find "$PYDEBS.tmp" -maxdepth 1 -name '*.deb' | wc -l)
-    [ "$got" = "$want" ] || { say "got $got of $want .debs"; return 1; }
-  }
-  if ! py_download; then  # empty or stale apt lists: update once, then it must work
+debs_closure() {  # debs_closure PKG...: pkg=version per line, the closure for an empty system
+  local empty
+  empty=$(mktemp)
+  apt-get -s -q -o Dir::State::status="$empty" install --no-install-recommends "$@" \
+    2>/dev/null | awk '$1 == "Inst" { v = $3; gsub(/[()]/, "", v); print $2 "=" v }' \
+    | grep -v -E '^(dpkg|tar)='
+  rm -f "$empty"
+}
+debs_download() {  # debs_download DIR PKG...: the closure into a fresh DIR.tmp; fails unless every .deb came
+  local dir=$1 pins want got
+  shift
+  pins=$(debs_closure "$@" || true)
+  [ -n "$pins" ] || return 1
+  rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
+  # As root into a root-owned dir apt warns that it downloads unsandboxed: expected, filtered
+  # out; success is judged by the count of .debs.
+  # shellcheck disable=SC2086 # one pkg=version per word
+  (cd "$dir.tmp" && apt-get download -q $pins 2>&1 >/dev/null) \
+    | { grep -v '^W: Download is performed unsandboxed' >&2 || true; } || true
+  want=$(wc -w <<<"$pins")
+  got=$(find "$dir.tmp" -maxdepth 1 -name '*.deb' | wc -l)
+  [ "$got" = "$want" ] || { say "got $got of $want .debs"; return 1; }
+}
+debs_cache() {  # debs_cache DIR PKG...: download the closure of PKG... into DIR once
+  local dir=$1 started
+  shift
+  debs_ok "$dir" && return 0
+  say "apt-get download $* and their dependency closure -> $dir/"
+  started=$(date +%s)
+  if ! debs_download "$dir" "$@"; then  # empty or stale apt lists: update once, then it must work
     "${SUDO[@]}" apt-get update -q >/dev/null
-    py_download || die "apt-get download of the ${PYPKGS[*]} closure failed"
+    debs_download "$dir" "$@" || die "apt-get download of the $* closure failed"
   fi
-  (cd "$PYDEBS.tmp" && ls -1 -- *.deb >closure.txt)
-  rm -rf "$PYDEBS" && mv "$PYDEBS.tmp" "$PYDEBS"
-fi
+  (cd "$dir.tmp" && ls -1 -- *.deb >closure.txt)
+  rm -rf "$dir" && mv "$dir.tmp" "$dir"
+  say "$dir: $(wc -l <"$dir/closure.txt") .debs, $(du -sh "$dir" | cut -f1), $(($(date +%s) - started)) s"
+}
+PYDEBS=$DEBS/python-numpy
+debs_cache "$PYDEBS" python3-minimal python3-numpy
+TORCHDEBS=$DEBS/python-torch
+debs_cache "$TORCHDEBS" python3-minimal python3-torch
 
 # The store and replica tests need a PostgreSQL server on 127.0.0.1:5432 that lets the local
 # `postgres` role in without a password (GRIDMARKET_PG_ADMIN_URL points elsewhere). When none
@@ -157,4 +174,4 @@ if [ -z "${GRIDMARKET_PG_ADMIN_URL:-}" ] && ! pg_up; then
   pg_up || die "PostgreSQL $pgver/$pgcluster did not start listening on 127.0.0.1:5432"
 fi
 
-say "ready (dockerd: $(command -v dockerd), docker-registry, busybox: $(ls "$DEBS"/busybox-static_*.deb), python3 + numpy: $(wc -l <"$PYDEBS/closure.txt") .debs, chromium, PostgreSQL)"
+say "ready (dockerd: $(command -v dockerd), docker-registry, busybox: $(ls "$DEBS"/busybox-static_*.deb), python3 + numpy: $(wc -l <"$PYDEBS/closure.txt") .debs, python3 + torch: $(wc -l <"$TORCHDEBS/closure.txt") .debs, chromium, PostgreSQL)"

@@ -13,6 +13,7 @@ for the next. The replica test builds its own grid on PostgreSQL. Liveness timin
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import threading
 import time
@@ -34,6 +35,7 @@ from devstack.grid import (
     wait_nodes,
 )
 from devstack.images import BUSYBOX_IMAGE
+from devstack.torch_image import TRAIN_SCRIPT_IN_IMAGE
 from gridmarket.chain import ChainError
 from gridmarket.escrow import ZERO_ADDRESS
 from gridmarket.wire import JobSpec, NodeCapacityIn
@@ -211,6 +213,64 @@ class TestOneGrid:
         wait_online(grid)
         # registered only after its start-up removed what the killed run left in dockerd
         assert containers_of(grid, first) == [], "the killed agent's container is left"
+
+    @pytest.mark.timeout(480)
+    def test_killed_mid_training_the_job_resumes_elsewhere(
+        self, grid: LocalGrid, tmp_path: Path
+    ) -> None:
+        """The PyTorch example (examples/python/train_mlp.py) as a job: SIGKILL the agent
+        training it once the scheduler keeps one of its checkpoints. The next node starts from
+        that checkpoint (its log says so), not from step 0; the loss curve in the output runs
+        over every step with one resume in it; the second provider is paid once."""
+        image = grid.publish_torch()  # ~600 MB, pushed once per grid; the engine keeps layers
+        steps = 1500  # ~35 s of training at 20 ms a step; checkpoints every 10 s
+        spec = JobSpec.model_validate(
+            {
+                "name": "train-mlp",
+                "executor": "docker",
+                "image": image,
+                "command": ["python3", TRAIN_SCRIPT_IN_IMAGE],
+                "env": {
+                    "TRAIN_STEPS": str(steps),
+                    "CHECKPOINT_EVERY": "50",
+                    "LOG_EVERY": "100",
+                    "STEP_SLEEP_S": "0.02",
+                },
+                "checkpoint": {"interval_s": 10, "max_bytes": 16 << 20},
+                "resources": {"cpu_cores": 1, "ram_mib": 512, "disk_mib": 64},
+                "limits": {"timeout_s": 90, "output_max_bytes": 8 << 20},
+            }
+        )
+        job = fund(grid, spec)
+        first = wait_running(grid, job)
+        path = f"/v1/jobs/{job.job_id}/checkpoints"
+        kept = wait_for("a kept checkpoint", lambda: grid.api(path).get("resume"), 60, every=0.5)
+        grid.kill_agent(first)  # SIGKILL: its checkpoint is on the scheduler's own IPFS node
+        view = wait_job(grid, job, {"released"}, 240)  # the dead node's hold: 90 s + 5 s
+        attempts = view["attempts"]
+        assert [(a["attempt"], a["outcome"]) for a in attempts] == [(1, "timeout"), (2, "success")]
+        second = agent_of(grid, attempts[1]["node_id"])
+        assert second.name != first.name
+        kept_step = kept["progress"]["step"]
+        assert 0 < kept_step < steps
+        lines = grid.api(f"/v1/jobs/{job.job_id}/logs?limit=1000")["lines"]
+        second_lines = [line["text"] for line in lines if line["attempt"] == 2]
+        assert any(t.startswith(f"[resuming from checkpoint {kept['cid']}") for t in second_lines)
+        started = [t for t in second_lines if t.startswith("resuming from step ")]
+        assert started and int(started[0].split()[-1]) >= kept_step, second_lines
+        out = grid.ipfs.fetch(view["output_cid"], tmp_path / "out", 8 << 20)  # checked
+        assert {"model.pt", "metrics.json", "loss.csv", "loss.svg"} <= {
+            f.name for f in out.iterdir()
+        }
+        files = {name: (out / name).read_text() for name in ("metrics.json", "loss.csv")}
+        metrics = json.loads(files["metrics.json"])
+        assert metrics["steps"] == steps and metrics["resumes"] == 1, metrics
+        assert kept_step <= metrics["resumed_at"][0] < steps
+        rows = [line.split(",") for line in files["loss.csv"].splitlines()[1:]]
+        assert [int(r[0]) for r in rows] == list(range(1, steps + 1))  # no gap, no restart
+        assert_paid_once(grid, job, second.account.address)
+        grid.restart_agent(first)
+        wait_online(grid)
 
     def test_scheduler_killed_and_restarted_mid_flight(
         self, grid: LocalGrid, inputs: Inputs

@@ -27,6 +27,7 @@ from eth_account.signers.local import LocalAccount
 from devstack._process import ManagedProcess
 from devstack.dockerd import Dockerd
 from devstack.images import publish_python_image
+from devstack.torch_image import publish_torch_image
 from gridmarket.cid import bytes_cid, path_cid
 from gridmarket.escrow import Status
 from gridmarket.keystore import create_keystore, keystore_address
@@ -95,7 +96,12 @@ def test_init_creates_or_imports_a_keystore_and_never_overwrites_one(
     assert wrong.returncode == 1 and "wrong password" in wrong.stderr
 
 
-EXAMPLE_FILES = ["wasm-csvstats.yaml", "docker-hours-by-tier.yaml", "python-hours-regression.yaml"]
+EXAMPLE_FILES = [
+    "wasm-csvstats.yaml",
+    "docker-hours-by-tier.yaml",
+    "python-hours-regression.yaml",
+    "train-mlp.yaml",
+]
 DATA = ROOT / "examples" / "datasets" / "gpu-hours" / "data.csv"
 NEWLINE = b"\n"
 DOCKER_AGENT_PASSWORD = "cli-docker-agent"
@@ -175,6 +181,7 @@ def example_runs(
     stack = frontend_stack
     registry = stack.get("/api/info").json()["registry"]
     publish_python_image(docker_client, registry)  # the stack's registry holds busybox only
+    publish_torch_image(docker_client, registry)
     agent, docker_provider = _start_docker_agent(
         stack, dockerd, tmp_path_factory.mktemp("docker-agent")
     )
@@ -333,6 +340,17 @@ def test_every_example_runs_as_the_docs_show_until_released(
     elif example == "docker-hours-by-tier.yaml":
         assert view["chain"]["bounty_wei"] == str(2 * 10**15)
         assert (out / "hours-by-tier.txt").read_text() == _expected_hours_by_tier()
+    elif example == "train-mlp.yaml":
+        assert sorted(p.name for p in out.iterdir()) == [
+            "loss.csv", "loss.svg", "metrics.json", "model.pt",
+        ]  # fmt: skip
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["steps"] == 3000 and metrics["resumes"] == 0, metrics
+        rows = (out / "loss.csv").read_text().splitlines()
+        assert rows[0] == "step,loss" and len(rows) > 100
+        progress = gm(stack, home, "progress", job_id)  # the job's checkpoints, as docs show
+        assert progress.returncode == 0, progress.stderr
+        assert "3000" in progress.stdout or "100 %" in progress.stdout, progress.stdout
     else:
         assert view["chain"]["bounty_wei"] == str(3 * 10**15)
         assert sorted(p.name for p in out.iterdir()) == ["plot.svg", "result.json"]
