@@ -26,8 +26,7 @@ from gridmarket.checkpoints import CheckpointRef, CheckpointReport, Progress
 from scheduler.lifecycle import OPEN, State
 
 from .audit import AuditStore
-from .logs import LATE_S, NotAssigneeError
-from .rows import ConflictError
+from .logs import check_assignee
 from .tables import attempts, job_checkpoints, jobs
 
 __all__ = ["SETTLED_STATES", "CheckpointStore", "checkpoint_view"]
@@ -92,21 +91,7 @@ class CheckpointStore(AuditStore):
         progress = report.progress
         try:
             with self.engine.begin() as conn:
-                row = conn.execute(
-                    select(attempts.c.node_id, attempts.c.ended_at)
-                    .where(attempts.c.job_id == job_id, attempts.c.attempt == report.attempt)
-                    .order_by(attempts.c.id.desc())
-                    .limit(1)
-                ).first()
-                if row is None or row.node_id != node_id:
-                    raise NotAssigneeError(
-                        f"attempt {report.attempt} of job {job_id} is not leased to node {node_id}"
-                    )
-                if row.ended_at is not None and row.ended_at < now - LATE_S:
-                    raise ConflictError(
-                        f"attempt {report.attempt} of job {job_id} ended "
-                        f"{now - row.ended_at:.0f} s ago"
-                    )
+                check_assignee(conn, job_id, report.attempt, node_id, now)
                 seen = conn.execute(
                     select(_C.id).where(
                         _C.job_id == job_id, _C.attempt == report.attempt, _C.seq == report.seq

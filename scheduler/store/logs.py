@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import Connection, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from .audit import AuditStore
 from .rows import ConflictError, NotFoundError
 from .tables import attempts, job_logs, jobs
 
-__all__ = ["LATE_S", "LogStore", "NotAssigneeError"]
+__all__ = ["LATE_S", "LogStore", "NotAssigneeError", "check_assignee"]
 
 LATE_S = 60.0
 """How long after its attempt ended a node's batches are still taken."""
@@ -26,6 +26,23 @@ LATE_S = 60.0
 
 class NotAssigneeError(ConflictError):
     """The posting node is not the one the attempt was leased to (or no such attempt)."""
+
+
+def check_assignee(conn: Connection, job_id: str, attempt: int, node_id: str, now: float) -> None:
+    """Whether ``node_id`` may post for ``attempt`` of ``job_id`` (live logs, checkpoints): the
+    attempt was leased to it and runs, or ended at most :data:`LATE_S` ago. Raises
+    :class:`NotAssigneeError` or :class:`ConflictError` naming why not."""
+    row = conn.execute(
+        select(attempts.c.node_id, attempts.c.ended_at)
+        .where(attempts.c.job_id == job_id, attempts.c.attempt == attempt)
+        .order_by(attempts.c.id.desc())
+        .limit(1)
+    ).first()
+    if row is None or row.node_id != node_id:
+        raise NotAssigneeError(f"attempt {attempt} of job {job_id} is not leased to node {node_id}")
+    if row.ended_at is not None and row.ended_at < now - LATE_S:
+        ago = now - row.ended_at
+        raise ConflictError(f"attempt {attempt} of job {job_id} ended {ago:.0f} s ago")
 
 
 class LogStore(AuditStore):
@@ -49,20 +66,7 @@ class LogStore(AuditStore):
         chars = sum(len(c["text"]) for c in chunks)
         try:
             with self.engine.begin() as conn:
-                row = conn.execute(
-                    select(attempts.c.node_id, attempts.c.ended_at)
-                    .where(attempts.c.job_id == job_id, attempts.c.attempt == attempt)
-                    .order_by(attempts.c.id.desc())
-                    .limit(1)
-                ).first()
-                if row is None or row.node_id != node_id:
-                    raise NotAssigneeError(
-                        f"attempt {attempt} of job {job_id} is not leased to node {node_id}"
-                    )
-                if row.ended_at is not None and row.ended_at < now - LATE_S:
-                    raise ConflictError(
-                        f"attempt {attempt} of job {job_id} ended {now - row.ended_at:.0f} s ago"
-                    )
+                check_assignee(conn, job_id, attempt, node_id, now)
                 seen = conn.execute(
                     select(job_logs.c.id).where(
                         job_logs.c.job_id == job_id,
