@@ -61,20 +61,15 @@ from devstack.grid import AgentProcess, LocalGrid, run_grid, wait_nodes  # noqa:
 from gridmarket.chain import EscrowClient  # noqa: E402
 from gridmarket.checkpoints import CheckpointPolicy  # noqa: E402
 from gridmarket.wire import API, JobSpec  # noqa: E402
-from tests.e2e.support import FINAL, Funded, docker_spec, fund, money  # noqa: E402
-
-FAST = {  # tests/e2e/conftest.py: liveness in seconds (a dead node is offline after 5 s)
-    "heartbeat_interval_s": "1",
-    "node_timeout_s": "5",
-    "lease_ttl_s": "5",
-    "sweep_interval_s": "0.5",
-    "long_poll_max_s": "5",
-    "chain_poll_s": "0.1",
-    "dispatch_tick_s": "0.1",
-    "verify_timeout_s": "4",
-    "verify_patience_s": "30",
-}
-FAST_ESCROW = {"challenge_window": 12, "reassign_delay": 6}
+from tests.e2e.support import (  # noqa: E402 - the e2e grid's timings and helpers
+    FAST,
+    FAST_ESCROW,
+    FINAL,
+    Funded,
+    docker_spec,
+    fund,
+    money,
+)
 
 # The job: a step count kept in the checkpoint directory when there is one (else in /tmp, lost
 # with the container). Written to a temporary name and renamed, progress.json last.

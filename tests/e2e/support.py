@@ -51,6 +51,28 @@ SMALL = {"cpu_cores": 1, "ram_mib": 256, "disk_mib": 64}
 # --------------------------------------------------------------------------- jobs
 
 
+FAST = {
+    "heartbeat_interval_s": "1",
+    "node_timeout_s": "5",
+    "lease_ttl_s": "5",
+    "sweep_interval_s": "0.5",
+    "long_poll_max_s": "5",
+    "chain_poll_s": "0.1",
+    "dispatch_tick_s": "0.1",
+    "verify_timeout_s": "4",
+    "verify_patience_s": "30",
+}
+"""Liveness in seconds instead of tens of seconds: heartbeats every 1 s, a node silent for 5 s
+is offline, a lease not renewed for 5 s is lost, a fetch of an output gives up after 4 s
+and an output still unreachable 30 s after the first miss is rejected."""
+
+
+FAST_ESCROW = {"challenge_window": 12, "reassign_delay": 6}
+"""A result nobody disputes is paid 12 s after it is posted (time for the mediator to find an
+output missing: it fetches for 4 s); the operator may take a job back from a silent node 6 s
+after assigning it (a lease is lost after 5 s)."""
+
+
 def docker_spec(
     name: str,
     script: str,
