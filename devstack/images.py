@@ -238,22 +238,64 @@ def python_debs(deb_dir: Path = _PY_DEB_DIR) -> list[Path]:
     return debs
 
 
+ALTERNATIVES = ("blas/libblas.so.3", "lapack/liblapack.so.3")
+"""The links update-alternatives (a maintainer script, never run here) would make."""
+
+
+class RootfsTar:
+    """A job image's root file system written as one tar from .deb members: the first copy of a
+    path wins, hard links keep their archive targets, the BLAS/LAPACK alternatives' links are
+    made, and :meth:`finish` adds the sandbox's skeleton (``/input``, ``/output``, ``/tmp``,
+    ``nobody`` 65534). Counts regular files and their bytes. Shared by this module's python3 +
+    numpy image and devstack/torch_image.py."""
+
+    def __init__(self, tar: tarfile.TarFile) -> None:
+        self.tar = tar
+        self.seen: set[str] = set()
+        self.files = self.size = 0
+        self.now = int(time.time())
+
+    def add(self, name: str, kind: bytes, mode: int, data: bytes = b"", target: str = "") -> None:
+        """A made entry (directory, link or small file), unless ``name`` is already there."""
+        if name in self.seen:
+            return
+        self.seen.add(name)
+        info = tarfile.TarInfo(name)
+        info.type, info.mode, info.mtime, info.size = kind, mode, self.now, len(data)
+        info.linkname = target
+        self.tar.addfile(info, io.BytesIO(data) if data else None)
+
+    def member(self, pkg: tarfile.TarFile, member: tarfile.TarInfo, name: str) -> None:
+        """A .deb's ``member`` at ``name`` (its path without ``./``), then the alternatives'
+        link it stands for, if any."""
+        self.seen.add(name)
+        member.name = name
+        if member.islnk():  # hard links name their target by its archive path
+            member.linkname = member.linkname.removeprefix("./")
+        if member.isfile():
+            self.tar.addfile(member, pkg.extractfile(member))
+            self.files, self.size = self.files + 1, self.size + member.size
+        else:
+            self.tar.addfile(member)
+        for lib in ALTERNATIVES:
+            if name.endswith("/" + lib):
+                self.add(name.removesuffix(lib) + lib.split("/")[1], tarfile.SYMTYPE, 0o777,
+                         target=lib)  # fmt: skip
+
+    def finish(self, dirs: tuple[str, ...] = ()) -> None:
+        """The sandbox's skeleton, with ``dirs`` (e.g. ``checkpoint``) besides the usual ones."""
+        for d in ("input", "output", *dirs, "home", "root", "opt", "opt/gridmarket"):
+            self.add(d, tarfile.DIRTYPE, 0o755)
+        self.add("tmp", tarfile.DIRTYPE, 0o1777)
+        self.add("etc/passwd", tarfile.REGTYPE, 0o644, b"root:x:0:0:root:/root:/bin/sh\n"
+                 b"nobody:x:65534:65534:nobody:/home:/bin/sh\n")  # fmt: skip
+        self.add("etc/group", tarfile.REGTYPE, 0o644, b"root:x:0:\nnogroup:x:65534:\n")
+
+
 def _python_rootfs(debs: list[Path], script: bytes, out: Path) -> tuple[int, int]:
     """Write the image's root file system to the tar ``out``; returns (files, bytes of data)."""
-    seen: set[str] = set()
-    files = size = 0
-    now = int(time.time())
     with tarfile.open(out, mode="w") as tar:
-
-        def add(name: str, kind: bytes, mode: int, data: bytes = b"", target: str = "") -> None:
-            if name in seen:
-                return
-            seen.add(name)
-            info = tarfile.TarInfo(name)
-            info.type, info.mode, info.mtime, info.size = kind, mode, now, len(data)
-            info.linkname = target
-            tar.addfile(info, io.BytesIO(data) if data else None)
-
+        root = RootfsTar(tar)
         for deb in debs:
             data = subprocess.run(
                 ["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True
@@ -263,33 +305,15 @@ def _python_rootfs(debs: list[Path], script: bytes, out: Path) -> tuple[int, int
                     name = member.name.removeprefix("./").rstrip("/")
                     if (
                         not name
-                        or name in seen
+                        or name in root.seen
                         or name.startswith(_PY_SKIP)
                         or all(part in f"/{name}/" for part in _PY_SKIP_PARTS)
                     ):
                         continue
-                    seen.add(name)
-                    member.name = name
-                    if member.islnk():  # hard links name their target by its archive path
-                        member.linkname = member.linkname.removeprefix("./")
-                    if member.isfile():
-                        tar.addfile(member, pkg.extractfile(member))
-                        files, size = files + 1, size + member.size
-                    else:
-                        tar.addfile(member)
-                    # update-alternatives (a maintainer script) would link these two:
-                    for lib in ("blas/libblas.so.3", "lapack/liblapack.so.3"):
-                        if name.endswith("/" + lib):
-                            link = name.removesuffix(lib) + lib.split("/")[1]
-                            add(link, tarfile.SYMTYPE, 0o777, target=lib)
-        for d in ("input", "output", "home", "root", "opt", "opt/gridmarket"):
-            add(d, tarfile.DIRTYPE, 0o755)
-        add("tmp", tarfile.DIRTYPE, 0o1777)
-        add("etc/passwd", tarfile.REGTYPE, 0o644, b"root:x:0:0:root:/root:/bin/sh\n"
-            b"nobody:x:65534:65534:nobody:/home:/bin/sh\n")  # fmt: skip
-        add("etc/group", tarfile.REGTYPE, 0o644, b"root:x:0:\nnogroup:x:65534:\n")
-        add(PYTHON_SCRIPT_IN_IMAGE.lstrip("/"), tarfile.REGTYPE, 0o755, script)
-    return files, size
+                    root.member(pkg, member, name)
+        root.finish()
+        root.add(PYTHON_SCRIPT_IN_IMAGE.lstrip("/"), tarfile.REGTYPE, 0o755, script)
+    return root.files, root.size
 
 
 def ensure_python_image(

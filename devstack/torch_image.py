@@ -48,7 +48,7 @@ import docker
 import docker.errors
 
 from devstack._process import ROOT, ServiceError
-from devstack.images import _DEB_DIR, _PY_SKIP, push_image, python_debs
+from devstack.images import _DEB_DIR, _PY_SKIP, RootfsTar, push_image, python_debs
 
 __all__ = [
     "BASE_IMAGE",
@@ -77,7 +77,6 @@ _SKIP_PARTS = ("/tests/", "/torch/bin/", "/torch/include/", "/torch/share/")
 # `import torch` checks that torch_shm_manager (the helper of torch.multiprocessing) exists.
 _KEEP = frozenset({_DIST + "torch/bin/torch_shm_manager"})
 _CTYPES_ROOTS = (_DIST + "torch/lib/libtorch_global_deps.so",)  # loaded by `import torch`
-_ALTERNATIVES = ("blas/libblas.so.3", "lapack/liblapack.so.3")  # update-alternatives' links
 
 
 def torch_debs(deb_dir: Path = _TORCH_DEB_DIR) -> list[Path]:
@@ -220,55 +219,27 @@ def _rootfs(debs: list[Path], out: Path) -> tuple[int, int]:
     """Write the image's root file system to the tar ``out``; returns (files, bytes of data)."""
     entries = _index(debs)
     closure = _closure(entries)
-    seen: set[str] = set()
-    files = size = 0
-    now = int(time.time())
     with tarfile.open(out, mode="w") as tar:
-
-        def add(name: str, kind: bytes, mode: int, data: bytes = b"", target: str = "") -> None:
-            if name in seen:
-                return
-            seen.add(name)
-            info = tarfile.TarInfo(name)
-            info.type, info.mode, info.mtime, info.size = kind, mode, now, len(data)
-            info.linkname = target
-            tar.addfile(info, io.BytesIO(data) if data else None)
+        root = RootfsTar(tar)
 
         def parents(name: str) -> None:
             parts = name.split("/")[:-1]
             for i in range(1, len(parts) + 1):
-                add("/".join(parts[:i]), tarfile.DIRTYPE, 0o755)
+                root.add("/".join(parts[:i]), tarfile.DIRTYPE, 0o755)
 
         for deb in debs:
             whole = _whole(_package(deb))
             if not whole and not any(entries[n].package == _package(deb) for n in closure):
                 continue
             for pkg, member, name in _members(deb):
-                if name in seen or member.isdir() or _skipped(name):
+                if name in root.seen or member.isdir() or _skipped(name):
                     continue
                 if not (whole or name in closure):
                     continue
                 parents(name)
-                seen.add(name)
-                member.name = name
-                if member.islnk():  # hard links name their target by its archive path
-                    member.linkname = member.linkname.removeprefix("./")
-                if member.isfile():
-                    tar.addfile(member, pkg.extractfile(member))
-                    files, size = files + 1, size + member.size
-                else:
-                    tar.addfile(member)
-                for lib in _ALTERNATIVES:
-                    if name.endswith("/" + lib):
-                        add(name.removesuffix(lib) + lib.split("/")[1], tarfile.SYMTYPE, 0o777,
-                            target=lib)  # fmt: skip
-        for d in ("input", "output", "checkpoint", "home", "root", "opt", "opt/gridmarket"):
-            add(d, tarfile.DIRTYPE, 0o755)
-        add("tmp", tarfile.DIRTYPE, 0o1777)
-        add("etc/passwd", tarfile.REGTYPE, 0o644, b"root:x:0:0:root:/root:/bin/sh\n"
-            b"nobody:x:65534:65534:nobody:/home:/bin/sh\n")  # fmt: skip
-        add("etc/group", tarfile.REGTYPE, 0o644, b"root:x:0:\nnogroup:x:65534:\n")
-    return files, size
+                root.member(pkg, member, name)
+        root.finish(("checkpoint",))
+    return root.files, root.size
 
 
 def _digest(debs: list[Path]) -> str:
