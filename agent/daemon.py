@@ -28,6 +28,9 @@ heartbeat's running list, so their leases survive a scheduler restart.
 Shutdown (SIGTERM/SIGINT, or :meth:`Agent.stop`): stop polling; let running jobs finish for
 ``stop_grace_s``; cancel the rest and hand them back; flush the results for up to
 ``report_flush_s``; exit 0. A second signal skips the grace period.
+
+Length: about 570 lines, over the 500 the project aims for. The threads above share one
+lock and one set of jobs; splitting them by thread is issue 30's open work.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Three kinds of document live here:
 Amounts are wei (ints; JSON carries them as strings only where a browser would lose precision:
 pydantic accepts both). Memory and disk are MiB. Times are Unix seconds (floats where sub-second).
 
-Why one module of ~550 lines: it is one concept, the protocol between the parts, and its
+Why one module of ~800 lines: it is one concept, the protocol between the parts, and its
 documents share the small types, limits and strict config above them; both ends import this one
 file, so a change to the wire is one diff, reviewed in one place (split into files, a message and
 the type it relies on could be changed apart).
