@@ -5,7 +5,7 @@ item 7).
     .venv/bin/python bench/long_jobs.py     # --jobs 6 --agents 5 --steps 200 --kill-fraction 0.3
 
 Starts the grid of the end-to-end tests (:func:`devstack.grid.run_grid` with their short
-liveness timings and escrow windows, tests/e2e/conftest.py ``FAST``/``FAST_ESCROW``): anvil +
+liveness timings and escrow windows, tests/e2e/support.py ``FAST``/``FAST_ESCROW``): anvil +
 escrow, one js-ipfs node per party, dockerd, the scheduler, ``--agents`` real agent processes
 (one slot each, their own wallets). All real: nothing is mocked.
 
